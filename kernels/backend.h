@@ -1,0 +1,127 @@
+// kernels/backend.h: the seam between the model and the hardware. A Backend owns memory
+// (host RAM or GPU memory) and runs every op the model needs on pointers into that memory.
+// The math of each op lives once in kernels/math/*.h; HostBackend (Kokkos + CBLAS) and
+// CudaBackend (CUDA + cuBLAS) are thin launchers around it, so the host build runs everything.
+//
+// Conventions: all matrices are row-major; a linear layer's weight is (out, in) as in PyTorch,
+// y = x W^T + b. Backward ops accumulate (+=) into parameter gradients, so gradient
+// accumulation over micro-batches needs no extra buffer. Calls are asynchronous on CUDA (one
+// stream per backend) and synchronous on the host; synchronize() joins them.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/math/adamw.h"
+
+namespace zero3d {
+
+enum class BackendKind { host, cuda };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  virtual std::string describe() const = 0;
+
+  // ---- memory: alloc returns zeroed memory ----
+  virtual void* alloc_bytes(size_t bytes) = 0;
+  virtual void free_bytes(void* p) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- GEMM: C = alpha * op(A) * op(B) + beta * C, row-major, op = transpose when t* is set ----
+  virtual void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda,
+                    const float* B, int ldb, float beta, float* C, int ldc) = 0;
+  // `batch` independent GEMMs; matrix i starts at A + i*strideA (likewise B, C).
+  virtual void gemm_strided_batched(bool ta, bool tb, int m, int n, int k, float alpha, const float* A,
+                                    int lda, long strideA, const float* B, int ldb, long strideB,
+                                    float beta, float* C, int ldc, long strideC, int batch) = 0;
+
+  // ---- elementwise / per-row ops (N rows of C columns) ----
+  // out[n,:] = wte[tokens[n],:] + wpe[n % T,:]
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                 int N, int T, int C) = 0;
+  // dwte[tokens[n],:] += dout[n,:]; dwpe[n % T,:] += dout[n,:]
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                  int N, int T, int C) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                                 const float* b, int N, int C) = 0;
+  // dx += ...; dw += ...; db += ...
+  virtual void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                                  const float* w, const float* mean, const float* rstd, int N, int C) = 0;
+  virtual void add_bias(float* out, const float* bias, int N, int C) = 0;        // out[n,:] += bias
+  virtual void bias_backward(float* dbias, const float* dout, int N, int C) = 0;  // dbias += sum_n dout[n,:]
+  virtual void gelu_forward(float* out, const float* x, size_t n) = 0;
+  virtual void gelu_backward(float* dx, const float* x, const float* dout, size_t n) = 0;  // dx = gelu'(x)*dout
+  virtual void add(float* out, const float* a, const float* b, size_t n) = 0;             // out = a + b
+  virtual void accumulate(float* out, const float* a, size_t n) = 0;                      // out += a
+  // rows = batch*heads*T rows of T scores; row r is query position r % T
+  virtual void softmax_causal_forward(float* p, const float* pre, int rows, int T) = 0;
+  virtual void softmax_causal_backward(float* dpre, const float* dp, const float* p, int rows, int T) = 0;
+  // losses[n] = CE(logits[n,:], targets[n]); with dlogits != nullptr also dlogits (may alias logits)
+  // = (softmax - onehot) * dloss.
+  virtual void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                            int N, int V, float dloss) = 0;
+  virtual void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) = 0;
+  virtual void scale(float* x, float s, size_t n) = 0;
+  virtual void cast_to_bf16(uint16_t* out, const float* x, size_t n) = 0;
+  virtual void cast_from_bf16(float* out, const uint16_t* x, size_t n) = 0;
+  virtual void cast_to_fp16(uint16_t* out, const float* x, size_t n) = 0;
+  virtual void cast_from_fp16(float* out, const uint16_t* x, size_t n) = 0;
+
+  // ---- reductions, result on the host (synchronizing) ----
+  virtual double sum_squares(const float* x, size_t n) = 0;
+  virtual size_t count_nonfinite(const float* x, size_t n) = 0;
+  virtual double sum(const float* x, size_t n) = 0;
+};
+
+// The host backend is always available; the CUDA backend only in builds with ZERO3D_HAVE_CUDA.
+std::unique_ptr<Backend> make_host_backend();
+#if defined(ZERO3D_HAVE_CUDA)
+std::unique_ptr<Backend> make_cuda_backend(int device);
+int cuda_device_count();  // 0 when no driver or no device
+#endif
+
+// Typed, move-only buffer in one backend's memory.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend& be, size_t n) : be_(&be), n_(n) {
+    if (n) p_ = static_cast<T*>(be.alloc_bytes(n * sizeof(T)));
+  }
+  ~DeviceBuffer() { reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : be_(o.be_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_; p_ = o.p_; n_ = o.n_;
+      o.p_ = nullptr; o.n_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  size_t bytes() const { return n_ * sizeof(T); }
+  void reset() {
+    if (p_) be_->free_bytes(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+ private:
+  Backend* be_ = nullptr;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace zero3d

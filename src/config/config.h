@@ -1,0 +1,92 @@
+// config/config.h: one run's configuration, resolved from a JSON file (+ a DeepSpeed config
+// overlay, + --set overrides) into typed values. DeepSpeed's key names and code defaults wherever
+// DeepSpeed has the concept; our own sections are model, data, checkpoint, train_steps, seed.
+// Invariant: every key a user can write is in one schema table; an unknown key is an error naming
+// the nearest valid key, and a key we know but do not yet honour is an error too, never ignored.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace zero3d {
+
+struct ModelConfig {
+  int vocab_size = 0;
+  int seq_len = 0;
+  int n_layer = 0;
+  int n_head = 0;
+  int d_model = 0;
+};
+
+struct DataConfig {
+  std::string train;      // llm.c token file
+  std::string val;        // optional ("" = no validation)
+  int val_interval = 0;   // steps between validation passes; 0 = only at the end when val is set
+  int val_batches = 0;    // micro-batches per validation pass
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // "AdamW" or "Adam" (Adam: decoupled decay unless adam_w_mode=false)
+  double lr = 1e-3;
+  std::array<double, 2> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  bool adam_w_mode = true;
+  bool bias_correction = true;
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (constant lr), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 0.001;
+  int warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // "log" or "linear"
+  int total_num_steps = 0;          // WarmupDecayLR, WarmupCosineLR
+  double warmup_min_ratio = 0.0;    // WarmupCosineLR
+  double cos_min_ratio = 0.0001;    // WarmupCosineLR
+};
+
+struct CheckpointConfig {
+  std::string dir = "checkpoints";
+  int save_interval = 0;
+  int keep_last = 0;
+  std::string load = "none";
+};
+
+struct Config {
+  // batch: train_batch_size = micro * gradient_accumulation_steps * dp (validated)
+  int train_batch_size = 0;
+  int train_micro_batch_size_per_gpu = 0;
+  int gradient_accumulation_steps = 0;
+  int steps_per_print = 10;
+  double gradient_clipping = 0.0;
+  bool wall_clock_breakdown = false;
+  int train_steps = 0;
+  uint64_t seed = 1234;
+  int tp_size = 1;
+  int pp_size = 1;
+  int zero_stage = 0;
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  CheckpointConfig checkpoint;
+
+  nlohmann::json resolved;  // every key with its value after defaults: written to the run dir
+};
+
+struct ConfigSources {
+  std::string config_file;               // the run config (required)
+  std::string deepspeed_file;            // optional DeepSpeed config overlaid on it
+  std::vector<std::string> overrides;    // "a.b=value", applied last, in order
+};
+
+// Read, overlay, override, validate and resolve. `world_size` is the number of ranks, for the
+// batch-size and layout checks. Throws UserError with one line naming the file/key and what is valid.
+Config load_config(const ConfigSources& sources, int world_size);
+
+}  // namespace zero3d

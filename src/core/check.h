@@ -1,0 +1,39 @@
+// core/check.h: one sink for every library's failure codes, and the user-error type.
+// A failed MPI/HDF5/CUDA/cuBLAS/NCCL call is a bug or a broken machine: fatal() prints the
+// statement, rank, host, file and line and calls MPI_Abort, because exit() on one rank leaves the
+// others hung in their next collective. A user mistake (config, file, layout) is a UserError:
+// main prints one line and exits with kExitUserError on every rank.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace zero3d {
+
+constexpr int kExitUserError = 2;
+
+[[noreturn]] void fatal(const char* library, const std::string& message, const char* statement,
+                        const char* file, int line);
+
+struct UserError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// printf-style std::string
+std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+}  // namespace zero3d
+
+// Z3D_CHECK_GEN(library, statement, ok-expression of `status`, message-expression of `status`)
+#define Z3D_CHECK_GEN(lib, stmt, ok, msg)                                  \
+  do {                                                                     \
+    auto status = (stmt);                                                  \
+    if (!(ok)) ::zero3d::fatal(lib, (msg), #stmt, __FILE__, __LINE__);     \
+  } while (0)
+
+#define MPI_CHECK(stmt) Z3D_CHECK_GEN("MPI", stmt, status == MPI_SUCCESS, ::zero3d::mpi_error_string(status))
+#define HDF5_CHECK(stmt) Z3D_CHECK_GEN("HDF5", stmt, status >= 0, "negative status (see the HDF5 error stack above)")
+#define Z3D_ASSERT(cond, msg) Z3D_CHECK_GEN("zero3d", static_cast<bool>(cond), status, msg)
+
+namespace zero3d {
+std::string mpi_error_string(int code);
+}

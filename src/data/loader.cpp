@@ -1,0 +1,158 @@
+// data/loader.cpp: the mmap'd token file and the seeded, layout-independent sequence order.
+#include "data/loader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+#include <utility>
+
+#include "core/check.h"
+
+namespace zero3d {
+
+static_assert(std::endian::native == std::endian::little, "llm.c token files are little-endian");
+
+namespace {
+
+constexpr uint64_t kHeaderBytes = kTokenFileHeaderInts * sizeof(int32_t);
+
+// Closes a file descriptor on every exit path of the constructor.
+struct FdGuard {
+  int fd;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter through a bijective mixer. Tiny, portable
+// and the same on every standard library, unlike std::shuffle/std::uniform_int_distribution.
+struct SplitMix64 {
+  uint64_t state;
+  static uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  uint64_t next() { return mix(state += 0x9e3779b97f4a7c15ULL); }
+  // Uniform in [0, n), n >= 1, without modulo bias: reject the lowest 2^64 mod n raw values, so
+  // the accepted range is a whole number of copies of [0, n) (OpenBSD arc4random_uniform).
+  uint64_t below(uint64_t n) {
+    const uint64_t reject_under = (0 - n) % n;  // == 2^64 mod n
+    for (;;) {
+      const uint64_t r = next();
+      if (r >= reject_under) return r % n;
+    }
+  }
+};
+
+}  // namespace
+
+TokenFile::TokenFile(const std::string& path, int vocab_size) : path_(path) {
+  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (fd.fd < 0) throw UserError(strprintf("cannot open token file '%s': %s", path.c_str(), strerror(errno)));
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0)
+    throw UserError(strprintf("cannot stat token file '%s': %s", path.c_str(), strerror(errno)));
+  if (!S_ISREG(st.st_mode)) throw UserError(strprintf("token file '%s' is not a regular file", path.c_str()));
+  const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
+  if (file_bytes < kHeaderBytes)
+    throw UserError(strprintf("'%s' is not an llm.c token file (%llu bytes, shorter than the %llu-byte header)",
+                              path.c_str(), static_cast<unsigned long long>(file_bytes),
+                              static_cast<unsigned long long>(kHeaderBytes)));
+
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+  if (map == MAP_FAILED)
+    throw UserError(strprintf("cannot map token file '%s': %s", path.c_str(), strerror(errno)));
+  map_ = map;
+  map_bytes_ = file_bytes;
+  // From here a throw skips the destructor, so unmap by hand.
+  try {
+    int32_t header[kTokenFileHeaderInts];
+    std::memcpy(header, map_, sizeof header);
+    if (header[0] != kTokenFileMagic)
+      throw UserError(strprintf("'%s' is not an llm.c token file (magic %d, expected %d)", path.c_str(), header[0],
+                                kTokenFileMagic));
+    if (header[1] != kTokenFileVersion)
+      throw UserError(strprintf("'%s' is an llm.c token file of version %d, but zero3d reads version %d (uint16 tokens)",
+                                path.c_str(), header[1], kTokenFileVersion));
+    // llm.c writes the count as int32; read it unsigned so a corrupt negative count is caught as
+    // truncation below instead of wrapping to a huge size.
+    const uint64_t count = static_cast<uint32_t>(header[2]);
+    const uint64_t needed = kHeaderBytes + count * sizeof(uint16_t);
+    if (file_bytes < needed)
+      throw UserError(strprintf("'%s' is truncated: header promises %llu tokens (%llu bytes) but the file has %llu bytes",
+                                path.c_str(), static_cast<unsigned long long>(count),
+                                static_cast<unsigned long long>(needed), static_cast<unsigned long long>(file_bytes)));
+    // Bytes past the promised tokens are ignored, as llm.c does.
+    tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + kHeaderBytes);
+    num_tokens_ = count;
+
+    // One pass for the maximum (vectorises), a second only to name the first bad position.
+    if (vocab_size <= 65535 && count > 0) {
+      const uint16_t max_id = *std::max_element(tokens_, tokens_ + count);
+      if (max_id >= vocab_size) {
+        const uint16_t* bad = std::find_if(tokens_, tokens_ + count, [&](uint16_t t) { return t >= vocab_size; });
+        throw UserError(strprintf("'%s' holds token id %d at position %llu, but model.vocab_size is %d", path.c_str(),
+                                  static_cast<int>(*bad), static_cast<unsigned long long>(bad - tokens_), vocab_size));
+      }
+    }
+  } catch (...) {
+    ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+TokenFile::~TokenFile() {
+  if (map_) ::munmap(map_, map_bytes_);
+}
+
+DataLoader::DataLoader(const std::string& path, int seq_len, int vocab_size, uint64_t seed, bool shuffle)
+    : file_(path, vocab_size), seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
+  if (seq_len <= 0) throw UserError(strprintf("sequence length must be positive, got %d", seq_len));
+  const uint64_t n = file_.num_tokens();
+  num_sequences_ = n > 0 ? (n - 1) / static_cast<uint64_t>(seq_len) : 0;
+  if (num_sequences_ == 0)
+    throw UserError(strprintf("'%s' holds %llu tokens, but one sequence of seq_len %d needs at least %d tokens",
+                              path.c_str(), static_cast<unsigned long long>(n), seq_len, seq_len + 1));
+}
+
+// Sample -> sequence. Epoch e's order is a Fisher-Yates shuffle driven only by (seed, e), so any
+// rank computes it alone; the current epoch's permutation is cached.
+uint64_t DataLoader::sequence_of(uint64_t sample) {
+  const uint64_t S = num_sequences_;
+  if (!shuffle_) return sample % S;
+  const uint64_t epoch = sample / S;
+  if (static_cast<int64_t>(epoch) != perm_epoch_) {
+    perm_.resize(S);
+    std::iota(perm_.begin(), perm_.end(), uint64_t{0});
+    // Seed and epoch go through the mixer separately so nearby (seed, epoch) pairs do not share streams.
+    SplitMix64 rng{SplitMix64::mix(seed_ ^ 0x5a3d0c2e8f6b1749ULL) ^ SplitMix64::mix(epoch + 0x9e3779b97f4a7c15ULL)};
+    for (uint64_t i = S - 1; i > 0; --i) std::swap(perm_[i], perm_[rng.below(i + 1)]);
+    perm_epoch_ = static_cast<int64_t>(epoch);
+  }
+  return perm_[sample % S];
+}
+
+void DataLoader::load(uint64_t first_sample, int count, int32_t* inputs, int32_t* targets) {
+  const size_t T = static_cast<size_t>(seq_len_);
+  for (int k = 0; k < count; ++k) {
+    // Sequence s covers tokens [s*T, s*T + T]; its last target is at most S*T <= num_tokens - 1.
+    const uint16_t* seq = file_.tokens() + sequence_of(first_sample + static_cast<uint64_t>(k)) * T;
+    int32_t* in = inputs + static_cast<size_t>(k) * T;
+    int32_t* tg = targets + static_cast<size_t>(k) * T;
+    for (size_t t = 0; t < T; ++t) {
+      in[t] = seq[t];
+      tg[t] = seq[t + 1];
+    }
+  }
+}
+
+}  // namespace zero3d

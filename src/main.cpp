@@ -1,0 +1,70 @@
+// zero3d: GPT training with ZeRO inside a data x tensor x pipeline grid.
+// main() is the table of contents: MPI, then Kokkos, then one subcommand. A UserError on any rank
+// becomes one line on stderr and exit code 2 on every rank (the ranks agree before leaving).
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <cstring>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "train/commands.h"
+
+using namespace zero3d;
+
+static int dispatch(const Args& args) {
+  if (args.empty()) {
+    fprintf(stderr, "%s", usage_main().c_str());
+    return kExitUserError;
+  }
+  const std::string& cmd = args[0];
+  Args rest(args.begin() + 1, args.end());
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    log_info("%s", usage_main().c_str());
+    return 0;
+  }
+  if (cmd == "--version") {
+    log_info("zero3d %s (backends: host%s)", ZERO3D_VERSION,
+#if defined(ZERO3D_HAVE_CUDA)
+             ", cuda"
+#else
+             ""
+#endif
+    );
+    return 0;
+  }
+  if (cmd == "train") return cmd_train(rest);
+  if (cmd == "data") return cmd_data(rest);
+  if (cmd == "bench") return cmd_bench(rest);
+  throw UserError(strprintf("unknown command '%s'\n%s", cmd.c_str(), usage_main().c_str()));
+}
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  set_log_rank(rank);
+  int rc = 0;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    std::string error;
+    try {
+      rc = dispatch(Args(argv + 1, argv + argc));
+    } catch (const UserError& e) {
+      error = e.what();
+      rc = kExitUserError;
+    }
+    // Agree: the lowest rank that failed reports; every rank exits with the same code.
+    int first_failed = error.empty() ? world : rank, reporter = world;
+    MPI_Allreduce(&first_failed, &reporter, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (reporter < world) {
+      if (rank == reporter) fprintf(stderr, "zero3d: error: %s\n", error.c_str());
+      rc = kExitUserError;
+    }
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,275 @@
+#include "model/gpt.h"
+
+#include <cmath>
+
+#include "core/check.h"
+#include "core/rng.h"
+
+namespace zero3d {
+
+namespace {
+// Per-layer parameter order; the constructor and layer_params() both follow it.
+enum LayerParam { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kNumLayerParams };
+}  // namespace
+
+std::vector<ParamInfo> gpt_param_table(const ModelConfig& m) {
+  const int64_t V = m.vocab_size, T = m.seq_len, C = m.d_model;
+  std::vector<ParamInfo> t;
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay) {
+    ParamInfo p{std::move(name), std::move(shape), 0, 1, decay};
+    for (auto d : p.shape) p.size *= static_cast<size_t>(d);
+    p.offset = t.empty() ? 0 : t.back().offset + t.back().size;
+    t.push_back(std::move(p));
+  };
+  add("wte", {V, C}, true);
+  add("wpe", {T, C}, true);
+  for (int l = 0; l < m.n_layer; ++l) {
+    std::string h = "h." + std::to_string(l) + ".";
+    add(h + "ln_1.weight", {C}, false);
+    add(h + "ln_1.bias", {C}, false);
+    add(h + "attn.c_attn.weight", {3 * C, C}, true);
+    add(h + "attn.c_attn.bias", {3 * C}, false);
+    add(h + "attn.c_proj.weight", {C, C}, true);
+    add(h + "attn.c_proj.bias", {C}, false);
+    add(h + "ln_2.weight", {C}, false);
+    add(h + "ln_2.bias", {C}, false);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, true);
+    add(h + "mlp.c_fc.bias", {4 * C}, false);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, true);
+    add(h + "mlp.c_proj.bias", {C}, false);
+  }
+  add("ln_f.weight", {C}, false);
+  add("ln_f.bias", {C}, false);
+  return t;
+}
+
+double gpt_flops_per_token(const ModelConfig& m) {
+  double n = 0;
+  for (const auto& p : gpt_param_table(m))
+    if (p.name != "wpe") n += static_cast<double>(p.size);
+  return 6.0 * n + 6.0 * m.n_layer * static_cast<double>(m.d_model) * (m.seq_len + 1);
+}
+
+GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch)
+    : be_(backend), cfg_(config), B_(micro_batch), T_(config.seq_len), C_(config.d_model), V_(config.vocab_size),
+      L_(config.n_layer), H_(config.n_head), table_(gpt_param_table(config)) {
+  num_params_ = table_.back().offset + table_.back().size;
+  params_ = DeviceBuffer<float>(be_, num_params_);
+  grads_ = DeviceBuffer<float>(be_, num_params_);
+
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_, att = static_cast<size_t>(B_) * H_ * T_ * T_;
+  // Activation plan: per layer 16 N*C floats + 4 N statistics + one B*H*T*T attention matrix.
+  const size_t per_layer = N * C * 16 + N * 4 + att;
+  const size_t total = per_layer * L_ + N * C * 2 + N * 2 + N * static_cast<size_t>(V_) + N;
+  acts_ = DeviceBuffer<float>(be_, total);
+  activation_bytes_ = acts_.bytes();
+  float* p = acts_.data();
+  auto take = [&](size_t n) { float* r = p; p += n; return r; };
+  enc_ = take(N * C);
+  for (int l = 0; l < L_; ++l) {
+    LayerActs a{};
+    a.ln1 = take(N * C);
+    a.ln1_mean = take(N);
+    a.ln1_rstd = take(N);
+    a.qkv = take(3 * N * C);
+    a.att = take(att);
+    a.atty = take(N * C);
+    a.res2 = take(N * C);
+    a.ln2 = take(N * C);
+    a.ln2_mean = take(N);
+    a.ln2_rstd = take(N);
+    a.fch = take(4 * N * C);
+    a.fch_gelu = take(4 * N * C);
+    layers_.push_back(a);
+  }
+  // The residual stream: layer l reads x_l and writes x_{l+1}; x_0 is the embedding output.
+  std::vector<float*> xs(L_ + 1);
+  xs[0] = enc_;
+  for (int l = 1; l <= L_; ++l) xs[l] = take(N * C);
+  for (int l = 0; l < L_; ++l) layers_[l].x = xs[l];
+  xfinal_ = xs[L_];
+  lnf_ = take(N * C);
+  lnf_mean_ = take(N);
+  lnf_rstd_ = take(N);
+  logits_ = take(N * static_cast<size_t>(V_));
+  losses_ = take(N);
+  Z3D_ASSERT(p <= acts_.data() + total, "activation plan overflows its allocation");
+
+  // Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradient, and
+  // the attention-probability gradient of one batch row (reused across the batch).
+  const size_t scratch = N * C * 2 + 3 * N * C + 4 * N * C + att / B_;
+  scratch_ = DeviceBuffer<float>(be_, scratch);
+  float* s = scratch_.data();
+  dres_ = s; s += N * C;
+  dbuf_c_ = s; s += N * C;
+  dqkv_ = s; s += 3 * N * C;
+  dfch_ = s; s += 4 * N * C;
+  datt_ = s;
+  activation_bytes_ += scratch_.bytes();
+
+  inputs_ = DeviceBuffer<int32_t>(be_, N);
+  targets_ = DeviceBuffer<int32_t>(be_, N);
+  host_losses_.resize(N);
+}
+
+GPT::LayerParams GPT::layer_params(float* base, int l) const {
+  const size_t first = 2 + static_cast<size_t>(l) * kNumLayerParams;  // after wte, wpe
+  auto at = [&](int k) { return base + table_[first + k].offset; };
+  return {at(kLn1W), at(kLn1B), at(kQkvW), at(kQkvB), at(kProjW), at(kProjB),
+          at(kLn2W), at(kLn2B), at(kFcW),  at(kFcB),  at(kFcProjW), at(kFcProjB)};
+}
+
+void GPT::init_weights(uint64_t seed) {
+  std::vector<float> host(num_params_);
+  const double residual_scale = 1.0 / std::sqrt(2.0 * L_);
+  for (size_t i = 0; i < table_.size(); ++i) {
+    const ParamInfo& p = table_[i];
+    float* dst = host.data() + p.offset;
+    const bool is_ln_weight = p.name.find("ln_") != std::string::npos && p.name.ends_with(".weight");
+    if (is_ln_weight) {
+      for (size_t k = 0; k < p.size; ++k) dst[k] = 1.0f;
+    } else if (p.shape.size() == 1) {
+      for (size_t k = 0; k < p.size; ++k) dst[k] = 0.0f;
+    } else {
+      const bool residual = p.name.ends_with("c_proj.weight");
+      const double std = 0.02 * (residual ? residual_scale : 1.0);
+      for (size_t k = 0; k < p.size; ++k) dst[k] = static_cast<float>(std * normal_at(seed, i, k));
+    }
+  }
+  be_.copy_from_host(params_.data(), host.data(), host.size() * sizeof(float));
+}
+
+void GPT::zero_grad() { be_.zero(grads_.data(), grads_.bytes()); }
+
+// Attention for every (batch, head) with batched GEMMs on the packed qkv rows [q | k | v]:
+// head h of batch b is the column block h*hd of each third, row stride 3C.
+void GPT::attention_forward(const LayerActs& a) {
+  const int hd = C_ / H_, C3 = 3 * C_;
+  const float alpha = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int b = 0; b < B_; ++b) {
+    const float* q = a.qkv + static_cast<size_t>(b) * T_ * C3;
+    const float* k = q + C_;
+    float* s = a.att + static_cast<size_t>(b) * H_ * T_ * T_;
+    // S_h = alpha * Q_h K_h^T   (T x T)
+    be_.gemm_strided_batched(false, true, T_, T_, hd, alpha, q, C3, hd, k, C3, hd, 0.0f, s, T_,
+                             static_cast<long>(T_) * T_, H_);
+  }
+  be_.softmax_causal_forward(a.att, a.att, B_ * H_ * T_, T_);
+  for (int b = 0; b < B_; ++b) {
+    const float* v = a.qkv + static_cast<size_t>(b) * T_ * C3 + 2 * C_;
+    const float* p = a.att + static_cast<size_t>(b) * H_ * T_ * T_;
+    float* y = a.atty + static_cast<size_t>(b) * T_ * C_;
+    // Y_h = P_h V_h   (T x hd), written into columns h*hd of the (T x C) output
+    be_.gemm_strided_batched(false, false, T_, hd, T_, 1.0f, p, T_, static_cast<long>(T_) * T_, v, C3, hd, 0.0f, y,
+                             C_, hd, H_);
+  }
+}
+
+void GPT::attention_backward(float* dqkv, const float* datty, const LayerActs& a) {
+  const int hd = C_ / H_, C3 = 3 * C_;
+  const float alpha = 1.0f / std::sqrt(static_cast<float>(hd));
+  const long TT = static_cast<long>(T_) * T_;
+  for (int b = 0; b < B_; ++b) {
+    const float* q = a.qkv + static_cast<size_t>(b) * T_ * C3;
+    const float* k = q + C_;
+    const float* v = q + 2 * C_;
+    const float* p = a.att + static_cast<size_t>(b) * H_ * TT;
+    const float* dy = datty + static_cast<size_t>(b) * T_ * C_;
+    float* dq = dqkv + static_cast<size_t>(b) * T_ * C3;
+    float* dk = dq + C_;
+    float* dv = dq + 2 * C_;
+    float* dp = datt_;
+    be_.gemm_strided_batched(false, true, T_, T_, hd, 1.0f, dy, C_, hd, v, C3, hd, 0.0f, dp, T_, TT, H_);  // dP = dY V^T
+    be_.gemm_strided_batched(true, false, T_, hd, T_, 1.0f, p, T_, TT, dy, C_, hd, 0.0f, dv, C3, hd, H_);  // dV = P^T dY
+    be_.softmax_causal_backward(dp, dp, p, H_ * T_, T_);                                                  // dS
+    be_.gemm_strided_batched(false, false, T_, hd, T_, alpha, dp, T_, TT, k, C3, hd, 0.0f, dq, C3, hd, H_);  // dQ = a dS K
+    be_.gemm_strided_batched(true, false, T_, hd, T_, alpha, dp, T_, TT, q, C3, hd, 0.0f, dk, C3, hd, H_);   // dK = a dS^T Q
+  }
+}
+
+float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
+  const int N = B_ * T_, C = C_;
+  be_.copy_from_host(inputs_.data(), inputs, sizeof(int32_t) * N);
+  be_.copy_from_host(targets_.data(), targets, sizeof(int32_t) * N);
+  float* P = params_.data();
+  const float* wte = P + table_[0].offset;
+  const float* wpe = P + table_[1].offset;
+  be_.embedding_forward(enc_, inputs_.data(), wte, wpe, N, T_, C);
+
+  // linear: y[N,out] = x[N,in] W^T + b
+  auto linear = [&](float* y, const float* x, const float* w, const float* bias, int in, int out) {
+    be_.gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+    be_.add_bias(y, bias, N, out);
+  };
+  for (int l = 0; l < L_; ++l) {
+    const LayerActs& a = layers_[l];
+    const LayerParams w = layer_params(P, l);
+    float* x_next = l + 1 < L_ ? layers_[l + 1].x : xfinal_;
+    be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b, N, C);
+    linear(a.qkv, a.ln1, w.qkv_w, w.qkv_b, C, 3 * C);
+    attention_forward(a);
+    linear(a.res2, a.atty, w.proj_w, w.proj_b, C, C);
+    be_.accumulate(a.res2, a.x, static_cast<size_t>(N) * C);  // res2 = x + attn
+    be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
+    linear(a.fch, a.ln2, w.fc_w, w.fc_b, C, 4 * C);
+    be_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
+    linear(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, 4 * C, C);
+    be_.accumulate(x_next, a.res2, static_cast<size_t>(N) * C);  // x_next = res2 + mlp
+  }
+  const float* lnf_w = P + table_[table_.size() - 2].offset;
+  const float* lnf_b = P + table_.back().offset;
+  be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, lnf_w, lnf_b, N, C);
+  be_.gemm(false, true, N, V_, C, 1.0f, lnf_, C, wte, C, 0.0f, logits_, V_);  // tied LM head
+  have_dlogits_ = dloss > 0.0f;
+  be_.crossentropy(losses_, have_dlogits_ ? logits_ : nullptr, logits_, targets_.data(), N, V_, dloss);
+  be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
+  double sum = 0.0;
+  for (float v : host_losses_) sum += v;
+  return static_cast<float>(sum / N);
+}
+
+void GPT::backward() {
+  Z3D_ASSERT(have_dlogits_, "GPT::backward() needs a forward() with dloss > 0 first");
+  have_dlogits_ = false;
+  const int N = B_ * T_, C = C_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  float* P = params_.data();
+  float* G = grads_.data();
+  const float* wte = P + table_[0].offset;
+  float* dwte = G + table_[0].offset;
+  float* dwpe = G + table_[1].offset;
+  const size_t lnf = table_.size() - 2;
+
+  // LM head: dlnf = dlogits wte; dwte += dlogits^T lnf
+  be_.gemm(false, false, N, C, V_, 1.0f, logits_, V_, wte, C, 0.0f, dbuf_c_, C);
+  be_.gemm(true, false, V_, C, N, 1.0f, logits_, V_, lnf_, C, 1.0f, dwte, C);
+  be_.zero(dres_, NC * sizeof(float));
+  be_.layernorm_backward(dres_, G + table_[lnf].offset, G + table_[lnf + 1].offset, dbuf_c_, xfinal_,
+                         P + table_[lnf].offset, lnf_mean_, lnf_rstd_, N, C);
+
+  // linear backward: dx = dy W (overwrites), dW += dy^T x, db += sum dy
+  auto linear_backward = [&](float* dx, float* dw, float* db, const float* dy, const float* x, const float* w, int in,
+                             int out) {
+    be_.gemm(false, false, N, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+    be_.gemm(true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    be_.bias_backward(db, dy, N, out);
+  };
+  for (int l = L_ - 1; l >= 0; --l) {
+    const LayerActs& a = layers_[l];
+    const LayerParams w = layer_params(P, l);
+    const LayerParams g = layer_params(G, l);
+    // MLP: dres holds d x_{l+1}; it flows unchanged into d res2 through the residual.
+    linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, 4 * C, C);
+    be_.gelu_backward(dfch_, a.fch, dfch_, NC * 4);
+    linear_backward(dbuf_c_, g.fc_w, g.fc_b, dfch_, a.ln2, w.fc_w, C, 4 * C);
+    be_.layernorm_backward(dres_, g.ln2_w, g.ln2_b, dbuf_c_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
+    // Attention: dres now holds d res2, which flows unchanged into d x_l.
+    linear_backward(dbuf_c_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, C, C);
+    attention_backward(dqkv_, dbuf_c_, a);
+    linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, 3 * C);
+    be_.layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_c_, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+  }
+  be_.embedding_backward(dwte, dwpe, dres_, inputs_.data(), N, T_, C);
+}
+
+}  // namespace zero3d

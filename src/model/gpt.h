@@ -1,0 +1,85 @@
+// model/gpt.h: GPT-2 (token + learned position embeddings, pre-LayerNorm blocks with causal
+// multi-head self-attention and a 4x GELU MLP, final LayerNorm, LM head tied to the token
+// embedding, cross-entropy loss) with hand-written forward and backward on a Backend.
+//
+// Parameters live in ONE flat buffer in the order of param_table() (embeddings, then layer by
+// layer, then the final LayerNorm), gradients in a second buffer of the same layout, so ZeRO can
+// shard both as flat ranges. Linear weights are (out, in) as in PyTorch: y = x W^T + b.
+// Activations for one micro-batch (B x T) are allocated once in the constructor; forward() keeps
+// what backward() needs. backward() accumulates (+=) into the gradient buffer.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "kernels/backend.h"
+
+namespace zero3d {
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  size_t offset = 0;  // into the flat parameter (and gradient) buffer, in elements
+  size_t size = 0;
+  bool decay = true;  // weight decay applies (matrices and embeddings, not biases or LayerNorm)
+};
+
+std::vector<ParamInfo> gpt_param_table(const ModelConfig& m);
+
+// Model FLOPs per token of one training step (forward + backward): 6 per parameter that takes part
+// in a matrix multiply (everything but the position embedding; the tied token embedding counts
+// once, as the LM head), plus causal attention: 6 * n_layer * d_model * (seq_len + 1).
+double gpt_flops_per_token(const ModelConfig& m);
+
+class GPT {
+ public:
+  GPT(Backend& backend, const ModelConfig& config, int micro_batch);
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::vector<ParamInfo>& params_table() const { return table_; }
+  size_t num_params() const { return num_params_; }
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  size_t activation_bytes() const { return activation_bytes_; }
+
+  // GPT-2 initialisation from the counter-based RNG: N(0, 0.02) for weights and embeddings,
+  // residual projections scaled by 1/sqrt(2 n_layer), zero biases, LayerNorm weight 1.
+  void init_weights(uint64_t seed);
+  void zero_grad();
+
+  // Forward on B x T tokens (host arrays). Returns the mean cross-entropy over the B*T tokens.
+  // With dloss > 0 the logits' gradient (scaled by dloss per token) is prepared for backward().
+  float forward(const int32_t* inputs, const int32_t* targets, float dloss);
+  void backward();
+
+ private:
+  struct LayerActs {
+    float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+  };
+  struct LayerParams {
+    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+  };
+  LayerParams layer_params(float* base, int l) const;
+  void attention_forward(const LayerActs& a);
+  void attention_backward(float* dqkv, const float* datty, const LayerActs& a);
+
+  Backend& be_;
+  ModelConfig cfg_;
+  int B_, T_, C_, V_, L_, H_;
+  std::vector<ParamInfo> table_;
+  size_t num_params_ = 0;
+  DeviceBuffer<float> params_, grads_;
+  DeviceBuffer<float> acts_;     // all activations, one allocation
+  DeviceBuffer<float> scratch_;  // backward scratch, one allocation
+  DeviceBuffer<int32_t> inputs_, targets_;
+  std::vector<LayerActs> layers_;
+  float *enc_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
+        *losses_ = nullptr, *xfinal_ = nullptr;
+  float *dres_ = nullptr, *dbuf_c_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr, *datt_ = nullptr;
+  size_t activation_bytes_ = 0;
+  std::vector<float> host_losses_;
+  bool have_dlogits_ = false;
+};
+
+}  // namespace zero3d

@@ -1,0 +1,191 @@
+#include "train/commands.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+
+#include "config/config.h"
+#include "core/check.h"
+#include "core/log.h"
+#include "data/loader.h"
+#include "train/bench.h"
+#include "train/trainer.h"
+
+namespace zero3d {
+
+namespace {
+
+const char* kTrainUsage =
+    "usage: zero3d train CONFIG.json [options]\n"
+    "  Train a GPT model as described by CONFIG.json (see README.md, \"Configuration\").\n"
+    "options:\n"
+    "  --set KEY=VALUE      override one config key (dotted path, JSON value); repeatable\n"
+    "  --deepspeed FILE     overlay a DeepSpeed ds_config.json on the run config\n"
+    "  --run-dir DIR        where config.json and metrics.jsonl go (default runs/<date-time>)\n"
+    "  --backend NAME       host, cuda or auto (default auto: cuda when built and a GPU is present)\n"
+    "  --peak-flops X       peak FLOP/s for MFU (default: known GPU peak, else measured sgemm rate)\n";
+
+const char* kDataUsage =
+    "usage: zero3d data prepare TEXT... --out FILE.bin\n"
+    "  Tokenize text files byte by byte (vocabulary 256) into one llm.c token file.\n";
+
+const char* kBenchUsage =
+    "usage: zero3d bench gemm [--sizes N,N,...] [--seconds S] [--backend NAME]\n"
+    "  GEMM rate (C = A B^T, fp32) through the BLAS the trainer uses, per square size N.\n"
+    "  Default sizes 512,1024,2048,4096; at least S seconds (default 1) per size.\n";
+
+bool wants_help(const Args& a) {
+  for (const auto& s : a)
+    if (s == "--help" || s == "-h") return true;
+  return false;
+}
+
+// Value of option `name` at a[i]; advances i. Throws when the value is missing.
+std::string option_value(const Args& a, size_t& i, const char* usage) {
+  if (i + 1 >= a.size()) throw UserError(strprintf("option %s needs a value\n%s", a[i].c_str(), usage));
+  return a[++i];
+}
+
+double parse_double(const std::string& s, const char* what) {
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || !(v > 0)) throw UserError(strprintf("%s must be a positive number, got '%s'", what, s.c_str()));
+  return v;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name != "auto" && name != "host" && name != "cuda")
+    throw UserError(strprintf("--backend must be host, cuda or auto, got '%s'", name.c_str()));
+#if defined(ZERO3D_HAVE_CUDA)
+  if (name == "cuda" || (name == "auto" && cuda_device_count() > 0)) {
+    if (cuda_device_count() == 0) throw UserError("--backend cuda: no CUDA device is visible to this process");
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!local) local = std::getenv("SLURM_LOCALID");
+    return make_cuda_backend((local ? std::atoi(local) : rank) % cuda_device_count());
+  }
+#else
+  if (name == "cuda") throw UserError("--backend cuda: this zero3d was built without the CUDA backend (ZERO3D_CUDA=OFF or no toolkit found)");
+#endif
+  return make_host_backend();
+}
+
+std::string default_run_dir() {
+  std::time_t now = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "runs/%Y%m%d-%H%M%S", std::localtime(&now));
+  return buf;
+}
+
+}  // namespace
+
+std::string usage_main() {
+  return "usage: zero3d COMMAND [options]   (zero3d COMMAND --help for each)\n"
+         "commands:\n"
+         "  train CONFIG.json       train a GPT model\n"
+         "  data prepare TEXT...    make an llm.c token file from text\n"
+         "  bench gemm              measure the GEMM rate the trainer gets\n"
+         "  --version               print the version and the backends built in\n";
+}
+
+int cmd_train(const Args& a) {
+  if (wants_help(a)) {
+    log_info("%s", kTrainUsage);
+    return 0;
+  }
+  ConfigSources src;
+  RunOptions opt;
+  std::string backend = "auto";
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kTrainUsage));
+    else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kTrainUsage);
+    else if (a[i] == "--run-dir") opt.run_dir = option_value(a, i, kTrainUsage);
+    else if (a[i] == "--backend") backend = option_value(a, i, kTrainUsage);
+    else if (a[i] == "--peak-flops") {
+      opt.peak_flops = parse_double(option_value(a, i, kTrainUsage), "--peak-flops");
+      opt.peak_source = "--peak-flops";
+    } else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s' for zero3d train\n%s", a[i].c_str(), kTrainUsage));
+    else if (src.config_file.empty()) src.config_file = a[i];
+    else throw UserError(strprintf("zero3d train takes one CONFIG file, got a second: '%s'", a[i].c_str()));
+  }
+  if (src.config_file.empty()) throw UserError(strprintf("zero3d train needs a CONFIG file\n%s", kTrainUsage));
+
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  Config cfg = load_config(src, world);
+  if (world != 1)
+    throw UserError(strprintf("this version of zero3d trains on 1 rank; got %d ranks (data, tensor and pipeline "
+                              "parallelism arrive with the ZeRO and 3-D issues)", world));
+  if (opt.run_dir.empty()) opt.run_dir = default_run_dir();
+  std::unique_ptr<Backend> be = make_backend(backend);
+  if (opt.peak_flops <= 0 && be->kind() == BackendKind::cuda) {
+    opt.peak_flops = known_accelerator_peak(be->describe());
+    opt.peak_source = "known bf16 peak of " + be->describe();
+  }
+  Trainer trainer(cfg, opt, *be);
+  return trainer.run();
+}
+
+int cmd_data(const Args& a) {
+  if (a.empty() || wants_help(a)) {
+    log_info("%s", kDataUsage);
+    return a.empty() ? kExitUserError : 0;
+  }
+  if (a[0] != "prepare") throw UserError(strprintf("unknown data command '%s'\n%s", a[0].c_str(), kDataUsage));
+  std::vector<std::string> texts;
+  std::string out;
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--out") out = option_value(a, i, kDataUsage);
+    else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kDataUsage));
+    else texts.push_back(a[i]);
+  }
+  if (texts.empty() || out.empty()) throw UserError(strprintf("data prepare needs TEXT files and --out\n%s", kDataUsage));
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    uint64_t n = prepare_token_file(texts, out);
+    log_info("wrote %llu tokens to %s", static_cast<unsigned long long>(n), out.c_str());
+  }
+  return 0;
+}
+
+int cmd_bench(const Args& a) {
+  if (a.empty() || wants_help(a)) {
+    log_info("%s", kBenchUsage);
+    return a.empty() ? kExitUserError : 0;
+  }
+  if (a[0] != "gemm") throw UserError(strprintf("unknown bench '%s'\n%s", a[0].c_str(), kBenchUsage));
+  std::vector<int> sizes = {512, 1024, 2048, 4096};
+  double seconds = 1.0;
+  std::string backend = "auto";
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--seconds") seconds = parse_double(option_value(a, i, kBenchUsage), "--seconds");
+    else if (a[i] == "--backend") backend = option_value(a, i, kBenchUsage);
+    else if (a[i] == "--sizes") {
+      sizes.clear();
+      std::string list = option_value(a, i, kBenchUsage);
+      size_t pos = 0;
+      while (pos <= list.size()) {
+        size_t comma = list.find(',', pos);
+        std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+        sizes.push_back(static_cast<int>(parse_double(item, "--sizes entry")));
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+    } else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
+  }
+  std::unique_ptr<Backend> be = make_backend(backend);
+  const char* threads = std::getenv("OPENBLAS_NUM_THREADS");
+  log_info("# GEMM C = A B^T, fp32, %s, OPENBLAS_NUM_THREADS=%s", be->describe().c_str(), threads ? threads : "unset");
+  log_info("%8s %12s %12s", "n", "ms/call", "GFLOP/s");
+  for (int n : sizes) {
+    GemmRate r = measure_gemm(*be, n, n, n, seconds);
+    log_info("%8d %12.3f %12.1f", n, r.seconds_per_call * 1e3, r.flops_per_s / 1e9);
+  }
+  return 0;
+}
+
+}  // namespace zero3d

@@ -1,0 +1,57 @@
+#include "train/metrics.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace zero3d {
+
+std::string format_double(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) out += strprintf("\\u%04x", c);
+        else out += c;
+    }
+  }
+  return out + "\"";
+}
+
+void MetricsRecord::key(const char* k) {
+  if (body_.size() > 1) body_ += ", ";
+  body_ += json_escape(k) + ": ";
+}
+MetricsRecord& MetricsRecord::add(const char* k, double v) { key(k); body_ += format_double(v); return *this; }
+MetricsRecord& MetricsRecord::add(const char* k, int64_t v) { key(k); body_ += std::to_string(v); return *this; }
+MetricsRecord& MetricsRecord::add(const char* k, bool v) { key(k); body_ += v ? "true" : "false"; return *this; }
+MetricsRecord& MetricsRecord::add(const char* k, const std::string& v) { key(k); body_ += json_escape(v); return *this; }
+
+MetricsLog::MetricsLog(const std::string& path) : path_(path) {
+  f_ = fopen(path.c_str(), "a");
+  if (!f_) throw UserError(strprintf("cannot open metrics file '%s': %s", path.c_str(), strerror(errno)));
+}
+MetricsLog::~MetricsLog() {
+  if (f_) fclose(f_);
+}
+void MetricsLog::write(const MetricsRecord& r) {
+  if (!f_) return;
+  std::string l = r.line() + "\n";
+  fwrite(l.data(), 1, l.size(), f_);
+  fflush(f_);
+}
+
+}  // namespace zero3d

@@ -1,0 +1,46 @@
+// train/metrics.h: metrics.jsonl, one JSON object per line, written by rank 0 only.
+// Every record has "kind" ("run", "train", "val", later "checkpoint"). Floating-point values are
+// written with 17 significant digits (%.17g), enough to round-trip a double exactly, so two runs
+// can be compared bit for bit with a text diff. Non-finite values are written as null.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace zero3d {
+
+class MetricsRecord {
+ public:
+  explicit MetricsRecord(const char* kind) { add("kind", kind); }
+  MetricsRecord& add(const char* key, double v);
+  MetricsRecord& add(const char* key, int64_t v);
+  MetricsRecord& add(const char* key, int v) { return add(key, static_cast<int64_t>(v)); }
+  MetricsRecord& add(const char* key, bool v);
+  MetricsRecord& add(const char* key, const std::string& v);
+  MetricsRecord& add(const char* key, const char* v) { return add(key, std::string(v)); }
+  std::string line() const { return body_ + "}"; }
+
+ private:
+  void key(const char* k);
+  std::string body_ = "{";
+};
+
+std::string json_escape(const std::string& s);
+std::string format_double(double v);  // %.17g, "null" for inf/nan
+
+class MetricsLog {
+ public:
+  MetricsLog() = default;
+  explicit MetricsLog(const std::string& path);  // opens for append; throws UserError on failure
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  void write(const MetricsRecord& r);  // one line, flushed
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  FILE* f_ = nullptr;
+};
+
+}  // namespace zero3d

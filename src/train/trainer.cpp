@@ -1,0 +1,189 @@
+#include "train/trainer.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "data/loader.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+#include "train/bench.h"
+#include "train/metrics.h"
+
+namespace zero3d {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+static double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+static std::string format_eta(double seconds) {
+  long s = std::lround(std::max(0.0, seconds));
+  return strprintf("%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+}
+
+// Write `text` to `path` atomically: a reader sees the old file or the whole new one.
+static void write_file_atomic(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    if (!f.good()) throw UserError(strprintf("cannot write '%s': %s", tmp.c_str(), strerror(errno)));
+  }
+  fs::rename(tmp, path);
+}
+
+struct Trainer::State {
+  State(const Config& c, const RunOptions& o, Backend& b)
+      : cfg(c), opt(o), be(b), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
+        train_data(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true),
+        model(b, c.model, micro), adam(b, c.optimizer, model.num_params()) {
+    if (!c.data.val.empty())
+      val_data = std::make_unique<DataLoader>(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false);
+    for (const auto& p : model.params_table()) segments.push_back({p.offset, p.size, p.decay});
+    inputs.resize(static_cast<size_t>(micro) * T);
+    targets.resize(inputs.size());
+  }
+
+  const Config& cfg;
+  RunOptions opt;
+  Backend& be;
+  int micro, T;
+  DataLoader train_data;
+  std::unique_ptr<DataLoader> val_data;
+  GPT model;
+  AdamW adam;
+  std::vector<DecaySegment> segments;
+  std::vector<int32_t> inputs, targets;
+  std::unique_ptr<MetricsLog> metrics;
+  uint64_t cursor = 0;  // global samples consumed
+  double flops_per_token = 0;
+
+  double validate(int step);
+};
+
+Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backend)
+    : s_(std::make_unique<State>(config, options, backend)) {
+  State& s = *s_;
+  s.model.init_weights(config.seed);
+  s.flops_per_token = gpt_flops_per_token(config.model);
+  if (s.opt.peak_flops <= 0) {
+    GemmRate r = measure_gemm(backend, 1024, 1024, 1024, 0.3);
+    s.opt.peak_flops = r.flops_per_s;
+    s.opt.peak_source = strprintf("measured sgemm 1024^3 on this rank (%.1f GFLOP/s)", r.flops_per_s / 1e9);
+  }
+  // Everything above validated the inputs; only now does the run directory appear.
+  std::error_code ec;
+  fs::create_directories(s.opt.run_dir, ec);
+  if (ec) throw UserError(strprintf("cannot create run directory '%s': %s", s.opt.run_dir.c_str(), ec.message().c_str()));
+  write_file_atomic(s.opt.run_dir + "/config.json", config.resolved.dump(2) + "\n");
+  s.metrics = std::make_unique<MetricsLog>(s.opt.run_dir + "/metrics.jsonl");
+}
+
+Trainer::~Trainer() = default;
+
+double Trainer::State::validate(int step) {
+  const int batches = cfg.data.val_batches;
+  double sum = 0;
+  for (int k = 0; k < batches; ++k) {
+    val_data->load(static_cast<uint64_t>(k) * micro, micro, inputs.data(), targets.data());
+    sum += model.forward(inputs.data(), targets.data(), 0.0f);
+  }
+  double loss = sum / batches;
+  metrics->write(MetricsRecord("val").add("step", step).add("loss", loss).add("tokens", static_cast<int64_t>(batches) * micro * T));
+  log_info("step %6d | val loss %.6f", step, loss);
+  return loss;
+}
+
+int Trainer::run() {
+  State& s = *s_;
+  const Config& c = s.cfg;
+  const int gas = c.gradient_accumulation_steps;
+  const int64_t G = c.train_batch_size;
+  const double tokens_per_step = static_cast<double>(G) * s.T;
+  const float dloss = static_cast<float>(1.0 / (static_cast<double>(s.micro) * s.T * gas));
+
+  s.metrics->write(MetricsRecord("run")
+                       .add("backend", s.be.describe())
+                       .add("world_size", 1)
+                       .add("num_params", static_cast<int64_t>(s.model.num_params()))
+                       .add("flops_per_token", s.flops_per_token)
+                       .add("peak_flops", s.opt.peak_flops)
+                       .add("peak_source", s.opt.peak_source)
+                       .add("train_batch_size", G)
+                       .add("seq_len", s.T)
+                       .add("train_steps", c.train_steps));
+  log_info("zero3d: %zu parameters, %s, global batch %lld x %d tokens, %d steps, run dir %s", s.model.num_params(),
+           s.be.describe().c_str(), static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
+  const bool validating = s.val_data != nullptr && c.data.val_batches > 0;
+  if (validating) s.validate(0);
+
+  auto run_start = Clock::now();
+  for (int step = 1; step <= c.train_steps; ++step) {
+    auto t0 = Clock::now();
+    s.model.zero_grad();
+    double loss_sum = 0, t_fwd = 0, t_bwd = 0;
+    for (int k = 0; k < gas; ++k) {
+      // dp rank 0 of 1: this rank's slice of the global batch is all of it.
+      s.train_data.load(s.cursor + static_cast<uint64_t>(k) * s.micro, s.micro, s.inputs.data(), s.targets.data());
+      auto tf = Clock::now();
+      loss_sum += s.model.forward(s.inputs.data(), s.targets.data(), dloss);
+      auto tb = Clock::now();
+      s.model.backward();
+      if (c.wall_clock_breakdown) s.be.synchronize();
+      t_fwd += std::chrono::duration<double>(tb - tf).count();
+      t_bwd += seconds_since(tb);
+    }
+    s.cursor += static_cast<uint64_t>(G);
+    const double loss = loss_sum / gas;
+
+    auto to = Clock::now();
+    const size_t n = s.model.num_params();
+    const double grad_norm = std::sqrt(s.be.sum_squares(s.model.grads(), n));
+    const bool skipped = !std::isfinite(grad_norm);
+    const double lr = lr_at(c.scheduler, c.optimizer.lr, step - 1);
+    if (skipped) {
+      log_warn("step %d: gradient norm is %f; the update is skipped", step, grad_norm);
+    } else {
+      const double clip = clip_coefficient(c.gradient_clipping, grad_norm);
+      if (clip < 1.0) s.be.scale(s.model.grads(), static_cast<float>(clip), n);
+      s.adam.step(s.model.params(), s.model.grads(), lr, s.segments);
+    }
+    s.be.synchronize();
+    const double t_opt = seconds_since(to);
+    const double step_time = seconds_since(t0);
+    const double tokens_per_s = tokens_per_step / step_time;
+    const double model_flops = tokens_per_s * s.flops_per_token;
+
+    MetricsRecord r("train");
+    r.add("step", step).add("loss", loss).add("lr", lr).add("grad_norm", grad_norm).add("loss_scale", 1.0)
+        .add("skipped", skipped).add("tokens", static_cast<int64_t>(step * tokens_per_step))
+        .add("tokens_per_s", tokens_per_s).add("step_time_s", step_time)
+        .add("model_flops_per_s", model_flops).add("mfu", model_flops / s.opt.peak_flops);
+    if (c.wall_clock_breakdown) r.add("forward_s", t_fwd).add("backward_s", t_bwd).add("optimizer_s", t_opt);
+    s.metrics->write(r);
+
+    if (step % c.steps_per_print == 0 || step == c.train_steps) {
+      const double elapsed = seconds_since(run_start);
+      log_info("step %6d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | eta %s", step,
+               c.train_steps, loss, lr, grad_norm, tokens_per_s, 100.0 * model_flops / s.opt.peak_flops,
+               format_eta(elapsed / step * (c.train_steps - step)).c_str());
+    }
+    if (validating && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))
+      s.validate(step);
+  }
+  log_info("zero3d: done; metrics in %s", s.metrics->path().c_str());
+  return 0;
+}
+
+}  // namespace zero3d
