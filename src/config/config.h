@@ -89,4 +89,8 @@ struct ConfigSources {
 // batch-size and layout checks. Throws UserError with one line naming the file/key and what is valid.
 Config load_config(const ConfigSources& sources, int world_size);
 
+// The schema as text, one key a line: key, what it accepts, default, and "(not yet)" for keys that
+// are recognised but only accept their default in this version. For `--help-config`.
+std::string describe_config_keys();
+
 }  // namespace zero3d

@@ -151,7 +151,8 @@ int Trainer::run() {
     const size_t n = s.model.num_params();
     const double grad_norm = std::sqrt(s.be.sum_squares(s.model.grads(), n));
     const bool skipped = !std::isfinite(grad_norm);
-    const double lr = lr_at(c.scheduler, c.optimizer.lr, step - 1);
+    // DeepSpeed's timing: the schedule advances only on applied steps (see optim/lr_schedule.h).
+    const double lr = lr_for_step(c.scheduler, c.optimizer.lr, s.adam.step_count() + 1);
     if (skipped) {
       log_warn("step %d: gradient norm is %f; the update is skipped", step, grad_norm);
     } else {

@@ -1,0 +1,32 @@
+# jobscripts/deps.sh: sourced by quickstart.sh and tests/run.sh. Installs the Debian 12 packages
+# zero3d builds and tests with, only those missing (apt-get as root, else sudo).
+# On a cluster, load your site's modules instead and set ZERO3D_SKIP_APT=1.
+zero3d_packages=(
+  build-essential cmake pkg-config       # compiler, CMake
+  libopenmpi-dev openmpi-bin             # MPI
+  libhdf5-openmpi-dev hdf5-tools         # parallel HDF5 (checkpoints), h5dump
+  libtrilinos-kokkos-dev                 # Kokkos (host kernel launchers)
+  libopenblas-dev                        # CBLAS GEMM
+  nlohmann-json3-dev                     # config and metrics JSON
+  libgtest-dev                           # unit tests
+  python3 python3-matplotlib python3-pandas python3-h5py  # postprocess/ and test checks
+)
+
+zero3d_install_deps() {
+  [[ "${ZERO3D_SKIP_APT:-0}" == 1 ]] && return 0
+  local missing=() p
+  for p in "${zero3d_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  echo "zero3d: installing ${missing[*]}"
+  local sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo="sudo"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# As root, OpenMPI refuses to start unless told it is on purpose (containers, CI).
+if [[ $(id -u) -eq 0 ]]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi

@@ -1,0 +1,480 @@
+// kernels/cuda/backend_cuda.cu: the CUDA backend. Thin launchers around kernels/math/*.h (the same
+// per-element / per-row functions the host backend runs) plus cuBLAS for GEMM. It owns one
+// non-blocking stream, one cuBLAS handle bound to it and an 8-byte device scratch for reductions.
+//
+// Invariants:
+//  - Every op is enqueued on the backend's stream, in call order; the host waits only where it
+//    needs data (copy_to_host, copy_from_host, the reductions, synchronize). Other streams (NCCL)
+//    join through events, never through the legacy default stream.
+//  - Results mirror HostBackend: the same math functions, the same += accumulation into
+//    gradients, and the same summation order in the column reductions (rows in increasing order),
+//    so the two backends differ only by FMA contraction and libm/CUDA math ulps. Exceptions are
+//    the GEMMs (cuBLAS vs CBLAS blocking), the sum reductions (a tree in double), and dwte in
+//    embedding_backward (atomicAdd: order, hence rounding, varies from run to run).
+//  - The interface is row-major and cuBLAS column-major: a row-major M is its transpose read
+//    column-major, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T with A/B and m/n swapped.
+//  - The backend assumes its device is current on the calling thread (one device per rank, set in
+//    the constructor); it does not call cudaSetDevice before every op.
+//
+// Performance: the per-row ops run one thread per row, which is simple and correct but leaves
+// most of the GPU idle and reads rows uncoalesced. Warp- or block-per-row kernels (llm.c
+// layernorm_forward_kernel3, softmax_forward_kernel5, fused_classifier_kernel5) are future work.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "core/check.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/math/adamw.h"
+#include "kernels/math/crossentropy.h"
+#include "kernels/math/dtype.h"
+#include "kernels/math/gelu.h"
+#include "kernels/math/layernorm.h"
+#include "kernels/math/softmax.h"
+
+namespace zero3d {
+namespace {
+
+// ---- launch configuration ----
+
+constexpr int kThreads = 256;        // threads per block for every kernel here
+constexpr size_t kMaxBlocks = 65535;  // grid-stride loops cover the rest; keeps the grid small
+constexpr size_t kReduceBlocks = 1024;  // fewer blocks, fewer atomics in the scalar reductions
+
+size_t blocks_for(size_t work, size_t cap = kMaxBlocks) {
+  return std::min((work + kThreads - 1) / kThreads, cap);
+}
+
+// Grid-stride loop over [0, n): any grid size covers any n.
+#define Z3D_GRID_LOOP(i, n)                                                    \
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
+       i < (n); i += static_cast<size_t>(blockDim.x) * gridDim.x)
+
+// Enqueue `kernel` on `stream` with enough blocks for `work` grid-stride iterations. A zero-sized
+// grid is a launch error in CUDA, so empty work is a no-op (as the host loops are).
+template <typename... KernelArgs, typename... Args>
+void launch(cudaStream_t stream, size_t work, void (*kernel)(KernelArgs...), Args... args) {
+  if (work == 0) return;
+  kernel<<<static_cast<unsigned>(blocks_for(work)), kThreads, 0, stream>>>(args...);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- elementwise kernels ----
+
+__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                         size_t N, int T, int C) {
+  Z3D_GRID_LOOP(i, N * C) {
+    size_t n = i / C, c = i % C;
+    out[i] = wte[static_cast<size_t>(tokens[n]) * C + c] + wpe[(n % T) * C + c];
+  }
+}
+
+// dwte: rows sharing a token collide, so atomicAdd; the order of the adds (hence the rounding of
+// dwte) is nondeterministic. A deterministic version would sort rows by token (llm.c
+// encoder_backward_kernel) and is future work.
+__global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, size_t N,
+                                              int C) {
+  Z3D_GRID_LOOP(i, N * C) {
+    size_t n = i / C, c = i % C;
+    atomicAdd(dwte + static_cast<size_t>(tokens[n]) * C + c, dout[i]);
+  }
+}
+
+// dwpe: position t collects rows t, t+T, t+2T, ...; one thread per (t, c) sums them in row order,
+// as the host does, so dwpe is deterministic and matches the host.
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, size_t N, int T, int C) {
+  size_t positions = N < static_cast<size_t>(T) ? N : static_cast<size_t>(T);
+  Z3D_GRID_LOOP(i, positions * C) {
+    size_t t = i / C, c = i % C;
+    float acc = dwpe[i];
+    for (size_t n = t; n < N; n += T) acc += dout[n * C + c];
+    dwpe[i] = acc;
+  }
+}
+
+__global__ void add_bias_kernel(float* out, const float* bias, size_t N, int C) {
+  Z3D_GRID_LOOP(i, N * C) out[i] += bias[i % C];
+}
+
+__global__ void gelu_forward_kernel(float* out, const float* x, size_t n) {
+  Z3D_GRID_LOOP(i, n) out[i] = math::gelu_forward(x[i]);
+}
+
+__global__ void gelu_backward_kernel(float* dx, const float* x, const float* dout, size_t n) {
+  Z3D_GRID_LOOP(i, n) dx[i] = math::gelu_backward(x[i], dout[i]);
+}
+
+__global__ void add_kernel(float* out, const float* a, const float* b, size_t n) {
+  Z3D_GRID_LOOP(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void accumulate_kernel(float* out, const float* a, size_t n) {
+  Z3D_GRID_LOOP(i, n) out[i] += a[i];
+}
+
+__global__ void scale_kernel(float* x, float s, size_t n) {
+  Z3D_GRID_LOOP(i, n) x[i] *= s;
+}
+
+// AdamParams travels by value in the kernel's parameter space: no device copy to manage.
+__global__ void adam_step_kernel(float* p, float* m, float* v, const float* g, size_t n, math::AdamParams a) {
+  Z3D_GRID_LOOP(i, n) math::adam_element(p + i, m + i, v + i, g[i], a);
+}
+
+__global__ void cast_to_bf16_kernel(uint16_t* out, const float* x, size_t n) {
+  Z3D_GRID_LOOP(i, n) out[i] = math::bf16_from_float(x[i]);
+}
+__global__ void cast_from_bf16_kernel(float* out, const uint16_t* x, size_t n) {
+  Z3D_GRID_LOOP(i, n) out[i] = math::float_from_bf16(x[i]);
+}
+__global__ void cast_to_fp16_kernel(uint16_t* out, const float* x, size_t n) {
+  Z3D_GRID_LOOP(i, n) out[i] = math::fp16_from_float(x[i]);
+}
+__global__ void cast_from_fp16_kernel(float* out, const uint16_t* x, size_t n) {
+  Z3D_GRID_LOOP(i, n) out[i] = math::float_from_fp16(x[i]);
+}
+
+// ---- per-row kernels: one thread per row (see the header on warp-per-row) ----
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x, const float* w,
+                                         const float* b, size_t N, int C) {
+  Z3D_GRID_LOOP(n, N) math::layernorm_row_forward(out + n * C, mean + n, rstd + n, x + n * C, w, b, C);
+}
+
+__global__ void layernorm_backward_input_kernel(float* dx, const float* dy, const float* x, const float* w,
+                                                const float* mean, const float* rstd, size_t N, int C) {
+  Z3D_GRID_LOOP(n, N) math::layernorm_row_backward_input(dx + n * C, dy + n * C, x + n * C, w, mean[n], rstd[n], C);
+}
+
+__global__ void softmax_causal_forward_kernel(float* p, const float* pre, size_t rows, int T) {
+  Z3D_GRID_LOOP(r, rows) math::softmax_causal_row_forward(p + r * T, pre + r * T, static_cast<int>(r % T), T);
+}
+
+__global__ void softmax_causal_backward_kernel(float* dpre, const float* dp, const float* p, size_t rows, int T) {
+  Z3D_GRID_LOOP(r, rows) {
+    math::softmax_causal_row_backward(dpre + r * T, dp + r * T, p + r * T, static_cast<int>(r % T), T);
+  }
+}
+
+// dlogits may alias logits (the row function reads each row fully before writing it), so no
+// __restrict__ here.
+__global__ void crossentropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                    size_t N, int V, float dloss) {
+  Z3D_GRID_LOOP(n, N) {
+    const float* z = logits + n * V;
+    losses[n] = dlogits ? math::crossentropy_row_forward_backward(dlogits + n * V, z, targets[n], V, dloss)
+                        : math::crossentropy_row_forward(z, targets[n], V);
+  }
+}
+
+// ---- column reductions: one thread per column, rows in increasing order (as the host) ----
+
+__global__ void layernorm_backward_params_kernel(float* dw, float* db, const float* dy, const float* x,
+                                                 const float* mean, const float* rstd, size_t N, int C) {
+  Z3D_GRID_LOOP(c, static_cast<size_t>(C)) {
+    float w_acc = dw[c], b_acc = db[c];
+    for (size_t n = 0; n < N; ++n) {
+      float d = dy[n * C + c];
+      w_acc += d * math::layernorm_xhat(x[n * C + c], mean[n], rstd[n]);
+      b_acc += d;
+    }
+    dw[c] = w_acc;
+    db[c] = b_acc;
+  }
+}
+
+__global__ void bias_backward_kernel(float* dbias, const float* dout, size_t N, int C) {
+  Z3D_GRID_LOOP(c, static_cast<size_t>(C)) {
+    float acc = dbias[c];
+    for (size_t n = 0; n < N; ++n) acc += dout[n * C + c];
+    dbias[c] = acc;
+  }
+}
+
+// ---- scalar reductions: per-thread partials, warp shuffle, block via shared memory, then one
+// atomicAdd per block into *out (double: sm_60+; unsigned long long: everywhere) ----
+
+struct SquareOf {
+  __device__ double operator()(float v) const { return static_cast<double>(v) * v; }
+};
+struct ValueOf {
+  __device__ double operator()(float v) const { return v; }
+};
+struct IsNonfinite {
+  __device__ unsigned long long operator()(float v) const { return isfinite(v) ? 0ull : 1ull; }
+};
+
+template <typename Acc>
+__device__ Acc warp_sum(Acc v) {
+  for (int offset = warpSize / 2; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <typename Acc, typename Term>
+__global__ void reduce_sum_kernel(Acc* out, const float* x, size_t n, Term term) {
+  static_assert(kThreads % 32 == 0 && kThreads / 32 <= 32, "block reduction assumes <= 32 full warps");
+  __shared__ Acc warp_partials[kThreads / 32];
+  Acc acc = 0;
+  Z3D_GRID_LOOP(i, n) acc += term(x[i]);
+  acc = warp_sum(acc);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_partials[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = lane < static_cast<int>(blockDim.x / 32) ? warp_partials[lane] : Acc(0);
+    acc = warp_sum(acc);
+    if (lane == 0) atomicAdd(out, acc);
+  }
+}
+
+// ---- owners of the CUDA and cuBLAS handles (move-only via unique_ptr). Destructors do not check
+// status: they may run during unwinding or after MPI_Finalize, where fatal() cannot help, and a
+// broken device would already have failed the last checked call. ----
+
+struct StreamDestroy {
+  void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+};
+struct CublasDestroy {
+  void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+};
+struct DeviceFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using StreamPtr = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDestroy>;
+using CublasPtr = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasDestroy>;
+using DevicePtr = std::unique_ptr<void, DeviceFree>;
+
+cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop_, device));
+    // Non-blocking: no implicit joins with the legacy default stream, so NCCL or copy streams
+    // overlap with compute and are joined only by explicit events.
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    stream_.reset(stream);
+    cublasHandle_t handle = nullptr;
+    CUBLAS_CHECK(cublasCreate(&handle));
+    cublas_.reset(handle);
+    CUBLAS_CHECK(cublasSetStream(handle, stream));
+    // Plain fp32 GEMMs (no TF32 tensor cores), so results compare with the host's CBLAS at fp32
+    // tolerances. A TF32/bf16 mode would be an explicit option, not a default.
+    CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+    void* scratch = nullptr;
+    CUDA_CHECK(cudaMalloc(&scratch, sizeof(double)));
+    scratch_.reset(scratch);
+  }
+  ~CudaBackend() override {
+    if (stream_) cudaStreamSynchronize(stream_.get());  // let queued work finish before handles go
+  }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  BackendKind kind() const override { return BackendKind::cuda; }
+  std::string describe() const override {
+    return strprintf("cuda device %d (%s, sm_%d%d, %d SMs, %.1f GiB) + cuBLAS", device_, prop_.name, prop_.major,
+                     prop_.minor, prop_.multiProcessorCount,
+                     static_cast<double>(prop_.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  }
+
+  // ---- memory ----
+
+  // Out of device memory is a sizing mistake (model/batch too large for the GPU), reported like the
+  // host backend's out-of-RAM: a UserError naming the request and what the device has free.
+  void* alloc_bytes(size_t bytes) override {
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // clear it so the next checked call does not report it
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw UserError(strprintf("out of GPU memory on device %d allocating %zu bytes (%zu of %zu bytes free)",
+                                device_, bytes, free_b, total_b));
+    }
+    CUDA_CHECK(err);
+    // Zeroed as the contract says; synchronised so the memory is ready for any stream (NCCL's).
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return p;
+  }
+  // cudaFree waits for the device, so kernels still queued on the pointer finish first.
+  void free_bytes(void* p) override { CUDA_CHECK(cudaFree(p)); }
+
+  // Synchronous: the caller may reuse or free `src` as soon as this returns, and with pinned memory
+  // an async copy would still be reading it.
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+  // Device to device, asynchronous. The host backend uses memmove, and cudaMemcpy leaves
+  // overlapping ranges undefined, so overlap goes through a stream-ordered temporary.
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0 || dst == src) return;
+    auto d = reinterpret_cast<uintptr_t>(dst), s = reinterpret_cast<uintptr_t>(src);
+    bool overlap = d < s + bytes && s < d + bytes;
+    if (!overlap) {
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+      return;
+    }
+    void* tmp = nullptr;
+    CUDA_CHECK(cudaMallocAsync(&tmp, bytes, stream()));
+    CUDA_CHECK(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+    CUDA_CHECK(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, stream()));
+    CUDA_CHECK(cudaFreeAsync(tmp, stream()));
+  }
+  void zero(void* p, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream())); }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+  // ---- GEMM (row-major interface on column-major cuBLAS: see the header) ----
+
+  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+            float beta, float* C, int ldc) override {
+    CUBLAS_CHECK(cublasSgemm(cublas(), op(tb), op(ta), n, m, k, &alpha, B, ldb, A, lda, &beta, C, ldc));
+  }
+  void gemm_strided_batched(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda,
+                            long strideA, const float* B, int ldb, long strideB, float beta, float* C, int ldc,
+                            long strideC, int batch) override {
+    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas(), op(tb), op(ta), n, m, k, &alpha, B, ldb, strideB, A, lda,
+                                           strideA, &beta, C, ldc, strideC, batch));
+  }
+
+  // ---- elementwise / per-row ops ----
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
+                         int C) override {
+    launch(stream(), rows(N) * C, embedding_forward_kernel, out, tokens, wte, wpe, rows(N), T, C);
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
+                          int C) override {
+    launch(stream(), rows(N) * C, embedding_backward_wte_kernel, dwte, dout, tokens, rows(N), C);
+    launch(stream(), std::min(rows(N), rows(T)) * C, embedding_backward_wpe_kernel, dwpe, dout, rows(N), T, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+                         int C) override {
+    launch(stream(), rows(N), layernorm_forward_kernel, out, mean, rstd, x, w, b, rows(N), C);
+  }
+  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                          const float* mean, const float* rstd, int N, int C) override {
+    launch(stream(), rows(N), layernorm_backward_input_kernel, dx, dy, x, w, mean, rstd, rows(N), C);
+    launch(stream(), rows(C), layernorm_backward_params_kernel, dw, db, dy, x, mean, rstd, rows(N), C);
+  }
+  void add_bias(float* out, const float* bias, int N, int C) override {
+    launch(stream(), rows(N) * C, add_bias_kernel, out, bias, rows(N), C);
+  }
+  void bias_backward(float* dbias, const float* dout, int N, int C) override {
+    launch(stream(), rows(C), bias_backward_kernel, dbias, dout, rows(N), C);
+  }
+  void gelu_forward(float* out, const float* x, size_t n) override {
+    launch(stream(), n, gelu_forward_kernel, out, x, n);
+  }
+  void gelu_backward(float* dx, const float* x, const float* dout, size_t n) override {
+    launch(stream(), n, gelu_backward_kernel, dx, x, dout, n);
+  }
+  void add(float* out, const float* a, const float* b, size_t n) override {
+    launch(stream(), n, add_kernel, out, a, b, n);
+  }
+  void accumulate(float* out, const float* a, size_t n) override { launch(stream(), n, accumulate_kernel, out, a, n); }
+  void softmax_causal_forward(float* p, const float* pre, int rows_, int T) override {
+    launch(stream(), rows(rows_), softmax_causal_forward_kernel, p, pre, rows(rows_), T);
+  }
+  void softmax_causal_backward(float* dpre, const float* dp, const float* p, int rows_, int T) override {
+    launch(stream(), rows(rows_), softmax_causal_backward_kernel, dpre, dp, p, rows(rows_), T);
+  }
+  void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                    float dloss) override {
+    launch(stream(), rows(N), crossentropy_kernel, losses, dlogits, logits, targets, rows(N), V, dloss);
+  }
+  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) override {
+    launch(stream(), n, adam_step_kernel, p, m, v, g, n, a);
+  }
+  void scale(float* x, float s, size_t n) override { launch(stream(), n, scale_kernel, x, s, n); }
+  void cast_to_bf16(uint16_t* out, const float* x, size_t n) override {
+    launch(stream(), n, cast_to_bf16_kernel, out, x, n);
+  }
+  void cast_from_bf16(float* out, const uint16_t* x, size_t n) override {
+    launch(stream(), n, cast_from_bf16_kernel, out, x, n);
+  }
+  void cast_to_fp16(uint16_t* out, const float* x, size_t n) override {
+    launch(stream(), n, cast_to_fp16_kernel, out, x, n);
+  }
+  void cast_from_fp16(float* out, const uint16_t* x, size_t n) override {
+    launch(stream(), n, cast_from_fp16_kernel, out, x, n);
+  }
+
+  // ---- reductions (synchronising: the result comes back to the host) ----
+
+  double sum_squares(const float* x, size_t n) override { return reduce<double>(x, n, SquareOf{}); }
+  size_t count_nonfinite(const float* x, size_t n) override {
+    return static_cast<size_t>(reduce<unsigned long long>(x, n, IsNonfinite{}));
+  }
+  double sum(const float* x, size_t n) override { return reduce<double>(x, n, ValueOf{}); }
+
+ private:
+  cudaStream_t stream() const { return stream_.get(); }
+  cublasHandle_t cublas() const { return cublas_.get(); }
+  // Interface dimensions are int; index arithmetic is size_t so N*V (logits) cannot overflow.
+  static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
+
+  template <typename Acc, typename Term>
+  Acc reduce(const float* x, size_t n, Term term) {
+    static_assert(sizeof(Acc) <= sizeof(double), "scratch holds one 8-byte scalar");
+    Acc* out = static_cast<Acc*>(scratch_.get());
+    CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(Acc), stream()));
+    if (n > 0) {
+      auto blocks = static_cast<unsigned>(blocks_for(n, kReduceBlocks));
+      reduce_sum_kernel<<<blocks, kThreads, 0, stream()>>>(out, x, n, term);
+      CUDA_CHECK(cudaGetLastError());
+    }
+    Acc result{};
+    CUDA_CHECK(cudaMemcpyAsync(&result, out, sizeof(Acc), cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    return result;
+  }
+
+  int device_;
+  cudaDeviceProp prop_{};
+  // Members die in reverse declaration order: scratch, then the cuBLAS handle, then its stream.
+  StreamPtr stream_;
+  CublasPtr cublas_;
+  DevicePtr scratch_;
+};
+
+}  // namespace
+
+// No driver, no device or a driver too old all mean "no CUDA here": 0, so the caller falls back to
+// the host backend instead of aborting.
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the error so later checked calls do not inherit it
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  int count = cuda_device_count();
+  if (count == 0)
+    throw UserError(strprintf("CUDA device %d requested but no CUDA device is visible (no driver, or "
+                              "CUDA_VISIBLE_DEVICES is empty); use the host backend",
+                              device));
+  if (device < 0 || device >= count)
+    throw UserError(strprintf("CUDA device %d requested but this process sees %d device(s) (valid: 0..%d); "
+                              "check CUDA_VISIBLE_DEVICES and the ranks per node",
+                              device, count, count - 1));
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace zero3d

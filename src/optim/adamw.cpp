@@ -1,0 +1,61 @@
+// optim/adamw.cpp: the host side of FusedAdam (deepspeed/ops/adam/fused_adam.py and
+// csrc/adam/multi_tensor_adam.cu): step count, bias corrections, one kernel launch per segment.
+#include "optim/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace zero3d {
+namespace {
+
+// Segments must tile [0, n) exactly: a gap would leave parameters un-updated, an overlap would
+// update them twice.
+bool tiles(std::vector<DecaySegment> segs, size_t n) {
+  std::sort(segs.begin(), segs.end(), [](const DecaySegment& a, const DecaySegment& b) { return a.offset < b.offset; });
+  size_t end = 0;
+  for (const DecaySegment& s : segs) {
+    if (s.offset != end) return false;
+    end += s.size;
+  }
+  return end == n;
+}
+
+}  // namespace
+
+AdamW::AdamW(Backend& backend, const OptimizerConfig& config, size_t num_params)
+    : be_(backend), cfg_(config), m_(backend, num_params), v_(backend, num_params) {}  // alloc zeroes
+
+void AdamW::step(float* params, const float* grads, double lr, const std::vector<DecaySegment>& segments) {
+  Z3D_ASSERT(tiles(segments, m_.size()),
+             strprintf("AdamW::step: decay segments do not tile the %zu parameters", m_.size()));
+  ++step_;
+
+  // multi_tensor_adam.cu: bias_correction1 = 1 - beta1^t, bias_correction2 = 1 - beta2^t (both 1
+  // without bias correction), with the betas already fp32 and pow taken in double.
+  const float beta1 = static_cast<float>(cfg_.betas[0]);
+  const float beta2 = static_cast<float>(cfg_.betas[1]);
+  double bc1 = 1.0, bc2 = 1.0;
+  if (cfg_.bias_correction) {
+    bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step_));
+    bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step_));
+  }
+
+  math::AdamParams a{};
+  a.lr = static_cast<float>(lr);
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.eps = static_cast<float>(cfg_.eps);
+  a.bias_correction1 = static_cast<float>(bc1);
+  a.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  a.decoupled = decoupled();
+
+  for (const DecaySegment& s : segments) {
+    if (s.size == 0) continue;
+    a.weight_decay = s.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+    be_.adam_step(params + s.offset, m_.data() + s.offset, v_.data() + s.offset, grads + s.offset, s.size, a);
+  }
+}
+
+}  // namespace zero3d

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Every bad input to the CLI: one clear line naming the problem, exit code 2, no run dir left.
+# usage: test_errors.sh ZERO3D_BINARY SOURCE_DIR
+set -u
+z3d=$1; src=$2
+cd "$src"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+
+# expect NAME SUBSTRING COMMAND...: exit code 2, stderr contains SUBSTRING, and the run dir
+# $tmp/run was not created.
+expect() {
+  local name=$1 want=$2; shift 2
+  rm -rf "$tmp/run"
+  "$@" >"$tmp/out" 2>"$tmp/err"; local rc=$?
+  if [[ $rc -ne 2 ]]; then echo "FAIL $name: exit code $rc, expected 2"; cat "$tmp/err"; fails=$((fails+1)); return; fi
+  if ! grep -qF -- "$want" "$tmp/err"; then echo "FAIL $name: stderr lacks '$want':"; cat "$tmp/err"; fails=$((fails+1)); return; fi
+  if [[ -e "$tmp/run" ]]; then echo "FAIL $name: run dir was created"; fails=$((fails+1)); return; fi
+  if [[ $(grep -c "zero3d: error" "$tmp/err") -ne 1 ]]; then echo "FAIL $name: not exactly one error line"; cat "$tmp/err"; fails=$((fails+1)); return; fi
+  passes=$((passes+1))
+}
+
+tiny=input/gpt-tiny.json
+train() { "$z3d" train "$@" --run-dir "$tmp/run" --peak-flops 1e11; }
+
+printf '{"train_steps": 5,\n  "model": {"vocab_size": 256,, }\n}\n' > "$tmp/bad.json"
+head -c 3000 input/data/train.bin > "$tmp/truncated.bin"
+head -c 4000 /bin/sh > "$tmp/foreign.bin"
+
+expect missing-config     "cannot read config file '$tmp/nope.json'" train "$tmp/nope.json"
+expect bad-json           "line 2, column"                         train "$tmp/bad.json"
+expect unknown-key        "did you mean 'optimizer.params.betas'"  train $tiny --set optimizer.params.betaz=[0.9,0.95]
+expect unknown-top-key    "did you mean 'train_steps'"             train $tiny --set train_step=3
+expect bad-value          "model.n_head"                           train $tiny --set model.n_head=-4
+expect bad-type           "train_steps"                            train $tiny --set train_steps=many
+expect heads-divide       "n_head"                                 train $tiny --set model.n_head=3
+expect malformed-set      "KEY=VALUE"                              train $tiny --set model.n_head
+expect not-honoured       "fp16.enabled"                           train $tiny --set fp16.enabled=true
+expect zero-stage         "zero_optimization.stage"                train $tiny --set zero_optimization.stage=2
+expect batch-mismatch     "train_batch_size"                       train $tiny --set train_batch_size=12
+expect missing-deepspeed  "$tmp/ds.json"                           train $tiny --deepspeed "$tmp/ds.json"
+expect missing-data       "$tmp/none.bin"                          train $tiny --set data.train=\"$tmp/none.bin\"
+expect truncated-data     "is truncated"                           train $tiny --set data.train=\"$tmp/truncated.bin\"
+expect foreign-data       "is not an llm.c token file"             train $tiny --set data.train=\"$tmp/foreign.bin\"
+expect vocab-too-small    "model.vocab_size"                       train $tiny --set model.vocab_size=100
+expect unknown-option     "unknown option '--frobnicate'"          train $tiny --frobnicate
+expect no-config          "needs a CONFIG"                         "$z3d" train
+expect unknown-command    "unknown command 'trian'"                "$z3d" trian
+expect bad-peak           "--peak-flops must be a positive number" "$z3d" train $tiny --peak-flops abc
+expect missing-text       "$tmp/missing.txt"                       "$z3d" data prepare "$tmp/missing.txt" --out "$tmp/x.bin"
+expect layout-world       "got 2 ranks"                            mpirun --oversubscribe -np 2 "$z3d" train $tiny --run-dir "$tmp/run"
+expect layout-tp          "tensor_parallel.tp_size"                train $tiny --set tensor_parallel.tp_size=2
+
+# --help and --version succeed
+for cmd in "--help" "--version" "train --help" "data --help" "bench --help"; do
+  if ! "$z3d" $cmd >/dev/null 2>&1; then echo "FAIL '$cmd' did not exit 0"; fails=$((fails+1)); else passes=$((passes+1)); fi
+done
+echo "cli errors: $passes passed, $fails failed"
+[[ $fails -eq 0 ]]

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# tests/run.sh: the one test entry point, the same locally and in CI. Installs what is missing,
+# builds (Release, CUDA backend too when the toolkit is present), runs every test through ctest.
+# Exits non-zero on any failure. Options via environment: BUILD_DIR (default build),
+# ZERO3D_CUDA (AUTO|ON|OFF, default AUTO), JOBS (default nproc).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+source jobscripts/deps.sh
+zero3d_install_deps
+
+build=${BUILD_DIR:-build}
+jobs=${JOBS:-$(nproc)}
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DZERO3D_CUDA="${ZERO3D_CUDA:-AUTO}"
+cmake --build "$build" -j "$jobs"
+# One BLAS thread per process: ctest runs tests side by side and MPI tests oversubscribe cores.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900

@@ -1,0 +1,384 @@
+// Config loading: defaults, DeepSpeed batch arithmetic, --set overrides, the DeepSpeed overlay,
+// and the one-line errors (unknown key with suggestion, not-yet-supported key, bad JSON position,
+// missing file, wrong type); the shipped input/*.json must load.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "config/config.h"
+#include "core/check.h"
+
+using namespace zero3d;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+namespace {
+
+// A fresh directory per test, removed afterwards.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "zero3d_config_XXXXXX").string();
+    char* p = mkdtemp(tmpl.data());
+    EXPECT_NE(p, nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::string file = path + "/" + name;
+    std::ofstream(file) << text;
+    return file;
+  }
+};
+
+// The smallest valid run config, with room for extra top-level members.
+std::string minimal(const std::string& extra = "") {
+  return R"({
+  "train_micro_batch_size_per_gpu": 4,
+  "train_steps": 10,
+  "model": {"vocab_size": 256, "seq_len": 32, "n_layer": 2, "n_head": 4, "d_model": 64},
+  "data": {"train": "input/data/train.bin"})" +
+         (extra.empty() ? "" : ",\n  " + extra) + "\n}\n";
+}
+
+// The UserError text thrown by `f`, or "" when it does not throw.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    std::string what = e.what();
+    EXPECT_EQ(what.find('\n'), std::string::npos) << "error is not one line: " << what;
+    return what;
+  }
+  return "";
+}
+
+std::string load_error(const std::string& file, std::vector<std::string> overrides = {}, int world = 1,
+                       const std::string& ds = "") {
+  return error_of([&] { load_config({file, ds, std::move(overrides)}, world); });
+}
+
+TEST(Config, DefaultsFollowDeepSpeed) {
+  TempDir dir;
+  Config c = load_config({dir.write("run.json", minimal()), "", {}}, 1);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.train_batch_size, 4);
+  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_EQ(c.gradient_clipping, 0.0);
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_EQ(c.seed, 1234u);
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.betas[0], 0.9);
+  EXPECT_DOUBLE_EQ(c.optimizer.betas[1], 0.999);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_TRUE(c.optimizer.adam_w_mode);
+  EXPECT_TRUE(c.optimizer.bias_correction);
+  EXPECT_EQ(c.scheduler.type, "");
+  EXPECT_EQ(c.zero_stage, 0);
+  EXPECT_EQ(c.tp_size, 1);
+  EXPECT_EQ(c.pp_size, 1);
+  EXPECT_EQ(c.data.val, "");
+  EXPECT_EQ(c.data.val_interval, 0);
+  EXPECT_EQ(c.data.val_batches, 8);
+  EXPECT_EQ(c.checkpoint.dir, "checkpoints");
+  EXPECT_EQ(c.checkpoint.load, "none");
+
+  // The resolved JSON holds every key with its value, derived batch values included.
+  const nlohmann::json& r = c.resolved;
+  EXPECT_EQ(r["train_batch_size"], 4);
+  EXPECT_EQ(r["gradient_accumulation_steps"], 1);
+  EXPECT_EQ(r["fp16"]["enabled"], false);
+  EXPECT_EQ(r["fp16"]["initial_scale_power"], 16);
+  EXPECT_EQ(r["fp16"]["loss_scale_window"], 1000);
+  EXPECT_EQ(r["fp16"]["hysteresis"], 2);
+  EXPECT_EQ(r["bf16"]["enabled"], false);
+  EXPECT_EQ(r["zero_optimization"]["stage"], 0);
+  EXPECT_EQ(r["zero_optimization"]["reduce_bucket_size"], 500000000);
+  EXPECT_EQ(r["zero_optimization"]["allgather_bucket_size"], 500000000);
+  EXPECT_EQ(r["zero_optimization"]["stage3_prefetch_bucket_size"], 50000000);
+  EXPECT_EQ(r["zero_optimization"]["stage3_max_live_parameters"], 1000000000);
+  EXPECT_EQ(r["zero_optimization"]["stage3_max_reuse_distance"], 1000000000);
+  EXPECT_EQ(r["zero_optimization"]["stage3_param_persistence_threshold"], 100000);
+  EXPECT_EQ(r["zero_optimization"]["overlap_comm"], false);  // DeepSpeed: true only for stage 3
+  EXPECT_EQ(r["zero_optimization"]["contiguous_gradients"], true);
+  EXPECT_EQ(r["tensor_parallel"]["tp_size"], 1);
+  EXPECT_EQ(r["model"]["d_model"], 64);
+  EXPECT_EQ(r["optimizer"]["params"]["betas"], nlohmann::json::array({0.9, 0.999}));
+  EXPECT_EQ(r["scheduler"]["type"], "");
+  EXPECT_FALSE(r["scheduler"].contains("params"));  // no scheduler: no scheduler params
+  EXPECT_EQ(r["checkpoint"]["dir"], "checkpoints");
+}
+
+TEST(Config, ResolvedConfigLoadsBackToItself) {
+  TempDir dir;
+  Config a = load_config(
+      {dir.write("run.json", minimal()), "", {"scheduler.type=WarmupDecayLR", "scheduler.params.total_num_steps=10"}},
+      1);
+  Config b = load_config({dir.write("resolved.json", a.resolved.dump(2)), "", {}}, 1);
+  EXPECT_EQ(a.resolved, b.resolved);
+}
+
+TEST(Config, BatchArithmeticFollowsDeepSpeed) {
+  TempDir dir;
+  auto load = [&](const std::string& batch, int world) {
+    std::string text = R"({"train_steps": 1, "model": {"vocab_size": 8, "seq_len": 8, "n_layer": 1, "n_head": 1,
+      "d_model": 8}, "data": {"train": "t.bin"})" +
+                       batch + "}";
+    return load_config({dir.write("b.json", text), "", {}}, world);
+  };
+  // micro only: gas = 1, train = micro * dp
+  Config c = load(R"(, "train_micro_batch_size_per_gpu": 4)", 2);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  // train only: gas = 1, micro = train / dp
+  c = load(R"(, "train_batch_size": 12)", 3);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  // train + micro -> gas
+  c = load(R"(, "train_batch_size": 32, "train_micro_batch_size_per_gpu": 4)", 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  // train + gas -> micro
+  c = load(R"(, "train_batch_size": 32, "gradient_accumulation_steps": 2)", 4);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  // micro + gas -> train
+  c = load(R"(, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3)", 1);
+  EXPECT_EQ(c.train_batch_size, 6);
+  EXPECT_EQ(c.resolved["train_batch_size"], 6);
+  // all three, consistent
+  c = load(R"(, "train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4)", 2);
+  EXPECT_EQ(c.train_batch_size, 16);
+
+  // all three, inconsistent: the message shows the product
+  std::string e = error_of([&] {
+    load(R"(, "train_batch_size": 64, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2)", 1);
+  });
+  EXPECT_THAT(e, HasSubstr("b.json: train_batch_size 64 != train_micro_batch_size_per_gpu 8 * "
+                           "gradient_accumulation_steps 2 * data-parallel size 1 = 16"));
+  // not divisible
+  e = error_of([&] { load(R"(, "train_batch_size": 30, "train_micro_batch_size_per_gpu": 8)", 1); });
+  EXPECT_THAT(e, HasSubstr("train_batch_size 30 is not a multiple of train_micro_batch_size_per_gpu 8"));
+  // neither train nor micro
+  e = error_of([&] { load(R"(, "gradient_accumulation_steps": 2)", 1); });
+  EXPECT_THAT(e, HasSubstr("set train_batch_size or train_micro_batch_size_per_gpu"));
+  e = error_of([&] { load("", 1); });
+  EXPECT_THAT(e, HasSubstr("set train_batch_size or train_micro_batch_size_per_gpu"));
+}
+
+TEST(Config, OverridesSetNumbersBoolsStringsArrays) {
+  TempDir dir;
+  std::string file = dir.write("run.json", minimal());
+  Config c = load_config(
+      {file,
+       "",
+       {"optimizer.params.lr=3e-4", "train_steps=77", "wall_clock_breakdown=true", "optimizer.params.betas=[0.8, 0.9]",
+        "data.val=input/data/val.bin", "scheduler.type=WarmupCosineLR", "scheduler.params.total_num_steps=77",
+        "scheduler.params.warmup_type=\"linear\"", "optimizer.type=Adam", "optimizer.params.adam_w_mode=false",
+        "seed=7", "fp16.enabled=false", "optimizer.params.lr=5e-4"}},
+      1);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 5e-4);  // applied in order: the last one wins
+  EXPECT_EQ(c.train_steps, 77);
+  EXPECT_TRUE(c.wall_clock_breakdown);
+  EXPECT_DOUBLE_EQ(c.optimizer.betas[0], 0.8);
+  EXPECT_DOUBLE_EQ(c.optimizer.betas[1], 0.9);
+  EXPECT_EQ(c.data.val, "input/data/val.bin");  // not JSON: taken as a raw string
+  EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
+  EXPECT_EQ(c.scheduler.total_num_steps, 77);
+  EXPECT_EQ(c.scheduler.warmup_type, "linear");  // quoted JSON string
+  EXPECT_EQ(c.optimizer.type, "Adam");
+  EXPECT_FALSE(c.optimizer.adam_w_mode);
+  EXPECT_EQ(c.seed, 7u);
+  EXPECT_EQ(c.resolved["optimizer"]["params"]["lr"], 5e-4);
+
+  // a whole section can be set too
+  c = load_config({file, "", {R"(model={"vocab_size": 16, "seq_len": 8, "n_layer": 1, "n_head": 2, "d_model": 8})"}},
+                  1);
+  EXPECT_EQ(c.model.vocab_size, 16);
+
+  EXPECT_THAT(load_error(file, {"optimizer.params.lr"}), HasSubstr("malformed override '--set optimizer.params.lr'"));
+  EXPECT_THAT(load_error(file, {"=3"}), HasSubstr("malformed override"));
+  EXPECT_THAT(load_error(file, {"optimizer.params.betaz=[0.9,0.9]"}),
+              HasSubstr("--set optimizer.params.betaz=[0.9,0.9]: unknown config key 'optimizer.params.betaz' "
+                        "(did you mean 'optimizer.params.betas'?)"));
+  EXPECT_THAT(load_error(file, {"model.n_head=four"}),
+              HasSubstr("--set model.n_head=four: model.n_head must be a positive integer, got \"four\""));
+  EXPECT_THAT(load_error(file, {"wall_clock_breakdown=yes"}),
+              HasSubstr("wall_clock_breakdown must be true or false, got \"yes\""));
+}
+
+TEST(Config, DeepSpeedFileOverlaysRunConfig) {
+  TempDir dir;
+  std::string run =
+      dir.write("run.json", minimal(R"("optimizer": {"type": "AdamW", "params": {"lr": 0.1, "eps": 1e-6}})"));
+  std::string ds = dir.write("ds.json", R"({
+    "train_batch_size": 16, "gradient_accumulation_steps": 4,
+    "optimizer": {"params": {"lr": 2e-4, "weight_decay": 0.0}},
+    "fp16": {"enabled": false}, "zero_optimization": {"stage": 0, "reduce_bucket_size": 5e8}
+  })");
+  Config c = load_config({run, ds, {}}, 1);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-4);   // DeepSpeed file wins
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-6);  // merged, not replaced
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.resolved["zero_optimization"]["reduce_bucket_size"], 500000000);  // 5e8 is an integer
+
+  // overrides go on top of both
+  c = load_config({run, ds, {"optimizer.params.lr=1e-5"}}, 1);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-5);
+
+  // errors in the overlay name the DeepSpeed file
+  std::string bad = dir.write("ds_bad.json", R"({"fp16": {"enabled": true}})");
+  EXPECT_THAT(load_error(run, {}, 1, bad), HasSubstr("ds_bad.json: config key 'fp16.enabled'"));
+  EXPECT_THAT(load_error(run, {}, 1, dir.path + "/nope.json"),
+              HasSubstr("cannot read DeepSpeed config file '" + dir.path + "/nope.json': No such file"));
+}
+
+TEST(Config, UnknownKeySuggestsNearest) {
+  TempDir dir;
+  std::string f = dir.write("run.json", minimal(R"("optimizer": {"params": {"betaz": [0.9, 0.95]}})"));
+  EXPECT_THAT(load_error(f), HasSubstr("run.json: unknown config key 'optimizer.params.betaz' "
+                                       "(did you mean 'optimizer.params.betas'?)"));
+  // a key in the wrong section is found by its leaf name
+  f = dir.write("run.json", minimal(R"("lr": 0.1)"));
+  EXPECT_THAT(load_error(f), HasSubstr("unknown config key 'lr' (did you mean 'optimizer.params.lr'?)"));
+  f = dir.write("run.json", minimal(R"("optimiser": {"type": "AdamW"})"));
+  EXPECT_THAT(load_error(f), HasSubstr("unknown config key 'optimiser' (did you mean 'optimizer'?)"));
+  f = dir.write("run.json", minimal(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_steps": 10}})"));
+  EXPECT_THAT(load_error(f), HasSubstr("(did you mean 'scheduler.params.warmup_num_steps'?)"));
+  // nothing close: the valid keys of that section are listed
+  f = dir.write("run.json", minimal(R"("fp16": {"zzzzzzzz": 1})"));
+  EXPECT_THAT(load_error(f), HasSubstr("unknown config key 'fp16.zzzzzzzz' (valid keys in 'fp16': "));
+  // a section must be an object
+  f = dir.write("run.json", minimal(R"("zero_optimization": true)"));
+  EXPECT_THAT(load_error(f), HasSubstr("'zero_optimization' must be an object"));
+}
+
+TEST(Config, RecognisedButNotYetSupported) {
+  TempDir dir;
+  std::string f = dir.write("run.json", minimal(R"("fp16": {"enabled": true})"));
+  EXPECT_THAT(load_error(f), HasSubstr("run.json: config key 'fp16.enabled' = true is recognised but not supported "
+                                       "yet in this version of zero3d"));
+  // explicit defaults are fine
+  f = dir.write("run.json", minimal(R"("fp16": {"enabled": false, "loss_scale": 0}, "bf16": {"enabled": false},
+    "zero_optimization": {"stage": 0, "overlap_comm": false}, "tensor_parallel": {"tp_size": 1},
+    "checkpoint": {"dir": "checkpoints"})"));
+  EXPECT_NO_THROW(load_config({f, "", {}}, 1));
+  EXPECT_THAT(load_error(f, {"zero_optimization.stage=2"}), HasSubstr("config key 'zero_optimization.stage' = 2 is "
+                                                                      "recognised but not supported yet"));
+  EXPECT_THAT(load_error(f, {"bf16.enabled=true"}), HasSubstr("'bf16.enabled' = true is recognised"));
+  EXPECT_THAT(load_error(f, {"tensor_parallel.tp_size=2"}), HasSubstr("'tensor_parallel.tp_size' = 2 is recognised"));
+  EXPECT_THAT(load_error(f, {"checkpoint.save_interval=100"}), HasSubstr("'checkpoint.save_interval' = 100"));
+  EXPECT_THAT(load_error(f, {"zero_optimization.reduce_bucket_size=1000"}),
+              HasSubstr("'zero_optimization.reduce_bucket_size' = 1000 is recognised"));
+  // world_size > 1 is the trainer's decision, not the config's
+  EXPECT_NO_THROW(load_config({f, "", {}}, 4));
+}
+
+TEST(Config, SchedulerParamsBelongToTheirType) {
+  TempDir dir;
+  std::string f = dir.write("run.json", minimal(R"("scheduler": {"type": "WarmupCosineLR",
+    "params": {"total_num_steps": 100, "warmup_max_lr": 0.01}})"));
+  EXPECT_THAT(load_error(f), HasSubstr("config key 'scheduler.params.warmup_max_lr' does not apply to scheduler.type "
+                                       "\"WarmupCosineLR\""));
+  f = dir.write("run.json", minimal(R"("scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5}})"));
+  EXPECT_THAT(load_error(f), HasSubstr("missing required config key 'scheduler.params.total_num_steps' for "
+                                       "scheduler.type \"WarmupDecayLR\""));
+  f = dir.write("run.json", minimal(R"("scheduler": {"type": "OneCycle"})"));
+  EXPECT_THAT(load_error(f), HasSubstr("scheduler.type must be one of \"WarmupLR\", \"WarmupDecayLR\", "
+                                       "\"WarmupCosineLR\""));
+  f = dir.write("run.json", minimal(R"("optimizer": {"type": "SGD"})"));
+  EXPECT_THAT(load_error(f), HasSubstr("optimizer.type must be one of \"AdamW\", \"Adam\", got \"SGD\""));
+  f = dir.write("run.json", minimal(R"("optimizer": {"params": {"adam_w_mode": false}})"));
+  EXPECT_THAT(load_error(f), HasSubstr("adam_w_mode=false contradicts optimizer.type \"AdamW\""));
+  f = dir.write("run.json", minimal(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_type": "exp"}})"));
+  EXPECT_THAT(load_error(f), HasSubstr("scheduler.params.warmup_type must be one of \"log\", \"linear\", got \"exp\""));
+
+  f = dir.write("run.json", minimal(R"("scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.01}})"));
+  Config c = load_config({f, "", {}}, 1);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 0.01);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 1000);
+  EXPECT_EQ(c.scheduler.warmup_type, "log");
+  EXPECT_FALSE(c.resolved["scheduler"]["params"].contains("cos_min_ratio"));
+}
+
+TEST(Config, BadJsonNamesLineAndColumn) {
+  TempDir dir;
+  std::string f = dir.write("bad.json", "{\n  \"train_steps\": 10,\n  \"seed\": 1,,\n}\n");
+  std::string e = load_error(f);
+  EXPECT_THAT(e, HasSubstr(f + ": invalid JSON at line 3, column 13"));
+  EXPECT_THAT(e, Not(HasSubstr("[json.exception")));
+  f = dir.write("trunc.json", "{\"a\": [1, 2");
+  EXPECT_THAT(load_error(f), HasSubstr("trunc.json: invalid JSON at line 1, column 12"));
+  f = dir.write("array.json", "[1, 2]");
+  EXPECT_THAT(load_error(f), HasSubstr("array.json: the top level must be a JSON object"));
+}
+
+TEST(Config, MissingFile) {
+  EXPECT_THAT(load_error("/nonexistent/run.json"),
+              HasSubstr("cannot read config file '/nonexistent/run.json': No such file"));
+}
+
+TEST(Config, WrongTypesAndValues) {
+  TempDir dir;
+  auto err = [&](const std::string& extra) { return load_error(dir.write("run.json", minimal(extra))); };
+  EXPECT_THAT(load_error(dir.write("run.json", minimal()), {"model.n_head=\"four\""}),
+              HasSubstr("model.n_head must be a positive integer, got \"four\""));
+  EXPECT_THAT(err(R"("gradient_clipping": -1)"), HasSubstr("gradient_clipping must be a number >= 0, got -1"));
+  EXPECT_THAT(err(R"("steps_per_print": 2.5)"), HasSubstr("steps_per_print must be a positive integer, got 2.5"));
+  EXPECT_THAT(err(R"("wall_clock_breakdown": 1)"), HasSubstr("wall_clock_breakdown must be true or false, got 1"));
+  EXPECT_THAT(err(R"("optimizer": {"params": {"betas": [0.9]}})"),
+              HasSubstr("optimizer.params.betas must be a pair of numbers [beta1, beta2], each in [0, 1), got [0.9]"));
+  EXPECT_THAT(err(R"("optimizer": {"params": {"eps": 0}})"), HasSubstr("optimizer.params.eps must be a number > 0"));
+  EXPECT_THAT(err(R"("zero_optimization": {"stage": 4})"),
+              HasSubstr("zero_optimization.stage must be an integer in [0, 3], got 4"));
+  EXPECT_THAT(load_error(dir.write("run.json", minimal()), {"model.d_model=66"}),
+              HasSubstr("model.d_model 66 must be divisible by model.n_head 4"));
+  EXPECT_THAT(load_error(dir.write("run.json", minimal()), {"data.train=\"\""}),
+              HasSubstr("data.train must be a non-empty string, got \"\""));
+  // missing required keys name the key and what it takes
+  std::string f = dir.write("run.json", R"({"train_micro_batch_size_per_gpu": 1, "train_steps": 1,
+    "model": {"vocab_size": 8, "seq_len": 8, "n_layer": 1, "d_model": 8}, "data": {"train": "t.bin"}})");
+  EXPECT_THAT(load_error(f), HasSubstr("run.json: missing required config key 'model.n_head' (a positive integer"));
+}
+
+TEST(Config, ShippedInputsLoad) {
+  const std::string root = ZERO3D_SOURCE_DIR;
+  Config tiny = load_config({root + "/input/gpt-tiny.json", "", {}}, 1);
+  EXPECT_EQ(tiny.model.vocab_size, 256);
+  EXPECT_EQ(tiny.model.d_model, 128);
+  EXPECT_EQ(tiny.train_batch_size, 8);
+  EXPECT_EQ(tiny.train_steps, 200);
+  EXPECT_EQ(tiny.scheduler.type, "WarmupCosineLR");
+  EXPECT_EQ(tiny.scheduler.total_num_steps, 200);
+  EXPECT_DOUBLE_EQ(tiny.scheduler.cos_min_ratio, 0.1);
+  EXPECT_DOUBLE_EQ(tiny.optimizer.betas[1], 0.95);
+  EXPECT_EQ(tiny.data.val_interval, 50);
+
+  Config big = load_config({root + "/input/gpt2-124m.json", "", {}}, 1);
+  EXPECT_EQ(big.model.vocab_size, 50304);
+  EXPECT_EQ(big.model.seq_len, 1024);
+  EXPECT_EQ(big.model.n_layer, 12);
+  EXPECT_DOUBLE_EQ(big.optimizer.lr, 6e-4);
+  EXPECT_EQ(big.data.val_batches, 4);
+  EXPECT_EQ(big.steps_per_print, 1);
+}
+
+TEST(Config, DescribeListsEveryKey) {
+  std::string text = describe_config_keys();
+  EXPECT_THAT(text, HasSubstr("optimizer.params.betas"));
+  EXPECT_THAT(text, HasSubstr("zero_optimization.stage3_max_live_parameters"));
+  EXPECT_THAT(text, HasSubstr("(not yet: only the default)"));
+  EXPECT_THAT(text, HasSubstr("model.n_head"));
+}
+
+}  // namespace
