@@ -16,16 +16,22 @@ Z3D_HD float crossentropy_row_forward(const float* z, int target, int V) {
   return logf(sum) + maxv - z[target];
 }
 
+// One pass of exp: e_i is stored in dz, then normalised in place (z[target] is read first in
+// case dz aliases z).
 Z3D_HD float crossentropy_row_forward_backward(float* dz, const float* z, int target, int V, float dloss) {
   float maxv = z[0];
   for (int i = 1; i < V; ++i) maxv = z[i] > maxv ? z[i] : maxv;
+  const float z_target = z[target];
   float sum = 0.0f;
-  for (int i = 0; i < V; ++i) sum += expf(z[i] - maxv);
-  float loss = logf(sum) + maxv - z[target];
-  float inv = 1.0f / sum;
-  for (int i = 0; i < V; ++i) dz[i] = expf(z[i] - maxv) * inv * dloss;
+  for (int i = 0; i < V; ++i) {
+    float e = expf(z[i] - maxv);
+    dz[i] = e;
+    sum += e;
+  }
+  float scale = dloss / sum;
+  for (int i = 0; i < V; ++i) dz[i] *= scale;
   dz[target] -= dloss;
-  return loss;
+  return logf(sum) + maxv - z_target;
 }
 
 }  // namespace zero3d::math

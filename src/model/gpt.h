@@ -34,7 +34,9 @@ double gpt_flops_per_token(const ModelConfig& m);
 
 class GPT {
  public:
-  GPT(Backend& backend, const ModelConfig& config, int micro_batch);
+  // attention_block: query rows per causal block in attention (a speed knob; results agree to
+  // rounding for any value, and tests use small ones to cover partial blocks).
+  GPT(Backend& backend, const ModelConfig& config, int micro_batch, int attention_block = 256);
 
   const ModelConfig& config() const { return cfg_; }
   const std::vector<ParamInfo>& params_table() const { return table_; }
@@ -66,6 +68,7 @@ class GPT {
 
   Backend& be_;
   ModelConfig cfg_;
+  int attention_block_;
   int B_, T_, C_, V_, L_, H_;
   std::vector<ParamInfo> table_;
   size_t num_params_ = 0;

@@ -25,7 +25,8 @@ const char* kTrainUsage =
     "  --deepspeed FILE     overlay a DeepSpeed ds_config.json on the run config\n"
     "  --run-dir DIR        where config.json and metrics.jsonl go (default runs/<date-time>)\n"
     "  --backend NAME       host, cuda or auto (default auto: cuda when built and a GPU is present)\n"
-    "  --peak-flops X       peak FLOP/s for MFU (default: known GPU peak, else measured sgemm rate)\n";
+    "  --peak-flops X       peak FLOP/s for MFU (default: known GPU peak, else measured sgemm rate)\n"
+    "  --help-config        list every config key with its type, default and meaning\n";
 
 const char* kDataUsage =
     "usage: zero3d data prepare TEXT... --out FILE.bin\n"
@@ -94,6 +95,10 @@ std::string usage_main() {
 int cmd_train(const Args& a) {
   if (wants_help(a)) {
     log_info("%s", kTrainUsage);
+    return 0;
+  }
+  if (a.size() == 1 && a[0] == "--help-config") {
+    log_info("%s", describe_config_keys().c_str());
     return 0;
   }
   ConfigSources src;

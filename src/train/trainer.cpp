@@ -78,7 +78,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   s.model.init_weights(config.seed);
   s.flops_per_token = gpt_flops_per_token(config.model);
   if (s.opt.peak_flops <= 0) {
-    GemmRate r = measure_gemm(backend, 1024, 1024, 1024, 0.3);
+    GemmRate r = measure_gemm(backend, 1024, 1024, 1024, 1.0);
     s.opt.peak_flops = r.flops_per_s;
     s.opt.peak_source = strprintf("measured sgemm 1024^3 on this rank (%.1f GFLOP/s)", r.flops_per_s / 1e9);
   }
