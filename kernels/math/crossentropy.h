@@ -13,7 +13,7 @@ Z3D_HD float crossentropy_row_forward(const float* z, int target, int V) {
   for (int i = 1; i < V; ++i) maxv = z[i] > maxv ? z[i] : maxv;
   float sum = 0.0f;
   for (int i = 0; i < V; ++i) sum += expf(z[i] - maxv);
-  return logf(sum) + maxv - z[target];
+  return logf(sum) + (maxv - z[target]);
 }
 
 // One pass of exp: e_i is stored in dz, then normalised in place (z[target] is read first in
@@ -31,7 +31,7 @@ Z3D_HD float crossentropy_row_forward_backward(float* dz, const float* z, int ta
   float scale = dloss / sum;
   for (int i = 0; i < V; ++i) dz[i] *= scale;
   dz[target] -= dloss;
-  return logf(sum) + maxv - z_target;
+  return logf(sum) + (maxv - z_target);
 }
 
 }  // namespace zero3d::math

@@ -1,0 +1,974 @@
+// test_kernels: every op of the Backend interface (kernels/backend.h) against a plain
+// double-precision reference written here with naive loops, and every backward op by central
+// finite differences (ggml test-backend-ops style). Tests touch backend memory only through
+// copy_from_host / copy_to_host and run on every backend of the build (host; CUDA too in CUDA
+// builds on a machine with a GPU).
+//
+// Two finite-difference checks per backward op:
+//   * through the float op itself (h = 1e-3): proves the backward is the derivative of the forward
+//     the model actually runs. A perturbation changes only the outputs of its own row; their float
+//     rounding (2^-24 |y| each, ~sqrt(C) of them, |r| <= 1) divided by the step 2h gives noise of
+//     ~sqrt(16) * 6e-8 * 3 / 2e-3 ~ 4e-4, and the O(h^2) truncation error is ~1e-6, hence
+//     abs 1e-3 + rel 1e-2;
+//   * through the double reference (h = 1e-6, error ~1e-10): tight (abs 2e-5 + rel 1e-4), so a
+//     wrong constant or a dropped term in a backward formula cannot hide in the loose tolerance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numbers>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace {
+
+using zero3d::Backend;
+using zero3d::DeviceBuffer;
+using Vec = std::vector<double>;
+
+// ---------------------------------------------------------------------------------------------
+// helpers: backend memory, random inputs, comparison, finite differences
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+DeviceBuffer<T> to_device(Backend& be, const std::vector<T>& h) {
+  DeviceBuffer<T> d(be, h.size());
+  be.copy_from_host(d.data(), h.data(), d.bytes());
+  return d;
+}
+
+template <typename T>
+std::vector<T> to_host(Backend& be, const DeviceBuffer<T>& d) {
+  std::vector<T> h(d.size());
+  be.synchronize();
+  be.copy_to_host(h.data(), d.data(), d.bytes());
+  be.synchronize();
+  return h;
+}
+
+std::vector<float> uniform(std::mt19937& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<int32_t> random_ints(std::mt19937& rng, size_t n, int32_t below) {
+  std::uniform_int_distribution<int32_t> dist(0, below - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+Vec to_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+double dot(const std::vector<float>& r, const std::vector<float>& y) {
+  double s = 0.0;
+  for (size_t i = 0; i < r.size(); ++i) s += static_cast<double>(r[i]) * y[i];
+  return s;
+}
+double dot(const std::vector<float>& r, const Vec& y) {
+  double s = 0.0;
+  for (size_t i = 0; i < r.size(); ++i) s += r[i] * y[i];
+  return s;
+}
+
+// Every element must satisfy |got - want| <= atol + rtol |want|; the first few misses are listed.
+void expect_close(const std::vector<float>& got, const Vec& want, double rtol, double atol, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int misses = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(err <= atol + rtol * std::fabs(want[i]))) {
+      if (++misses <= 8) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+    }
+  }
+  EXPECT_EQ(misses, 0) << what << ": " << misses << " of " << got.size() << " elements out of tolerance";
+}
+
+void expect_bits_equal(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int misses = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && ++misses <= 8)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+  }
+  EXPECT_EQ(misses, 0) << what;
+}
+
+// Central differences of the scalar f() over every entry of x, which f reads; x is perturbed in
+// place and restored. The divisor is the step actually taken after rounding x +- h to T.
+template <typename T, typename F>
+Vec finite_diff(std::vector<T>& x, T h, F&& f) {
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const T x0 = x[i];
+    x[i] = x0 + h;
+    const T xp = x[i];
+    const double fp = f();
+    x[i] = x0 - h;
+    const T xm = x[i];
+    const double fm = f();
+    x[i] = x0;
+    g[i] = (fp - fm) / (static_cast<double>(xp) - static_cast<double>(xm));
+  }
+  return g;
+}
+
+constexpr float kStepFloat = 1e-3f;
+constexpr double kStepDouble = 1e-6;
+// Tolerances of the two finite-difference checks (see the top of the file).
+constexpr double kFdOpRtol = 1e-2, kFdOpAtol = 1e-3;
+constexpr double kFdRefRtol = 1e-4, kFdRefAtol = 2e-5;
+// Forward ops against the double reference.
+constexpr double kFwdRtol = 1e-5, kFwdAtol = 1e-6;
+
+// `+=` semantics: a backward into pre-filled buffers gives prefill + (result from zeros).
+void expect_accumulated(const std::vector<float>& got, const std::vector<float>& prefill,
+                        const std::vector<float>& from_zero, const char* what) {
+  Vec want(got.size());
+  for (size_t i = 0; i < got.size(); ++i) want[i] = static_cast<double>(prefill[i]) + from_zero[i];
+  expect_close(got, want, 1e-6, 1e-6, what);
+}
+
+// ---------------------------------------------------------------------------------------------
+// double-precision references
+// ---------------------------------------------------------------------------------------------
+
+Vec ref_embedding(const std::vector<int32_t>& tokens, const Vec& wte, const Vec& wpe, int N, int T, int C) {
+  Vec out(static_cast<size_t>(N) * C);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) out[n * C + c] = wte[tokens[n] * C + c] + wpe[(n % T) * C + c];
+  return out;
+}
+
+Vec ref_layernorm(const Vec& x, const Vec& w, const Vec& b, int N, int C, Vec* mean = nullptr,
+                  Vec* rstd = nullptr) {
+  Vec out(x.size());
+  for (int n = 0; n < N; ++n) {
+    double mu = 0.0, var = 0.0;
+    for (int c = 0; c < C; ++c) mu += x[n * C + c];
+    mu /= C;
+    for (int c = 0; c < C; ++c) var += (x[n * C + c] - mu) * (x[n * C + c] - mu);
+    var /= C;
+    const double rs = 1.0 / std::sqrt(var + 1e-5);
+    for (int c = 0; c < C; ++c) out[n * C + c] = (x[n * C + c] - mu) * rs * w[c] + b[c];
+    if (mean) (*mean)[n] = mu;
+    if (rstd) (*rstd)[n] = rs;
+  }
+  return out;
+}
+
+double ref_gelu(double x) {
+  const double s = std::sqrt(2.0 / std::numbers::pi);
+  return 0.5 * x * (1.0 + std::tanh(s * (x + 0.044715 * x * x * x)));
+}
+
+Vec ref_softmax_causal(const Vec& pre, int rows, int T) {
+  Vec p(pre.size(), 0.0);
+  for (int r = 0; r < rows; ++r) {
+    const int t = r % T;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int j = 0; j <= t; ++j) mx = std::max(mx, pre[r * T + j]);
+    double s = 0.0;
+    for (int j = 0; j <= t; ++j) s += std::exp(pre[r * T + j] - mx);
+    for (int j = 0; j <= t; ++j) p[r * T + j] = std::exp(pre[r * T + j] - mx) / s;
+  }
+  return p;
+}
+
+// loss_n = logsumexp(z_n) - z_n[target_n]
+Vec ref_crossentropy(const Vec& z, const std::vector<int32_t>& targets, int N, int V) {
+  Vec loss(N);
+  for (int n = 0; n < N; ++n) {
+    double mx = z[n * V];
+    for (int i = 1; i < V; ++i) mx = std::max(mx, z[n * V + i]);
+    double s = 0.0;
+    for (int i = 0; i < V; ++i) s += std::exp(z[n * V + i] - mx);
+    loss[n] = std::log(s) + mx - z[n * V + targets[n]];
+  }
+  return loss;
+}
+
+// C = alpha op(A) op(B) + beta C, row-major; also returns the magnitude alpha |op(A)||op(B)| + |beta C|
+// that bounds the rounding error of a float GEMM element.
+void ref_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const float* A, int lda, const float* B,
+              int ldb, double beta, const float* C, int ldc, double* out, double* mag) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0.0, sa = 0.0;
+      for (int p = 0; p < k; ++p) {
+        const double a = ta ? A[p * lda + i] : A[i * lda + p];
+        const double b = tb ? B[j * ldb + p] : B[p * ldb + j];
+        s += a * b;
+        sa += std::fabs(a * b);
+      }
+      const double c = beta == 0.0 ? 0.0 : beta * C[i * ldc + j];  // BLAS: beta = 0 never reads C
+      out[i * n + j] = alpha * s + c;
+      mag[i * n + j] = std::fabs(alpha) * sa + std::fabs(c);
+    }
+}
+
+// Every test runs on the host backend, and on the CUDA backend too in CUDA builds on a machine
+// with a GPU: the same references hold for both.
+std::vector<zero3d::BackendKind> backends_to_test() {
+  std::vector<zero3d::BackendKind> kinds = {zero3d::BackendKind::host};
+#if defined(ZERO3D_HAVE_CUDA)
+  if (zero3d::cuda_device_count() > 0) kinds.push_back(zero3d::BackendKind::cuda);
+#endif
+  return kinds;
+}
+
+std::unique_ptr<Backend> make_backend(zero3d::BackendKind kind) {
+#if defined(ZERO3D_HAVE_CUDA)
+  if (kind == zero3d::BackendKind::cuda) return zero3d::make_cuda_backend(0);
+#endif
+  return zero3d::make_host_backend();
+}
+
+class Kernels : public ::testing::TestWithParam<zero3d::BackendKind> {
+ protected:
+  std::unique_ptr<Backend> be = make_backend(GetParam());
+  std::mt19937 rng{20240607u};
+};
+
+std::string backend_name(const ::testing::TestParamInfo<zero3d::BackendKind>& p) {
+  return p.param == zero3d::BackendKind::host ? "host" : "cuda";
+}
+INSTANTIATE_TEST_SUITE_P(Backends, Kernels, ::testing::ValuesIn(backends_to_test()), backend_name);
+
+// ---------------------------------------------------------------------------------------------
+// memory
+// ---------------------------------------------------------------------------------------------
+
+TEST_P(Kernels, MemoryAllocIsZeroedAndCopiesRoundTrip) {
+  EXPECT_EQ(be->kind(), GetParam());
+  EXPECT_FALSE(be->describe().empty());
+
+  for (size_t bytes : {size_t{1}, size_t{13}, size_t{64}, size_t{1000}}) {
+    void* p = be->alloc_bytes(bytes);
+    ASSERT_NE(p, nullptr);
+    std::vector<unsigned char> h(bytes, 0xAB);
+    be->copy_to_host(h.data(), p, bytes);
+    be->synchronize();
+    EXPECT_TRUE(std::all_of(h.begin(), h.end(), [](unsigned char c) { return c == 0; })) << bytes << " bytes";
+    be->free_bytes(p);
+  }
+
+  std::vector<float> x = uniform(rng, 37, -1, 1);
+  auto a = to_device(*be, x);
+  DeviceBuffer<float> b(*be, x.size());
+  be->copy(b.data(), a.data(), a.bytes());
+  expect_bits_equal(to_host(*be, b), x, "copy");
+
+  be->zero(b.data() + 5, 10 * sizeof(float));  // a slice only
+  std::vector<float> want = x;
+  std::fill(want.begin() + 5, want.begin() + 15, 0.0f);
+  expect_bits_equal(to_host(*be, b), want, "zero slice");
+
+  DeviceBuffer<float> moved = std::move(a);  // move-only buffer: the source gives up its memory
+  EXPECT_EQ(a.data(), nullptr);
+  EXPECT_EQ(a.size(), 0u);
+  EXPECT_EQ(moved.size(), x.size());
+  expect_bits_equal(to_host(*be, moved), x, "moved buffer");
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM
+// ---------------------------------------------------------------------------------------------
+
+// Row-major storage of op(X) (rows x cols) transposed or not, with leading dimension ld > needed
+// and NaN in the padding, so reading past the logical matrix poisons the result.
+struct Operand {
+  std::vector<float> data;
+  int ld;
+};
+Operand make_operand(std::mt19937& rng, bool trans, int rows, int cols, int pad, int batch, long* stride) {
+  const int srows = trans ? cols : rows, scols = trans ? rows : cols;
+  Operand o{{}, scols + pad};
+  *stride = static_cast<long>(srows) * o.ld + 7;  // a gap between matrices, NaN as well
+  o.data.assign(static_cast<size_t>(*stride) * batch, std::numeric_limits<float>::quiet_NaN());
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (int b = 0; b < batch; ++b)
+    for (int r = 0; r < srows; ++r)
+      for (int c = 0; c < scols; ++c) o.data[b * *stride + r * o.ld + c] = dist(rng);
+  return o;
+}
+
+void check_gemm(Backend& be, std::mt19937& rng, bool ta, bool tb, int batch, float alpha, float beta) {
+  const int m = 13, n = 7, k = 9;
+  long sA = 0, sB = 0;
+  Operand A = make_operand(rng, ta, m, k, 3, batch, &sA);
+  Operand B = make_operand(rng, tb, k, n, 2, batch, &sB);
+  const int ldc = n + 4;
+  const long sC = static_cast<long>(m) * ldc + 5;
+  std::vector<float> C(static_cast<size_t>(sC) * batch, 777.0f);  // padding sentinel, must survive
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) C[b * sC + i * ldc + j] = beta == 0.0f ? kNaN : dist(rng);
+
+  auto dA = to_device(be, A.data), dB = to_device(be, B.data), dC = to_device(be, C);
+  if (batch == 1)
+    be.gemm(ta, tb, m, n, k, alpha, dA.data(), A.ld, dB.data(), B.ld, beta, dC.data(), ldc);
+  else
+    be.gemm_strided_batched(ta, tb, m, n, k, alpha, dA.data(), A.ld, sA, dB.data(), B.ld, sB, beta, dC.data(), ldc,
+                            sC, batch);
+  const std::vector<float> got = to_host(be, dC);
+
+  std::vector<double> want(static_cast<size_t>(m) * n), mag(want.size());
+  int misses = 0;
+  for (int b = 0; b < batch; ++b) {
+    ref_gemm(ta, tb, m, n, k, alpha, A.data.data() + b * sA, A.ld, B.data.data() + b * sB, B.ld, beta,
+             C.data() + b * sC, ldc, want.data(), mag.data());
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        const double g = got[b * sC + i * ldc + j], w = want[i * n + j];
+        if (!(std::fabs(g - w) <= 1e-5 * mag[i * n + j] + 1e-7) && ++misses <= 8)
+          ADD_FAILURE() << "ta=" << ta << " tb=" << tb << " batch " << b << " C[" << i << "," << j << "] = " << g
+                        << ", want " << w;
+      }
+    for (long e = 0; e < sC; ++e) {  // padding and gap untouched
+      const bool inside = e / ldc < m && e % ldc < n;
+      if (!inside && got[b * sC + e] != 777.0f && ++misses <= 8)
+        ADD_FAILURE() << "ta=" << ta << " tb=" << tb << " wrote outside C at offset " << e;
+    }
+  }
+  EXPECT_EQ(misses, 0) << "ta=" << ta << " tb=" << tb << " batch=" << batch;
+}
+
+TEST_P(Kernels, GemmAllTransposesPaddedLeadingDims) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_gemm(*be, rng, ta, tb, 1, 0.75f, -1.5f);
+      check_gemm(*be, rng, ta, tb, 1, -2.0f, 0.0f);  // beta = 0 overwrites C even where it holds NaN
+    }
+}
+
+TEST_P(Kernels, GemmStridedBatchedAllTransposes) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check_gemm(*be, rng, ta, tb, 3, 0.5f, 1.25f);
+      check_gemm(*be, rng, ta, tb, 3, 1.0f, 0.0f);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// embedding
+// ---------------------------------------------------------------------------------------------
+
+TEST_P(Kernels, EmbeddingForwardBackward) {
+  const int B = 2, T = 4, C = 5, V = 7, N = B * T;
+  std::vector<int32_t> tokens = random_ints(rng, N, V);
+  tokens[3] = tokens[6] = 2;  // a repeated token: its gradient rows must add up
+  std::vector<float> wte = uniform(rng, V * C, -1, 1), wpe = uniform(rng, T * C, -1, 1);
+  const std::vector<float> r = uniform(rng, N * C, -1, 1);
+  auto dtok = to_device(*be, tokens);
+
+  auto forward = [&](const std::vector<float>& e, const std::vector<float>& p) {
+    auto de = to_device(*be, e), dp = to_device(*be, p);
+    auto out = to_device(*be, std::vector<float>(N * C, kNaN));
+    be->embedding_forward(out.data(), dtok.data(), de.data(), dp.data(), N, T, C);
+    return to_host(*be, out);
+  };
+  expect_close(forward(wte, wpe), ref_embedding(tokens, to_double(wte), to_double(wpe), N, T, C), kFwdRtol, kFwdAtol,
+               "embedding out");
+
+  // backward with dout = r, from zeros and into pre-filled gradients
+  auto backward = [&](const std::vector<float>& dwte0, const std::vector<float>& dwpe0) {
+    auto dwte = to_device(*be, dwte0), dwpe = to_device(*be, dwpe0), dout = to_device(*be, r);
+    be->embedding_backward(dwte.data(), dwpe.data(), dout.data(), dtok.data(), N, T, C);
+    return std::make_pair(to_host(*be, dwte), to_host(*be, dwpe));
+  };
+  const auto [gte, gpe] = backward(std::vector<float>(V * C, 0.0f), std::vector<float>(T * C, 0.0f));
+
+  auto L_op = [&] { return dot(r, forward(wte, wpe)); };
+  expect_close(gte, finite_diff(wte, kStepFloat, L_op), kFdOpRtol, kFdOpAtol, "dwte vs fd(op)");
+  expect_close(gpe, finite_diff(wpe, kStepFloat, L_op), kFdOpRtol, kFdOpAtol, "dwpe vs fd(op)");
+  Vec wte_d = to_double(wte), wpe_d = to_double(wpe);
+  auto L_ref = [&] { return dot(r, ref_embedding(tokens, wte_d, wpe_d, N, T, C)); };
+  expect_close(gte, finite_diff(wte_d, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dwte vs fd(ref)");
+  expect_close(gpe, finite_diff(wpe_d, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dwpe vs fd(ref)");
+
+  const std::vector<float> pre_te = uniform(rng, V * C, -1, 1), pre_pe = uniform(rng, T * C, -1, 1);
+  const auto [ate, ape] = backward(pre_te, pre_pe);
+  expect_accumulated(ate, pre_te, gte, "dwte +=");
+  expect_accumulated(ape, pre_pe, gpe, "dwpe +=");
+}
+
+// ---------------------------------------------------------------------------------------------
+// layernorm
+// ---------------------------------------------------------------------------------------------
+
+TEST_P(Kernels, LayerNormForwardBackward) {
+  const int N = 3, C = 16;
+  std::vector<float> x = uniform(rng, N * C, -1, 1);
+  for (int c = 0; c < C; ++c) {  // rows with a mean offset and different spreads
+    x[1 * C + c] = 2.0f + 0.3f * x[1 * C + c];
+    x[2 * C + c] = -1.0f + 3.0f * x[2 * C + c];
+  }
+  std::vector<float> w = uniform(rng, C, 0.5f, 1.5f), b = uniform(rng, C, -0.5f, 0.5f);
+  const std::vector<float> r = uniform(rng, N * C, -1, 1);
+
+  struct Fwd {
+    std::vector<float> y, mean, rstd;
+  };
+  auto forward = [&] {
+    auto dx = to_device(*be, x), dw = to_device(*be, w), db = to_device(*be, b);
+    auto y = to_device(*be, std::vector<float>(N * C, kNaN));
+    auto mean = to_device(*be, std::vector<float>(N, kNaN)), rstd = to_device(*be, std::vector<float>(N, kNaN));
+    be->layernorm_forward(y.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(), N, C);
+    return Fwd{to_host(*be, y), to_host(*be, mean), to_host(*be, rstd)};
+  };
+  const Fwd f = forward();
+  Vec mean_ref(N), rstd_ref(N);
+  const Vec y_ref = ref_layernorm(to_double(x), to_double(w), to_double(b), N, C, &mean_ref, &rstd_ref);
+  expect_close(f.y, y_ref, kFwdRtol, kFwdAtol, "layernorm out");
+  expect_close(f.mean, mean_ref, kFwdRtol, kFwdAtol, "layernorm mean");
+  expect_close(f.rstd, rstd_ref, kFwdRtol, kFwdAtol, "layernorm rstd");
+
+  struct Grads {
+    std::vector<float> dx, dw, db;
+  };
+  auto backward = [&](const Grads& pre) {
+    auto dx = to_device(*be, pre.dx), dw = to_device(*be, pre.dw), db = to_device(*be, pre.db);
+    auto dy = to_device(*be, r), xd = to_device(*be, x), wd = to_device(*be, w);
+    auto mean = to_device(*be, f.mean), rstd = to_device(*be, f.rstd);
+    be->layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), xd.data(), wd.data(), mean.data(),
+                           rstd.data(), N, C);
+    return Grads{to_host(*be, dx), to_host(*be, dw), to_host(*be, db)};
+  };
+  const Grads g = backward(Grads{std::vector<float>(N * C, 0.0f), std::vector<float>(C, 0.0f),
+                                 std::vector<float>(C, 0.0f)});
+
+  auto L_op = [&] { return dot(r, forward().y); };
+  expect_close(g.dx, finite_diff(x, kStepFloat, L_op), kFdOpRtol, kFdOpAtol, "dx vs fd(op)");
+  expect_close(g.dw, finite_diff(w, kStepFloat, L_op), kFdOpRtol, kFdOpAtol, "dw vs fd(op)");
+  expect_close(g.db, finite_diff(b, kStepFloat, L_op), kFdOpRtol, kFdOpAtol, "db vs fd(op)");
+
+  Vec xd = to_double(x), wd = to_double(w), bd = to_double(b);
+  auto L_ref = [&] { return dot(r, ref_layernorm(xd, wd, bd, N, C)); };
+  expect_close(g.dx, finite_diff(xd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dx vs fd(ref)");
+  expect_close(g.dw, finite_diff(wd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dw vs fd(ref)");
+  expect_close(g.db, finite_diff(bd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "db vs fd(ref)");
+
+  const Grads pre{uniform(rng, N * C, -1, 1), uniform(rng, C, -1, 1), uniform(rng, C, -1, 1)};
+  const Grads acc = backward(pre);
+  expect_accumulated(acc.dx, pre.dx, g.dx, "dx +=");
+  expect_accumulated(acc.dw, pre.dw, g.dw, "dw +=");
+  expect_accumulated(acc.db, pre.db, g.db, "db +=");
+}
+
+// ---------------------------------------------------------------------------------------------
+// bias
+// ---------------------------------------------------------------------------------------------
+
+TEST_P(Kernels, BiasForwardBackward) {
+  const int N = 6, C = 9;
+  const std::vector<float> out0 = uniform(rng, N * C, -1, 1), r = uniform(rng, N * C, -1, 1);
+  std::vector<float> bias = uniform(rng, C, -1, 1);
+
+  auto forward = [&] {
+    auto out = to_device(*be, out0), db = to_device(*be, bias);
+    be->add_bias(out.data(), db.data(), N, C);
+    return to_host(*be, out);
+  };
+  Vec want(N * C);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) want[n * C + c] = static_cast<double>(out0[n * C + c]) + bias[c];
+  expect_close(forward(), want, kFwdRtol, kFwdAtol, "add_bias");
+
+  auto backward = [&](const std::vector<float>& pre) {
+    auto dbias = to_device(*be, pre), dout = to_device(*be, r);
+    be->bias_backward(dbias.data(), dout.data(), N, C);
+    return to_host(*be, dbias);
+  };
+  const std::vector<float> g = backward(std::vector<float>(C, 0.0f));
+  Vec col_sum(C, 0.0);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) col_sum[c] += r[n * C + c];
+  expect_close(g, col_sum, kFwdRtol, kFwdAtol, "dbias vs column sum");
+  expect_close(g, finite_diff(bias, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
+               "dbias vs fd(op)");
+
+  const std::vector<float> pre = uniform(rng, C, -1, 1);
+  expect_accumulated(backward(pre), pre, g, "dbias +=");
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU
+// ---------------------------------------------------------------------------------------------
+
+TEST_P(Kernels, GeluForwardBackward) {
+  std::vector<float> x = uniform(rng, 61, -5, 5);
+  x.insert(x.end(), {0.0f, -0.0f, 1e-4f, -1e-4f, 8.0f, -8.0f, 20.0f, -20.0f});
+  const size_t n = x.size();
+  const std::vector<float> r = uniform(rng, n, -1, 1);
+
+  auto forward = [&] {
+    auto dx = to_device(*be, x);
+    auto y = to_device(*be, std::vector<float>(n, kNaN));
+    be->gelu_forward(y.data(), dx.data(), n);
+    return to_host(*be, y);
+  };
+  Vec want(n);
+  for (size_t i = 0; i < n; ++i) want[i] = ref_gelu(x[i]);
+  expect_close(forward(), want, kFwdRtol, kFwdAtol, "gelu");
+
+  // dx = gelu'(x) * dout overwrites dx (not +=): pre-fill it with NaN
+  auto dx = to_device(*be, std::vector<float>(n, kNaN)), xd = to_device(*be, x), dout = to_device(*be, r);
+  be->gelu_backward(dx.data(), xd.data(), dout.data(), n);
+  const std::vector<float> g = to_host(*be, dx);
+
+  expect_close(g, finite_diff(x, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
+               "gelu dx vs fd(op)");
+  Vec xdbl = to_double(x);
+  auto L_ref = [&] {
+    double s = 0.0;
+    for (size_t i = 0; i < n; ++i) s += r[i] * ref_gelu(xdbl[i]);
+    return s;
+  };
+  expect_close(g, finite_diff(xdbl, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "gelu dx vs fd(ref)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// causal softmax
+// ---------------------------------------------------------------------------------------------
+
+TEST_P(Kernels, SoftmaxCausalForwardBackward) {
+  const int BH = 2, T = 6, rows = BH * T;
+  std::vector<float> pre = uniform(rng, rows * T, -3, 3);
+  const std::vector<float> r = uniform(rng, rows * T, -1, 1);
+
+  auto forward = [&] {
+    auto dpre = to_device(*be, pre);
+    auto p = to_device(*be, std::vector<float>(rows * T, kNaN));
+    be->softmax_causal_forward(p.data(), dpre.data(), rows, T);
+    return to_host(*be, p);
+  };
+  const std::vector<float> p = forward();
+  expect_close(p, ref_softmax_causal(to_double(pre), rows, T), kFwdRtol, kFwdAtol, "softmax");
+  for (int row = 0; row < rows; ++row) {
+    const int t = row % T;
+    double s = 0.0;
+    for (int j = 0; j < T; ++j) {
+      if (j > t) {
+        EXPECT_EQ(p[row * T + j], 0.0f) << "row " << row << " key " << j << " above the diagonal";
+      }
+      s += p[row * T + j];
+    }
+    EXPECT_NEAR(s, 1.0, 1e-6) << "row " << row;
+  }
+
+  // backward overwrites dpre (pre-filled with NaN); the gradient above the diagonal is exactly 0
+  auto dp = to_device(*be, r), pd = to_device(*be, p);
+  auto dpre = to_device(*be, std::vector<float>(rows * T, kNaN));
+  be->softmax_causal_backward(dpre.data(), dp.data(), pd.data(), rows, T);
+  const std::vector<float> g = to_host(*be, dpre);
+  for (int row = 0; row < rows; ++row)
+    for (int j = row % T + 1; j < T; ++j) EXPECT_EQ(g[row * T + j], 0.0f) << "dpre row " << row << " key " << j;
+
+  expect_close(g, finite_diff(pre, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
+               "dpre vs fd(op)");
+  Vec pred = to_double(pre);
+  auto L_ref = [&] { return dot(r, ref_softmax_causal(pred, rows, T)); };
+  expect_close(g, finite_diff(pred, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dpre vs fd(ref)");
+
+  // dpre may alias dp (math/softmax.h): same result in place
+  be->softmax_causal_backward(dp.data(), dp.data(), pd.data(), rows, T);
+  expect_bits_equal(to_host(*be, dp), g, "dpre aliasing dp");
+}
+
+// The masked half of the score matrix is never read: NaN (first head) or a huge score (second
+// head, which would underflow every exp if it entered the row maximum) above the diagonal does
+// not leak into the probabilities.
+TEST_P(Kernels, SoftmaxCausalIgnoresMaskedScores) {
+  const int T = 5, rows = 2 * T;
+  std::vector<float> pre = uniform(rng, rows * T, -2, 2);
+  for (int row = 0; row < rows; ++row)
+    for (int j = row % T + 1; j < T; ++j) pre[row * T + j] = row < T ? kNaN : 1e30f;
+  auto dpre = to_device(*be, pre);
+  auto p = to_device(*be, std::vector<float>(rows * T, kNaN));
+  be->softmax_causal_forward(p.data(), dpre.data(), rows, T);
+  const std::vector<float> got = to_host(*be, p);
+  expect_close(got, ref_softmax_causal(to_double(pre), rows, T), kFwdRtol, kFwdAtol, "softmax with masked NaN");
+  EXPECT_EQ(got[0], 1.0f);  // query 0 sees only key 0
+}
+
+// ---------------------------------------------------------------------------------------------
+// cross-entropy
+// ---------------------------------------------------------------------------------------------
+
+TEST_P(Kernels, CrossEntropyLossAndGradient) {
+  const int N = 4, V = 11;
+  const float dloss = 0.7f;
+  std::vector<float> z = uniform(rng, N * V, -4, 4);
+  const std::vector<int32_t> targets = random_ints(rng, N, V);
+  auto dtargets = to_device(*be, targets);
+
+  auto losses_of = [&](const std::vector<float>& logits) {
+    auto dz = to_device(*be, logits);
+    auto loss = to_device(*be, std::vector<float>(N, kNaN));
+    be->crossentropy(loss.data(), nullptr, dz.data(), dtargets.data(), N, V, dloss);
+    return to_host(*be, loss);
+  };
+  const Vec loss_ref = ref_crossentropy(to_double(z), targets, N, V);
+  const std::vector<float> loss_only = losses_of(z);
+  expect_close(loss_only, loss_ref, kFwdRtol, kFwdAtol, "loss (no gradient)");
+
+  // with the gradient: dlogits pre-filled with NaN is overwritten; same losses as without
+  auto dz = to_device(*be, z), dl = to_device(*be, std::vector<float>(N * V, kNaN));
+  auto loss = to_device(*be, std::vector<float>(N, kNaN));
+  be->crossentropy(loss.data(), dl.data(), dz.data(), dtargets.data(), N, V, dloss);
+  expect_bits_equal(to_host(*be, loss), loss_only, "loss (with gradient)");
+  const std::vector<float> g = to_host(*be, dl);
+
+  // the gradient is that of dloss * sum_n loss_n (dloss is one scalar for every row)
+  auto L_op = [&] {
+    double s = 0.0;
+    for (float l : losses_of(z)) s += dloss * static_cast<double>(l);
+    return s;
+  };
+  expect_close(g, finite_diff(z, kStepFloat, L_op), kFdOpRtol, kFdOpAtol, "dlogits vs fd(op)");
+  Vec zd = to_double(z);
+  auto L_ref = [&] {
+    double s = 0.0;
+    for (double l : ref_crossentropy(zd, targets, N, V)) s += dloss * l;
+    return s;
+  };
+  expect_close(g, finite_diff(zd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dlogits vs fd(ref)");
+
+  // dlogits may alias logits
+  be->crossentropy(loss.data(), dz.data(), dz.data(), dtargets.data(), N, V, dloss);
+  expect_bits_equal(to_host(*be, dz), g, "dlogits aliasing logits");
+  expect_bits_equal(to_host(*be, loss), loss_only, "loss with aliasing");
+}
+
+TEST_P(Kernels, CrossEntropyLargeLogitsStayFinite) {
+  const int V = 8, N = 4;
+  std::vector<float> z(N * V);
+  std::vector<float> jitter = uniform(rng, V, -1, 1);
+  for (int i = 0; i < V; ++i) {
+    z[0 * V + i] = 1000.0f;                              // all equal: loss = log V
+    z[1 * V + i] = 1000.0f + jitter[i];                  // large offset, O(1) spread
+    z[2 * V + i] = i % 2 ? 1000.0f : -1000.0f;           // target on a -1e3 logit: loss ~ 2000
+    z[3 * V + i] = i == 5 ? 1000.0f : -1000.0f;          // one-hot-like: loss ~ 0 at the target
+  }
+  const std::vector<int32_t> targets = {3, 6, 2, 5};
+  auto dz = to_device(*be, z);
+  auto dt = to_device(*be, targets);
+  auto loss = to_device(*be, std::vector<float>(N, kNaN)), dl = to_device(*be, std::vector<float>(N * V, kNaN));
+  be->crossentropy(loss.data(), dl.data(), dz.data(), dt.data(), N, V, 1.0f);
+  const std::vector<float> got = to_host(*be, loss), g = to_host(*be, dl);
+  be->crossentropy(loss.data(), nullptr, dz.data(), dt.data(), N, V, 1.0f);  // the loss-only path
+  expect_bits_equal(to_host(*be, loss), got, "large-logit loss without gradient");
+
+  for (float l : got) EXPECT_TRUE(std::isfinite(l));
+  for (float d : g) EXPECT_TRUE(std::isfinite(d));
+  // max - z[target] is formed first (exact), so large logits cost no precision
+  expect_close(got, ref_crossentropy(to_double(z), targets, N, V), kFwdRtol, 1e-6, "large-logit loss");
+  EXPECT_NEAR(got[0], std::log(static_cast<double>(V)), 1e-6);
+  for (int n = 0; n < N; ++n) {  // softmax - onehot sums to zero in every row
+    double s = 0.0;
+    for (int i = 0; i < V; ++i) s += g[n * V + i];
+    EXPECT_NEAR(s, 0.0, 1e-6) << "row " << n;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// optimizer and elementwise
+// ---------------------------------------------------------------------------------------------
+
+// p -= lr ((m / bc1) / (sqrt(v) / sqrt(bc2) + eps) + wd p), decoupled; or wd p folded into g (L2)
+void ref_adam(double& p, double& m, double& v, double g, const zero3d::math::AdamParams& a) {
+  if (!a.decoupled) g += a.weight_decay * p;
+  m = a.beta1 * m + (1.0 - a.beta1) * g;
+  v = a.beta2 * v + (1.0 - a.beta2) * g * g;
+  double update = (m / a.bias_correction1) / (std::sqrt(v) / a.bias_correction2_sqrt + a.eps);
+  if (a.decoupled) update += a.weight_decay * p;
+  p -= a.lr * update;
+}
+
+TEST_P(Kernels, AdamStepMatchesFormula) {
+  const size_t n = 257;
+  for (bool decoupled : {true, false}) {
+    std::vector<float> p = uniform(rng, n, -1, 1);
+    Vec pr = to_double(p), mr(n, 0.0), vr(n, 0.0);
+    auto dp = to_device(*be, p);
+    DeviceBuffer<float> dm(*be, n), dv(*be, n);
+    for (int t = 1; t <= 3; ++t) {
+      const std::vector<float> g = uniform(rng, n, -2, 2);
+      zero3d::math::AdamParams a{};
+      a.lr = 5e-2f;
+      a.beta1 = 0.9f;
+      a.beta2 = 0.95f;
+      a.eps = 1e-3f;  // large, so that where eps enters the denominator shows in p
+      a.weight_decay = 0.1f;
+      a.bias_correction1 = 1.0f - std::pow(a.beta1, static_cast<float>(t));
+      a.bias_correction2_sqrt = std::sqrt(1.0f - std::pow(a.beta2, static_cast<float>(t)));
+      a.decoupled = decoupled;
+      auto dg = to_device(*be, g);
+      be->adam_step(dp.data(), dm.data(), dv.data(), dg.data(), n, a);
+      for (size_t i = 0; i < n; ++i) ref_adam(pr[i], mr[i], vr[i], g[i], a);
+    }
+    const std::string tag = decoupled ? " (AdamW)" : " (Adam+L2)";
+    expect_close(to_host(*be, dp), pr, 1e-5, 1e-7, ("adam p" + tag).c_str());
+    expect_close(to_host(*be, dm), mr, 1e-5, 1e-7, ("adam m" + tag).c_str());
+    expect_close(to_host(*be, dv), vr, 1e-5, 1e-9, ("adam v" + tag).c_str());
+  }
+}
+
+// One IEEE operation per element, correctly rounded on any backend: the results are exact.
+TEST_P(Kernels, ScaleAddAccumulateAreExact) {
+  const size_t n = 1001;
+  const std::vector<float> a = uniform(rng, n, -10, 10), b = uniform(rng, n, -10, 10);
+  std::vector<float> want_scale(n), want_add(n), want_acc(n);
+  for (size_t i = 0; i < n; ++i) {
+    want_scale[i] = static_cast<float>(static_cast<double>(a[i]) * -0.3f);
+    want_add[i] = static_cast<float>(static_cast<double>(a[i]) + b[i]);
+    want_acc[i] = static_cast<float>(static_cast<double>(b[i]) + a[i]);
+  }
+  auto da = to_device(*be, a), db = to_device(*be, b);
+  auto out = to_device(*be, std::vector<float>(n, kNaN));
+  be->add(out.data(), da.data(), db.data(), n);
+  expect_bits_equal(to_host(*be, out), want_add, "add");
+  be->accumulate(db.data(), da.data(), n);
+  expect_bits_equal(to_host(*be, db), want_acc, "accumulate");
+  expect_bits_equal(to_host(*be, da), a, "accumulate leaves its input alone");
+  be->scale(da.data(), -0.3f, n);
+  expect_bits_equal(to_host(*be, da), want_scale, "scale");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit casts
+// ---------------------------------------------------------------------------------------------
+
+float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+// IEEE binary16 decoded by its definition.
+double fp16_value(uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+  double v;
+  if (e == 31)
+    v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else
+    v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  return s ? -v : v;
+}
+
+// Round to nearest, ties to even, by picking the nearer of the two neighbouring representable
+// magnitudes (`value(bits)` must be increasing in bits, and finite one step past the largest
+// finite value, where IEEE places the overflow threshold). NaN is returned as `nan_bits`.
+template <typename Value>
+uint16_t round_nearest_even(float f, uint16_t inf_bits, uint16_t nan_bits, Value value) {
+  if (std::isnan(f)) return nan_bits;
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  const double a = std::fabs(static_cast<double>(f));
+  if (std::isinf(f) || a >= value(inf_bits)) return sign | inf_bits;
+  uint32_t lo = 0, hi = static_cast<uint32_t>(inf_bits);  // binary search: value(lo) <= a < value(hi)
+  while (hi - lo > 1) {
+    const uint32_t mid = (lo + hi) / 2;
+    (value(static_cast<uint16_t>(mid)) <= a ? lo : hi) = mid;
+  }
+  const double dlo = a - value(static_cast<uint16_t>(lo)), dhi = value(static_cast<uint16_t>(hi)) - a;
+  const uint32_t pick = dlo < dhi ? lo : dhi < dlo ? hi : (lo % 2 == 0 ? lo : hi);
+  return static_cast<uint16_t>(sign | pick);
+}
+
+uint16_t fp16_ref(float f) {
+  // 0x7C00 taken as the next binade's first value, 65536, for the overflow tie at 65520
+  return round_nearest_even(f, 0x7C00, 0x7E00, [](uint16_t h) {
+    return h == 0x7C00 ? 65536.0 : fp16_value(h);
+  });
+}
+uint16_t bf16_ref(float f) {
+  return round_nearest_even(f, 0x7F80, 0x7FC0, [](uint16_t h) {
+    const int e = (h >> 7) & 0xFF, m = h & 0x7F;  // e = 255 read as an unbounded exponent: 2^128
+    return e == 0 ? std::ldexp(m, -133) : std::ldexp(128 + m, e - 134);
+  });
+}
+
+bool fp16_is_nan(uint16_t h) { return (h & 0x7C00) == 0x7C00 && (h & 0x3FF); }
+bool bf16_is_nan(uint16_t h) { return (h & 0x7F80) == 0x7F80 && (h & 0x7F); }
+
+struct Casts {
+  Backend& be;
+  std::vector<uint16_t> to16(const std::vector<float>& x, bool fp16) {
+    auto dx = to_device(be, x);
+    auto h = to_device(be, std::vector<uint16_t>(x.size(), 0x7E7E));
+    fp16 ? be.cast_to_fp16(h.data(), dx.data(), x.size()) : be.cast_to_bf16(h.data(), dx.data(), x.size());
+    return to_host(be, h);
+  }
+  std::vector<float> from16(const std::vector<uint16_t>& x, bool fp16) {
+    auto dx = to_device(be, x);
+    auto f = to_device(be, std::vector<float>(x.size(), kNaN));
+    fp16 ? be.cast_from_fp16(f.data(), dx.data(), x.size()) : be.cast_from_bf16(f.data(), dx.data(), x.size());
+    return to_host(be, f);
+  }
+};
+
+TEST_P(Kernels, CastKnownBitPatterns) {
+  Casts cast{*be};
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    float f;
+    uint16_t bits;
+  };
+  const std::vector<Case> fp16 = {
+      {1.0f, 0x3C00},           {-2.0f, 0xC000},         {65504.0f, 0x7BFF},       {65519.0f, 0x7BFF},
+      {65520.0f, 0x7C00},       {-65520.0f, 0xFC00},     {1e10f, 0x7C00},          {inf, 0x7C00},
+      {-inf, 0xFC00},           {0.0f, 0x0000},          {-0.0f, 0x8000},          {0x1p-24f, 0x0001},
+      {0x1p-25f, 0x0000},       {0x1.000002p-25f, 0x0001}, {0x3p-25f, 0x0002},     {0x1p-14f, 0x0400},
+      {0x3FFp-24f, 0x03FF},     {0x7FFp-25f, 0x0400},    {1e-10f, 0x0000},         {0x1.002p0f, 0x3C00},
+      {0x1.006p0f, 0x3C02},     {0x1.0021p0f, 0x3C01},   {0.1f, 0x2E66},           {-0x1p-24f, 0x8001},
+  };
+  std::vector<float> in;
+  for (const Case& c : fp16) in.push_back(c.f);
+  in.push_back(nan);
+  in.push_back(bits_to_float(0x7F800001u));  // signalling NaN: must not round to inf
+  std::vector<uint16_t> got = cast.to16(in, true);
+  for (size_t i = 0; i < fp16.size(); ++i)
+    EXPECT_EQ(got[i], fp16[i].bits) << "fp16(" << fp16[i].f << ") = 0x" << std::hex << got[i];
+  EXPECT_TRUE(fp16_is_nan(got[fp16.size()])) << std::hex << got[fp16.size()];
+  EXPECT_TRUE(fp16_is_nan(got[fp16.size() + 1])) << std::hex << got[fp16.size() + 1];
+
+  const std::vector<Case> bf16 = {
+      {1.0f, 0x3F80},  {-1.0f, 0xBF80}, {0.0f, 0x0000},          {-0.0f, 0x8000},
+      {inf, 0x7F80},   {-inf, 0xFF80},  {bits_to_float(0x3F808000u), 0x3F80},  // tie, even stays
+      {bits_to_float(0x3F818000u), 0x3F82},                                     // tie, odd rounds up
+      {bits_to_float(0x3F808001u), 0x3F81},  {bits_to_float(0x3F807FFFu), 0x3F80},
+      {bits_to_float(0x7F7FFFFFu), 0x7F80},  // FLT_MAX rounds to inf
+      {bits_to_float(0x00000001u), 0x0000},  {bits_to_float(0x00008000u), 0x0000},  // subnormal tie
+      {bits_to_float(0x00018000u), 0x0002},
+  };
+  in.clear();
+  for (const Case& c : bf16) in.push_back(c.f);
+  in.push_back(nan);
+  in.push_back(bits_to_float(0x7F800001u));  // +1 payload bit below the kept bits: naive rounding gives inf
+  in.push_back(bits_to_float(0xFFFFFFFFu));  // all-ones NaN: naive rounding carries into the sign
+  got = cast.to16(in, false);
+  for (size_t i = 0; i < bf16.size(); ++i)
+    EXPECT_EQ(got[i], bf16[i].bits) << "bf16(" << bf16[i].f << ") = 0x" << std::hex << got[i];
+  for (size_t i = bf16.size(); i < in.size(); ++i) EXPECT_TRUE(bf16_is_nan(got[i])) << std::hex << got[i];
+
+  const std::vector<float> back = cast.from16({0x3C00, 0x7BFF, 0x0001, 0x8000, 0x7C00, 0xFC00}, true);
+  EXPECT_EQ(back[0], 1.0f);
+  EXPECT_EQ(back[1], 65504.0f);
+  EXPECT_EQ(back[2], 0x1p-24f);
+  EXPECT_TRUE(back[3] == 0.0f && std::signbit(back[3]));
+  EXPECT_EQ(back[4], inf);
+  EXPECT_EQ(back[5], -inf);
+  EXPECT_EQ(cast.from16({0x3F80}, false)[0], 1.0f);
+}
+
+// Every 16-bit pattern decodes to its IEEE value and survives float -> 16 bit unchanged.
+TEST_P(Kernels, CastExhaustiveRoundTrip) {
+  Casts cast{*be};
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+
+  for (bool fp16 : {true, false}) {
+    const char* name = fp16 ? "fp16" : "bf16";
+    const std::vector<float> f = cast.from16(all, fp16);
+    const std::vector<uint16_t> back = cast.to16(f, fp16);
+    int misses = 0;
+    for (uint32_t i = 0; i < 65536; ++i) {
+      const uint16_t h = all[i];
+      const bool is_nan = fp16 ? fp16_is_nan(h) : bf16_is_nan(h);
+      const double want = fp16 ? fp16_value(h) : static_cast<double>(bits_to_float(uint32_t{h} << 16));
+      bool ok;
+      if (is_nan)
+        ok = std::isnan(f[i]) && (fp16 ? fp16_is_nan(back[i]) : bf16_is_nan(back[i]));
+      else
+        ok = static_cast<double>(f[i]) == want && std::signbit(f[i]) == static_cast<bool>(h & 0x8000) &&
+             back[i] == h;
+      if (!ok && ++misses <= 8)
+        ADD_FAILURE() << name << " 0x" << std::hex << h << " -> " << f[i] << " -> 0x" << back[i];
+    }
+    EXPECT_EQ(misses, 0) << name;
+  }
+}
+
+// float -> 16 bit against the nearest-neighbour reference: every tie between adjacent values (and
+// one float ulp either side of it) and random floats across the range, both signs.
+TEST_P(Kernels, CastRoundsToNearestEven) {
+  Casts cast{*be};
+  for (bool fp16 : {true, false}) {
+    std::vector<float> in;
+    auto value = [&](uint16_t h) { return fp16 ? static_cast<float>(fp16_value(h)) : bits_to_float(uint32_t{h} << 16); };
+    const uint16_t last = fp16 ? 0x7BFF : 0x7F7F;
+    for (uint32_t h = 0; h < last; h += fp16 ? 1 : 37) {
+      const float mid = static_cast<float>((static_cast<double>(value(static_cast<uint16_t>(h))) +
+                                            value(static_cast<uint16_t>(h + 1))) / 2);
+      for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f)}) {
+        in.push_back(x);
+        in.push_back(-x);
+      }
+    }
+    std::uniform_int_distribution<uint32_t> bits(float_to_bits(0x1p-30f), float_to_bits(fp16 ? 0x1p17f : 0x1p127f));
+    for (int i = 0; i < 100000; ++i) in.push_back(bits_to_float(bits(rng) | (i % 2 ? 0x80000000u : 0u)));
+
+    const std::vector<uint16_t> got = cast.to16(in, fp16);
+    int misses = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const uint16_t want = fp16 ? fp16_ref(in[i]) : bf16_ref(in[i]);
+      if (got[i] != want && ++misses <= 8)
+        ADD_FAILURE() << (fp16 ? "fp16(" : "bf16(") << std::hexfloat << in[i] << ") = 0x" << std::hex << got[i]
+                      << ", want 0x" << want;
+    }
+    EXPECT_EQ(misses, 0) << (fp16 ? "fp16" : "bf16") << " of " << in.size();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// reductions
+// ---------------------------------------------------------------------------------------------
+
+TEST_P(Kernels, Reductions) {
+  const size_t n = 100003;
+  std::vector<float> x = uniform(rng, n, -1, 3);
+  double s = 0.0, ss = 0.0, sabs = 0.0;
+  for (float v : x) {
+    s += v;
+    ss += static_cast<double>(v) * v;
+    sabs += std::fabs(v);
+  }
+  auto dx = to_device(*be, x);
+  EXPECT_NEAR(be->sum(dx.data(), n), s, 1e-6 * sabs);
+  EXPECT_NEAR(be->sum_squares(dx.data(), n), ss, 1e-6 * ss);
+  EXPECT_EQ(be->count_nonfinite(dx.data(), n), 0u);
+  EXPECT_EQ(be->sum(dx.data(), 0), 0.0);
+
+  // finite extremes are not counted; +-inf and NaNs of both signs are
+  const float inf = std::numeric_limits<float>::infinity();
+  x[3] = std::numeric_limits<float>::max();
+  x[4] = std::numeric_limits<float>::denorm_min();
+  x[10] = inf;
+  x[500] = -inf;
+  x[7777] = kNaN;
+  x[n - 1] = bits_to_float(0xFFC00001u);  // negative NaN
+  auto dy = to_device(*be, x);
+  EXPECT_EQ(be->count_nonfinite(dy.data(), n), 4u);
+  EXPECT_EQ(be->count_nonfinite(dy.data(), 10), 0u);  // a prefix without them
+}
+
+}  // namespace
