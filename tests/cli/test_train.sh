@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end training of gpt-tiny: the validation loss falls by at least 40%, the metrics records
 # carry every required field with 17 significant digits, the resolved config is written, and the
-# same config twice gives bitwise-identical metrics (timings aside).
+# same config twice gives bitwise-identical metrics (timings aside), and micro 4 x accumulation 2
+# matches micro 8 x accumulation 1 within 1e-5.
 # usage: test_train.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 z3d=$1; src=$2
@@ -11,8 +12,9 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/full" --peak-flops 1e11 > "$tmp/full.log"
 grep -q "step    200/200" "$tmp/full.log"
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/a" --peak-flops 1e11 --set train_steps=15 --set data.val_interval=5 > /dev/null
-"$z3d" train input/gpt-tiny.json --run-dir "$tmp/b" --peak-flops 1e11 --set train_steps=15 --set data.val_interval=5 \
-  --set gradient_accumulation_steps=1 > /dev/null
+"$z3d" train input/gpt-tiny.json --run-dir "$tmp/b" --peak-flops 1e11 --set train_steps=15 --set data.val_interval=5 > /dev/null
+"$z3d" train input/gpt-tiny.json --run-dir "$tmp/acc" --peak-flops 1e11 --set train_steps=15 --set data.val_interval=5 \
+  --set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=2 > /dev/null
 
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys, re
@@ -44,5 +46,9 @@ timing = {"tokens_per_s", "step_time_s", "model_flops_per_s", "mfu", "forward_s"
 strip = lambda rs: [{k: v for k, v in r.items() if k not in timing} for r in rs]
 a, b = strip(records("a")), strip(records("b"))
 assert a == b, "two identical runs differ"
-print("train: 4 passed, 0 failed")
+# gradient accumulation: micro 4 x 2 accumulation steps sees the same global batch as micro 8 x 1
+acc = [r for r in records("acc") if r["kind"] == "train"]
+for x, y in zip([r for r in records("a") if r["kind"] == "train"], acc):
+    assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(x["loss"]), (x["step"], x["loss"], y["loss"])
+print("train: 5 passed, 0 failed")
 PY
