@@ -55,5 +55,16 @@ expect layout-tp          "tensor_parallel.tp_size"                train $tiny -
 for cmd in "--help" "--version" "train --help" "data --help" "bench --help"; do
   if ! "$z3d" $cmd >/dev/null 2>&1; then echo "FAIL '$cmd' did not exit 0"; fails=$((fails+1)); else passes=$((passes+1)); fi
 done
+# data prepare: bytes of the texts in order, llm.c header, nothing else left behind
+printf 'hello ' > "$tmp/a.txt"; printf 'world\n' > "$tmp/b.txt"
+if "$z3d" data prepare "$tmp/a.txt" "$tmp/b.txt" --out "$tmp/hw.bin" >/dev/null &&
+   /usr/bin/python3 -c "
+import struct, sys
+b = open(sys.argv[1], 'rb').read()
+h = struct.unpack('<256i', b[:1024])
+assert h[:3] == (20240520, 1, 12), h[:3]
+assert bytes(struct.unpack('<12H', b[1024:])) == b'hello world\\n'
+" "$tmp/hw.bin" && [[ ! -e "$tmp/hw.bin.tmp" ]]; then passes=$((passes+1)); else echo "FAIL data prepare output"; fails=$((fails+1)); fi
+
 echo "cli errors: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]
