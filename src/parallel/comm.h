@@ -1,0 +1,95 @@
+// parallel/comm.h: the collectives seam. A ProcessGroup is one group of ranks (world, tp, dp,
+// pp, embedding) with blocking and non-blocking collectives on it; MpiGroup implements it with
+// MPI (NCCL comes with the CUDA backend). Model and trainer code never call MPI directly.
+//
+// Two safety properties live here, so every caller gets them:
+//  - Watchdog: every wait polls with a deadline (CommContext::timeout_s). A collective that has
+//    not completed by then prints the rank, group, operation and training step, and aborts the
+//    job instead of hanging until the wall-time limit.
+//  - Accounting: bytes_sent() counts what this rank sends under the ring algorithms
+//    (all-reduce 2(p-1)/p of the buffer, reduce-scatter and all-gather (p-1)/p, broadcast and
+//    send the whole buffer), the volume the ZeRO paper's analysis uses.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace zero3d {
+
+// What the watchdog reports and how long it waits; one per process, shared by all groups.
+struct CommContext {
+  double timeout_s = 600;
+  int64_t step = 0;  // training step, for the watchdog message
+};
+CommContext& comm_context();
+
+// A pending non-blocking operation; wait() blocks (under the watchdog), test() polls.
+class PendingOp {
+ public:
+  PendingOp() = default;
+  PendingOp(MPI_Request r, std::string what, const class ProcessGroup* group);
+  PendingOp(PendingOp&& o) noexcept;
+  PendingOp& operator=(PendingOp&& o) noexcept;
+  PendingOp(const PendingOp&) = delete;
+  PendingOp& operator=(const PendingOp&) = delete;
+  ~PendingOp();  // waits if still pending: a request is never leaked
+  void wait();
+  bool test();
+  bool done() const { return req_ == MPI_REQUEST_NULL; }
+
+ private:
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::string what_;
+  const ProcessGroup* group_ = nullptr;
+};
+
+class ProcessGroup {
+ public:
+  // Collective over `parent`: ranks with the same color form one group, ordered by key.
+  ProcessGroup(MPI_Comm parent, int color, int key, std::string name);
+  static std::unique_ptr<ProcessGroup> world();
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int size() const { return size_; }
+  int rank() const { return rank_; }
+  const std::string& name() const { return name_; }
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  void reset_bytes_sent() { bytes_sent_ = 0; }
+
+  // In place: buf = sum over the group.
+  PendingOp iall_reduce_sum(float* buf, size_t n);
+  void all_reduce_sum(float* buf, size_t n) { iall_reduce_sum(buf, n).wait(); }
+  // recv (count) = this rank's block of the elementwise sum of every rank's send (size()*count).
+  PendingOp ireduce_scatter_sum(const float* send, float* recv, size_t count);
+  void reduce_scatter_sum(const float* send, float* recv, size_t count) { ireduce_scatter_sum(send, recv, count).wait(); }
+  // recv (size()*count) = every rank's send (count), in group-rank order. send may be recv + rank*count.
+  PendingOp iall_gather(const float* send, float* recv, size_t count);
+  void all_gather(const float* send, float* recv, size_t count) { iall_gather(send, recv, count).wait(); }
+  void broadcast(void* buf, size_t bytes, int root);
+  PendingOp isend(const float* buf, size_t n, int peer, int tag);
+  PendingOp irecv(float* buf, size_t n, int peer, int tag);
+
+  // Small reductions of scalars (not counted in bytes_sent: control traffic).
+  double all_reduce_sum(double v);
+  double all_reduce_max(double v);
+  int64_t all_reduce_max(int64_t v);
+  void all_gather_u64(uint64_t v, std::vector<uint64_t>& out);
+
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  ProcessGroup(MPI_Comm comm, std::string name);
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  bool owned_ = false;
+  int size_ = 1, rank_ = 0;
+  std::string name_;
+  uint64_t bytes_sent_ = 0;
+};
+
+}  // namespace zero3d

@@ -1,0 +1,24 @@
+// parallel/groups.h: the process groups of one run, built once from the topology with one
+// MPI_Comm_split per kind, and passed explicitly (no global communicators).
+#pragma once
+#include <memory>
+
+#include "parallel/comm.h"
+#include "parallel/topology.h"
+
+namespace zero3d {
+
+struct ProcessGroups {
+  Topology topo;
+  int world_rank = 0;
+  GridCoord coord;
+  std::unique_ptr<ProcessGroup> world, tp, dp, pp;
+  // First and last pipeline stage of this rank's pp group (the tied embedding's gradient);
+  // null on middle stages. With pp = 1 it is the rank alone.
+  std::unique_ptr<ProcessGroup> embedding;
+
+  // Collective over MPI_COMM_WORLD. Throws UserError (on every rank alike) for a bad layout.
+  static ProcessGroups create(int tp_size, int pp_size);
+};
+
+}  // namespace zero3d

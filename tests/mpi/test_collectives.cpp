@@ -1,0 +1,131 @@
+// Collectives on every group of several 3-D layouts, verifiable on every rank: inputs are small
+// integers seeded by (world rank, index), so each rank computes its exact expected result from
+// the topology alone; failures are summed over the world into the exit code (nccl-tests style).
+// usage: mpirun -np N test_collectives
+#include <mpi.h>
+
+#include <Kokkos_Core.hpp>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "parallel/groups.h"
+
+using namespace zero3d;
+
+static int failures = 0, checks = 0;
+
+static void check(bool ok, const std::string& what, int rank) {
+  ++checks;
+  if (!ok) {
+    ++failures;
+    fprintf(stderr, "rank %d: FAIL %s\n", rank, what.c_str());
+  }
+}
+
+static float value(int world_rank, size_t i) { return static_cast<float>((world_rank * 7 + i * 3) % 13); }
+
+static void test_group(const ProcessGroup& g_const, const std::vector<int>& members, int me, const std::string& tag) {
+  ProcessGroup& g = const_cast<ProcessGroup&>(g_const);
+  const int p = g.size();
+  check(p == static_cast<int>(members.size()), tag + " size", me);
+  check(members[g.rank()] == me, tag + " rank order", me);
+  const size_t count = 1000 + 3;  // odd sizes on purpose
+  g.reset_bytes_sent();
+
+  // all-reduce
+  std::vector<float> buf(count);
+  for (size_t i = 0; i < count; ++i) buf[i] = value(me, i);
+  g.all_reduce_sum(buf.data(), count);
+  bool ok = true;
+  for (size_t i = 0; i < count; ++i) {
+    float want = 0;
+    for (int m : members) want += value(m, i);
+    ok &= buf[i] == want;
+  }
+  check(ok, tag + " all-reduce", me);
+
+  // reduce-scatter: this rank gets block rank() of the sum
+  std::vector<float> send(count * p), recv(count);
+  for (size_t i = 0; i < send.size(); ++i) send[i] = value(me, i);
+  g.reduce_scatter_sum(send.data(), recv.data(), count);
+  ok = true;
+  for (size_t k = 0; k < count; ++k) {
+    float want = 0;
+    for (int m : members) want += value(m, g.rank() * count + k);
+    ok &= recv[k] == want;
+  }
+  check(ok, tag + " reduce-scatter", me);
+
+  // all-gather, out of place and in place, non-blocking with work in between
+  std::vector<float> mine(count), all(count * p, -1.0f);
+  for (size_t k = 0; k < count; ++k) mine[k] = value(me, k);
+  PendingOp op = g.iall_gather(mine.data(), all.data(), count);
+  volatile double busy = 0;
+  for (int i = 0; i < 10000; ++i) busy = busy + i;
+  op.wait();
+  std::vector<float> inplace(count * p, -1.0f);
+  std::copy(mine.begin(), mine.end(), inplace.begin() + g.rank() * count);
+  g.all_gather(inplace.data() + g.rank() * count, inplace.data(), count);
+  ok = true;
+  for (int r = 0; r < p; ++r)
+    for (size_t k = 0; k < count; ++k) ok &= all[r * count + k] == value(members[r], k) && inplace[r * count + k] == all[r * count + k];
+  check(ok, tag + " all-gather", me);
+
+  // ring volume: all-reduce 2(p-1)/p*n, reduce-scatter (p-1)*n (its input is p*n), two all-gathers (p-1)*n each
+  const uint64_t want_bytes = (2 * (p - 1) * count * 4) / p + 3 * (p - 1) * count * 4;
+  check(g.bytes_sent() == want_bytes, tag + " bytes_sent " + std::to_string(g.bytes_sent()) + " vs " + std::to_string(want_bytes), me);
+
+  // broadcast from the last group rank
+  std::vector<float> b(7, static_cast<float>(me));
+  g.broadcast(b.data(), b.size() * 4, p - 1);
+  ok = true;
+  for (float v : b) ok &= v == static_cast<float>(members[p - 1]);
+  check(ok, tag + " broadcast", me);
+
+  // ring of point-to-point messages
+  if (p > 1) {
+    std::vector<float> out(5, static_cast<float>(me)), in(5, -1.0f);
+    PendingOp r = g.irecv(in.data(), in.size(), (g.rank() + p - 1) % p, 7);
+    PendingOp s = g.isend(out.data(), out.size(), (g.rank() + 1) % p, 7);
+    r.wait();
+    s.wait();
+    check(in[0] == static_cast<float>(members[(g.rank() + p - 1) % p]), tag + " send/recv ring", me);
+  }
+
+  // scalars
+  double sum = g.all_reduce_sum(static_cast<double>(me));
+  double want_sum = 0;
+  for (int m : members) want_sum += m;
+  check(sum == want_sum, tag + " scalar sum", me);
+  check(g.all_reduce_max(static_cast<int64_t>(me)) == members.back(), tag + " scalar max", me);
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    int world = 1, me = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    for (int tp = 1; tp <= world; tp *= 2) {
+      for (int pp = 1; tp * pp <= world; pp *= 2) {
+        if (world % (tp * pp)) continue;
+        ProcessGroups g = ProcessGroups::create(tp, pp);
+        std::string layout = "tp" + std::to_string(tp) + "pp" + std::to_string(pp) + " ";
+        test_group(*g.tp, g.topo.tp_group(me), me, layout + "tp");
+        test_group(*g.dp, g.topo.dp_group(me), me, layout + "dp");
+        test_group(*g.pp, g.topo.pp_group(me), me, layout + "pp");
+        const bool edge = g.topo.is_first_stage(me) || g.topo.is_last_stage(me);
+        check((g.embedding != nullptr) == edge, layout + "embedding membership", me);
+        if (g.embedding) test_group(*g.embedding, g.topo.embedding_group(me), me, layout + "embedding");
+      }
+    }
+    int local[2] = {checks, failures}, total[2] = {0, 0};
+    MPI_Allreduce(local, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (me == 0) printf("collectives on %d ranks: %d passed, %d failed\n", world, total[0] - total[1], total[1]);
+    failures = total[1];
+  }
+  MPI_Finalize();
+  return failures ? 1 : 0;
+}
