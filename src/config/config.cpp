@@ -46,9 +46,16 @@ struct Key {
   std::string when_key;              // applies only when when_key's value is one of when_values
   std::vector<std::string> when_values;
 
+  double supported_max = kInf;       // honoured only up to this value (a numeric key)
+
   Key not_yet() const {
     Key k = *this;
     k.honoured = false;
+    return k;
+  }
+  Key supported_up_to(double v) const {
+    Key k = *this;
+    k.supported_max = v;
     return k;
   }
   Key need() const {
@@ -108,6 +115,7 @@ const std::vector<Key>& schema() {
       integer("gradient_accumulation_steps", nullptr, 1, kIntMax, "micro-batches accumulated per optimizer step"),
       integer("steps_per_print", 10, 1, kIntMax, "optimizer steps between progress lines"),
       number("gradient_clipping", 0.0, 0, kInf, "max global gradient norm; 0 disables clipping"),
+      number("comm_timeout_s", 600.0, 0, kInf, "watchdog: abort when a collective has not completed after this many seconds", true),
       boolean("wall_clock_breakdown", false, "print forward/backward/step timings"),
       integer("train_steps", nullptr, 1, kIntMax, "optimizer steps to run").need(),
       integer("seed", 1234, 0, kInf, "seed for parameter init and data order"),
@@ -152,13 +160,13 @@ const std::vector<Key>& schema() {
       boolean("bf16.enabled", false, "bf16 mixed precision").not_yet(),
 
       // ZeRO (deepspeed/runtime/zero/config.py DeepSpeedZeroConfig): only stage 0 for now.
-      integer("zero_optimization.stage", 0, 0, 3, "0 off, 1 optimizer states, 2 +gradients, 3 +parameters").not_yet(),
+      integer("zero_optimization.stage", 0, 0, 3, "0 off, 1 optimizer states, 2 +gradients, 3 +parameters")
+          .supported_up_to(2),
       boolean("zero_optimization.contiguous_gradients", true, "copy gradients into a contiguous buffer").not_yet(),
-      boolean("zero_optimization.overlap_comm", nullptr, "overlap gradient reduction with backward").not_yet(),
-      integer("zero_optimization.reduce_bucket_size", 500000000, 0, kInf, "elements reduced at a time").not_yet(),
-      integer("zero_optimization.allgather_bucket_size", 500000000, 0, kInf, "elements allgathered at a time")
-          .not_yet(),
-      boolean("zero_optimization.reduce_scatter", true, "reduce-scatter instead of allreduce for gradients").not_yet(),
+      boolean("zero_optimization.overlap_comm", nullptr, "overlap gradient reduction with backward"),
+      integer("zero_optimization.reduce_bucket_size", 500000000, 1, kInf, "elements reduced at a time"),
+      integer("zero_optimization.allgather_bucket_size", 500000000, 1, kInf, "elements allgathered at a time"),
+      boolean("zero_optimization.reduce_scatter", true, "reduce-scatter instead of allreduce for gradients"),
       boolean("zero_optimization.allgather_partitions", true, "allgather (not broadcasts) of updated parameters")
           .not_yet(),
       integer("zero_optimization.stage3_prefetch_bucket_size", 50000000, 0, kInf, "parameter elements prefetched")
@@ -643,12 +651,17 @@ class Resolver {
 
   void check_not_yet() {
     for (const Key& k : schema()) {
+      if (k.honoured && present(k.path) && value_.at(k.path).is_number() &&
+          value_.at(k.path).get<double>() > k.supported_max)
+        fail(k.path, strprintf("config key '%s' = %s is recognised but values above %g are not supported yet in this "
+                               "version of zero3d",
+                               k.path.c_str(), show(value_.at(k.path)).c_str(), k.supported_max));
       if (k.honoured || !present(k.path)) continue;
       // overlap_comm has no fixed default: DeepSpeed turns it on exactly for stage 3.
       json def = k.path == "zero_optimization.overlap_comm" ? json(value("zero_optimization.stage") == 3) : k.def;
       if (value_.at(k.path) == def) continue;
       fail(k.path, strprintf("config key '%s' = %s is recognised but not supported yet in this version of zero3d "
-                             "(single-rank fp32, ZeRO stage 0); remove it or set it to its default %s",
+                             "(fp32, data parallel, ZeRO stages 0-2); remove it or set it to its default %s",
                              k.path.c_str(), show(value_.at(k.path)).c_str(), show(def).c_str()));
     }
   }
@@ -759,6 +772,12 @@ class Resolver {
     c.tp_size = geti("tensor_parallel.tp_size");
     c.pp_size = geti("pipeline_parallel.pp_size");
     c.zero_stage = geti("zero_optimization.stage");
+    c.zero.stage = c.zero_stage;
+    c.zero.overlap_comm = getb("zero_optimization.overlap_comm");
+    c.zero.reduce_bucket_size = value("zero_optimization.reduce_bucket_size").get<int64_t>();
+    c.zero.allgather_bucket_size = value("zero_optimization.allgather_bucket_size").get<int64_t>();
+    c.zero.reduce_scatter = getb("zero_optimization.reduce_scatter");
+    c.comm_timeout_s = getd("comm_timeout_s");
     c.model.vocab_size = geti("model.vocab_size");
     c.model.seq_len = geti("model.seq_len");
     c.model.n_layer = geti("model.n_layer");

@@ -50,6 +50,14 @@ struct SchedulerConfig {
   double cos_min_ratio = 0.0001;    // WarmupCosineLR
 };
 
+struct ZeroConfig {  // zero_optimization.*, DeepSpeed's names and defaults
+  int stage = 0;
+  bool overlap_comm = false;
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  bool reduce_scatter = true;  // false: all-reduce, then keep the shard
+};
+
 struct CheckpointConfig {
   std::string dir = "checkpoints";
   int save_interval = 0;
@@ -70,6 +78,8 @@ struct Config {
   int tp_size = 1;
   int pp_size = 1;
   int zero_stage = 0;
+  ZeroConfig zero;
+  double comm_timeout_s = 600;  // ours: the collective watchdog's deadline
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;

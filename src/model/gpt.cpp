@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "model/param_store.h"
 
 namespace zero3d {
 
@@ -16,8 +17,9 @@ enum LayerParam { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW
 std::vector<ParamInfo> gpt_param_table(const ModelConfig& m) {
   const int64_t V = m.vocab_size, T = m.seq_len, C = m.d_model;
   std::vector<ParamInfo> t;
+  int unit = 0;
   auto add = [&](std::string name, std::vector<int64_t> shape, bool decay) {
-    ParamInfo p{std::move(name), std::move(shape), 0, 1, decay};
+    ParamInfo p{std::move(name), std::move(shape), 0, 1, decay, unit};
     for (auto d : p.shape) p.size *= static_cast<size_t>(d);
     p.offset = t.empty() ? 0 : t.back().offset + t.back().size;
     t.push_back(std::move(p));
@@ -25,6 +27,7 @@ std::vector<ParamInfo> gpt_param_table(const ModelConfig& m) {
   add("wte", {V, C}, true);
   add("wpe", {T, C}, true);
   for (int l = 0; l < m.n_layer; ++l) {
+    unit = 1 + l;
     std::string h = "h." + std::to_string(l) + ".";
     add(h + "ln_1.weight", {C}, false);
     add(h + "ln_1.bias", {C}, false);
@@ -39,6 +42,7 @@ std::vector<ParamInfo> gpt_param_table(const ModelConfig& m) {
     add(h + "mlp.c_proj.weight", {C, 4 * C}, true);
     add(h + "mlp.c_proj.bias", {C}, false);
   }
+  unit = m.n_layer + 1;
   add("ln_f.weight", {C}, false);
   add("ln_f.bias", {C}, false);
   return t;
@@ -51,12 +55,11 @@ double gpt_flops_per_token(const ModelConfig& m) {
   return 6.0 * n + 6.0 * m.n_layer * static_cast<double>(m.d_model) * (m.seq_len + 1);
 }
 
-GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, int attention_block)
-    : be_(backend), cfg_(config), attention_block_(attention_block), B_(micro_batch), T_(config.seq_len), C_(config.d_model), V_(config.vocab_size),
-      L_(config.n_layer), H_(config.n_head), table_(gpt_param_table(config)) {
-  num_params_ = table_.back().offset + table_.back().size;
-  params_ = DeviceBuffer<float>(be_, num_params_);
-  grads_ = DeviceBuffer<float>(be_, num_params_);
+GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, int attention_block)
+    : be_(backend), cfg_(config), attention_block_(attention_block), B_(micro_batch), T_(config.seq_len),
+      C_(config.d_model), V_(config.vocab_size), L_(config.n_layer), H_(config.n_head), store_(store),
+      layout_(store.layout()) {
+  Z3D_ASSERT(layout_.tensors.size() == gpt_param_table(config).size(), "parameter layout does not match the model");
 
   const size_t N = static_cast<size_t>(B_) * T_, C = C_, att = static_cast<size_t>(B_) * H_ * T_ * T_;
   // Activation plan: per layer 16 N*C floats + 4 N statistics + one B*H*T*T attention matrix.
@@ -113,34 +116,34 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, int atten
   host_losses_.resize(N);
 }
 
-GPT::LayerParams GPT::layer_params(float* base, int l) const {
+template <typename F>
+F* GPT::tensor(F* unit_base, size_t i) const {
+  const ParamInfo& p = layout_.tensors[i];
+  return unit_base + (p.offset - layout_.units[p.unit].offset);
+}
+
+template <typename F>
+GPT::LayerTensors<F> GPT::layer_tensors(F* base, int l) const {
   const size_t first = 2 + static_cast<size_t>(l) * kNumLayerParams;  // after wte, wpe
-  auto at = [&](int k) { return base + table_[first + k].offset; };
+  auto at = [&](int k) { return tensor(base, first + k); };
   return {at(kLn1W), at(kLn1B), at(kQkvW), at(kQkvB), at(kProjW), at(kProjB),
           at(kLn2W), at(kLn2B), at(kFcW),  at(kFcB),  at(kFcProjW), at(kFcProjB)};
 }
 
-void GPT::init_weights(uint64_t seed) {
-  std::vector<float> host(num_params_);
-  const double residual_scale = 1.0 / std::sqrt(2.0 * L_);
-  for (size_t i = 0; i < table_.size(); ++i) {
-    const ParamInfo& p = table_[i];
-    float* dst = host.data() + p.offset;
-    const bool is_ln_weight = p.name.find("ln_") != std::string::npos && p.name.ends_with(".weight");
-    if (is_ln_weight) {
-      for (size_t k = 0; k < p.size; ++k) dst[k] = 1.0f;
-    } else if (p.shape.size() == 1) {
-      for (size_t k = 0; k < p.size; ++k) dst[k] = 0.0f;
-    } else {
-      const bool residual = p.name.ends_with("c_proj.weight");
-      const double std = 0.02 * (residual ? residual_scale : 1.0);
-      for (size_t k = 0; k < p.size; ++k) dst[k] = static_cast<float>(std * normal_at(seed, i, k));
-    }
+void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_layer, uint64_t seed, size_t begin,
+                     size_t end, float* out) {
+  const ParamInfo& p = table[index];
+  const bool is_ln_weight = p.name.find("ln_") != std::string::npos && p.name.ends_with(".weight");
+  if (is_ln_weight) {
+    for (size_t k = begin; k < end; ++k) out[k - begin] = 1.0f;
+  } else if (p.shape.size() == 1) {
+    for (size_t k = begin; k < end; ++k) out[k - begin] = 0.0f;
+  } else {
+    const bool residual = p.name.ends_with("c_proj.weight");
+    const double std = 0.02 * (residual ? 1.0 / std::sqrt(2.0 * n_layer) : 1.0);
+    for (size_t k = begin; k < end; ++k) out[k - begin] = static_cast<float>(std * normal_at(seed, index, k));
   }
-  be_.copy_from_host(params_.data(), host.data(), host.size() * sizeof(float));
 }
-
-void GPT::zero_grad() { be_.zero(grads_.data(), grads_.bytes()); }
 
 // Attention for every (batch, head) with batched GEMMs on the packed qkv rows [q | k | v]:
 // head h of batch b is the column block h*hd of each third, row stride 3C. Causality is used at
@@ -217,10 +220,9 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const int N = B_ * T_, C = C_;
   be_.copy_from_host(inputs_.data(), inputs, sizeof(int32_t) * N);
   be_.copy_from_host(targets_.data(), targets, sizeof(int32_t) * N);
-  float* P = params_.data();
-  const float* wte = P + table_[0].offset;
-  const float* wpe = P + table_[1].offset;
-  be_.embedding_forward(enc_, inputs_.data(), wte, wpe, N, T_, C);
+  const float* emb = store_.acquire_params(0);  // held until the LM head
+  const float* wte = tensor(emb, 0);
+  be_.embedding_forward(enc_, inputs_.data(), wte, tensor(emb, 1), N, T_, C);
 
   // linear: y[N,out] = x[N,in] W^T + b
   auto linear = [&](float* y, const float* x, const float* w, const float* bias, int in, int out) {
@@ -229,7 +231,7 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   };
   for (int l = 0; l < L_; ++l) {
     const LayerActs& a = layers_[l];
-    const LayerParams w = layer_params(P, l);
+    const auto w = layer_tensors(store_.acquire_params(1 + l), l);
     float* x_next = l + 1 < L_ ? layers_[l + 1].x : xfinal_;
     be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b, N, C);
     linear(a.qkv, a.ln1, w.qkv_w, w.qkv_b, C, 3 * C);
@@ -241,11 +243,15 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
     be_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
     linear(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, 4 * C, C);
     be_.accumulate(x_next, a.res2, static_cast<size_t>(N) * C);  // x_next = res2 + mlp
+    store_.release_params(1 + l);
   }
-  const float* lnf_w = P + table_[table_.size() - 2].offset;
-  const float* lnf_b = P + table_.back().offset;
-  be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, lnf_w, lnf_b, N, C);
+  const int lnf_unit = L_ + 1;
+  const size_t lnf = layout_.tensors.size() - 2;
+  const float* fin = store_.acquire_params(lnf_unit);
+  be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf), tensor(fin, lnf + 1), N, C);
   be_.gemm(false, true, N, V_, C, 1.0f, lnf_, C, wte, C, 0.0f, logits_, V_);  // tied LM head
+  store_.release_params(lnf_unit);
+  store_.release_params(0);
   have_dlogits_ = dloss > 0.0f;
   be_.crossentropy(losses_, have_dlogits_ ? logits_ : nullptr, logits_, targets_.data(), N, V_, dloss);
   be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
@@ -259,19 +265,28 @@ void GPT::backward() {
   have_dlogits_ = false;
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
-  float* P = params_.data();
-  float* G = grads_.data();
-  const float* wte = P + table_[0].offset;
-  float* dwte = G + table_[0].offset;
-  float* dwpe = G + table_[1].offset;
-  const size_t lnf = table_.size() - 2;
+  const int lnf_unit = L_ + 1;
+  const size_t lnf = layout_.tensors.size() - 2;
+
+  // Unit 0 (tied embedding) is held through the whole backward: the LM head and the embedding
+  // both add to its gradient.
+  const float* emb = store_.acquire_params(0);
+  float* demb = store_.acquire_grads(0);
+  const float* wte = tensor(emb, 0);
+  float* dwte = tensor(demb, 0);
 
   // LM head: dlnf = dlogits wte; dwte += dlogits^T lnf
   be_.gemm(false, false, N, C, V_, 1.0f, logits_, V_, wte, C, 0.0f, dbuf_c_, C);
   be_.gemm(true, false, V_, C, N, 1.0f, logits_, V_, lnf_, C, 1.0f, dwte, C);
-  be_.zero(dres_, NC * sizeof(float));
-  be_.layernorm_backward(dres_, G + table_[lnf].offset, G + table_[lnf + 1].offset, dbuf_c_, xfinal_,
-                         P + table_[lnf].offset, lnf_mean_, lnf_rstd_, N, C);
+  {
+    const float* fin = store_.acquire_params(lnf_unit);
+    float* dfin = store_.acquire_grads(lnf_unit);
+    be_.zero(dres_, NC * sizeof(float));
+    be_.layernorm_backward(dres_, tensor(dfin, lnf), tensor(dfin, lnf + 1), dbuf_c_, xfinal_, tensor(fin, lnf),
+                           lnf_mean_, lnf_rstd_, N, C);
+    store_.grads_done(lnf_unit);
+    store_.release_params(lnf_unit);
+  }
 
   // linear backward: dx = dy W (overwrites), dW += dy^T x, db += sum dy
   auto linear_backward = [&](float* dx, float* dw, float* db, const float* dy, const float* x, const float* w, int in,
@@ -282,8 +297,8 @@ void GPT::backward() {
   };
   for (int l = L_ - 1; l >= 0; --l) {
     const LayerActs& a = layers_[l];
-    const LayerParams w = layer_params(P, l);
-    const LayerParams g = layer_params(G, l);
+    const auto w = layer_tensors(store_.acquire_params(1 + l), l);
+    const auto g = layer_tensors(store_.acquire_grads(1 + l), l);
     // MLP: dres holds d x_{l+1}; it flows unchanged into d res2 through the residual.
     linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, 4 * C, C);
     be_.gelu_backward(dfch_, a.fch, dfch_, NC * 4);
@@ -294,8 +309,12 @@ void GPT::backward() {
     attention_backward(dqkv_, dbuf_c_, a);
     linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, 3 * C);
     be_.layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_c_, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+    store_.grads_done(1 + l);
+    store_.release_params(1 + l);
   }
-  be_.embedding_backward(dwte, dwpe, dres_, inputs_.data(), N, T_, C);
+  be_.embedding_backward(dwte, tensor(demb, 1), dres_, inputs_.data(), N, T_, C);
+  store_.grads_done(0);
+  store_.release_params(0);
 }
 
 }  // namespace zero3d

@@ -16,6 +16,11 @@
 #include "kernels/backend.h"
 
 namespace zero3d {
+class ParamStore;
+struct FlatLayout;
+}
+
+namespace zero3d {
 
 struct ParamInfo {
   std::string name;
@@ -23,9 +28,17 @@ struct ParamInfo {
   size_t offset = 0;  // into the flat parameter (and gradient) buffer, in elements
   size_t size = 0;
   bool decay = true;  // weight decay applies (matrices and embeddings, not biases or LayerNorm)
+  int unit = 0;       // 0 embeddings, 1 + l block l, n_layer + 1 final LayerNorm
 };
 
+// Logical tensors in flat order, packed without padding (zero/flat_layout.h adds padding).
 std::vector<ParamInfo> gpt_param_table(const ModelConfig& m);
+
+// GPT-2 initialisation of elements [begin, end) of tensor `index` of the table, from the
+// counter-based RNG, so any rank can initialise exactly the slice it owns: N(0, 0.02) for weights
+// and embeddings, residual projections scaled by 1/sqrt(2 n_layer), zero biases, LayerNorm weight 1.
+void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_layer, uint64_t seed, size_t begin,
+                     size_t end, float* out);
 
 // Model FLOPs per token of one training step (forward + backward): 6 per parameter that takes part
 // in a matrix multiply (everything but the position embedding; the tied token embedding counts
@@ -36,19 +49,11 @@ class GPT {
  public:
   // attention_block: query rows per causal block in attention (a speed knob; results agree to
   // rounding for any value, and tests use small ones to cover partial blocks).
-  GPT(Backend& backend, const ModelConfig& config, int micro_batch, int attention_block = 256);
+  // `store` holds the parameters and gradients in the layout of gpt_param_table().
+  GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, int attention_block = 256);
 
   const ModelConfig& config() const { return cfg_; }
-  const std::vector<ParamInfo>& params_table() const { return table_; }
-  size_t num_params() const { return num_params_; }
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
   size_t activation_bytes() const { return activation_bytes_; }
-
-  // GPT-2 initialisation from the counter-based RNG: N(0, 0.02) for weights and embeddings,
-  // residual projections scaled by 1/sqrt(2 n_layer), zero biases, LayerNorm weight 1.
-  void init_weights(uint64_t seed);
-  void zero_grad();
 
   // Forward on B x T tokens (host arrays). Returns the mean cross-entropy over the B*T tokens.
   // With dloss > 0 the logits' gradient (scaled by dloss per token) is prepared for backward().
@@ -59,10 +64,15 @@ class GPT {
   struct LayerActs {
     float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
   };
-  struct LayerParams {
-    float *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+  template <typename F>
+  struct LayerTensors {
+    F *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
   };
-  LayerParams layer_params(float* base, int l) const;
+  // Pointer to tensor i inside its unit's buffer `unit_base`.
+  template <typename F>
+  F* tensor(F* unit_base, size_t i) const;
+  template <typename F>
+  LayerTensors<F> layer_tensors(F* unit_base, int l) const;
   void attention_forward(const LayerActs& a);
   void attention_backward(float* dqkv, const float* datty, const LayerActs& a);
 
@@ -70,9 +80,8 @@ class GPT {
   ModelConfig cfg_;
   int attention_block_;
   int B_, T_, C_, V_, L_, H_;
-  std::vector<ParamInfo> table_;
-  size_t num_params_ = 0;
-  DeviceBuffer<float> params_, grads_;
+  ParamStore& store_;
+  const FlatLayout& layout_;
   DeviceBuffer<float> acts_;     // all activations, one allocation
   DeviceBuffer<float> scratch_;  // backward scratch, one allocation
   DeviceBuffer<int32_t> inputs_, targets_;

@@ -30,6 +30,12 @@ AdamW::AdamW(Backend& backend, const OptimizerConfig& config, size_t num_params)
 void AdamW::step(float* params, const float* grads, double lr, const std::vector<DecaySegment>& segments) {
   Z3D_ASSERT(tiles(segments, m_.size()),
              strprintf("AdamW::step: decay segments do not tile the %zu parameters", m_.size()));
+  std::vector<AdamSegment> s;
+  for (const DecaySegment& d : segments) s.push_back({params + d.offset, grads + d.offset, d.offset, d.size, d.decay});
+  step(s, lr);
+}
+
+void AdamW::step(const std::vector<AdamSegment>& segments, double lr) {
   ++step_;
 
   // multi_tensor_adam.cu: bias_correction1 = 1 - beta1^t, bias_correction2 = 1 - beta2^t (both 1
@@ -51,10 +57,11 @@ void AdamW::step(float* params, const float* grads, double lr, const std::vector
   a.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
   a.decoupled = decoupled();
 
-  for (const DecaySegment& s : segments) {
+  for (const AdamSegment& s : segments) {
     if (s.size == 0) continue;
+    Z3D_ASSERT(s.state_offset + s.size <= m_.size(), "AdamW segment outside the optimizer state");
     a.weight_decay = s.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-    be_.adam_step(params + s.offset, m_.data() + s.offset, v_.data() + s.offset, grads + s.offset, s.size, a);
+    be_.adam_step(s.params, m_.data() + s.state_offset, v_.data() + s.state_offset, s.grads, s.size, a);
   }
 }
 

@@ -21,6 +21,16 @@ struct DecaySegment {
   bool decay = true;
 };
 
+// One contiguous run of parameters updated with one decay setting: params and grads where they
+// live (a ZeRO shard's slice of a bucket, say), state_offset into the optimizer's m and v.
+struct AdamSegment {
+  float* params = nullptr;
+  const float* grads = nullptr;
+  size_t state_offset = 0;
+  size_t size = 0;
+  bool decay = true;
+};
+
 class AdamW {
  public:
   AdamW(Backend& backend, const OptimizerConfig& config, size_t num_params);
@@ -28,6 +38,8 @@ class AdamW {
   // One update of params[0..n) from grads; lr from the schedule; increments the step count.
   // `segments` covers [0, n) and says where weight decay applies.
   void step(float* params, const float* grads, double lr, const std::vector<DecaySegment>& segments);
+  // The general form: one step over segments that together cover the optimizer state once.
+  void step(const std::vector<AdamSegment>& segments, double lr);
 
   int64_t step_count() const { return step_; }  // applied updates so far
   bool decoupled() const { return cfg_.type == "AdamW" || cfg_.adam_w_mode; }

@@ -12,6 +12,8 @@
 #include "data/loader.h"
 #include "train/bench.h"
 #include "train/trainer.h"
+#include "parallel/groups.h"
+#include <algorithm>
 
 namespace zero3d {
 
@@ -120,17 +122,22 @@ int cmd_train(const Args& a) {
 
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // Every rank reads the same files and arguments, so every rank reaches the same verdict here.
   Config cfg = load_config(src, world);
-  if (world != 1)
-    throw UserError(strprintf("this version of zero3d trains on 1 rank; got %d ranks (data, tensor and pipeline "
-                              "parallelism arrive with the ZeRO and 3-D issues)", world));
-  if (opt.run_dir.empty()) opt.run_dir = default_run_dir();
+  ProcessGroups groups = ProcessGroups::create(cfg.tp_size, cfg.pp_size);
+  if (opt.run_dir.empty()) {
+    opt.run_dir = default_run_dir();  // rank 0's clock decides for everyone
+    std::vector<char> buf(256, '\0');
+    std::copy_n(opt.run_dir.begin(), std::min<size_t>(opt.run_dir.size(), 255), buf.begin());
+    groups.world->broadcast(buf.data(), buf.size(), 0);
+    opt.run_dir = buf.data();
+  }
   std::unique_ptr<Backend> be = make_backend(backend);
   if (opt.peak_flops <= 0 && be->kind() == BackendKind::cuda) {
     opt.peak_flops = known_accelerator_peak(be->describe());
     opt.peak_source = "known bf16 peak of " + be->describe();
   }
-  Trainer trainer(cfg, opt, *be);
+  Trainer trainer(cfg, opt, *be, groups);
   return trainer.run();
 }
 

@@ -13,10 +13,10 @@
 #include "core/log.h"
 #include "data/loader.h"
 #include "model/gpt.h"
-#include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "train/bench.h"
 #include "train/metrics.h"
+#include "zero/engine.h"
 
 namespace zero3d {
 
@@ -44,13 +44,13 @@ static void write_file_atomic(const std::string& path, const std::string& text) 
 }
 
 struct Trainer::State {
-  State(const Config& c, const RunOptions& o, Backend& b)
-      : cfg(c), opt(o), be(b), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
+  State(const Config& c, const RunOptions& o, Backend& b, ProcessGroups& g)
+      : cfg(c), opt(o), be(b), groups(g), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
+        dp(g.topo.dp), dp_rank(g.coord.dp),
         train_data(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true),
-        model(b, c.model, micro), adam(b, c.optimizer, model.num_params()) {
+        engine(b, *g.dp, c.model, c.zero, c.optimizer), model(b, c.model, micro, engine) {
     if (!c.data.val.empty())
       val_data = std::make_unique<DataLoader>(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false);
-    for (const auto& p : model.params_table()) segments.push_back({p.offset, p.size, p.decay});
     inputs.resize(static_cast<size_t>(micro) * T);
     targets.resize(inputs.size());
   }
@@ -58,49 +58,75 @@ struct Trainer::State {
   const Config& cfg;
   RunOptions opt;
   Backend& be;
-  int micro, T;
+  ProcessGroups& groups;
+  int micro, T, dp, dp_rank;
   DataLoader train_data;
   std::unique_ptr<DataLoader> val_data;
+  ZeroEngine engine;
   GPT model;
-  AdamW adam;
-  std::vector<DecaySegment> segments;
   std::vector<int32_t> inputs, targets;
-  std::unique_ptr<MetricsLog> metrics;
-  uint64_t cursor = 0;  // global samples consumed
+  std::unique_ptr<MetricsLog> metrics;  // rank 0 only
+  uint64_t cursor = 0;                  // global samples consumed
   double flops_per_token = 0;
 
+  bool is_root() const { return groups.world_rank == 0; }
   double validate(int step);
 };
 
-Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backend)
-    : s_(std::make_unique<State>(config, options, backend)) {
+// Run `f` on every rank; if it throws UserError on any rank, every rank throws (the failing rank
+// its own error), so no rank goes on into a collective that the others will never join.
+template <typename F>
+static void agree(ProcessGroup& world, F&& f) {
+  std::string error;
+  try {
+    f();
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (world.all_reduce_max(static_cast<int64_t>(!error.empty())) != 0)
+    throw UserError(error.empty() ? "another rank failed (see its message)" : error);
+}
+
+Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backend, ProcessGroups& groups) {
+  ProcessGroup& world = *groups.world;
+  comm_context().timeout_s = config.comm_timeout_s;
+  agree(world, [&] { s_ = std::make_unique<State>(config, options, backend, groups); });
   State& s = *s_;
-  s.model.init_weights(config.seed);
+  s.engine.init_weights(config.seed);
   s.flops_per_token = gpt_flops_per_token(config.model);
   if (s.opt.peak_flops <= 0) {
     GemmRate r = measure_gemm(backend, 1024, 1024, 1024, 1.0);
     s.opt.peak_flops = r.flops_per_s;
-    s.opt.peak_source = strprintf("measured sgemm 1024^3 on this rank (%.1f GFLOP/s)", r.flops_per_s / 1e9);
+    s.opt.peak_source = strprintf("measured sgemm 1024^3 on rank 0 (%.1f GFLOP/s)", r.flops_per_s / 1e9);
+    world.broadcast(&s.opt.peak_flops, sizeof(double), 0);
   }
   // Everything above validated the inputs; only now does the run directory appear.
-  std::error_code ec;
-  fs::create_directories(s.opt.run_dir, ec);
-  if (ec) throw UserError(strprintf("cannot create run directory '%s': %s", s.opt.run_dir.c_str(), ec.message().c_str()));
-  write_file_atomic(s.opt.run_dir + "/config.json", config.resolved.dump(2) + "\n");
-  s.metrics = std::make_unique<MetricsLog>(s.opt.run_dir + "/metrics.jsonl");
+  agree(world, [&] {
+    if (!s.is_root()) return;
+    std::error_code ec;
+    fs::create_directories(s.opt.run_dir, ec);
+    if (ec)
+      throw UserError(strprintf("cannot create run directory '%s': %s", s.opt.run_dir.c_str(), ec.message().c_str()));
+    write_file_atomic(s.opt.run_dir + "/config.json", config.resolved.dump(2) + "\n");
+    s.metrics = std::make_unique<MetricsLog>(s.opt.run_dir + "/metrics.jsonl");
+  });
 }
 
 Trainer::~Trainer() = default;
 
+// The validation set: global batch k is val samples [k*micro*dp, (k+1)*micro*dp), each rank
+// taking its slice; the loss is the mean over all of them.
 double Trainer::State::validate(int step) {
   const int batches = cfg.data.val_batches;
   double sum = 0;
   for (int k = 0; k < batches; ++k) {
-    val_data->load(static_cast<uint64_t>(k) * micro, micro, inputs.data(), targets.data());
+    val_data->load((static_cast<uint64_t>(k) * dp + dp_rank) * micro, micro, inputs.data(), targets.data());
     sum += model.forward(inputs.data(), targets.data(), 0.0f);
   }
-  double loss = sum / batches;
-  metrics->write(MetricsRecord("val").add("step", step).add("loss", loss).add("tokens", static_cast<int64_t>(batches) * micro * T));
+  const double loss = groups.dp->all_reduce_sum(sum) / (static_cast<double>(batches) * dp);
+  if (metrics)
+    metrics->write(MetricsRecord("val").add("step", step).add("loss", loss).add(
+        "tokens", static_cast<int64_t>(batches) * micro * dp * T));
   log_info("step %6d | val loss %.6f", step, loss);
   return loss;
 }
@@ -108,34 +134,52 @@ double Trainer::State::validate(int step) {
 int Trainer::run() {
   State& s = *s_;
   const Config& c = s.cfg;
+  ProcessGroup& world = *s.groups.world;
   const int gas = c.gradient_accumulation_steps;
   const int64_t G = c.train_batch_size;
   const double tokens_per_step = static_cast<double>(G) * s.T;
-  const float dloss = static_cast<float>(1.0 / (static_cast<double>(s.micro) * s.T * gas));
+  // Each rank's gradient is already its share of the global mean: dloss = 1 / (tokens in the global batch).
+  const float dloss = static_cast<float>(1.0 / (tokens_per_step));
+  const MemoryAccount mem = s.engine.memory();
+  const int64_t mem_bytes = world.all_reduce_max(static_cast<int64_t>(mem.total()));
 
-  s.metrics->write(MetricsRecord("run")
-                       .add("backend", s.be.describe())
-                       .add("world_size", 1)
-                       .add("num_params", static_cast<int64_t>(s.model.num_params()))
-                       .add("flops_per_token", s.flops_per_token)
-                       .add("peak_flops", s.opt.peak_flops)
-                       .add("peak_source", s.opt.peak_source)
-                       .add("train_batch_size", G)
-                       .add("seq_len", s.T)
-                       .add("train_steps", c.train_steps));
-  log_info("zero3d: %zu parameters, %s, global batch %lld x %d tokens, %d steps, run dir %s", s.model.num_params(),
-           s.be.describe().c_str(), static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
+  if (s.metrics)
+    s.metrics->write(MetricsRecord("run")
+                         .add("backend", s.be.describe())
+                         .add("world_size", s.groups.topo.world)
+                         .add("dp", s.dp)
+                         .add("tp", s.groups.topo.tp)
+                         .add("pp", s.groups.topo.pp)
+                         .add("zero_stage", c.zero.stage)
+                         .add("num_params", static_cast<int64_t>(s.engine.layout().num_params))
+                         .add("flops_per_token", s.flops_per_token)
+                         .add("peak_flops", s.opt.peak_flops)
+                         .add("peak_source", s.opt.peak_source)
+                         .add("train_batch_size", G)
+                         .add("seq_len", s.T)
+                         .add("train_steps", c.train_steps)
+                         .add("mem_params_bytes", static_cast<int64_t>(mem.params))
+                         .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
+                         .add("mem_optimizer_bytes", static_cast<int64_t>(mem.optimizer))
+                         .add("mem_buffers_bytes", static_cast<int64_t>(mem.buffers)));
+  log_info("zero3d: %zu parameters, %s, %d ranks (dp %d, ZeRO stage %d), global batch %lld x %d tokens, %d steps, "
+           "run dir %s",
+           s.engine.layout().num_params, s.be.describe().c_str(), s.groups.topo.world, s.dp, c.zero.stage,
+           static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
   const bool validating = s.val_data != nullptr && c.data.val_batches > 0;
   if (validating) s.validate(0);
 
   auto run_start = Clock::now();
   for (int step = 1; step <= c.train_steps; ++step) {
+    comm_context().step = step;
+    s.groups.dp->reset_bytes_sent();
     auto t0 = Clock::now();
-    s.model.zero_grad();
+    s.engine.begin_step();
     double loss_sum = 0, t_fwd = 0, t_bwd = 0;
     for (int k = 0; k < gas; ++k) {
-      // dp rank 0 of 1: this rank's slice of the global batch is all of it.
-      s.train_data.load(s.cursor + static_cast<uint64_t>(k) * s.micro, s.micro, s.inputs.data(), s.targets.data());
+      // This rank's slice of the global batch: samples [dp_rank*micro*gas, (dp_rank+1)*micro*gas).
+      const uint64_t first = s.cursor + (static_cast<uint64_t>(s.dp_rank) * gas + k) * s.micro;
+      s.train_data.load(first, s.micro, s.inputs.data(), s.targets.data());
       auto tf = Clock::now();
       loss_sum += s.model.forward(s.inputs.data(), s.targets.data(), dloss);
       auto tb = Clock::now();
@@ -145,45 +189,53 @@ int Trainer::run() {
       t_bwd += seconds_since(tb);
     }
     s.cursor += static_cast<uint64_t>(G);
-    const double loss = loss_sum / gas;
+    auto tr = Clock::now();
+    s.engine.finish_gradients();
+    const double t_reduce = seconds_since(tr);
+    const double loss = s.groups.dp->all_reduce_sum(loss_sum / gas) / s.dp;
 
     auto to = Clock::now();
-    const size_t n = s.model.num_params();
-    const double grad_norm = std::sqrt(s.be.sum_squares(s.model.grads(), n));
+    const double grad_norm = std::sqrt(s.engine.grad_norm_sq());
     const bool skipped = !std::isfinite(grad_norm);
     // DeepSpeed's timing: the schedule advances only on applied steps (see optim/lr_schedule.h).
-    const double lr = lr_for_step(c.scheduler, c.optimizer.lr, s.adam.step_count() + 1);
+    const double lr = lr_for_step(c.scheduler, c.optimizer.lr, s.engine.optimizer_steps() + 1);
     if (skipped) {
       log_warn("step %d: gradient norm is %f; the update is skipped", step, grad_norm);
     } else {
       const double clip = clip_coefficient(c.gradient_clipping, grad_norm);
-      if (clip < 1.0) s.be.scale(s.model.grads(), static_cast<float>(clip), n);
-      s.adam.step(s.model.params(), s.model.grads(), lr, s.segments);
+      if (clip < 1.0) s.engine.scale_grads(static_cast<float>(clip));
+      s.engine.optimizer_step(lr);
     }
     s.be.synchronize();
     const double t_opt = seconds_since(to);
-    const double step_time = seconds_since(t0);
+    const double step_time = world.all_reduce_max(seconds_since(t0));
     const double tokens_per_s = tokens_per_step / step_time;
     const double model_flops = tokens_per_s * s.flops_per_token;
+    const int64_t comm_bytes = world.all_reduce_max(static_cast<int64_t>(s.groups.dp->bytes_sent()));
 
-    MetricsRecord r("train");
-    r.add("step", step).add("loss", loss).add("lr", lr).add("grad_norm", grad_norm).add("loss_scale", 1.0)
-        .add("skipped", skipped).add("tokens", static_cast<int64_t>(step * tokens_per_step))
-        .add("tokens_per_s", tokens_per_s).add("step_time_s", step_time)
-        .add("model_flops_per_s", model_flops).add("mfu", model_flops / s.opt.peak_flops);
-    if (c.wall_clock_breakdown) r.add("forward_s", t_fwd).add("backward_s", t_bwd).add("optimizer_s", t_opt);
-    s.metrics->write(r);
+    if (s.metrics) {
+      MetricsRecord r("train");
+      r.add("step", step).add("loss", loss).add("lr", lr).add("grad_norm", grad_norm).add("loss_scale", 1.0)
+          .add("skipped", skipped).add("tokens", static_cast<int64_t>(step * tokens_per_step))
+          .add("tokens_per_s", tokens_per_s).add("step_time_s", step_time)
+          .add("model_flops_per_s", model_flops).add("mfu", model_flops / (s.opt.peak_flops * s.groups.topo.world))
+          .add("mem_model_states_bytes", mem_bytes).add("comm_bytes", comm_bytes);
+      if (c.wall_clock_breakdown)
+        r.add("forward_s", t_fwd).add("backward_s", t_bwd).add("reduce_s", t_reduce).add("optimizer_s", t_opt);
+      s.metrics->write(r);
+    }
 
     if (step % c.steps_per_print == 0 || step == c.train_steps) {
       const double elapsed = seconds_since(run_start);
       log_info("step %6d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | eta %s", step,
-               c.train_steps, loss, lr, grad_norm, tokens_per_s, 100.0 * model_flops / s.opt.peak_flops,
+               c.train_steps, loss, lr, grad_norm, tokens_per_s,
+               100.0 * model_flops / (s.opt.peak_flops * s.groups.topo.world),
                format_eta(elapsed / step * (c.train_steps - step)).c_str());
     }
     if (validating && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))
       s.validate(step);
   }
-  log_info("zero3d: done; metrics in %s", s.metrics->path().c_str());
+  if (s.metrics) log_info("zero3d: done; metrics in %s", s.metrics->path().c_str());
   return 0;
 }
 

@@ -1,6 +1,7 @@
-// train/trainer.h: owns the model, optimizer and data loaders of one run and runs the step loop:
-// for each step, gradient_accumulation_steps micro-batches of forward + backward, the global
-// gradient norm, clipping, the LR schedule, one AdamW update, one metrics record.
+// train/trainer.h: owns the ZeRO engine, model and data loaders of one run and runs the step
+// loop: for each step, gradient_accumulation_steps micro-batches of forward + backward on this
+// rank's slice of the global batch, the gradient reduction, the global gradient norm, clipping,
+// the LR schedule, one AdamW update, one metrics record (rank 0).
 // Invariant: the global batch of step s is samples [s*G, (s+1)*G) of the loader's order whatever
 // the micro-batch split, so the logged loss (the mean over the global batch) is layout-independent.
 #pragma once
@@ -9,6 +10,7 @@
 
 #include "config/config.h"
 #include "kernels/backend.h"
+#include "parallel/groups.h"
 
 namespace zero3d {
 
@@ -20,8 +22,9 @@ struct RunOptions {
 
 class Trainer {
  public:
-  // Validates everything (data files, layout) before anything is written. Throws UserError.
-  Trainer(const Config& config, const RunOptions& options, Backend& backend);
+  // Validates everything (data files, layout) before anything is written; every rank agrees on
+  // the outcome before any rank goes on. Throws UserError.
+  Trainer(const Config& config, const RunOptions& options, Backend& backend, ProcessGroups& groups);
   ~Trainer();
   // Trains train_steps steps; returns the process exit code.
   int run();

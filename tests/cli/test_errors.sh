@@ -36,7 +36,7 @@ expect bad-type           "train_steps"                            train $tiny -
 expect heads-divide       "n_head"                                 train $tiny --set model.n_head=3
 expect malformed-set      "KEY=VALUE"                              train $tiny --set model.n_head
 expect not-honoured       "fp16.enabled"                           train $tiny --set fp16.enabled=true
-expect zero-stage         "zero_optimization.stage"                train $tiny --set zero_optimization.stage=2
+expect zero-stage         "values above 2 are not supported yet"   train $tiny --set zero_optimization.stage=3
 expect batch-mismatch     "train_batch_size"                       train $tiny --set train_batch_size=12
 expect missing-deepspeed  "$tmp/ds.json"                           train $tiny --deepspeed "$tmp/ds.json"
 expect missing-data       "$tmp/none.bin"                          train $tiny --set data.train=\"$tmp/none.bin\"
@@ -48,7 +48,8 @@ expect no-config          "needs a CONFIG"                         "$z3d" train
 expect unknown-command    "unknown command 'trian'"                "$z3d" trian
 expect bad-peak           "--peak-flops must be a positive number" "$z3d" train $tiny --peak-flops abc
 expect missing-text       "$tmp/missing.txt"                       "$z3d" data prepare "$tmp/missing.txt" --out "$tmp/x.bin"
-expect layout-world       "got 2 ranks"                            mpirun --oversubscribe -np 2 "$z3d" train $tiny --run-dir "$tmp/run"
+expect layout-batch       "data-parallel size 3"                   mpirun --oversubscribe -np 3 "$z3d" train $tiny --run-dir "$tmp/run" --set train_batch_size=8
+expect layout-rank-file   "$tmp/none.bin"                          mpirun --oversubscribe -np 2 "$z3d" train $tiny --run-dir "$tmp/run" --set data.train=\"$tmp/none.bin\"
 expect layout-tp          "tensor_parallel.tp_size"                train $tiny --set tensor_parallel.tp_size=2
 
 # --help and --version succeed

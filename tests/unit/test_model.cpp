@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/gpt.h"
+#include "model/param_store.h"
 
 using namespace zero3d;
 
@@ -22,12 +23,18 @@ ModelConfig tiny() {
   return m;
 }
 
+// A model over a flat store; dp and bucket size only change the padded layout, never the math.
 struct Fixture {
-  explicit Fixture(int attention_block = 3) : model(*be, cfg, B, attention_block) { init(); }
+  explicit Fixture(int attention_block = 3, int dp = 1, size_t bucket = size_t(1) << 30)
+      : store(*be, make_flat_layout(gpt_param_table(cfg), dp, bucket)), model(*be, cfg, B, store, attention_block) {
+    init();
+  }
   std::unique_ptr<Backend> be = make_host_backend();
   ModelConfig cfg = tiny();
   int B = 3;
+  FlatParamStore store;
   GPT model;
+  size_t n() const { return store.size(); }
   std::vector<int32_t> in, tg;
   void init() {
     std::mt19937 rng(7);
@@ -35,27 +42,35 @@ struct Fixture {
       in.push_back(static_cast<int32_t>(rng() % cfg.vocab_size));
       tg.push_back(static_cast<int32_t>(rng() % cfg.vocab_size));
     }
-    model.init_weights(42);
-    // Larger-than-GPT-2 weights and non-trivial LayerNorm/bias values so every path carries signal.
-    std::vector<float> p(model.num_params());
-    be->copy_to_host(p.data(), model.params(), p.size() * 4);
+    std::vector<float> p(n());
+    gpt_initial_params(store.layout(), cfg.n_layer, 42, 0, n(), p.data());
+    // Larger-than-GPT-2 weights and non-trivial LayerNorm/bias values so every path carries
+    // signal; padding stays zero. The perturbation is drawn per logical element, so every layout
+    // gets the same model.
     std::normal_distribution<float> nd(0.0f, 0.3f);
-    for (auto& v : p) v += nd(rng);
-    be->copy_from_host(model.params(), p.data(), p.size() * 4);
+    for (const auto& t : store.layout().tensors)
+      for (size_t k = 0; k < t.size; ++k) p[t.offset + k] += nd(rng);
+    be->copy_from_host(store.params(), p.data(), p.size() * 4);
+  }
+  // The gradient in logical order (padding dropped), so layouts can be compared.
+  std::vector<float> logical(const std::vector<float>& flat) const {
+    std::vector<float> out;
+    for (const auto& t : store.layout().tensors) out.insert(out.end(), flat.begin() + t.offset, flat.begin() + t.offset + t.size);
+    return out;
   }
   double loss() { return model.forward(in.data(), tg.data(), 0.0f); }
   std::vector<float> grad() {
-    model.zero_grad();
+    be->zero(store.grads(), n() * 4);
     model.forward(in.data(), tg.data(), 1.0f / (B * cfg.seq_len));
     model.backward();
-    std::vector<float> g(model.num_params());
-    be->copy_to_host(g.data(), model.grads(), g.size() * 4);
+    std::vector<float> g(n());
+    be->copy_to_host(g.data(), store.grads(), g.size() * 4);
     return g;
   }
-  void set(size_t i, float v) { be->copy_from_host(model.params() + i, &v, 4); }
+  void set(size_t i, float v) { be->copy_from_host(store.params() + i, &v, 4); }
   float get(size_t i) {
     float v;
-    be->copy_to_host(&v, model.params() + i, 4);
+    be->copy_to_host(&v, store.params() + i, 4);
     return v;
   }
 };
@@ -77,8 +92,11 @@ TEST(Model, ParamTableCoversFlatBuffer) {
 TEST(Model, InitialLossIsNearLogVocab) {
   auto be = make_host_backend();
   ModelConfig m = tiny();
-  GPT model(*be, m, 2);
-  model.init_weights(1);
+  FlatParamStore store(*be, make_flat_layout(gpt_param_table(m), 1, 1 << 20));
+  std::vector<float> p(store.size());
+  gpt_initial_params(store.layout(), m.n_layer, 1, 0, p.size(), p.data());
+  be->copy_from_host(store.params(), p.data(), p.size() * 4);
+  GPT model(*be, m, 2, store);
   std::vector<int32_t> in(16), tg(16);
   for (int i = 0; i < 16; ++i) in[i] = i % 32, tg[i] = (i * 7) % 32;
   EXPECT_NEAR(model.forward(in.data(), tg.data(), 0.0f), std::log(32.0), 0.1);
@@ -89,7 +107,7 @@ TEST(Model, GradientMatchesFiniteDifferencesPerTensor) {
   std::vector<float> g = f.grad();
   const double h = 1e-2;
   std::mt19937 rng(3);
-  for (const auto& p : f.model.params_table()) {
+  for (const auto& p : f.store.layout().tensors) {
     for (int trial = 0; trial < 3; ++trial) {
       size_t i = p.offset + rng() % p.size;
       // wpe rows beyond seq_len do not exist; every row < T is used, so all are testable.
@@ -109,8 +127,8 @@ TEST(Model, GradientMatchesFiniteDifferencesPerTensor) {
 TEST(Model, GradientMatchesFiniteDifferencesAlongRandomDirections) {
   Fixture f;
   std::vector<float> g = f.grad();
-  std::vector<float> p0(f.model.num_params());
-  f.be->copy_to_host(p0.data(), f.model.params(), p0.size() * 4);
+  std::vector<float> p0(f.n());
+  f.be->copy_to_host(p0.data(), f.store.params(), p0.size() * 4);
   std::mt19937 rng(11);
   std::normal_distribution<double> nd;
   for (int trial = 0; trial < 3; ++trial) {
@@ -124,7 +142,7 @@ TEST(Model, GradientMatchesFiniteDifferencesAlongRandomDirections) {
     auto at = [&](double s) {
       std::vector<float> p(p0);
       for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(p0[i] + s * d[i]);
-      f.be->copy_from_host(f.model.params(), p.data(), p.size() * 4);
+      f.be->copy_from_host(f.store.params(), p.data(), p.size() * 4);
       return f.loss();
     };
     double fd = (at(h) - at(-h)) / (2 * h);
@@ -138,20 +156,31 @@ TEST(Model, BackwardAccumulatesAcrossMicroBatches) {
   f.model.forward(f.in.data(), f.tg.data(), 1.0f / (f.B * f.cfg.seq_len));
   f.model.backward();  // without zero_grad: doubles the gradient
   std::vector<float> g2(g1.size());
-  f.be->copy_to_host(g2.data(), f.model.grads(), g2.size() * 4);
+  f.be->copy_to_host(g2.data(), f.store.grads(), g2.size() * 4);
   for (size_t i = 0; i < g1.size(); ++i) ASSERT_NEAR(g2[i], 2 * g1[i], 1e-6 + 1e-5 * std::fabs(g1[i])) << i;
 }
 
-TEST(Model, SameSeedSameWeightsBitwise) {
-  auto be = make_host_backend();
+// Initial weights depend on the seed and the logical element only, not on the padded layout.
+TEST(Model, InitialWeightsAreLayoutIndependent) {
   ModelConfig m = tiny();
-  GPT a(*be, m, 1), b(*be, m, 2);
-  a.init_weights(5);
-  b.init_weights(5);
-  std::vector<float> pa(a.num_params()), pb(b.num_params());
-  be->copy_to_host(pa.data(), a.params(), pa.size() * 4);
-  be->copy_to_host(pb.data(), b.params(), pb.size() * 4);
-  EXPECT_EQ(pa, pb);
+  FlatLayout a = make_flat_layout(gpt_param_table(m), 1, 1 << 20), b = make_flat_layout(gpt_param_table(m), 3, 200);
+  std::vector<float> pa(a.total), pb(b.total);
+  gpt_initial_params(a, m.n_layer, 5, 0, a.total, pa.data());
+  gpt_initial_params(b, m.n_layer, 5, 0, b.total, pb.data());
+  for (size_t i = 0; i < a.tensors.size(); ++i)
+    for (size_t k = 0; k < a.tensors[i].size; ++k) ASSERT_EQ(pa[a.tensors[i].offset + k], pb[b.tensors[i].offset + k]);
+  // a rank initialising only a slice gets the same values
+  std::vector<float> part(100);
+  gpt_initial_params(b, m.n_layer, 5, 300, 400, part.data());
+  for (size_t k = 0; k < part.size(); ++k) ASSERT_EQ(part[k], pb[300 + k]);
+}
+
+// The padded layout of dp = 3 with tiny buckets changes where tensors sit, not the model.
+TEST(Model, PaddedLayoutGivesTheSameLossAndGradient) {
+  Fixture plain(3), padded(3, 3, 300);
+  EXPECT_GT(padded.store.layout().buckets.size(), padded.store.layout().units.size());
+  EXPECT_EQ(plain.loss(), padded.loss());
+  EXPECT_EQ(plain.logical(plain.grad()), padded.logical(padded.grad()));
 }
 
 // Causal blocks of 3 rows (partial last block at T = 8) against one block of all 8 rows.

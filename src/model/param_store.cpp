@@ -1,0 +1,21 @@
+#include "model/param_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace zero3d {
+
+FlatParamStore::FlatParamStore(Backend& be, FlatLayout layout)
+    : layout_(std::move(layout)), params_(be, layout_.total), grads_(be, layout_.total) {}
+
+void gpt_initial_params(const FlatLayout& layout, int n_layer, uint64_t seed, size_t begin, size_t end, float* out) {
+  std::fill(out, out + (end - begin), 0.0f);
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    const ParamInfo& p = layout.tensors[i];
+    const size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.size);
+    if (lo >= hi) continue;
+    gpt_init_tensor(layout.tensors, i, n_layer, seed, lo - p.offset, hi - p.offset, out + (lo - begin));
+  }
+}
+
+}  // namespace zero3d

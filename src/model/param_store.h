@@ -1,0 +1,51 @@
+// model/param_store.h: how the model reaches its parameters and gradients, one unit at a time
+// (unit = the embeddings, one block, or the final LayerNorm; see zero/flat_layout.h). The model
+// never owns these buffers: the ZeRO engine decides whether a unit's parameters are resident or
+// gathered on demand, and whether its gradients accumulate in place or are reduced away as soon as
+// backward has finished with the unit.
+//
+// Protocol per micro-batch: forward acquires and releases units in order; backward acquires
+// parameters and gradients in reverse order and calls grads_done(u) once the unit's gradient for
+// this micro-batch is complete. Unit 0 (the tied token embedding) stays acquired from the LM head
+// to the embedding, in both passes.
+#pragma once
+
+#include "zero/flat_layout.h"
+
+namespace zero3d {
+
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  virtual const FlatLayout& layout() const = 0;
+  // The unit's full parameters (its padded range of the flat layout), valid until release_params.
+  virtual const float* acquire_params(int unit) = 0;
+  virtual void release_params(int unit) { (void)unit; }
+  // Where backward accumulates (+=) the unit's gradient, valid until grads_done.
+  virtual float* acquire_grads(int unit) = 0;
+  virtual void grads_done(int unit) { (void)unit; }
+};
+
+// Every unit resident in two full buffers: the single-rank store, and the tests' store.
+class FlatParamStore final : public ParamStore {
+ public:
+  FlatParamStore(Backend& be, FlatLayout layout);
+  const FlatLayout& layout() const override { return layout_; }
+  const float* acquire_params(int unit) override { return params_.data() + layout_.units[unit].offset; }
+  float* acquire_grads(int unit) override { return grads_.data() + layout_.units[unit].offset; }
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  size_t size() const { return layout_.total; }
+
+ private:
+  FlatLayout layout_;
+  DeviceBuffer<float> params_, grads_;
+};
+
+}  // namespace zero3d
+
+namespace zero3d {
+// Elements [begin, end) of the flat layout's initial parameters (padding 0), on the host: a rank
+// calls it for exactly the range it keeps.
+void gpt_initial_params(const FlatLayout& layout, int n_layer, uint64_t seed, size_t begin, size_t end, float* out);
+}  // namespace zero3d

@@ -1,0 +1,86 @@
+// zero/engine.h: ZeRO stages 0-2 over one data-parallel group (DeepSpeed semantics), fp32.
+//
+// Every rank holds the full parameters in the flat layout. What is sharded, per stage:
+//   stage 0: nothing. Gradients are all-reduced per bucket at the accumulation boundary; every
+//            rank runs the whole optimizer.
+//   stage 1: Adam m and v for this rank's slice of every bucket only. Full gradients accumulate
+//            over the micro-batches, are reduce-scattered per bucket at the boundary; each rank
+//            updates its slice and the buckets are all-gathered back in place.
+//   stage 2: as stage 1, and gradients too: backward hands each unit's gradient over as soon as
+//            it is complete (grads_done); its buckets are reduce-scattered into the rank's shard
+//            gradient accumulator and the unit's buffer is reused. With overlap_comm the
+//            reductions are non-blocking and complete while backward goes on; without it each
+//            reduction is waited for at once. Only the tied embedding's buffer and two rotating
+//            block-sized buffers ever hold full gradients.
+// reduce_scatter=false replaces each reduce-scatter by an all-reduce that keeps the slice
+// (DeepSpeed's option, and faster than OpenMPI's reduce-scatter on some machines).
+// The invariant every stage keeps: all ranks of the group hold bitwise-identical parameters after
+// each step, and the gradient norm counts every parameter once (each rank sums its own slices).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "config/config.h"
+#include "model/param_store.h"
+#include "optim/adamw.h"
+#include "parallel/comm.h"
+
+namespace zero3d {
+
+struct MemoryAccount {
+  size_t params = 0, grads = 0, optimizer = 0, buffers = 0;  // bytes on this rank
+  size_t total() const { return params + grads + optimizer + buffers; }
+};
+
+class ZeroEngine final : public ParamStore {
+ public:
+  ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
+             const OptimizerConfig& optimizer);
+  ~ZeroEngine() override;
+
+  // ParamStore
+  const FlatLayout& layout() const override { return layout_; }
+  const float* acquire_params(int unit) override;
+  float* acquire_grads(int unit) override;
+  void grads_done(int unit) override;
+
+  void init_weights(uint64_t seed);
+  // Step protocol: begin_step, then per micro-batch forward/backward, then finish_gradients,
+  // then the norm/clip/step calls.
+  void begin_step();
+  void finish_gradients();
+  double grad_norm_sq();           // over the whole group (every parameter once)
+  bool grads_finite();             // over the whole group
+  void scale_grads(float s);       // this rank's optimizer-owned gradients
+  void optimizer_step(double lr);  // update, then all-gather (stages 1-2)
+  int64_t optimizer_steps() const { return adam_->step_count(); }
+
+  MemoryAccount memory() const { return mem_; }
+  int stage() const { return cfg_.stage; }
+  // Host copies, for tests and checkpoints: the full parameters.
+  std::vector<float> params_to_host() const;
+
+ private:
+  struct Slab;
+  float* owned_grads(const Bucket& b);  // this rank's optimizer-side gradient for bucket b
+  size_t owned_offset(const Bucket& b) const;
+  size_t owned_size(const Bucket& b) const;
+  void reduce_unit_to_shard(int unit, float* unit_grads, bool wait);
+  void complete(Slab& s);
+
+  Backend& be_;
+  ProcessGroup& dp_;
+  ZeroConfig cfg_;
+  FlatLayout layout_;
+  DeviceBuffer<float> params_;
+  DeviceBuffer<float> grads_;        // stages 0-1: full gradients
+  DeviceBuffer<float> shard_grads_;  // stage 2: this rank's shard of the gradients
+  std::vector<std::unique_ptr<Slab>> slabs_;  // stage 2: unit gradient buffers (0: embeddings)
+  int next_slab_ = 0;
+  DeviceBuffer<float> scratch_;      // reduce-scatter receive buffer (stages 1-2, no overlap)
+  std::unique_ptr<AdamW> adam_;
+  std::vector<AdamSegment> segments_;
+  MemoryAccount mem_;
+};
+
+}  // namespace zero3d

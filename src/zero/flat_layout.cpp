@@ -1,0 +1,53 @@
+#include "zero/flat_layout.h"
+
+#include "core/check.h"
+
+namespace zero3d {
+
+ShardInfo shard_of(size_t padded, int dp, int rank) {
+  Z3D_ASSERT(padded % dp == 0, "shard_of needs a padded size divisible by dp");
+  const size_t size = padded / dp;
+  return ShardInfo{static_cast<size_t>(rank) * size, size};
+}
+
+FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_t bucket_elems) {
+  FlatLayout L;
+  L.dp = dp;
+  L.tensors = logical;
+  const size_t align = static_cast<size_t>(dp) * FlatLayout::kShardAlign;
+  auto pad = [&](size_t n) { return (n + align - 1) / align * align; };
+  size_t offset = 0;
+  auto close_bucket = [&](Bucket& b) {
+    b.size = pad(b.size);
+    b.shard_offset = L.shard_size;
+    L.shard_size += b.size / dp;
+    offset = b.offset + b.size;
+    L.buckets.push_back(b);
+  };
+  for (size_t i = 0; i < logical.size();) {
+    const int unit = logical[i].unit;
+    Unit u;
+    u.offset = offset;
+    u.first_bucket = static_cast<int>(L.buckets.size());
+    Bucket b{unit, offset, 0, 0, static_cast<int>(i), 0};
+    for (; i < logical.size() && logical[i].unit == unit; ++i) {
+      const size_t n = logical[i].size;
+      if (b.num_tensors > 0 && b.size + n > bucket_elems) {
+        close_bucket(b);
+        b = Bucket{unit, offset, 0, 0, static_cast<int>(i), 0};
+      }
+      L.tensors[i].offset = b.offset + b.size;
+      b.size += n;
+      ++b.num_tensors;
+      L.num_params += n;
+    }
+    close_bucket(b);
+    u.num_buckets = static_cast<int>(L.buckets.size()) - u.first_bucket;
+    u.size = offset - u.offset;
+    L.units.push_back(u);
+  }
+  L.total = offset;
+  return L;
+}
+
+}  // namespace zero3d

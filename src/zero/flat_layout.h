@@ -1,0 +1,55 @@
+// zero/flat_layout.h: where every parameter lives in the flat buffers, and which part of each
+// bucket a data-parallel rank owns.
+//
+// Tensors are grouped into units (the model's embeddings, each block, the final LayerNorm): the
+// granularity at which ZeRO-3 gathers and backward hands gradients over. Each unit is cut into
+// buckets of whole tensors of at most `bucket_elems` elements (a larger tensor is a bucket alone),
+// and every bucket is padded to a multiple of dp * 16 elements, so each of the dp ranks owns an
+// equal, 64-byte-aligned slice of every bucket: ShardInfo from shard_of(), the one sharding
+// function. Padding sits only between tensors and is always zero. The rank's shard is the
+// concatenation of its slices of all buckets (shard_offset in the shard buffers).
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "model/gpt.h"
+
+namespace zero3d {
+
+struct ShardInfo {
+  size_t offset = 0;  // elements from the start of the padded range
+  size_t size = 0;
+};
+
+// Rank `rank` of `dp` owns [offset, offset + size) of a range of `padded` elements (a multiple of dp).
+ShardInfo shard_of(size_t padded, int dp, int rank);
+
+struct Bucket {
+  int unit = 0;
+  size_t offset = 0;        // in the flat buffer
+  size_t size = 0;          // padded: a multiple of dp * kShardAlign
+  size_t shard_offset = 0;  // where this bucket's slice starts in the rank's shard buffers
+  int first_tensor = 0, num_tensors = 0;
+};
+
+struct Unit {
+  size_t offset = 0, size = 0;  // padded range of all its buckets in the flat buffer
+  int first_bucket = 0, num_buckets = 0;
+};
+
+struct FlatLayout {
+  static constexpr size_t kShardAlign = 16;  // elements: 64 bytes
+  std::vector<ParamInfo> tensors;  // offsets into the padded flat buffer
+  std::vector<Unit> units;
+  std::vector<Bucket> buckets;
+  size_t total = 0;       // padded elements of the flat buffer
+  size_t num_params = 0;  // logical parameters (no padding)
+  size_t shard_size = 0;  // elements of one rank's shard (total / dp)
+  int dp = 1;
+
+  ShardInfo slice(const Bucket& b, int rank) const { return shard_of(b.size, dp, rank); }
+};
+
+FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_t bucket_elems);
+
+}  // namespace zero3d
