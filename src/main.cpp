@@ -56,14 +56,16 @@ int main(int argc, char** argv) {
     } catch (const UserError& e) {
       error = e.what();
       rc = kExitUserError;
+    } catch (const RunError& e) {
+      error = e.what();
+      rc = e.code;
     }
     // Agree: the lowest rank that failed reports; every rank exits with the same code.
-    int first_failed = error.empty() ? world : rank, reporter = world;
+    int first_failed = error.empty() ? world : rank, reporter = world, code = rc;
     MPI_Allreduce(&first_failed, &reporter, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (reporter < world) {
-      if (rank == reporter) fprintf(stderr, "zero3d: error: %s\n", error.c_str());
-      rc = kExitUserError;
-    }
+    MPI_Allreduce(&rc, &code, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (reporter < world && rank == reporter) fprintf(stderr, "zero3d: error: %s\n", error.c_str());
+    rc = code;
   }
   MPI_Finalize();
   return rc;

@@ -167,6 +167,8 @@ const std::vector<Key>& schema() {
       integer("zero_optimization.reduce_bucket_size", 500000000, 1, kInf, "elements reduced at a time"),
       integer("zero_optimization.allgather_bucket_size", 500000000, 1, kInf, "elements allgathered at a time"),
       boolean("zero_optimization.reduce_scatter", true, "reduce-scatter instead of allreduce for gradients"),
+      integer("zero_optimization.consistency_check_interval", 0, 0, kIntMax,
+              "ours: every N steps compare a hash of every replicated parameter across the dp group; 0 = off"),
       boolean("zero_optimization.allgather_partitions", true, "allgather (not broadcasts) of updated parameters")
           .not_yet(),
       integer("zero_optimization.stage3_prefetch_bucket_size", 50000000, 0, kInf, "parameter elements prefetched")
@@ -777,6 +779,7 @@ class Resolver {
     c.zero.reduce_bucket_size = value("zero_optimization.reduce_bucket_size").get<int64_t>();
     c.zero.allgather_bucket_size = value("zero_optimization.allgather_bucket_size").get<int64_t>();
     c.zero.reduce_scatter = getb("zero_optimization.reduce_scatter");
+    c.zero.consistency_check_interval = geti("zero_optimization.consistency_check_interval");
     c.comm_timeout_s = getd("comm_timeout_s");
     c.model.vocab_size = geti("model.vocab_size");
     c.model.seq_len = geti("model.seq_len");

@@ -56,6 +56,7 @@ struct ZeroConfig {  // zero_optimization.*, DeepSpeed's names and defaults
   int64_t reduce_bucket_size = 500000000;
   int64_t allgather_bucket_size = 500000000;
   bool reduce_scatter = true;  // false: all-reduce, then keep the shard
+  int consistency_check_interval = 0;  // ours: steps between replica hash checks; 0 = off
 };
 
 struct CheckpointConfig {

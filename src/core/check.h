@@ -10,12 +10,20 @@
 namespace zero3d {
 
 constexpr int kExitUserError = 2;
+constexpr int kExitWatchdog = 3;      // a collective did not complete within comm_timeout_s (MPI_Abort)
+constexpr int kExitInconsistent = 4;  // replicas of a parameter differ across the dp group
 
 [[noreturn]] void fatal(const char* library, const std::string& message, const char* statement,
                         const char* file, int line);
 
 struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// A failure of the run that every rank detects alike (so no MPI_Abort is needed), with its exit code.
+struct RunError : std::runtime_error {
+  RunError(const std::string& what, int exit_code) : std::runtime_error(what), code(exit_code) {}
+  int code;
 };
 
 // printf-style std::string

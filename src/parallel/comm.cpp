@@ -173,10 +173,13 @@ int64_t ProcessGroup::all_reduce_max(int64_t v) {
   return out;
 }
 
-void ProcessGroup::all_gather_u64(uint64_t v, std::vector<uint64_t>& out) {
-  out.assign(size_, v);
+void ProcessGroup::all_gather_u64(const std::vector<uint64_t>& mine, std::vector<uint64_t>& all) {
+  all.assign(mine.size() * size_, 0);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<size_t>(rank_) * mine.size());
   MPI_Request r = MPI_REQUEST_NULL;
-  if (size_ > 1) MPI_CHECK(MPI_Iallgather(&v, 1, MPI_UINT64_T, out.data(), 1, MPI_UINT64_T, comm_, &r));
+  if (size_ > 1)
+    MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all.data(), count_of(mine.size()), MPI_UINT64_T,
+                             comm_, &r));
   PendingOp(r, "all-gather (scalar)", this).wait();
 }
 

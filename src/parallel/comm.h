@@ -79,7 +79,8 @@ class ProcessGroup {
   double all_reduce_sum(double v);
   double all_reduce_max(double v);
   int64_t all_reduce_max(int64_t v);
-  void all_gather_u64(uint64_t v, std::vector<uint64_t>& out);
+  // all = every rank's `mine` (all the same length), in group-rank order.
+  void all_gather_u64(const std::vector<uint64_t>& mine, std::vector<uint64_t>& all);
 
   MPI_Comm comm() const { return comm_; }
 

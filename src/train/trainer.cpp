@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include "core/check.h"
@@ -16,6 +17,7 @@
 #include "optim/lr_schedule.h"
 #include "train/bench.h"
 #include "train/metrics.h"
+#include "train/fault.h"
 #include "zero/engine.h"
 
 namespace zero3d {
@@ -169,6 +171,7 @@ int Trainer::run() {
   const bool validating = s.val_data != nullptr && c.data.val_batches > 0;
   if (validating) s.validate(0);
 
+  const Fault fault = Fault::from_env();
   auto run_start = Clock::now();
   for (int step = 1; step <= c.train_steps; ++step) {
     comm_context().step = step;
@@ -189,6 +192,8 @@ int Trainer::run() {
       t_bwd += seconds_since(tb);
     }
     s.cursor += static_cast<uint64_t>(G);
+    if (fault.at("hang", s.groups.world_rank, step))
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     auto tr = Clock::now();
     s.engine.finish_gradients();
     const double t_reduce = seconds_since(tr);
@@ -232,6 +237,9 @@ int Trainer::run() {
                100.0 * model_flops / (s.opt.peak_flops * s.groups.topo.world),
                format_eta(elapsed / step * (c.train_steps - step)).c_str());
     }
+    if (fault.at("perturb", s.groups.world_rank, step)) s.engine.perturb_replica(1e-3f);
+    const int check = c.zero.consistency_check_interval;
+    if (check > 0 && (step % check == 0 || step == c.train_steps)) s.engine.check_replicas_consistent(step);
     if (validating && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))
       s.validate(step);
   }

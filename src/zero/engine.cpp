@@ -140,6 +140,35 @@ void ZeroEngine::complete(Slab& s) {
   s.unit = -1;
 }
 
+void ZeroEngine::check_replicas_consistent(int64_t step) {
+  const std::vector<float> host = params_to_host();
+  std::vector<uint64_t> mine;
+  for (const ParamInfo& t : layout_.tensors) {  // FNV-1a over the tensor's bytes
+    uint64_t h = 1469598103934665603ull;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(host.data() + t.offset);
+    for (size_t i = 0; i < t.size * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    mine.push_back(h);
+  }
+  std::vector<uint64_t> all;
+  dp_.all_gather_u64(mine, all);
+  const size_t n = mine.size();
+  for (size_t t = 0; t < n; ++t)
+    for (int r = 1; r < dp_.size(); ++r)
+      if (all[r * n + t] != all[t])
+        throw RunError(strprintf("consistency check at step %lld: parameter '%s' differs between data-parallel ranks "
+                                 "0 and %d of the dp group (replicas must be bitwise identical; a rank computed a "
+                                 "different update or its memory was corrupted)",
+                                 static_cast<long long>(step), layout_.tensors[t].name.c_str(), r),
+                       kExitInconsistent);
+}
+
+void ZeroEngine::perturb_replica(float delta) {
+  float v = 0;
+  be_.copy_to_host(&v, params_.data(), sizeof v);
+  v += delta;
+  be_.copy_from_host(params_.data(), &v, sizeof v);
+}
+
 void ZeroEngine::begin_step() {
   if (cfg_.stage < 2) be_.zero(grads_.data(), grads_.bytes());
   else be_.zero(shard_grads_.data(), shard_grads_.bytes());

@@ -55,6 +55,12 @@ class ZeroEngine final : public ParamStore {
   void optimizer_step(double lr);  // update, then all-gather (stages 1-2)
   int64_t optimizer_steps() const { return adam_->step_count(); }
 
+  // Hash every replicated parameter tensor and compare across the dp group; throws RunError
+  // (kExitInconsistent) naming the first tensor whose replicas differ. Collective over dp.
+  void check_replicas_consistent(int64_t step);
+  // Test hook (fault injection): add `delta` to one element of this rank's copy of tensor 0.
+  void perturb_replica(float delta);
+
   MemoryAccount memory() const { return mem_; }
   int stage() const { return cfg_.stage; }
   // Host copies, for tests and checkpoints: the full parameters.

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Safety nets: the replica consistency check names a deliberately perturbed tensor and stops
+# with exit code 4; the collective watchdog turns a rank that never joins a collective into an
+# abort with rank/group/operation/step within comm_timeout_s instead of a hang.
+# usage: test_safety.sh ZERO3D_BINARY SOURCE_DIR
+set -u
+z3d=$1; src=$2
+cd "$src"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+ok() { passes=$((passes+1)); }
+bad() { echo "FAIL $*"; fails=$((fails+1)); }
+train() {  # train NP [args...]
+  local np=$1; shift
+  timeout 120 mpirun --oversubscribe -np "$np" "$z3d" train input/gpt-tiny.json --peak-flops 1e11 \
+    --set data.val="" --set train_steps=8 --set train_micro_batch_size_per_gpu=4 "$@"
+}
+
+# 1. consistency check on a healthy run: passes
+train 2 --run-dir "$tmp/healthy" --set zero_optimization.stage=1 --set zero_optimization.consistency_check_interval=2 \
+  > "$tmp/healthy.log" 2>&1 && ok || { bad "healthy run with consistency checks failed"; cat "$tmp/healthy.log"; }
+
+# 2. a perturbed replica is caught, named, and stops the run with exit code 4
+ZERO3D_FAULT=perturb:1:4 train 2 --run-dir "$tmp/perturbed" --set zero_optimization.stage=1 \
+  --set zero_optimization.consistency_check_interval=2 > "$tmp/perturbed.log" 2>&1
+rc=$?
+[[ $rc -eq 4 ]] && ok || bad "perturbed replica: exit code $rc, expected 4"
+grep -q "consistency check at step 4: parameter 'wte' differs between data-parallel ranks 0 and 1" "$tmp/perturbed.log" \
+  && ok || { bad "perturbed replica: message"; cat "$tmp/perturbed.log"; }
+
+# 3. a rank that never joins the gradient reduction: the watchdog aborts within the timeout
+start=$(date +%s)
+ZERO3D_FAULT=hang:1:3 train 2 --run-dir "$tmp/hang" --set comm_timeout_s=5 > "$tmp/hang.log" 2>&1
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+[[ $rc -ne 0 && $rc -ne 124 ]] && ok || bad "watchdog: exit code $rc (124 = the test's own timeout fired)"
+grep -q "zero3d: watchdog: rank 0 .* waited [0-9]* s (comm_timeout_s) in all-reduce on the dp group (rank 0 of 2) at step 3" \
+  "$tmp/hang.log" && ok || { bad "watchdog: message"; cat "$tmp/hang.log"; }
+(( elapsed < 60 )) && ok || bad "watchdog: took ${elapsed}s"
+echo "safety: $passes passed, $fails failed"
+[[ $fails -eq 0 ]]
