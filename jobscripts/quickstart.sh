@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # jobscripts/quickstart.sh: the local demo. Installs what is missing (Debian 12), builds Release,
-# trains gpt-tiny (0.8M parameters, 200 steps of 8 x 64 tokens = 102k tokens, ~0.1 TFLOP in all:
-# under a minute on one core) and prints where the metrics are.
+# trains gpt-tiny on 4 local ranks (data parallel, ZeRO stage 2: each rank keeps a quarter of the
+# gradients and of the Adam state) and prints where the metrics are.
+# The arithmetic: 0.8M parameters, 200 steps of a global batch of 8 x 64 tokens = 102k tokens at
+# 5.1 MFLOP per token = 0.5 TFLOP in all: about a minute on two cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -13,6 +15,8 @@ cmake --build build -j "$(nproc)" --target zero3d
 export OPENBLAS_NUM_THREADS=1   # one BLAS thread per rank: the fastest layout on this class of machine
 run=runs/quickstart
 rm -rf "$run"
-build/bin/zero3d train input/gpt-tiny.json --run-dir "$run"
+ranks=4
+mpirun --oversubscribe -np $ranks build/bin/zero3d train input/gpt-tiny.json --run-dir "$run" \
+  --set zero_optimization.stage=2 --set train_micro_batch_size_per_gpu=$((8 / ranks))
 echo
 echo "quickstart: metrics in $run/metrics.jsonl, resolved config in $run/config.json"
