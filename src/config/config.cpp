@@ -46,16 +46,10 @@ struct Key {
   std::string when_key;              // applies only when when_key's value is one of when_values
   std::vector<std::string> when_values;
 
-  double supported_max = kInf;       // honoured only up to this value (a numeric key)
 
   Key not_yet() const {
     Key k = *this;
     k.honoured = false;
-    return k;
-  }
-  Key supported_up_to(double v) const {
-    Key k = *this;
-    k.supported_max = v;
     return k;
   }
   Key need() const {
@@ -160,8 +154,7 @@ const std::vector<Key>& schema() {
       boolean("bf16.enabled", false, "bf16 mixed precision").not_yet(),
 
       // ZeRO (deepspeed/runtime/zero/config.py DeepSpeedZeroConfig): only stage 0 for now.
-      integer("zero_optimization.stage", 0, 0, 3, "0 off, 1 optimizer states, 2 +gradients, 3 +parameters")
-          .supported_up_to(2),
+      integer("zero_optimization.stage", 0, 0, 3, "0 off, 1 optimizer states, 2 +gradients, 3 +parameters"),
       boolean("zero_optimization.contiguous_gradients", true, "copy gradients into a contiguous buffer").not_yet(),
       boolean("zero_optimization.overlap_comm", nullptr, "overlap gradient reduction with backward"),
       integer("zero_optimization.reduce_bucket_size", 500000000, 1, kInf, "elements reduced at a time"),
@@ -171,15 +164,14 @@ const std::vector<Key>& schema() {
               "ours: every N steps compare a hash of every replicated parameter across the dp group; 0 = off"),
       boolean("zero_optimization.allgather_partitions", true, "allgather (not broadcasts) of updated parameters")
           .not_yet(),
-      integer("zero_optimization.stage3_prefetch_bucket_size", 50000000, 0, kInf, "parameter elements prefetched")
-          .not_yet(),
-      integer("zero_optimization.stage3_max_live_parameters", 1000000000, 0, kInf, "parameters resident per GPU")
-          .not_yet(),
-      integer("zero_optimization.stage3_max_reuse_distance", 1000000000, 0, kInf, "keep a parameter reused this soon")
-          .not_yet(),
+      integer("zero_optimization.stage3_prefetch_bucket_size", 50000000, 0, kInf,
+              "parameter elements gathered ahead of use (the next unit, when it fits)"),
+      integer("zero_optimization.stage3_max_live_parameters", 1000000000, 0, kInf,
+              "gathered parameter elements kept at once (at least what one step needs)"),
+      integer("zero_optimization.stage3_max_reuse_distance", 1000000000, 0, kInf,
+              "keep a gathered unit if its next use is fewer than this many elements away"),
       integer("zero_optimization.stage3_param_persistence_threshold", 100000, 0, kInf,
-              "parameters smaller than this stay unpartitioned")
-          .not_yet(),
+              "tensors smaller than this stay whole on every rank"),
 
       // Layout: dp = world_size / (tp_size * pp_size).
       integer("tensor_parallel.tp_size", 1, 1, kIntMax, "tensor-parallel group size").not_yet(),
@@ -653,17 +645,12 @@ class Resolver {
 
   void check_not_yet() {
     for (const Key& k : schema()) {
-      if (k.honoured && present(k.path) && value_.at(k.path).is_number() &&
-          value_.at(k.path).get<double>() > k.supported_max)
-        fail(k.path, strprintf("config key '%s' = %s is recognised but values above %g are not supported yet in this "
-                               "version of zero3d",
-                               k.path.c_str(), show(value_.at(k.path)).c_str(), k.supported_max));
       if (k.honoured || !present(k.path)) continue;
       // overlap_comm has no fixed default: DeepSpeed turns it on exactly for stage 3.
       json def = k.path == "zero_optimization.overlap_comm" ? json(value("zero_optimization.stage") == 3) : k.def;
       if (value_.at(k.path) == def) continue;
       fail(k.path, strprintf("config key '%s' = %s is recognised but not supported yet in this version of zero3d "
-                             "(fp32, data parallel, ZeRO stages 0-2); remove it or set it to its default %s",
+                             "(fp32, data parallel, ZeRO stages 0-3); remove it or set it to its default %s",
                              k.path.c_str(), show(value_.at(k.path)).c_str(), show(def).c_str()));
     }
   }
@@ -780,6 +767,11 @@ class Resolver {
     c.zero.allgather_bucket_size = value("zero_optimization.allgather_bucket_size").get<int64_t>();
     c.zero.reduce_scatter = getb("zero_optimization.reduce_scatter");
     c.zero.consistency_check_interval = geti("zero_optimization.consistency_check_interval");
+    c.zero.stage3_prefetch_bucket_size = value("zero_optimization.stage3_prefetch_bucket_size").get<int64_t>();
+    c.zero.stage3_max_live_parameters = value("zero_optimization.stage3_max_live_parameters").get<int64_t>();
+    c.zero.stage3_max_reuse_distance = value("zero_optimization.stage3_max_reuse_distance").get<int64_t>();
+    c.zero.stage3_param_persistence_threshold =
+        value("zero_optimization.stage3_param_persistence_threshold").get<int64_t>();
     c.comm_timeout_s = getd("comm_timeout_s");
     c.model.vocab_size = geti("model.vocab_size");
     c.model.seq_len = geti("model.seq_len");

@@ -57,6 +57,10 @@ struct ZeroConfig {  // zero_optimization.*, DeepSpeed's names and defaults
   int64_t allgather_bucket_size = 500000000;
   bool reduce_scatter = true;  // false: all-reduce, then keep the shard
   int consistency_check_interval = 0;  // ours: steps between replica hash checks; 0 = off
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  int64_t stage3_param_persistence_threshold = 100000;
 };
 
 struct CheckpointConfig {

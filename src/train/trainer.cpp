@@ -154,6 +154,8 @@ int Trainer::run() {
                          .add("pp", s.groups.topo.pp)
                          .add("zero_stage", c.zero.stage)
                          .add("num_params", static_cast<int64_t>(s.engine.layout().num_params))
+                         .add("num_params_padded", static_cast<int64_t>(s.engine.layout().total))
+                         .add("num_params_resident", static_cast<int64_t>(s.engine.layout().resident_size))
                          .add("flops_per_token", s.flops_per_token)
                          .add("peak_flops", s.opt.peak_flops)
                          .add("peak_source", s.opt.peak_source)

@@ -1,6 +1,6 @@
-// zero/engine.h: ZeRO stages 0-2 over one data-parallel group (DeepSpeed semantics), fp32.
+// zero/engine.h: ZeRO stages 0-3 over one data-parallel group (DeepSpeed semantics), fp32.
 //
-// Every rank holds the full parameters in the flat layout. What is sharded, per stage:
+// Stages 0-2 keep the full parameters on every rank in the flat layout. What is sharded, per stage:
 //   stage 0: nothing. Gradients are all-reduced per bucket at the accumulation boundary; every
 //            rank runs the whole optimizer.
 //   stage 1: Adam m and v for this rank's slice of every bucket only. Full gradients accumulate
@@ -12,6 +12,15 @@
 //            reductions are non-blocking and complete while backward goes on; without it each
 //            reduction is waited for at once. Only the tied embedding's buffer and two rotating
 //            block-sized buffers ever hold full gradients.
+//   stage 3: as stage 2, and the parameters too: a rank keeps only its slice of every bucket
+//            (the optimizer updates it in place, nothing is all-gathered after the step).
+//            acquire_params(u) all-gathers unit u into a slot of a pool allocated once (the
+//            first and last unit have their own slots; the blocks share enough slots for
+//            stage3_max_live_parameters elements, at least two). The next unit of the access trace
+//            is prefetched when it is at most stage3_prefetch_bucket_size elements; a released unit
+//            stays gathered if its next use is fewer than stage3_max_reuse_distance elements
+//            ahead. Tensors below stage3_param_persistence_threshold form buckets of their own
+//            that every rank keeps whole (all-gathered after each step instead of on use).
 // reduce_scatter=false replaces each reduce-scatter by an all-reduce that keeps the slice
 // (DeepSpeed's option, and faster than OpenMPI's reduce-scatter on some machines).
 // The invariant every stage keeps: all ranks of the group hold bitwise-identical parameters after
@@ -41,6 +50,7 @@ class ZeroEngine final : public ParamStore {
   // ParamStore
   const FlatLayout& layout() const override { return layout_; }
   const float* acquire_params(int unit) override;
+  void release_params(int unit) override;
   float* acquire_grads(int unit) override;
   void grads_done(int unit) override;
 
@@ -68,7 +78,14 @@ class ZeroEngine final : public ParamStore {
 
  private:
   struct Slab;
+  struct ParamSlot;
   float* owned_grads(const Bucket& b);  // this rank's optimizer-side gradient for bucket b
+  float* owned_params(const Bucket& b);
+  ParamSlot* slot_holding(int unit);
+  ParamSlot* free_slot_for(int unit, bool may_wait);
+  void start_gather(ParamSlot& s, int unit);
+  size_t distance_to_next_use(int unit) const;  // elements acquired before `unit` is used again
+  void invalidate_gathered();
   size_t owned_offset(const Bucket& b) const;
   size_t owned_size(const Bucket& b) const;
   void reduce_unit_to_shard(int unit, float* unit_grads, bool wait);
@@ -78,7 +95,12 @@ class ZeroEngine final : public ParamStore {
   ProcessGroup& dp_;
   ZeroConfig cfg_;
   FlatLayout layout_;
-  DeviceBuffer<float> params_;
+  DeviceBuffer<float> params_;        // stages 0-2: full parameters
+  DeviceBuffer<float> shard_params_;  // stage 3: this rank's slice of every bucket
+  DeviceBuffer<float> resident_;      // stage 3: the persistent buckets, whole
+  std::vector<std::unique_ptr<ParamSlot>> pslots_;  // stage 3: gathered units
+  std::vector<int> trace_;            // stage 3: unit access order of one micro-batch (fwd, bwd)
+  size_t trace_pos_ = 0;
   DeviceBuffer<float> grads_;        // stages 0-1: full gradients
   DeviceBuffer<float> shard_grads_;  // stage 2: this rank's shard of the gradients
   std::vector<std::unique_ptr<Slab>> slabs_;  // stage 2: unit gradient buffers (0: embeddings)

@@ -10,7 +10,7 @@ ShardInfo shard_of(size_t padded, int dp, int rank) {
   return ShardInfo{static_cast<size_t>(rank) * size, size};
 }
 
-FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_t bucket_elems) {
+FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_t bucket_elems, size_t persist_below) {
   FlatLayout L;
   L.dp = dp;
   L.tensors = logical;
@@ -21,6 +21,10 @@ FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_
     b.size = pad(b.size);
     b.shard_offset = L.shard_size;
     L.shard_size += b.size / dp;
+    if (b.persistent) {
+      b.resident_offset = L.resident_size;
+      L.resident_size += b.size;
+    }
     offset = b.offset + b.size;
     L.buckets.push_back(b);
   };
@@ -29,12 +33,13 @@ FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_
     Unit u;
     u.offset = offset;
     u.first_bucket = static_cast<int>(L.buckets.size());
-    Bucket b{unit, offset, 0, 0, static_cast<int>(i), 0};
+    auto persists = [&](size_t t) { return logical[t].size < persist_below; };
+    Bucket b{unit, offset, 0, 0, static_cast<int>(i), 0, persists(i), 0};
     for (; i < logical.size() && logical[i].unit == unit; ++i) {
       const size_t n = logical[i].size;
-      if (b.num_tensors > 0 && b.size + n > bucket_elems) {
+      if (b.num_tensors > 0 && (b.size + n > bucket_elems || persists(i) != b.persistent)) {
         close_bucket(b);
-        b = Bucket{unit, offset, 0, 0, static_cast<int>(i), 0};
+        b = Bucket{unit, offset, 0, 0, static_cast<int>(i), 0, persists(i), 0};
       }
       L.tensors[i].offset = b.offset + b.size;
       b.size += n;

@@ -30,6 +30,10 @@ struct Bucket {
   size_t size = 0;          // padded: a multiple of dp * kShardAlign
   size_t shard_offset = 0;  // where this bucket's slice starts in the rank's shard buffers
   int first_tensor = 0, num_tensors = 0;
+  // ZeRO-3: tensors below stage3_param_persistence_threshold stay whole on every rank; they are
+  // grouped into buckets of their own, kept at resident_offset of the resident buffer.
+  bool persistent = false;
+  size_t resident_offset = 0;
 };
 
 struct Unit {
@@ -45,11 +49,14 @@ struct FlatLayout {
   size_t total = 0;       // padded elements of the flat buffer
   size_t num_params = 0;  // logical parameters (no padding)
   size_t shard_size = 0;  // elements of one rank's shard (total / dp)
+  size_t resident_size = 0;  // elements of all persistent buckets
   int dp = 1;
 
   ShardInfo slice(const Bucket& b, int rank) const { return shard_of(b.size, dp, rank); }
 };
 
-FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_t bucket_elems);
+// persist_below: tensors with fewer elements are persistent (ZeRO-3); 0 = none.
+FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_t bucket_elems,
+                            size_t persist_below = 0);
 
 }  // namespace zero3d

@@ -36,7 +36,7 @@ expect bad-type           "train_steps"                            train $tiny -
 expect heads-divide       "n_head"                                 train $tiny --set model.n_head=3
 expect malformed-set      "KEY=VALUE"                              train $tiny --set model.n_head
 expect not-honoured       "fp16.enabled"                           train $tiny --set fp16.enabled=true
-expect zero-stage         "values above 2 are not supported yet"   train $tiny --set zero_optimization.stage=3
+expect zero-stage         "zero_optimization.stage"                train $tiny --set zero_optimization.stage=4
 expect batch-mismatch     "train_batch_size"                       train $tiny --set train_batch_size=12
 expect missing-deepspeed  "$tmp/ds.json"                           train $tiny --deepspeed "$tmp/ds.json"
 expect missing-data       "$tmp/none.bin"                          train $tiny --set data.train=\"$tmp/none.bin\"

@@ -273,9 +273,10 @@ TEST(Config, RecognisedButNotYetSupported) {
     "zero_optimization": {"stage": 0, "overlap_comm": false}, "tensor_parallel": {"tp_size": 1},
     "checkpoint": {"dir": "checkpoints"})"));
   EXPECT_NO_THROW(load_config({f, "", {}}, 1));
-  EXPECT_THAT(load_error(f, {"zero_optimization.stage=3"}), HasSubstr("config key 'zero_optimization.stage' = 3 is "
-                                                                      "recognised but values above 2 are not supported yet"));
+  EXPECT_THAT(load_error(f, {"zero_optimization.allgather_partitions=false"}),
+              HasSubstr("config key 'zero_optimization.allgather_partitions' = false is recognised but not supported yet"));
   EXPECT_NO_THROW(load_config({f, "", {"zero_optimization.stage=2", "zero_optimization.overlap_comm=true"}}, 1));
+  EXPECT_NO_THROW(load_config({f, "", {"zero_optimization.stage=3", "zero_optimization.stage3_max_live_parameters=5"}}, 1));
   EXPECT_THAT(load_error(f, {"bf16.enabled=true"}), HasSubstr("'bf16.enabled' = true is recognised"));
   EXPECT_THAT(load_error(f, {"tensor_parallel.tp_size=2"}), HasSubstr("'tensor_parallel.tp_size' = 2 is recognised"));
   EXPECT_THAT(load_error(f, {"checkpoint.save_interval=100"}), HasSubstr("'checkpoint.save_interval' = 100"));
