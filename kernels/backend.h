@@ -73,6 +73,9 @@ class Backend {
   virtual void cast_from_bf16(float* out, const uint16_t* x, size_t n) = 0;
   virtual void cast_to_fp16(uint16_t* out, const float* x, size_t n) = 0;
   virtual void cast_from_fp16(float* out, const uint16_t* x, size_t n) = 0;
+  // acc = round16(widen(acc) + x): accumulating fp32 contributions into a 16-bit gradient.
+  virtual void accumulate_bf16(uint16_t* acc, const float* x, size_t n) = 0;
+  virtual void accumulate_fp16(uint16_t* acc, const float* x, size_t n) = 0;
 
   // ---- reductions, result on the host (synchronizing) ----
   virtual double sum_squares(const float* x, size_t n) = 0;

@@ -138,6 +138,12 @@ __global__ void cast_to_fp16_kernel(uint16_t* out, const float* x, size_t n) {
 __global__ void cast_from_fp16_kernel(float* out, const uint16_t* x, size_t n) {
   Z3D_GRID_LOOP(i, n) out[i] = math::float_from_fp16(x[i]);
 }
+__global__ void accumulate_bf16_kernel(uint16_t* acc, const float* x, size_t n) {
+  Z3D_GRID_LOOP(i, n) acc[i] = math::bf16_from_float(math::float_from_bf16(acc[i]) + x[i]);
+}
+__global__ void accumulate_fp16_kernel(uint16_t* acc, const float* x, size_t n) {
+  Z3D_GRID_LOOP(i, n) acc[i] = math::fp16_from_float(math::float_from_fp16(acc[i]) + x[i]);
+}
 
 // ---- per-row kernels: one thread per row (see the header on warp-per-row) ----
 
@@ -411,6 +417,12 @@ class CudaBackend final : public Backend {
   }
   void cast_from_fp16(float* out, const uint16_t* x, size_t n) override {
     launch(stream(), n, cast_from_fp16_kernel, out, x, n);
+  }
+  void accumulate_bf16(uint16_t* acc, const float* x, size_t n) override {
+    launch(stream(), n, accumulate_bf16_kernel, acc, x, n);
+  }
+  void accumulate_fp16(uint16_t* acc, const float* x, size_t n) override {
+    launch(stream(), n, accumulate_fp16_kernel, acc, x, n);
   }
 
   // ---- reductions (synchronising: the result comes back to the host) ----

@@ -161,6 +161,13 @@ class HostBackend final : public Backend {
     for_each(n, [=](size_t i) { out[i] = math::float_from_fp16(x[i]); });
   }
 
+  void accumulate_bf16(uint16_t* acc, const float* x, size_t n) override {
+    for_each(n, [=](size_t i) { acc[i] = math::bf16_from_float(math::float_from_bf16(acc[i]) + x[i]); });
+  }
+  void accumulate_fp16(uint16_t* acc, const float* x, size_t n) override {
+    for_each(n, [=](size_t i) { acc[i] = math::fp16_from_float(math::float_from_fp16(acc[i]) + x[i]); });
+  }
+
   double sum_squares(const float* x, size_t n) override {
     double s = 0.0;
     Kokkos::parallel_reduce("zero3d_sumsq", Range(0, n), [=](size_t i, double& acc) {

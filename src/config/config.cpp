@@ -143,15 +143,17 @@ const std::vector<Key>& schema() {
       number("scheduler.params.cos_min_ratio", 0.0001, 0, 1, "lr ratio at the end of the cosine decay")
           .only_when("scheduler.type", {"WarmupCosineLR"}),
 
-      // Mixed precision (deepspeed/runtime/precision_config.py): not yet honoured.
-      boolean("fp16.enabled", false, "fp16 mixed precision").not_yet(),
-      number("fp16.loss_scale", 0.0, 0, kInf, "static loss scale; 0 = dynamic").not_yet(),
-      integer("fp16.initial_scale_power", 16, 0, 1000, "initial dynamic scale 2^power").not_yet(),
-      integer("fp16.loss_scale_window", 1000, 1, kIntMax, "steps without overflow before raising the scale").not_yet(),
-      integer("fp16.hysteresis", 2, 1, kIntMax, "overflows tolerated before lowering the scale").not_yet(),
-      boolean("fp16.consecutive_hysteresis", false, "refill hysteresis after a good step").not_yet(),
-      number("fp16.min_loss_scale", 1.0, 0, kInf, "lower bound of the dynamic scale", true).not_yet(),
-      boolean("bf16.enabled", false, "bf16 mixed precision").not_yet(),
+      // Mixed precision (deepspeed/runtime/precision_config.py).
+      boolean("fp16.enabled", false, "fp16 mixed precision (16-bit weights and gradients, fp32 master and Adam)"),
+      number("fp16.loss_scale", 0.0, 0, kInf, "static loss scale; 0 = dynamic"),
+      integer("fp16.initial_scale_power", 16, 0, 1000, "initial dynamic scale 2^power"),
+      integer("fp16.loss_scale_window", 1000, 1, kIntMax, "steps without overflow before raising the scale"),
+      integer("fp16.hysteresis", 2, 1, kIntMax, "overflows tolerated before lowering the scale"),
+      boolean("fp16.consecutive_hysteresis", false, "refill hysteresis after a good step"),
+      number("fp16.min_loss_scale", 1.0, 0, kInf, "lower bound of the dynamic scale", true),
+      boolean("fp16.continue_at_min_scale", false,
+              "ours: on an overflow at min_loss_scale skip the step and go on instead of stopping (DeepSpeed stops)"),
+      boolean("bf16.enabled", false, "bf16 mixed precision (16-bit weights and gradients, fp32 master and Adam)"),
 
       // ZeRO (deepspeed/runtime/zero/config.py DeepSpeedZeroConfig): only stage 0 for now.
       integer("zero_optimization.stage", 0, 0, 3, "0 off, 1 optimizer states, 2 +gradients, 3 +parameters"),
@@ -636,6 +638,8 @@ class Resolver {
            strprintf("config key '%s' does not apply to %s \"%s\" (it applies to %s; \"%s\" takes: %s)", k.path.c_str(),
                      k.when_key.c_str(), sel.c_str(), quoted_list(k.when_values).c_str(), sel.c_str(), takes.c_str()));
     }
+    if (value("fp16.enabled") == true && value("bf16.enabled") == true)
+      fail({"fp16.enabled", "bf16.enabled"}, "fp16.enabled and bf16.enabled are both true; choose one precision");
     // DeepSpeed silently forces adam_w_mode on for AdamW; refuse the contradiction instead.
     if (value("optimizer.type") == "AdamW" && value("optimizer.params.adam_w_mode") == false)
       fail({"optimizer.params.adam_w_mode", "optimizer.type"},
@@ -773,6 +777,16 @@ class Resolver {
     c.zero.stage3_param_persistence_threshold =
         value("zero_optimization.stage3_param_persistence_threshold").get<int64_t>();
     c.comm_timeout_s = getd("comm_timeout_s");
+    c.fp16.enabled = getb("fp16.enabled");
+    c.fp16.loss_scale = getd("fp16.loss_scale");
+    c.fp16.initial_scale_power = geti("fp16.initial_scale_power");
+    c.fp16.loss_scale_window = geti("fp16.loss_scale_window");
+    c.fp16.hysteresis = geti("fp16.hysteresis");
+    c.fp16.consecutive_hysteresis = getb("fp16.consecutive_hysteresis");
+    c.fp16.min_loss_scale = getd("fp16.min_loss_scale");
+    c.fp16.continue_at_min_scale = getb("fp16.continue_at_min_scale");
+    c.bf16_enabled = getb("bf16.enabled");
+    c.precision = c.fp16.enabled ? "fp16" : c.bf16_enabled ? "bf16" : "fp32";
     c.model.vocab_size = geti("model.vocab_size");
     c.model.seq_len = geti("model.seq_len");
     c.model.n_layer = geti("model.n_layer");

@@ -63,6 +63,20 @@ struct ZeroConfig {  // zero_optimization.*, DeepSpeed's names and defaults
   int64_t stage3_param_persistence_threshold = 100000;
 };
 
+// fp16.*: DeepSpeed's names and defaults (deepspeed/runtime/precision_config.py DeepSpeedFP16Config).
+// loss_scale > 0: static scale; 0: dynamic, starting at 2^initial_scale_power. See zero/loss_scaler.h.
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;            // 0 = dynamic loss scaling
+  int initial_scale_power = 16;     // dynamic: initial scale 2^power
+  int loss_scale_window = 1000;     // dynamic: clean steps before the scale is doubled
+  int hysteresis = 2;               // dynamic: overflows absorbed before the scale is halved
+  bool consecutive_hysteresis = false;  // refill hysteresis on every clean step, not only on growth
+  double min_loss_scale = 1;        // dynamic: floor of the scale
+  bool continue_at_min_scale = false;  // ours; parsed in config.cpp by the lead. true: an overflow at
+                                       // min_loss_scale skips the step instead of stopping the run
+};
+
 struct CheckpointConfig {
   std::string dir = "checkpoints";
   int save_interval = 0;
@@ -89,6 +103,9 @@ struct Config {
   DataConfig data;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
+  Fp16Config fp16;
+  bool bf16_enabled = false;
+  std::string precision = "fp32";  // "fp32", "fp16" or "bf16", from fp16.enabled / bf16.enabled
   CheckpointConfig checkpoint;
 
   nlohmann::json resolved;  // every key with its value after defaults: written to the run dir

@@ -5,9 +5,11 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "core/check.h"
+#include "kernels/math/dtype.h"
 
 namespace zero3d {
 
@@ -21,6 +23,64 @@ int count_of(size_t n) {
   Z3D_ASSERT(n <= static_cast<size_t>(INT_MAX), "message larger than 2^31 elements: lower the bucket size");
   return static_cast<int>(n);
 }
+
+// What one rank sends when `passes` ring passes (reduce-scatter and all-gather: 1, all-reduce: 2)
+// run over a buffer of `buffer_bytes` shared by p ranks: each pass sends p-1 of the p blocks.
+uint64_t ring_bytes_sent(int p, uint64_t buffer_bytes, int passes) {
+  if (p <= 1) return 0;
+  return static_cast<uint64_t>(passes) * (p - 1) * buffer_bytes / p;
+}
+
+// inout[i] = in[i] + inout[i], through float, rounded back to 16 bits: commutative, not associative.
+// Each addition equals the correctly rounded 16-bit sum: rounding twice (to float, then to 16 bits)
+// is innocuous when the intermediate has >= 2p+2 significand bits (Figueroa 1995), and float's 24
+// cover p = 8 (bf16) and p = 11 (fp16).
+template <float (*to_float)(uint16_t), uint16_t (*from_float)(float)>
+void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = from_float(to_float(a[i]) + to_float(b[i]));
+}
+
+// The MPI handles for 16-bit sums, created on first use. Lifetime: MPI_Finalize itself frees
+// them. A static destructor would run after main returns, i.e. after MPI_Finalize, when MPI calls
+// are erroneous; freeing them from main would tie the seam to main.cpp. Instead an attribute on
+// MPI_COMM_SELF carries a delete callback: MPI_Finalize first frees MPI_COMM_SELF, running that
+// callback while MPI is still fully usable (MPI >= 2.0, section "Allowing User Functions at
+// Process Termination"), whatever main does. A 16-bit op is never pending at finalize: every
+// PendingOp waits in its destructor.
+struct Mpi16 {
+  MPI_Datatype type = MPI_DATATYPE_NULL;  // 2 contiguous bytes: no predefined op applies to it
+  MPI_Op sum_bf16 = MPI_OP_NULL, sum_fp16 = MPI_OP_NULL;
+};
+
+int free_mpi16(MPI_Comm, int, void* attr, void*) {
+  auto* h = static_cast<Mpi16*>(attr);
+  MPI_Op_free(&h->sum_bf16);
+  MPI_Op_free(&h->sum_fp16);
+  MPI_Type_free(&h->type);
+  return MPI_SUCCESS;
+}
+
+const Mpi16& mpi16() {
+  static Mpi16 h;
+  static const bool created = [] {
+    MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &h.type));
+    MPI_CHECK(MPI_Type_set_name(h.type, const_cast<char*>("zero3d_float16")));
+    MPI_CHECK(MPI_Type_commit(&h.type));
+    MPI_CHECK(MPI_Op_create(&sum16<math::float_from_bf16, math::bf16_from_float>, /*commute=*/1, &h.sum_bf16));
+    MPI_CHECK(MPI_Op_create(&sum16<math::float_from_fp16, math::fp16_from_float>, /*commute=*/1, &h.sum_fp16));
+    int key = MPI_KEYVAL_INVALID;
+    MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_mpi16, &key, nullptr));
+    MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, key, &h));
+    MPI_CHECK(MPI_Comm_free_keyval(&key));  // the key itself lives on until the attribute is deleted
+    return true;
+  }();
+  (void)created;
+  return h;
+}
+
+MPI_Op sum_op(Dtype16 t) { return t == Dtype16::bf16 ? mpi16().sum_bf16 : mpi16().sum_fp16; }
 }  // namespace
 
 PendingOp::PendingOp(MPI_Request r, std::string what, const ProcessGroup* group)
@@ -100,33 +160,55 @@ ProcessGroup::~ProcessGroup() {
   if (owned_ && !finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-PendingOp ProcessGroup::iall_reduce_sum(float* buf, size_t n) {
+PendingOp ProcessGroup::all_reduce_impl(void* buf, size_t n, MPI_Datatype type, MPI_Op op, size_t elem_bytes) {
   MPI_Request r = MPI_REQUEST_NULL;
-  if (size_ > 1) MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), MPI_FLOAT, MPI_SUM, comm_, &r));
-  bytes_sent_ += 2 * (size_ - 1) * n * sizeof(float) / size_;
+  if (size_ > 1) MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), type, op, comm_, &r));
+  bytes_sent_ += ring_bytes_sent(size_, n * elem_bytes, 2);
   return PendingOp(r, "all-reduce", this);
 }
 
-PendingOp ProcessGroup::ireduce_scatter_sum(const float* send, float* recv, size_t count) {
+PendingOp ProcessGroup::reduce_scatter_impl(const void* send, void* recv, size_t count, MPI_Datatype type, MPI_Op op,
+                                            size_t elem_bytes) {
   MPI_Request r = MPI_REQUEST_NULL;
   if (size_ > 1)
-    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count_of(count), MPI_FLOAT, MPI_SUM, comm_, &r));
+    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count_of(count), type, op, comm_, &r));
   else if (send != recv)
-    std::copy(send, send + count, recv);
-  bytes_sent_ += (size_ - 1) * count * sizeof(float);
+    memmove(recv, send, count * elem_bytes);
+  bytes_sent_ += ring_bytes_sent(size_, static_cast<uint64_t>(size_) * count * elem_bytes, 1);
   return PendingOp(r, "reduce-scatter", this);
 }
 
-PendingOp ProcessGroup::iall_gather(const float* send, float* recv, size_t count) {
+PendingOp ProcessGroup::all_gather_impl(const void* send, void* recv, size_t count, MPI_Datatype type,
+                                        size_t elem_bytes) {
   MPI_Request r = MPI_REQUEST_NULL;
-  const bool in_place = send == recv + static_cast<size_t>(rank_) * count;
+  const bool in_place = send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * count * elem_bytes;
   if (size_ > 1)
-    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, count_of(count), MPI_FLOAT, recv, count_of(count),
-                             MPI_FLOAT, comm_, &r));
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, count_of(count), type, recv, count_of(count), type,
+                             comm_, &r));
   else if (!in_place)
-    std::copy(send, send + count, recv);
-  bytes_sent_ += (size_ - 1) * count * sizeof(float);
+    memmove(recv, send, count * elem_bytes);
+  bytes_sent_ += ring_bytes_sent(size_, static_cast<uint64_t>(size_) * count * elem_bytes, 1);
   return PendingOp(r, "all-gather", this);
+}
+
+PendingOp ProcessGroup::iall_reduce_sum(float* buf, size_t n) {
+  return all_reduce_impl(buf, n, MPI_FLOAT, MPI_SUM, sizeof(float));
+}
+PendingOp ProcessGroup::ireduce_scatter_sum(const float* send, float* recv, size_t count) {
+  return reduce_scatter_impl(send, recv, count, MPI_FLOAT, MPI_SUM, sizeof(float));
+}
+PendingOp ProcessGroup::iall_gather(const float* send, float* recv, size_t count) {
+  return all_gather_impl(send, recv, count, MPI_FLOAT, sizeof(float));
+}
+
+PendingOp ProcessGroup::iall_reduce_sum(uint16_t* buf, size_t n, Dtype16 t) {
+  return all_reduce_impl(buf, n, mpi16().type, sum_op(t), sizeof(uint16_t));
+}
+PendingOp ProcessGroup::ireduce_scatter_sum(const uint16_t* send, uint16_t* recv, size_t count, Dtype16 t) {
+  return reduce_scatter_impl(send, recv, count, mpi16().type, sum_op(t), sizeof(uint16_t));
+}
+PendingOp ProcessGroup::iall_gather(const uint16_t* send, uint16_t* recv, size_t count) {
+  return all_gather_impl(send, recv, count, mpi16().type, sizeof(uint16_t));
 }
 
 void ProcessGroup::broadcast(void* buf, size_t bytes, int root) {

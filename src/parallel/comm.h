@@ -9,6 +9,14 @@
 //  - Accounting: bytes_sent() counts what this rank sends under the ring algorithms
 //    (all-reduce 2(p-1)/p of the buffer, reduce-scatter and all-gather (p-1)/p, broadcast and
 //    send the whole buffer), the volume the ZeRO paper's analysis uses.
+//
+// 16-bit collectives (bf16, fp16 as raw uint16_t bits) serve mixed-precision ZeRO. MPI has no
+// 16-bit float type, so sums run through a user-defined MPI_Op that converts each pair to float,
+// adds, and rounds back to nearest even: every pairwise addition rounds to 16 bits, so a result
+// depends on the reduction order MPI picks (tree, ring, recursive halving) and may differ between
+// group sizes or MPI versions, unlike a float-accumulated sum (whether all ranks of one call get
+// the same bits is, as for float sums, up to the MPI library; the standard only recommends it).
+// An fp16 sum beyond 65504 becomes inf (and stays inf), so an overflow is caught by a later inf check.
 #pragma once
 #include <mpi.h>
 
@@ -19,6 +27,9 @@
 #include <vector>
 
 namespace zero3d {
+
+// Which 16-bit float format a uint16_t buffer holds.
+enum class Dtype16 { bf16, fp16 };
 
 // What the watchdog reports and how long it waits; one per process, shared by all groups.
 struct CommContext {
@@ -71,6 +82,16 @@ class ProcessGroup {
   // recv (size()*count) = every rank's send (count), in group-rank order. send may be recv + rank*count.
   PendingOp iall_gather(const float* send, float* recv, size_t count);
   void all_gather(const float* send, float* recv, size_t count) { iall_gather(send, recv, count).wait(); }
+  // The same three on 16-bit floats (raw bits); sums round each pairwise addition (see the top).
+  PendingOp iall_reduce_sum(uint16_t* buf, size_t n, Dtype16 t);
+  void all_reduce_sum(uint16_t* buf, size_t n, Dtype16 t) { iall_reduce_sum(buf, n, t).wait(); }
+  PendingOp ireduce_scatter_sum(const uint16_t* send, uint16_t* recv, size_t count, Dtype16 t);
+  void reduce_scatter_sum(const uint16_t* send, uint16_t* recv, size_t count, Dtype16 t) {
+    ireduce_scatter_sum(send, recv, count, t).wait();
+  }
+  // A copy, so any 16-bit type. send may be recv + rank*count.
+  PendingOp iall_gather(const uint16_t* send, uint16_t* recv, size_t count);
+  void all_gather(const uint16_t* send, uint16_t* recv, size_t count) { iall_gather(send, recv, count).wait(); }
   void broadcast(void* buf, size_t bytes, int root);
   PendingOp isend(const float* buf, size_t n, int peer, int tag);
   PendingOp irecv(float* buf, size_t n, int peer, int tag);
@@ -86,6 +107,11 @@ class ProcessGroup {
 
  private:
   ProcessGroup(MPI_Comm comm, std::string name);
+  // One implementation per collective for every element type; elem_bytes is the size of `type`.
+  PendingOp all_reduce_impl(void* buf, size_t n, MPI_Datatype type, MPI_Op op, size_t elem_bytes);
+  PendingOp reduce_scatter_impl(const void* send, void* recv, size_t count, MPI_Datatype type, MPI_Op op,
+                                size_t elem_bytes);
+  PendingOp all_gather_impl(const void* send, void* recv, size_t count, MPI_Datatype type, size_t elem_bytes);
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
   int size_ = 1, rank_ = 0;

@@ -3,6 +3,8 @@
 //                 joins a collective: the watchdog must abort the job)
 //   perturb:R:S   world rank R changes one parameter of its replica after step S (the
 //                 consistency check must name the tensor)
+//   inf:R:S       world rank R's gradient gets an inf in step S's backward (an fp16 overflow:
+//                 every rank must skip the step and the loss scaler must back off)
 // Unset in normal runs; the trainer reads it once.
 #pragma once
 #include <cstdlib>

@@ -19,6 +19,7 @@
 #include "train/metrics.h"
 #include "train/fault.h"
 #include "zero/engine.h"
+#include "zero/loss_scaler.h"
 
 namespace zero3d {
 
@@ -50,7 +51,8 @@ struct Trainer::State {
       : cfg(c), opt(o), be(b), groups(g), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
         dp(g.topo.dp), dp_rank(g.coord.dp),
         train_data(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true),
-        engine(b, *g.dp, c.model, c.zero, c.optimizer), model(b, c.model, micro, engine) {
+        engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision), model(b, c.model, micro, engine),
+        scaler(c.fp16) {
     if (!c.data.val.empty())
       val_data = std::make_unique<DataLoader>(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false);
     inputs.resize(static_cast<size_t>(micro) * T);
@@ -66,6 +68,7 @@ struct Trainer::State {
   std::unique_ptr<DataLoader> val_data;
   ZeroEngine engine;
   GPT model;
+  LossScaler scaler;
   std::vector<int32_t> inputs, targets;
   std::unique_ptr<MetricsLog> metrics;  // rank 0 only
   uint64_t cursor = 0;                  // global samples consumed
@@ -140,8 +143,9 @@ int Trainer::run() {
   const int gas = c.gradient_accumulation_steps;
   const int64_t G = c.train_batch_size;
   const double tokens_per_step = static_cast<double>(G) * s.T;
-  // Each rank's gradient is already its share of the global mean: dloss = 1 / (tokens in the global batch).
-  const float dloss = static_cast<float>(1.0 / (tokens_per_step));
+  // Each rank's gradient is already its share of the global mean: dloss = 1 / (tokens in the
+  // global batch), times the fp16 loss scale.
+  const double inv_tokens = 1.0 / tokens_per_step;
   const MemoryAccount mem = s.engine.memory();
   const int64_t mem_bytes = world.all_reduce_max(static_cast<int64_t>(mem.total()));
 
@@ -153,6 +157,7 @@ int Trainer::run() {
                          .add("tp", s.groups.topo.tp)
                          .add("pp", s.groups.topo.pp)
                          .add("zero_stage", c.zero.stage)
+                         .add("precision", c.precision)
                          .add("num_params", static_cast<int64_t>(s.engine.layout().num_params))
                          .add("num_params_padded", static_cast<int64_t>(s.engine.layout().total))
                          .add("num_params_resident", static_cast<int64_t>(s.engine.layout().resident_size))
@@ -166,10 +171,10 @@ int Trainer::run() {
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
                          .add("mem_optimizer_bytes", static_cast<int64_t>(mem.optimizer))
                          .add("mem_buffers_bytes", static_cast<int64_t>(mem.buffers)));
-  log_info("zero3d: %zu parameters, %s, %d ranks (dp %d, ZeRO stage %d), global batch %lld x %d tokens, %d steps, "
-           "run dir %s",
+  log_info("zero3d: %zu parameters, %s, %d ranks (dp %d, ZeRO stage %d, %s), global batch %lld x %d tokens, %d "
+           "steps, run dir %s",
            s.engine.layout().num_params, s.be.describe().c_str(), s.groups.topo.world, s.dp, c.zero.stage,
-           static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
+           c.precision.c_str(), static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
   const bool validating = s.val_data != nullptr && c.data.val_batches > 0;
   if (validating) s.validate(0);
 
@@ -180,6 +185,9 @@ int Trainer::run() {
     s.groups.dp->reset_bytes_sent();
     auto t0 = Clock::now();
     s.engine.begin_step();
+    const double loss_scale = s.scaler.scale();
+    const float dloss = static_cast<float>(inv_tokens * loss_scale);
+    if (fault.at("inf", s.groups.world_rank, step)) s.engine.inject_inf_gradient();
     double loss_sum = 0, t_fwd = 0, t_bwd = 0;
     for (int k = 0; k < gas; ++k) {
       // This rank's slice of the global batch: samples [dp_rank*micro*gas, (dp_rank+1)*micro*gas).
@@ -202,19 +210,26 @@ int Trainer::run() {
     const double loss = s.groups.dp->all_reduce_sum(loss_sum / gas) / s.dp;
 
     auto to = Clock::now();
-    const double grad_norm = std::sqrt(s.engine.grad_norm_sq());
-    const bool skipped = !std::isfinite(grad_norm);
+    // The norm of the unscaled gradient; inf or nan on any rank is an overflow on every rank.
+    const double grad_norm = std::sqrt(s.engine.grad_norm_sq()) / loss_scale;
+    const bool overflow = !std::isfinite(grad_norm);
     // DeepSpeed's timing: the schedule advances only on applied steps (see optim/lr_schedule.h).
     const double lr = lr_for_step(c.scheduler, c.optimizer.lr, s.engine.optimizer_steps() + 1);
-    if (skipped) {
-      log_warn("step %d: gradient norm is %f; the update is skipped", step, grad_norm);
-    } else {
-      const double clip = clip_coefficient(c.gradient_clipping, grad_norm);
-      if (clip < 1.0) s.engine.scale_grads(static_cast<float>(clip));
+    // fp16: the loss scaler decides (and may stop the run at its minimum); otherwise a non-finite
+    // gradient skips the update too, rather than poisoning the weights.
+    const bool skipped = s.scaler.update(overflow, step) || overflow;
+    if (overflow && !s.scaler.enabled()) log_warn("step %d: gradient norm is %f; the update is skipped", step, grad_norm);
+    if (!skipped) {
+      // Unscale with the scale the backward used, and clip, in one pass.
+      const double factor = clip_coefficient(c.gradient_clipping, grad_norm) / loss_scale;
+      if (factor != 1.0) s.engine.scale_grads(static_cast<float>(factor));
       s.engine.optimizer_step(lr);
     }
     s.be.synchronize();
     const double t_opt = seconds_since(to);
+    auto tg = Clock::now();
+    if (!skipped) s.engine.gather_updated_params();
+    const double t_gather = seconds_since(tg);
     const double step_time = world.all_reduce_max(seconds_since(t0));
     const double tokens_per_s = tokens_per_step / step_time;
     const double model_flops = tokens_per_s * s.flops_per_token;
@@ -222,13 +237,14 @@ int Trainer::run() {
 
     if (s.metrics) {
       MetricsRecord r("train");
-      r.add("step", step).add("loss", loss).add("lr", lr).add("grad_norm", grad_norm).add("loss_scale", 1.0)
+      r.add("step", step).add("loss", loss).add("lr", lr).add("grad_norm", grad_norm).add("loss_scale", loss_scale)
           .add("skipped", skipped).add("tokens", static_cast<int64_t>(step * tokens_per_step))
           .add("tokens_per_s", tokens_per_s).add("step_time_s", step_time)
           .add("model_flops_per_s", model_flops).add("mfu", model_flops / (s.opt.peak_flops * s.groups.topo.world))
           .add("mem_model_states_bytes", mem_bytes).add("comm_bytes", comm_bytes);
       if (c.wall_clock_breakdown)
-        r.add("forward_s", t_fwd).add("backward_s", t_bwd).add("reduce_s", t_reduce).add("optimizer_s", t_opt);
+        r.add("forward_s", t_fwd).add("backward_s", t_bwd).add("reduce_s", t_reduce).add("optimizer_s", t_opt)
+            .add("allgather_s", t_gather);
       s.metrics->write(r);
     }
 
@@ -239,7 +255,7 @@ int Trainer::run() {
                100.0 * model_flops / (s.opt.peak_flops * s.groups.topo.world),
                format_eta(elapsed / step * (c.train_steps - step)).c_str());
     }
-    if (fault.at("perturb", s.groups.world_rank, step)) s.engine.perturb_replica(1e-3f);
+    if (fault.at("perturb", s.groups.world_rank, step)) s.engine.perturb_replica();
     const int check = c.zero.consistency_check_interval;
     if (check > 0 && (step % check == 0 || step == c.train_steps)) s.engine.check_replicas_consistent(step);
     if (validating && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))

@@ -1,4 +1,5 @@
-// zero/engine.h: ZeRO stages 0-3 over one data-parallel group (DeepSpeed semantics), fp32.
+// zero/engine.h: ZeRO stages 0-3 over one data-parallel group (DeepSpeed semantics), in fp32 or
+// mixed precision (fp16/bf16 model weights and gradients, fp32 master weights and Adam state).
 //
 // Stages 0-2 keep the full parameters on every rank in the flat layout. What is sharded, per stage:
 //   stage 0: nothing. Gradients are all-reduced per bucket at the accumulation boundary; every
@@ -21,6 +22,13 @@
 //            stays gathered if its next use is fewer than stage3_max_reuse_distance elements
 //            ahead. Tensors below stage3_param_persistence_threshold form buckets of their own
 //            that every rank keeps whole (all-gathered after each step instead of on use).
+// Mixed precision: the model's weights and gradients are stored in 16 bits (params 2 Psi, grads
+// 2 Psi, each divided by N where the stage shards it) and the optimizer keeps fp32 master weights
+// beside m and v (12 Psi, / N from stage 1). Compute is fp32: a unit's 16-bit weights are widened
+// into a slot of the same pool ZeRO-3 uses, and backward's fp32 unit gradient is rounded into the
+// 16-bit gradient (accumulated there over micro-batches, reduced in 16 bits). At the step the
+// rank's 16-bit gradient slices are widened into one fp32 buffer for the norm and Adam, and the
+// updated master is rounded back into the 16-bit weights.
 // reduce_scatter=false replaces each reduce-scatter by an all-reduce that keeps the slice
 // (DeepSpeed's option, and faster than OpenMPI's reduce-scatter on some machines).
 // The invariant every stage keeps: all ranks of the group hold bitwise-identical parameters after
@@ -43,8 +51,9 @@ struct MemoryAccount {
 
 class ZeroEngine final : public ParamStore {
  public:
+  // precision: "fp32", "fp16" or "bf16".
   ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
-             const OptimizerConfig& optimizer);
+             const OptimizerConfig& optimizer, const std::string& precision = "fp32");
   ~ZeroEngine() override;
 
   // ParamStore
@@ -59,33 +68,37 @@ class ZeroEngine final : public ParamStore {
   // then the norm/clip/step calls.
   void begin_step();
   void finish_gradients();
-  double grad_norm_sq();           // over the whole group (every parameter once)
-  bool grads_finite();             // over the whole group
+  double grad_norm_sq();           // over the whole group (every parameter once); inf/nan = overflow
   void scale_grads(float s);       // this rank's optimizer-owned gradients
-  void optimizer_step(double lr);  // update, then all-gather (stages 1-2)
+  void optimizer_step(double lr);   // Adam on this rank's optimizer-owned parameters
+  void gather_updated_params();     // stages 1-2: all-gather the buckets; stage 3: persistent ones
   int64_t optimizer_steps() const { return adam_->step_count(); }
 
   // Hash every replicated parameter tensor and compare across the dp group; throws RunError
   // (kExitInconsistent) naming the first tensor whose replicas differ. Collective over dp.
   void check_replicas_consistent(int64_t step);
-  // Test hook (fault injection): add `delta` to one element of this rank's copy of tensor 0.
-  void perturb_replica(float delta);
+  // Test hooks (fault injection): change one element of this rank's replica of a replicated
+  // tensor; put an inf into the gradient of the unit being reduced next (overflow).
+  void perturb_replica();
+  void inject_inf_gradient();
 
   MemoryAccount memory() const { return mem_; }
   int stage() const { return cfg_.stage; }
-  // Host copies, for tests and checkpoints: the full parameters.
-  std::vector<float> params_to_host() const;
 
  private:
   struct Slab;
   struct ParamSlot;
   float* owned_grads(const Bucket& b);  // this rank's optimizer-side gradient for bucket b
   float* owned_params(const Bucket& b);
+  const float* reduced_slice(const Bucket& b) const;
   ParamSlot* slot_holding(int unit);
   ParamSlot* free_slot_for(int unit, bool may_wait);
   void start_gather(ParamSlot& s, int unit);
   size_t distance_to_next_use(int unit) const;  // elements acquired before `unit` is used again
   void invalidate_gathered();
+  void narrow(uint16_t* dst, const float* src, size_t n);  // fp32 -> 16 bit
+  void widen(float* dst, const uint16_t* src, size_t n);   // 16 bit -> fp32
+  void accumulate16(uint16_t* acc, const float* x, size_t n);
   size_t owned_offset(const Bucket& b) const;
   size_t owned_size(const Bucket& b) const;
   void reduce_unit_to_shard(int unit, float* unit_grads, bool wait);
@@ -94,6 +107,10 @@ class ZeroEngine final : public ParamStore {
   Backend& be_;
   ProcessGroup& dp_;
   ZeroConfig cfg_;
+  bool mixed_ = false;   // 16-bit weights and gradients
+  Dtype16 dt_ = Dtype16::bf16;
+  bool pooled_ = false;  // the model reads parameters from pool slots (stage 3 or mixed)
+  bool inject_inf_ = false;
   FlatLayout layout_;
   DeviceBuffer<float> params_;        // stages 0-2: full parameters
   DeviceBuffer<float> shard_params_;  // stage 3: this rank's slice of every bucket
@@ -105,7 +122,11 @@ class ZeroEngine final : public ParamStore {
   DeviceBuffer<float> shard_grads_;  // stage 2: this rank's shard of the gradients
   std::vector<std::unique_ptr<Slab>> slabs_;  // stage 2: unit gradient buffers (0: embeddings)
   int next_slab_ = 0;
-  DeviceBuffer<float> scratch_;      // reduce-scatter receive buffer (stages 1-2, no overlap)
+  DeviceBuffer<float> scratch_;      // reduce-scatter receive buffer (stage 1)
+  // Mixed precision: 16-bit copies of what is fp32 above, the fp32 master and step gradients.
+  DeviceBuffer<uint16_t> params16_, resident16_, grads16_, shard_grads16_, scratch16_;
+  DeviceBuffer<float> master_;   // fp32 master weights of the optimizer-owned parameters
+  DeviceBuffer<float> grads32_;  // the owned gradients widened for the step
   std::unique_ptr<AdamW> adam_;
   std::vector<AdamSegment> segments_;
   MemoryAccount mem_;

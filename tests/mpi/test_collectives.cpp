@@ -5,10 +5,12 @@
 #include <mpi.h>
 
 #include <Kokkos_Core.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "kernels/math/dtype.h"
 #include "parallel/groups.h"
 
 using namespace zero3d;
@@ -24,6 +26,77 @@ static void check(bool ok, const std::string& what, int rank) {
 }
 
 static float value(int world_rank, size_t i) { return static_cast<float>((world_rank * 7 + i * 3) % 13); }
+
+// 16-bit collectives. Inputs are integers in [-6, 6], so every partial sum (|sum| <= 48 on 8 ranks)
+// is exact in bf16 and fp16 and the result does not depend on MPI's reduction order.
+static void test_group16(ProcessGroup& g, const std::vector<int>& members, int me, const std::string& tag) {
+  const int p = g.size();
+  const size_t count = 1000 + 3;
+  auto v16 = [](int world_rank, size_t i) { return value(world_rank, i) - 6.0f; };
+  for (Dtype16 t : {Dtype16::bf16, Dtype16::fp16}) {
+    const std::string name = tag + (t == Dtype16::bf16 ? " bf16" : " fp16");
+    uint16_t (*to16)(float) = t == Dtype16::bf16 ? math::bf16_from_float : math::fp16_from_float;
+    float (*from16)(uint16_t) = t == Dtype16::bf16 ? math::float_from_bf16 : math::float_from_fp16;
+    g.reset_bytes_sent();
+
+    std::vector<uint16_t> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = to16(v16(me, i));
+    g.all_reduce_sum(buf.data(), count, t);
+    bool ok = true;
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int m : members) want += v16(m, i);
+      ok &= from16(buf[i]) == want;
+    }
+    check(ok, name + " all-reduce", me);
+
+    std::vector<uint16_t> send(count * p), recv(count, 0xffff);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = to16(v16(me, i));
+    g.ireduce_scatter_sum(send.data(), recv.data(), count, t).wait();
+    ok = true;
+    for (size_t k = 0; k < count; ++k) {
+      float want = 0;
+      for (int m : members) want += v16(m, g.rank() * count + k);
+      ok &= from16(recv[k]) == want;
+    }
+    check(ok, name + " reduce-scatter", me);
+
+    // all-gather copies bits: out of place, then in place
+    std::vector<uint16_t> mine(count), all(count * p, 0xffff), inplace(count * p, 0xffff);
+    for (size_t k = 0; k < count; ++k) mine[k] = to16(v16(me, k));
+    g.iall_gather(mine.data(), all.data(), count).wait();
+    std::copy(mine.begin(), mine.end(), inplace.begin() + g.rank() * count);
+    g.all_gather(inplace.data() + g.rank() * count, inplace.data(), count);
+    ok = true;
+    for (int r = 0; r < p; ++r)
+      for (size_t k = 0; k < count; ++k)
+        ok &= all[r * count + k] == to16(v16(members[r], k)) && inplace[r * count + k] == all[r * count + k];
+    check(ok, name + " all-gather", me);
+
+    // the float formulas at 2 bytes per element
+    const uint64_t want_bytes = (2 * (p - 1) * count * 2) / p + 3 * (p - 1) * count * 2;
+    check(g.bytes_sent() == want_bytes,
+          name + " bytes_sent " + std::to_string(g.bytes_sent()) + " vs " + std::to_string(want_bytes), me);
+  }
+
+  if (p > 1) {
+    // fp16 overflow: 60000 (exact in fp16) from every rank sums past 65504 to +inf, in any order
+    // (inf + finite = inf), so a later inf check sees it. Element 1 stays finite.
+    uint16_t big[2] = {math::fp16_from_float(60000.0f), math::fp16_from_float(1.0f)};
+    g.all_reduce_sum(big, 2, Dtype16::fp16);
+    check(big[0] == 0x7c00 && math::float_from_fp16(big[1]) == static_cast<float>(p),
+          tag + " fp16 overflow to inf", me);
+  }
+  if (p == 2) {
+    // one addition, so the rounding is order-free: 256 + 3 = 259 is a tie in bf16 (ulp 2) and
+    // rounds to even, 260 (truncation would give 258); fp16 holds 259 exactly.
+    uint16_t b = math::bf16_from_float(g.rank() == 0 ? 256.0f : 3.0f);
+    uint16_t h = math::fp16_from_float(g.rank() == 0 ? 256.0f : 3.0f);
+    g.all_reduce_sum(&b, 1, Dtype16::bf16);
+    g.all_reduce_sum(&h, 1, Dtype16::fp16);
+    check(math::float_from_bf16(b) == 260.0f && math::float_from_fp16(h) == 259.0f, tag + " 16-bit rounding", me);
+  }
+}
 
 static void test_group(const ProcessGroup& g_const, const std::vector<int>& members, int me, const std::string& tag) {
   ProcessGroup& g = const_cast<ProcessGroup&>(g_const);
@@ -99,6 +172,8 @@ static void test_group(const ProcessGroup& g_const, const std::vector<int>& memb
   for (int m : members) want_sum += m;
   check(sum == want_sum, tag + " scalar sum", me);
   check(g.all_reduce_max(static_cast<int64_t>(me)) == members.back(), tag + " scalar max", me);
+
+  test_group16(g, members, me, tag);
 }
 
 int main(int argc, char** argv) {

@@ -237,8 +237,8 @@ TEST(Config, DeepSpeedFileOverlaysRunConfig) {
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-5);
 
   // errors in the overlay name the DeepSpeed file
-  std::string bad = dir.write("ds_bad.json", R"({"fp16": {"enabled": true}})");
-  EXPECT_THAT(load_error(run, {}, 1, bad), HasSubstr("ds_bad.json: config key 'fp16.enabled'"));
+  std::string bad = dir.write("ds_bad.json", R"({"zero_optimization": {"allgather_partitions": false}})");
+  EXPECT_THAT(load_error(run, {}, 1, bad), HasSubstr("ds_bad.json: config key 'zero_optimization.allgather_partitions'"));
   EXPECT_THAT(load_error(run, {}, 1, dir.path + "/nope.json"),
               HasSubstr("cannot read DeepSpeed config file '" + dir.path + "/nope.json': No such file"));
 }
@@ -265,9 +265,9 @@ TEST(Config, UnknownKeySuggestsNearest) {
 
 TEST(Config, RecognisedButNotYetSupported) {
   TempDir dir;
-  std::string f = dir.write("run.json", minimal(R"("fp16": {"enabled": true})"));
-  EXPECT_THAT(load_error(f), HasSubstr("run.json: config key 'fp16.enabled' = true is recognised but not supported "
-                                       "yet in this version of zero3d"));
+  std::string f = dir.write("run.json", minimal(R"("checkpoint": {"save_interval": 10})"));
+  EXPECT_THAT(load_error(f), HasSubstr("run.json: config key 'checkpoint.save_interval' = 10 is recognised but not "
+                                       "supported yet in this version of zero3d"));
   // explicit defaults are fine
   f = dir.write("run.json", minimal(R"("fp16": {"enabled": false, "loss_scale": 0}, "bf16": {"enabled": false},
     "zero_optimization": {"stage": 0, "overlap_comm": false}, "tensor_parallel": {"tp_size": 1},
@@ -277,7 +277,10 @@ TEST(Config, RecognisedButNotYetSupported) {
               HasSubstr("config key 'zero_optimization.allgather_partitions' = false is recognised but not supported yet"));
   EXPECT_NO_THROW(load_config({f, "", {"zero_optimization.stage=2", "zero_optimization.overlap_comm=true"}}, 1));
   EXPECT_NO_THROW(load_config({f, "", {"zero_optimization.stage=3", "zero_optimization.stage3_max_live_parameters=5"}}, 1));
-  EXPECT_THAT(load_error(f, {"bf16.enabled=true"}), HasSubstr("'bf16.enabled' = true is recognised"));
+  EXPECT_THAT(load_error(f, {"bf16.enabled=true", "fp16.enabled=true"}),
+              HasSubstr("fp16.enabled and bf16.enabled are both true; choose one precision"));
+  EXPECT_EQ(load_config({f, "", {"bf16.enabled=true"}}, 1).precision, "bf16");
+  EXPECT_EQ(load_config({f, "", {"fp16.enabled=true", "fp16.hysteresis=1"}}, 1).fp16.hysteresis, 1);
   EXPECT_THAT(load_error(f, {"tensor_parallel.tp_size=2"}), HasSubstr("'tensor_parallel.tp_size' = 2 is recognised"));
   EXPECT_THAT(load_error(f, {"checkpoint.save_interval=100"}), HasSubstr("'checkpoint.save_interval' = 100"));
   EXPECT_THAT(load_error(f, {"zero_optimization.contiguous_gradients=false"}),

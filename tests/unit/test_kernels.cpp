@@ -826,6 +826,30 @@ struct Casts {
   }
 };
 
+// acc = round16(widen(acc) + x), against the composition of the tested casts in double.
+TEST_P(Kernels, Accumulate16MatchesWidenAddRound) {
+  std::mt19937 gen(21);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  Casts cast{*be};
+  for (bool fp16 : {false, true}) {
+    std::vector<float> a(1000), x(1000);
+    for (auto& v : a) v = nd(gen);
+    for (auto& v : x) v = nd(gen);
+    x[7] = 1e6f;  // fp16 overflow -> inf
+    std::vector<uint16_t> a16 = cast.to16(a, fp16);
+    std::vector<float> a_wide = cast.from16(a16, fp16), sum(a.size());
+    for (size_t i = 0; i < a.size(); ++i) sum[i] = a_wide[i] + x[i];  // the float sum the op rounds
+    std::vector<uint16_t> want = cast.to16(sum, fp16);
+    auto acc = to_device(*be, a16);
+    auto dx = to_device(*be, x);
+    fp16 ? be->accumulate_fp16(acc.data(), dx.data(), x.size()) : be->accumulate_bf16(acc.data(), dx.data(), x.size());
+    EXPECT_EQ(to_host(*be, acc), want) << (fp16 ? "fp16" : "bf16");
+    if (fp16) {
+      EXPECT_EQ(to_host(*be, acc)[7], 0x7C00);
+    }
+  }
+}
+
 TEST_P(Kernels, CastKnownBitPatterns) {
   Casts cast{*be};
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
