@@ -175,6 +175,19 @@ const std::vector<Key>& schema() {
       integer("zero_optimization.stage3_param_persistence_threshold", 100000, 0, kInf,
               "tensors smaller than this stay whole on every rank"),
 
+      // Activation checkpointing: DeepSpeed's section (deepspeed/runtime/activation_checkpointing/config.py);
+      // `enabled` is ours (in DeepSpeed the model calls checkpoint() itself).
+      boolean("activation_checkpointing.enabled", false, "ours: recompute each block's forward in backward"),
+      boolean("activation_checkpointing.partition_activations", false, "shard checkpoints across tp").not_yet(),
+      boolean("activation_checkpointing.cpu_checkpointing", false, "offload checkpoints to the CPU").not_yet(),
+      boolean("activation_checkpointing.contiguous_memory_optimization", false, "copy checkpoints to one buffer")
+          .not_yet(),
+      integer("activation_checkpointing.number_checkpoints", nullptr, 1, kIntMax, "checkpoints per forward")
+          .not_yet(),
+      boolean("activation_checkpointing.synchronize_checkpoint_boundary", false, "synchronise at checkpoints")
+          .not_yet(),
+      boolean("activation_checkpointing.profile", false, "profile checkpoint timings").not_yet(),
+
       // Layout: dp = world_size / (tp_size * pp_size).
       integer("tensor_parallel.tp_size", 1, 1, kIntMax, "tensor-parallel group size").not_yet(),
       integer("pipeline_parallel.pp_size", 1, 1, kIntMax, "pipeline stages").not_yet(),
@@ -786,6 +799,7 @@ class Resolver {
     c.fp16.min_loss_scale = getd("fp16.min_loss_scale");
     c.fp16.continue_at_min_scale = getb("fp16.continue_at_min_scale");
     c.bf16_enabled = getb("bf16.enabled");
+    c.activation_checkpointing = getb("activation_checkpointing.enabled");
     c.precision = c.fp16.enabled ? "fp16" : c.bf16_enabled ? "bf16" : "fp32";
     c.model.vocab_size = geti("model.vocab_size");
     c.model.seq_len = geti("model.seq_len");

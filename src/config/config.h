@@ -105,6 +105,7 @@ struct Config {
   SchedulerConfig scheduler;
   Fp16Config fp16;
   bool bf16_enabled = false;
+  bool activation_checkpointing = false;  // activation_checkpointing.enabled (ours)
   std::string precision = "fp32";  // "fp32", "fp16" or "bf16", from fp16.enabled / bf16.enabled
   CheckpointConfig checkpoint;
 

@@ -1,6 +1,7 @@
 #include "model/gpt.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/check.h"
@@ -55,22 +56,26 @@ double gpt_flops_per_token(const ModelConfig& m) {
   return 6.0 * n + 6.0 * m.n_layer * static_cast<double>(m.d_model) * (m.seq_len + 1);
 }
 
-GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, int attention_block)
-    : be_(backend), cfg_(config), attention_block_(attention_block), B_(micro_batch), T_(config.seq_len),
+GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options)
+    : be_(backend), cfg_(config), opt_(options), B_(micro_batch), T_(config.seq_len),
       C_(config.d_model), V_(config.vocab_size), L_(config.n_layer), H_(config.n_head), store_(store),
       layout_(store.layout()) {
   Z3D_ASSERT(layout_.tensors.size() == gpt_param_table(config).size(), "parameter layout does not match the model");
 
   const size_t N = static_cast<size_t>(B_) * T_, C = C_, att = static_cast<size_t>(B_) * H_ * T_ * T_;
-  // Activation plan: per layer 16 N*C floats + 4 N statistics + one B*H*T*T attention matrix.
-  const size_t per_layer = N * C * 16 + N * 4 + att;
-  const size_t total = per_layer * L_ + N * C * 2 + N * 2 + N * static_cast<size_t>(V_) + N;
+  // Activation plan. A block's activations: 15 N*C floats (ln1, qkv 3, atty, res2, ln2, fch 4,
+  // fch_gelu 4), 4 N LayerNorm statistics and one B*H*T*T attention matrix; one set per layer,
+  // or a single shared set with activation checkpointing. Plus the residual stream x_0..x_L, the
+  // final LayerNorm, the logits and the per-token losses.
+  const size_t per_set = N * C * 15 + N * 4 + att;
+  const size_t sets = opt_.checkpoint_activations ? 1 : static_cast<size_t>(L_);
+  const size_t total = per_set * sets + N * C * (L_ + 2) + N * 3 + N * static_cast<size_t>(V_);
   acts_ = DeviceBuffer<float>(be_, total);
   activation_bytes_ = acts_.bytes();
   float* p = acts_.data();
   auto take = [&](size_t n) { float* r = p; p += n; return r; };
   enc_ = take(N * C);
-  for (int l = 0; l < L_; ++l) {
+  for (size_t set = 0; set < sets; ++set) {
     LayerActs a{};
     a.ln1 = take(N * C);
     a.ln1_mean = take(N);
@@ -86,6 +91,7 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
     a.fch_gelu = take(4 * N * C);
     layers_.push_back(a);
   }
+  while (static_cast<int>(layers_.size()) < L_) layers_.push_back(layers_.front());  // checkpointing: shared
   // The residual stream: layer l reads x_l and writes x_{l+1}; x_0 is the embedding output.
   std::vector<float*> xs(L_ + 1);
   xs[0] = enc_;
@@ -158,8 +164,8 @@ void GPT::attention_forward(const LayerActs& a) {
     const float* q = a.qkv + static_cast<size_t>(b) * T_ * C3;
     const float* k = q + C_;
     float* s = a.att + static_cast<size_t>(b) * H_ * TT;
-    for (int r0 = 0; r0 < T_; r0 += attention_block_) {
-      const int rows = std::min(attention_block_, T_ - r0), keys = r0 + rows;
+    for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
+      const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
       // S_h[r0:r1, 0:r1] = alpha * Q_h[r0:r1] K_h[0:r1]^T
       be_.gemm_strided_batched(false, true, rows, keys, hd, alpha, q + static_cast<size_t>(r0) * C3, C3, hd, k, C3,
                                hd, 0.0f, s + static_cast<size_t>(r0) * T_, T_, TT, H_);
@@ -170,8 +176,8 @@ void GPT::attention_forward(const LayerActs& a) {
     const float* v = a.qkv + static_cast<size_t>(b) * T_ * C3 + 2 * C_;
     const float* p = a.att + static_cast<size_t>(b) * H_ * TT;
     float* y = a.atty + static_cast<size_t>(b) * T_ * C_;
-    for (int r0 = 0; r0 < T_; r0 += attention_block_) {
-      const int rows = std::min(attention_block_, T_ - r0), keys = r0 + rows;
+    for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
+      const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
       // Y_h[r0:r1] = P_h[r0:r1, 0:r1] V_h[0:r1], into columns h*hd of the (T x C) output
       be_.gemm_strided_batched(false, false, rows, hd, keys, 1.0f, p + static_cast<size_t>(r0) * T_, T_, TT, v, C3,
                                hd, 0.0f, y + static_cast<size_t>(r0) * C_, C_, hd, H_);
@@ -194,8 +200,8 @@ void GPT::attention_backward(float* dqkv, const float* datty, const LayerActs& a
     float* dk = dq + C_;
     float* dv = dq + 2 * C_;
     float* dp = datt_;  // one batch row's dP / dS, reused
-    for (int r0 = 0; r0 < T_; r0 += attention_block_) {
-      const int rows = std::min(attention_block_, T_ - r0), keys = r0 + rows;
+    for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
+      const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
       const float* dy_r = dy + static_cast<size_t>(r0) * C_;
       const float* p_r = p + static_cast<size_t>(r0) * T_;
       float* dp_r = dp + static_cast<size_t>(r0) * T_;
@@ -204,8 +210,8 @@ void GPT::attention_backward(float* dqkv, const float* datty, const LayerActs& a
       be_.gemm_strided_batched(true, false, keys, hd, rows, 1.0f, p_r, T_, TT, dy_r, C_, hd, 1.0f, dv, C3, hd, H_);
     }
     be_.softmax_causal_backward(dp, dp, p, H_ * T_, T_);  // dS, in place
-    for (int r0 = 0; r0 < T_; r0 += attention_block_) {
-      const int rows = std::min(attention_block_, T_ - r0), keys = r0 + rows;
+    for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
+      const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
       const float* ds_r = dp + static_cast<size_t>(r0) * T_;
       // dQ[r] = alpha dS[r] K[0:r1];  dK[0:r1] += alpha dS[r]^T Q[r]
       be_.gemm_strided_batched(false, false, rows, hd, keys, alpha, ds_r, T_, TT, k, C3, hd, 0.0f,
@@ -216,6 +222,25 @@ void GPT::attention_backward(float* dqkv, const float* datty, const LayerActs& a
   }
 }
 
+void GPT::block_forward(const LayerActs& a, const LayerTensors<const float>& w, float* x_next) {
+  const int N = B_ * T_, C = C_;
+  // linear: y[N,out] = x[N,in] W^T + b
+  auto linear = [&](float* y, const float* x, const float* wt, const float* bias, int in, int out) {
+    be_.gemm(false, true, N, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
+    be_.add_bias(y, bias, N, out);
+  };
+  be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b, N, C);
+  linear(a.qkv, a.ln1, w.qkv_w, w.qkv_b, C, 3 * C);
+  attention_forward(a);
+  linear(a.res2, a.atty, w.proj_w, w.proj_b, C, C);
+  be_.accumulate(a.res2, a.x, static_cast<size_t>(N) * C);  // res2 = x + attn
+  be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
+  linear(a.fch, a.ln2, w.fc_w, w.fc_b, C, 4 * C);
+  be_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
+  linear(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, 4 * C, C);
+  be_.accumulate(x_next, a.res2, static_cast<size_t>(N) * C);  // x_next = res2 + mlp
+}
+
 float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const int N = B_ * T_, C = C_;
   be_.copy_from_host(inputs_.data(), inputs, sizeof(int32_t) * N);
@@ -223,26 +248,8 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const float* emb = store_.acquire_params(0);  // held until the LM head
   const float* wte = tensor(emb, 0);
   be_.embedding_forward(enc_, inputs_.data(), wte, tensor(emb, 1), N, T_, C);
-
-  // linear: y[N,out] = x[N,in] W^T + b
-  auto linear = [&](float* y, const float* x, const float* w, const float* bias, int in, int out) {
-    be_.gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
-    be_.add_bias(y, bias, N, out);
-  };
   for (int l = 0; l < L_; ++l) {
-    const LayerActs& a = layers_[l];
-    const auto w = layer_tensors(store_.acquire_params(1 + l), l);
-    float* x_next = l + 1 < L_ ? layers_[l + 1].x : xfinal_;
-    be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b, N, C);
-    linear(a.qkv, a.ln1, w.qkv_w, w.qkv_b, C, 3 * C);
-    attention_forward(a);
-    linear(a.res2, a.atty, w.proj_w, w.proj_b, C, C);
-    be_.accumulate(a.res2, a.x, static_cast<size_t>(N) * C);  // res2 = x + attn
-    be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
-    linear(a.fch, a.ln2, w.fc_w, w.fc_b, C, 4 * C);
-    be_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
-    linear(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, 4 * C, C);
-    be_.accumulate(x_next, a.res2, static_cast<size_t>(N) * C);  // x_next = res2 + mlp
+    block_forward(layers_[l], layer_tensors(store_.acquire_params(1 + l), l), l + 1 < L_ ? layers_[l + 1].x : xfinal_);
     store_.release_params(1 + l);
   }
   const int lnf_unit = L_ + 1;
@@ -298,6 +305,13 @@ void GPT::backward() {
   for (int l = L_ - 1; l >= 0; --l) {
     const LayerActs& a = layers_[l];
     const auto w = layer_tensors(store_.acquire_params(1 + l), l);
+    // Regenerate this block's activations from its input (the last block's are still there).
+    if (opt_.checkpoint_activations && l + 1 < L_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      block_forward(a, w, l + 1 < L_ ? layers_[l + 1].x : xfinal_);
+      be_.synchronize();
+      recompute_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     const auto g = layer_tensors(store_.acquire_grads(1 + l), l);
     // MLP: dres holds d x_{l+1}; it flows unchanged into d res2 through the residual.
     linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, 4 * C, C);

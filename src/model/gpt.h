@@ -45,15 +45,28 @@ void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_la
 // once, as the LM head), plus causal attention: 6 * n_layer * d_model * (seq_len + 1).
 double gpt_flops_per_token(const ModelConfig& m);
 
+struct GPTOptions {
+  // Query rows per causal block in attention (a speed knob; results agree to rounding for any
+  // value, and tests use small ones to cover partial blocks).
+  int attention_block = 256;
+  // Activation checkpointing: keep only each block's input; recompute the block's forward just
+  // before its backward (one set of block activations instead of n_layer; same results bitwise).
+  bool checkpoint_activations = false;
+};
+
 class GPT {
  public:
-  // attention_block: query rows per causal block in attention (a speed knob; results agree to
-  // rounding for any value, and tests use small ones to cover partial blocks).
   // `store` holds the parameters and gradients in the layout of gpt_param_table().
-  GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, int attention_block = 256);
+  GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options = {});
 
   const ModelConfig& config() const { return cfg_; }
-  size_t activation_bytes() const { return activation_bytes_; }
+  size_t activation_bytes() const { return activation_bytes_; }  // activations + backward scratch
+  // Seconds spent recomputing block forwards since the last call (activation checkpointing).
+  double take_recompute_seconds() {
+    double s = recompute_s_;
+    recompute_s_ = 0;
+    return s;
+  }
 
   // Forward on B x T tokens (host arrays). Returns the mean cross-entropy over the B*T tokens.
   // With dloss > 0 the logits' gradient (scaled by dloss per token) is prepared for backward().
@@ -74,11 +87,12 @@ class GPT {
   template <typename F>
   LayerTensors<F> layer_tensors(F* unit_base, int l) const;
   void attention_forward(const LayerActs& a);
+  void block_forward(const LayerActs& a, const LayerTensors<const float>& w, float* x_next);
   void attention_backward(float* dqkv, const float* datty, const LayerActs& a);
 
   Backend& be_;
   ModelConfig cfg_;
-  int attention_block_;
+  GPTOptions opt_;
   int B_, T_, C_, V_, L_, H_;
   ParamStore& store_;
   const FlatLayout& layout_;
@@ -91,6 +105,7 @@ class GPT {
   float *dres_ = nullptr, *dbuf_c_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr, *datt_ = nullptr;
   size_t activation_bytes_ = 0;
   std::vector<float> host_losses_;
+  double recompute_s_ = 0;
   bool have_dlogits_ = false;
 };
 

@@ -51,7 +51,7 @@ struct Trainer::State {
       : cfg(c), opt(o), be(b), groups(g), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
         dp(g.topo.dp), dp_rank(g.coord.dp),
         train_data(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true),
-        engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision), model(b, c.model, micro, engine),
+        engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision), model(b, c.model, micro, engine, GPTOptions{256, c.activation_checkpointing}),
         scaler(c.fp16) {
     if (!c.data.val.empty())
       val_data = std::make_unique<DataLoader>(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false);
@@ -158,6 +158,8 @@ int Trainer::run() {
                          .add("pp", s.groups.topo.pp)
                          .add("zero_stage", c.zero.stage)
                          .add("precision", c.precision)
+                         .add("activation_checkpointing", c.activation_checkpointing)
+                         .add("mem_activations_bytes", static_cast<int64_t>(s.model.activation_bytes()))
                          .add("num_params", static_cast<int64_t>(s.engine.layout().num_params))
                          .add("num_params_padded", static_cast<int64_t>(s.engine.layout().total))
                          .add("num_params_resident", static_cast<int64_t>(s.engine.layout().resident_size))
@@ -244,7 +246,7 @@ int Trainer::run() {
           .add("mem_model_states_bytes", mem_bytes).add("comm_bytes", comm_bytes);
       if (c.wall_clock_breakdown)
         r.add("forward_s", t_fwd).add("backward_s", t_bwd).add("reduce_s", t_reduce).add("optimizer_s", t_opt)
-            .add("allgather_s", t_gather);
+            .add("allgather_s", t_gather).add("recompute_s", s.model.take_recompute_seconds());
       s.metrics->write(r);
     }
 

@@ -2,7 +2,8 @@
 # End-to-end training of gpt-tiny: the validation loss falls by at least 40%, the metrics records
 # carry every required field with 17 significant digits, the resolved config is written, and the
 # same config twice gives bitwise-identical metrics (timings aside), and micro 4 x accumulation 2
-# matches micro 8 x accumulation 1 within 1e-5.
+# matches micro 8 x accumulation 1 within 1e-5, and activation checkpointing gives the same losses
+# bit for bit with less activation memory.
 # usage: test_train.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 z3d=$1; src=$2
@@ -13,6 +14,8 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 grep -q "step    200/200" "$tmp/full.log"
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/a" --peak-flops 1e11 --set train_steps=15 --set data.val_interval=5 > /dev/null
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/b" --peak-flops 1e11 --set train_steps=15 --set data.val_interval=5 > /dev/null
+"$z3d" train input/gpt-tiny.json --run-dir "$tmp/ckpt" --peak-flops 1e11 --set train_steps=15 --set data.val_interval=5 \
+  --set activation_checkpointing.enabled=true --set wall_clock_breakdown=true > /dev/null
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/acc" --peak-flops 1e11 --set train_steps=15 --set data.val_interval=5 \
   --set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=2 > /dev/null
 
@@ -50,5 +53,12 @@ assert a == b, "two identical runs differ"
 acc = [r for r in records("acc") if r["kind"] == "train"]
 for x, y in zip([r for r in records("a") if r["kind"] == "train"], acc):
     assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(x["loss"]), (x["step"], x["loss"], y["loss"])
-print("train: 5 passed, 0 failed")
+# activation checkpointing: the same losses bit for bit, less activation memory, recompute timed
+ck = records("ckpt")
+assert [r["loss"] for r in ck if r["kind"] == "train"] == [r["loss"] for r in records("a") if r["kind"] == "train"], \
+    "checkpointing changed the losses"
+assert ck[0]["mem_activations_bytes"] < records("a")[0]["mem_activations_bytes"], "checkpointing saved no memory"
+assert all(r["recompute_s"] > 0 for r in ck if r["kind"] == "train")
+print(f"activation checkpointing: {ck[0]['mem_activations_bytes']} vs {records('a')[0]['mem_activations_bytes']} activation bytes")
+print("train: 6 passed, 0 failed")
 PY

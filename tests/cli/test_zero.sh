@@ -39,6 +39,7 @@ run dp4_s2_overlap_again 4 --set zero_optimization.stage=2 --set zero_optimizati
 run dp4_s1_allreduce 4 --set zero_optimization.stage=1 --set zero_optimization.reduce_scatter=false
 run dp4_s2_allreduce 4 --set zero_optimization.stage=2 --set zero_optimization.reduce_scatter=false \
   --set zero_optimization.overlap_comm=true
+run dp4_s3_ckpt 4 --set zero_optimization.stage=3 --set activation_checkpointing.enabled=true "${strict3[@]}"
 run dp2_s2_accum 2 --set zero_optimization.stage=2 --set train_micro_batch_size_per_gpu=2 \
   --set gradient_accumulation_steps=2
 
