@@ -43,12 +43,14 @@ class Backend {
                                     float beta, float* C, int ldc, long strideC, int batch) = 0;
 
   // ---- elementwise / per-row ops (N rows of C columns) ----
-  // out[n,:] = wte[tokens[n],:] + wpe[n % T,:]
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                                 int N, int T, int C) = 0;
-  // dwte[tokens[n],:] += dout[n,:]; dwpe[n % T,:] += dout[n,:]
-  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                                  int N, int T, int C) = 0;
+  // out[n,:] = wte[tokens[n] - vocab_start,:] + wpe[n % T,:], where wte holds the vocab_rows rows
+  // [vocab_start, vocab_start + vocab_rows) of the embedding (all of it without tensor parallelism);
+  // a token outside them contributes 0, and wpe == nullptr adds no position embedding.
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
+                                 int C, int vocab_start, int vocab_rows) = 0;
+  // dwte[tokens[n] - vocab_start,:] += dout[n,:] for tokens in range; dwpe[n % T,:] += dout[n,:]
+  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
+                                  int C, int vocab_start, int vocab_rows) = 0;
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
                                  const float* b, int N, int C) = 0;
   // dx += ...; dw += ...; db += ...
@@ -67,6 +69,15 @@ class Backend {
   // = (softmax - onehot) * dloss.
   virtual void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                             int N, int V, float dloss) = 0;
+  // Vocab-parallel cross-entropy (each tensor-parallel rank holds V of the vocabulary's logits,
+  // starting at vocab_start): the row maxima, then (after an all-reduce max) each row's sum of
+  // exp(z - max) and the target's logit (0 when the target is not in this rank's range), then
+  // (after an all-reduce sum) dlogits = (softmax - onehot) * dloss, in place allowed.
+  virtual void vocab_row_max(float* row_max, const float* logits, int N, int V) = 0;
+  virtual void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
+                            const int32_t* targets, int vocab_start, int N, int V) = 0;
+  virtual void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
+                                       const int32_t* targets, int vocab_start, int N, int V, float dloss) = 0;
   virtual void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) = 0;
   virtual void scale(float* x, float s, size_t n) = 0;
   virtual void cast_to_bf16(uint16_t* out, const float* x, size_t n) = 0;

@@ -67,10 +67,12 @@ void launch(cudaStream_t stream, size_t work, void (*kernel)(KernelArgs...), Arg
 // ---- elementwise kernels ----
 
 __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                                         size_t N, int T, int C) {
+                                         size_t N, int T, int C, int vocab_start, int vocab_rows) {
   Z3D_GRID_LOOP(i, N * C) {
     size_t n = i / C, c = i % C;
-    out[i] = wte[static_cast<size_t>(tokens[n]) * C + c] + wpe[(n % T) * C + c];
+    const int row = tokens[n] - vocab_start;
+    const float e = row >= 0 && row < vocab_rows ? wte[static_cast<size_t>(row) * C + c] : 0.0f;
+    out[i] = e + (wpe ? wpe[(n % T) * C + c] : 0.0f);
   }
 }
 
@@ -78,10 +80,11 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
 // dwte) is nondeterministic. A deterministic version would sort rows by token (llm.c
 // encoder_backward_kernel) and is future work.
 __global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, size_t N,
-                                              int C) {
+                                              int C, int vocab_start, int vocab_rows) {
   Z3D_GRID_LOOP(i, N * C) {
     size_t n = i / C, c = i % C;
-    atomicAdd(dwte + static_cast<size_t>(tokens[n]) * C + c, dout[i]);
+    const int row = tokens[n] - vocab_start;
+    if (row >= 0 && row < vocab_rows) atomicAdd(dwte + static_cast<size_t>(row) * C + c, dout[i]);
   }
 }
 
@@ -169,6 +172,28 @@ __global__ void softmax_causal_backward_kernel(float* dpre, const float* dp, con
 
 // dlogits may alias logits (the row function reads each row fully before writing it), so no
 // __restrict__ here.
+__global__ void vocab_row_max_kernel(float* row_max, const float* logits, size_t N, int V) {
+  Z3D_GRID_LOOP(n, N) row_max[n] = math::row_max(logits + n * V, V);
+}
+__global__ void vocab_sumexp_kernel(float* sumexp, float* target_logit, const float* logits, const float* row_max,
+                                    const int32_t* targets, int vocab_start, size_t N, int V) {
+  Z3D_GRID_LOOP(n, N) {
+    const float* z = logits + n * V;
+    sumexp[n] = math::row_sumexp(z, V, row_max[n]);
+    const int t = targets[n] - vocab_start;
+    target_logit[n] = t >= 0 && t < V ? z[t] : 0.0f;
+  }
+}
+__global__ void vocab_crossentropy_grad_kernel(float* dlogits, const float* logits, const float* row_max,
+                                               const float* sumexp, const int32_t* targets, int vocab_start, size_t N,
+                                               int V, float dloss) {
+  Z3D_GRID_LOOP(n, N) {
+    const int t = targets[n] - vocab_start;
+    math::crossentropy_row_grad(dlogits + n * V, logits + n * V, V, row_max[n], sumexp[n], t >= 0 && t < V ? t : -1,
+                                dloss);
+  }
+}
+
 __global__ void crossentropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                     size_t N, int V, float dloss) {
   Z3D_GRID_LOOP(n, N) {
@@ -358,13 +383,15 @@ class CudaBackend final : public Backend {
 
   // ---- elementwise / per-row ops ----
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
-                         int C) override {
-    launch(stream(), rows(N) * C, embedding_forward_kernel, out, tokens, wte, wpe, rows(N), T, C);
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
+                         int vocab_start, int vocab_rows) override {
+    launch(stream(), rows(N) * C, embedding_forward_kernel, out, tokens, wte, wpe, rows(N), T, C, vocab_start,
+           vocab_rows);
   }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
-                          int C) override {
-    launch(stream(), rows(N) * C, embedding_backward_wte_kernel, dwte, dout, tokens, rows(N), C);
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
+                          int vocab_start, int vocab_rows) override {
+    launch(stream(), rows(N) * C, embedding_backward_wte_kernel, dwte, dout, tokens, rows(N), C, vocab_start,
+           vocab_rows);
     launch(stream(), std::min(rows(N), rows(T)) * C, embedding_backward_wpe_kernel, dwpe, dout, rows(N), T, C);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
@@ -397,6 +424,19 @@ class CudaBackend final : public Backend {
   }
   void softmax_causal_backward(float* dpre, const float* dp, const float* p, int rows_, int T) override {
     launch(stream(), rows(rows_), softmax_causal_backward_kernel, dpre, dp, p, rows(rows_), T);
+  }
+  void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
+    launch(stream(), rows(N), vocab_row_max_kernel, row_max, logits, rows(N), V);
+  }
+  void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
+                    const int32_t* targets, int vocab_start, int N, int V) override {
+    launch(stream(), rows(N), vocab_sumexp_kernel, sumexp, target_logit, logits, row_max, targets, vocab_start, rows(N),
+           V);
+  }
+  void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
+                               const int32_t* targets, int vocab_start, int N, int V, float dloss) override {
+    launch(stream(), rows(N), vocab_crossentropy_grad_kernel, dlogits, logits, row_max, sumexp, targets, vocab_start,
+           rows(N), V, dloss);
   }
   void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                     float dloss) override {

@@ -61,26 +61,28 @@ class HostBackend final : public Backend {
                   C + i * strideC, ldc);
   }
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
-                         int C) override {
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
+                         int vocab_start, int vocab_rows) override {
     for_each(N, [=](size_t n) {
-      const float* e = wte + static_cast<size_t>(tokens[n]) * C;
-      const float* p = wpe + (n % T) * C;
+      const int row = tokens[n] - vocab_start;
+      const bool here = row >= 0 && row < vocab_rows;
+      const float* e = wte + static_cast<size_t>(here ? row : 0) * C;
+      const float* p = wpe ? wpe + (n % T) * C : nullptr;
       float* o = out + n * C;
-      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      for (int c = 0; c < C; ++c) o[c] = (here ? e[c] : 0.0f) + (p ? p[c] : 0.0f);
     });
   }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
-                          int C) override {
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
+                          int vocab_start, int vocab_rows) override {
     // Serial over rows: two rows may share a token (and every T-th row a position).
     for (int n = 0; n < N; ++n) {
       const float* d = dout + static_cast<size_t>(n) * C;
-      float* e = dwte + static_cast<size_t>(tokens[n]) * C;
+      const int row = tokens[n] - vocab_start;
       float* p = dwpe + static_cast<size_t>(n % T) * C;
-      for (int c = 0; c < C; ++c) {
-        e[c] += d[c];
-        p[c] += d[c];
-      }
+      for (int c = 0; c < C; ++c) p[c] += d[c];
+      if (row < 0 || row >= vocab_rows) continue;
+      float* e = dwte + static_cast<size_t>(row) * C;
+      for (int c = 0; c < C; ++c) e[c] += d[c];
     }
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
@@ -139,6 +141,26 @@ class HostBackend final : public Backend {
       const float* z = logits + n * V;
       losses[n] = dlogits ? math::crossentropy_row_forward_backward(dlogits + n * V, z, targets[n], V, dloss)
                           : math::crossentropy_row_forward(z, targets[n], V);
+    });
+  }
+  void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
+    for_each(N, [=](size_t n) { row_max[n] = math::row_max(logits + n * V, V); });
+  }
+  void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
+                    const int32_t* targets, int vocab_start, int N, int V) override {
+    for_each(N, [=](size_t n) {
+      const float* z = logits + n * V;
+      sumexp[n] = math::row_sumexp(z, V, row_max[n]);
+      const int t = targets[n] - vocab_start;
+      target_logit[n] = t >= 0 && t < V ? z[t] : 0.0f;
+    });
+  }
+  void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
+                               const int32_t* targets, int vocab_start, int N, int V, float dloss) override {
+    for_each(N, [=](size_t n) {
+      const int t = targets[n] - vocab_start;
+      math::crossentropy_row_grad(dlogits + n * V, logits + n * V, V, row_max[n], sumexp[n], t >= 0 && t < V ? t : -1,
+                                  dloss);
     });
   }
   void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) override {

@@ -189,7 +189,7 @@ const std::vector<Key>& schema() {
       boolean("activation_checkpointing.profile", false, "profile checkpoint timings").not_yet(),
 
       // Layout: dp = world_size / (tp_size * pp_size).
-      integer("tensor_parallel.tp_size", 1, 1, kIntMax, "tensor-parallel group size").not_yet(),
+      integer("tensor_parallel.tp_size", 1, 1, kIntMax, "tensor-parallel group size (Megatron-style)"),
       integer("pipeline_parallel.pp_size", 1, 1, kIntMax, "pipeline stages").not_yet(),
 
       // zero3d's own sections.
@@ -666,8 +666,8 @@ class Resolver {
       // overlap_comm has no fixed default: DeepSpeed turns it on exactly for stage 3.
       json def = k.path == "zero_optimization.overlap_comm" ? json(value("zero_optimization.stage") == 3) : k.def;
       if (value_.at(k.path) == def) continue;
-      fail(k.path, strprintf("config key '%s' = %s is recognised but not supported yet in this version of zero3d "
-                             "(fp32, data parallel, ZeRO stages 0-3); remove it or set it to its default %s",
+      fail(k.path, strprintf("config key '%s' = %s is recognised but not supported yet in this version of zero3d; "
+                             "remove it or set it to its default %s",
                              k.path.c_str(), show(value_.at(k.path)).c_str(), show(def).c_str()));
     }
   }
@@ -755,6 +755,17 @@ class Resolver {
            strprintf("model.d_model %lld must be divisible by model.n_head %lld (each head gets d_model / n_head "
                      "channels)",
                      (long long)d, (long long)h));
+    const int64_t tp = value("tensor_parallel.tp_size").get<int64_t>(), v = value("model.vocab_size").get<int64_t>();
+    if (h % tp != 0)
+      fail({"tensor_parallel.tp_size", "model.n_head"},
+           strprintf("model.n_head %lld must be divisible by tensor_parallel.tp_size %lld (attention heads are split "
+                     "across the tensor-parallel ranks)",
+                     (long long)h, (long long)tp));
+    if (v % tp != 0)
+      fail({"tensor_parallel.tp_size", "model.vocab_size"},
+           strprintf("model.vocab_size %lld must be divisible by tensor_parallel.tp_size %lld (the embedding and LM "
+                     "head are split by vocabulary rows; pad the vocabulary, as llm.c's 50304 does)",
+                     (long long)v, (long long)tp));
   }
 
   void fill(Config& c) {

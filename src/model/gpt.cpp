@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "model/param_store.h"
+#include "parallel/comm.h"
 
 namespace zero3d {
 
@@ -15,59 +16,82 @@ namespace {
 enum LayerParam { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kNumLayerParams };
 }  // namespace
 
-std::vector<ParamInfo> gpt_param_table(const ModelConfig& m) {
+std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp, int tp_rank) {
   const int64_t V = m.vocab_size, T = m.seq_len, C = m.d_model;
   std::vector<ParamInfo> t;
   int unit = 0;
-  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay) {
-    ParamInfo p{std::move(name), std::move(shape), 0, 1, decay, unit};
+  auto add = [&](std::string name, std::vector<int64_t> logical, bool decay, TpSplit split) {
+    ParamInfo p{std::move(name), logical, 0, 1, decay, unit, split, logical, tp, tp_rank};
+    if (split == TpSplit::cols) p.shape[1] /= tp;
+    else if (split != TpSplit::none) p.shape[0] /= tp;
     for (auto d : p.shape) p.size *= static_cast<size_t>(d);
     p.offset = t.empty() ? 0 : t.back().offset + t.back().size;
     t.push_back(std::move(p));
   };
-  add("wte", {V, C}, true);
-  add("wpe", {T, C}, true);
+  using S = TpSplit;
+  add("wte", {V, C}, true, S::rows);  // vocab-parallel embedding and LM head
+  add("wpe", {T, C}, true, S::none);
   for (int l = 0; l < m.n_layer; ++l) {
     unit = 1 + l;
     std::string h = "h." + std::to_string(l) + ".";
-    add(h + "ln_1.weight", {C}, false);
-    add(h + "ln_1.bias", {C}, false);
-    add(h + "attn.c_attn.weight", {3 * C, C}, true);
-    add(h + "attn.c_attn.bias", {3 * C}, false);
-    add(h + "attn.c_proj.weight", {C, C}, true);
-    add(h + "attn.c_proj.bias", {C}, false);
-    add(h + "ln_2.weight", {C}, false);
-    add(h + "ln_2.bias", {C}, false);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, true);
-    add(h + "mlp.c_fc.bias", {4 * C}, false);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, true);
-    add(h + "mlp.c_proj.bias", {C}, false);
+    add(h + "ln_1.weight", {C}, false, S::none);
+    add(h + "ln_1.bias", {C}, false, S::none);
+    add(h + "attn.c_attn.weight", {3 * C, C}, true, S::rows3);  // column-parallel, whole heads
+    add(h + "attn.c_attn.bias", {3 * C}, false, S::rows3);
+    add(h + "attn.c_proj.weight", {C, C}, true, S::cols);  // row-parallel
+    add(h + "attn.c_proj.bias", {C}, false, S::none);
+    add(h + "ln_2.weight", {C}, false, S::none);
+    add(h + "ln_2.bias", {C}, false, S::none);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, true, S::rows);  // column-parallel
+    add(h + "mlp.c_fc.bias", {4 * C}, false, S::rows);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, true, S::cols);  // row-parallel
+    add(h + "mlp.c_proj.bias", {C}, false, S::none);
   }
   unit = m.n_layer + 1;
-  add("ln_f.weight", {C}, false);
-  add("ln_f.bias", {C}, false);
+  add("ln_f.weight", {C}, false, S::none);
+  add("ln_f.bias", {C}, false, S::none);
   return t;
 }
 
-double gpt_flops_per_token(const ModelConfig& m) {
+size_t logical_index(const ParamInfo& p, size_t local) {
+  const size_t cols = p.shape.size() > 1 ? static_cast<size_t>(p.shape[1]) : 1;
+  const size_t i = local / cols, j = local % cols, r = static_cast<size_t>(p.tp_rank);
+  const size_t rows = static_cast<size_t>(p.shape[0]);
+  switch (p.split) {
+    case TpSplit::none: return local;
+    case TpSplit::rows: return (r * rows + i) * cols + j;
+    case TpSplit::rows3: {  // local rows [q_r | k_r | v_r], each rows/3 long
+      const size_t part = rows / 3, block = i / part, within = i % part;
+      return (block * part * p.tp + r * part + within) * cols + j;
+    }
+    case TpSplit::cols: return i * cols * p.tp + r * cols + j;
+  }
+  return local;
+}
+
+double gpt_flops_per_token(const ModelConfig& m) {  // the whole model's, whatever the layout
   double n = 0;
   for (const auto& p : gpt_param_table(m))
     if (p.name != "wpe") n += static_cast<double>(p.size);
   return 6.0 * n + 6.0 * m.n_layer * static_cast<double>(m.d_model) * (m.seq_len + 1);
 }
 
-GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options)
-    : be_(backend), cfg_(config), opt_(options), B_(micro_batch), T_(config.seq_len),
-      C_(config.d_model), V_(config.vocab_size), L_(config.n_layer), H_(config.n_head), store_(store),
-      layout_(store.layout()) {
+GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options,
+         ProcessGroup* tp)
+    : be_(backend), cfg_(config), opt_(options), tp_(tp), tp_size_(tp ? tp->size() : 1), tp_rank_(tp ? tp->rank() : 0),
+      B_(micro_batch), T_(config.seq_len), C_(config.d_model), V_(config.vocab_size / tp_size_), L_(config.n_layer),
+      H_(config.n_head / tp_size_), A_(config.d_model / tp_size_), F_(4 * config.d_model / tp_size_),
+      vocab_start_(tp_rank_ * V_), store_(store), layout_(store.layout()) {
   Z3D_ASSERT(layout_.tensors.size() == gpt_param_table(config).size(), "parameter layout does not match the model");
+  Z3D_ASSERT(layout_.tensors[0].tp == tp_size_ && layout_.tensors[0].tp_rank == tp_rank_,
+             "parameter layout is for another tensor-parallel rank");
 
-  const size_t N = static_cast<size_t>(B_) * T_, C = C_, att = static_cast<size_t>(B_) * H_ * T_ * T_;
-  // Activation plan. A block's activations: 15 N*C floats (ln1, qkv 3, atty, res2, ln2, fch 4,
-  // fch_gelu 4), 4 N LayerNorm statistics and one B*H*T*T attention matrix; one set per layer,
-  // or a single shared set with activation checkpointing. Plus the residual stream x_0..x_L, the
-  // final LayerNorm, the logits and the per-token losses.
-  const size_t per_set = N * C * 15 + N * 4 + att;
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_, att = static_cast<size_t>(B_) * H_ * T_ * T_;
+  // Activation plan. A block's activations: ln1, res2, ln2 (N*C each), qkv (3 N*A), atty (N*A),
+  // fch and fch_gelu (N*F each), 4 N LayerNorm statistics and one B*H*T*T attention matrix (this
+  // rank's heads); one set per layer, or a single shared set with activation checkpointing. Plus
+  // the residual stream x_0..x_L, the final LayerNorm, this rank's logits and the losses.
+  const size_t per_set = N * C * 3 + N * A * 4 + N * F * 2 + N * 4 + att;
   const size_t sets = opt_.checkpoint_activations ? 1 : static_cast<size_t>(L_);
   const size_t total = per_set * sets + N * C * (L_ + 2) + N * 3 + N * static_cast<size_t>(V_);
   acts_ = DeviceBuffer<float>(be_, total);
@@ -80,15 +104,15 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
     a.ln1 = take(N * C);
     a.ln1_mean = take(N);
     a.ln1_rstd = take(N);
-    a.qkv = take(3 * N * C);
+    a.qkv = take(3 * N * A);
     a.att = take(att);
-    a.atty = take(N * C);
+    a.atty = take(N * A);
     a.res2 = take(N * C);
     a.ln2 = take(N * C);
     a.ln2_mean = take(N);
     a.ln2_rstd = take(N);
-    a.fch = take(4 * N * C);
-    a.fch_gelu = take(4 * N * C);
+    a.fch = take(N * F);
+    a.fch_gelu = take(N * F);
     layers_.push_back(a);
   }
   while (static_cast<int>(layers_.size()) < L_) layers_.push_back(layers_.front());  // checkpointing: shared
@@ -107,19 +131,21 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
 
   // Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradient, and
   // the attention-probability gradient of one batch row (reused across the batch).
-  const size_t scratch = N * C * 2 + 3 * N * C + 4 * N * C + att / B_;
+  const size_t scratch = N * C * 2 + 3 * N * A + N * F + att / B_;
   scratch_ = DeviceBuffer<float>(be_, scratch);
   float* s = scratch_.data();
   dres_ = s; s += N * C;
   dbuf_c_ = s; s += N * C;
-  dqkv_ = s; s += 3 * N * C;
-  dfch_ = s; s += 4 * N * C;
+  dqkv_ = s; s += 3 * N * A;
+  dfch_ = s; s += N * F;
   datt_ = s;
   activation_bytes_ += scratch_.bytes();
 
   inputs_ = DeviceBuffer<int32_t>(be_, N);
   targets_ = DeviceBuffer<int32_t>(be_, N);
+  ce_ = DeviceBuffer<float>(be_, 3 * N);
   host_losses_.resize(N);
+  host_ce_.resize(3 * N);
 }
 
 template <typename F>
@@ -147,7 +173,15 @@ void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_la
   } else {
     const bool residual = p.name.ends_with("c_proj.weight");
     const double std = 0.02 * (residual ? 1.0 / std::sqrt(2.0 * n_layer) : 1.0);
-    for (size_t k = begin; k < end; ++k) out[k - begin] = static_cast<float>(std * normal_at(seed, index, k));
+    for (size_t k = begin; k < end; ++k)
+      out[k - begin] = static_cast<float>(std * normal_at(seed, index, logical_index(p, k)));
+  }
+}
+
+void GPT::tp_all_reduce(float* x, size_t n) {
+  if (tp_size_ > 1) {
+    be_.synchronize();
+    tp_->all_reduce_sum(x, n);
   }
 }
 
@@ -157,12 +191,12 @@ void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_la
 // skip the upper triangle of blocks (about 40% of the attention FLOPs at T = 1024). Score entries
 // right of the diagonal inside a block are computed and then zeroed by the causal softmax.
 void GPT::attention_forward(const LayerActs& a) {
-  const int hd = C_ / H_, C3 = 3 * C_;
+  const int hd = A_ / H_, C3 = 3 * A_;
   const float alpha = 1.0f / std::sqrt(static_cast<float>(hd));
   const long TT = static_cast<long>(T_) * T_;
   for (int b = 0; b < B_; ++b) {
     const float* q = a.qkv + static_cast<size_t>(b) * T_ * C3;
-    const float* k = q + C_;
+    const float* k = q + A_;
     float* s = a.att + static_cast<size_t>(b) * H_ * TT;
     for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
       const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
@@ -173,41 +207,41 @@ void GPT::attention_forward(const LayerActs& a) {
   }
   be_.softmax_causal_forward(a.att, a.att, B_ * H_ * T_, T_);
   for (int b = 0; b < B_; ++b) {
-    const float* v = a.qkv + static_cast<size_t>(b) * T_ * C3 + 2 * C_;
+    const float* v = a.qkv + static_cast<size_t>(b) * T_ * C3 + 2 * A_;
     const float* p = a.att + static_cast<size_t>(b) * H_ * TT;
-    float* y = a.atty + static_cast<size_t>(b) * T_ * C_;
+    float* y = a.atty + static_cast<size_t>(b) * T_ * A_;
     for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
       const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
       // Y_h[r0:r1] = P_h[r0:r1, 0:r1] V_h[0:r1], into columns h*hd of the (T x C) output
       be_.gemm_strided_batched(false, false, rows, hd, keys, 1.0f, p + static_cast<size_t>(r0) * T_, T_, TT, v, C3,
-                               hd, 0.0f, y + static_cast<size_t>(r0) * C_, C_, hd, H_);
+                               hd, 0.0f, y + static_cast<size_t>(r0) * A_, A_, hd, H_);
     }
   }
 }
 
 void GPT::attention_backward(float* dqkv, const float* datty, const LayerActs& a) {
-  const int hd = C_ / H_, C3 = 3 * C_;
+  const int hd = A_ / H_, C3 = 3 * A_;
   const float alpha = 1.0f / std::sqrt(static_cast<float>(hd));
   const long TT = static_cast<long>(T_) * T_;
   be_.zero(dqkv, sizeof(float) * static_cast<size_t>(B_) * T_ * C3);  // dK, dV accumulate over row blocks
   for (int b = 0; b < B_; ++b) {
     const float* q = a.qkv + static_cast<size_t>(b) * T_ * C3;
-    const float* k = q + C_;
-    const float* v = q + 2 * C_;
+    const float* k = q + A_;
+    const float* v = q + 2 * A_;
     const float* p = a.att + static_cast<size_t>(b) * H_ * TT;
-    const float* dy = datty + static_cast<size_t>(b) * T_ * C_;
+    const float* dy = datty + static_cast<size_t>(b) * T_ * A_;
     float* dq = dqkv + static_cast<size_t>(b) * T_ * C3;
-    float* dk = dq + C_;
-    float* dv = dq + 2 * C_;
+    float* dk = dq + A_;
+    float* dv = dq + 2 * A_;
     float* dp = datt_;  // one batch row's dP / dS, reused
     for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
       const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
-      const float* dy_r = dy + static_cast<size_t>(r0) * C_;
+      const float* dy_r = dy + static_cast<size_t>(r0) * A_;
       const float* p_r = p + static_cast<size_t>(r0) * T_;
       float* dp_r = dp + static_cast<size_t>(r0) * T_;
       // dP[r] = dY[r] V[0:r1]^T;  dV[0:r1] += P[r]^T dY[r]
-      be_.gemm_strided_batched(false, true, rows, keys, hd, 1.0f, dy_r, C_, hd, v, C3, hd, 0.0f, dp_r, T_, TT, H_);
-      be_.gemm_strided_batched(true, false, keys, hd, rows, 1.0f, p_r, T_, TT, dy_r, C_, hd, 1.0f, dv, C3, hd, H_);
+      be_.gemm_strided_batched(false, true, rows, keys, hd, 1.0f, dy_r, A_, hd, v, C3, hd, 0.0f, dp_r, T_, TT, H_);
+      be_.gemm_strided_batched(true, false, keys, hd, rows, 1.0f, p_r, T_, TT, dy_r, A_, hd, 1.0f, dv, C3, hd, H_);
     }
     be_.softmax_causal_backward(dp, dp, p, H_ * T_, T_);  // dS, in place
     for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
@@ -222,23 +256,58 @@ void GPT::attention_backward(float* dqkv, const float* datty, const LayerActs& a
   }
 }
 
+// Megatron's block: column-parallel qkv and fc (each rank computes its heads / its quarter of the
+// MLP), row-parallel proj and fc_proj (each rank's partial product, then one all-reduce, then the
+// replicated bias): two all-reduces per block forward, two in backward.
 void GPT::block_forward(const LayerActs& a, const LayerTensors<const float>& w, float* x_next) {
   const int N = B_ * T_, C = C_;
-  // linear: y[N,out] = x[N,in] W^T + b
-  auto linear = [&](float* y, const float* x, const float* wt, const float* bias, int in, int out) {
-    be_.gemm(false, true, N, out, in, 1.0f, x, in, wt, in, 0.0f, y, out);
+  const size_t NC = static_cast<size_t>(N) * C;
+  auto column_parallel = [&](float* y, const float* x, const float* wt, const float* bias, int out) {
+    be_.gemm(false, true, N, out, C, 1.0f, x, C, wt, C, 0.0f, y, out);
     be_.add_bias(y, bias, N, out);
   };
+  auto row_parallel = [&](float* y, const float* x, const float* wt, const float* bias, int in) {
+    be_.gemm(false, true, N, C, in, 1.0f, x, in, wt, in, 0.0f, y, C);
+    tp_all_reduce(y, NC);
+    be_.add_bias(y, bias, N, C);
+  };
   be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b, N, C);
-  linear(a.qkv, a.ln1, w.qkv_w, w.qkv_b, C, 3 * C);
+  column_parallel(a.qkv, a.ln1, w.qkv_w, w.qkv_b, 3 * A_);
   attention_forward(a);
-  linear(a.res2, a.atty, w.proj_w, w.proj_b, C, C);
-  be_.accumulate(a.res2, a.x, static_cast<size_t>(N) * C);  // res2 = x + attn
+  row_parallel(a.res2, a.atty, w.proj_w, w.proj_b, A_);
+  be_.accumulate(a.res2, a.x, NC);  // res2 = x + attn
   be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
-  linear(a.fch, a.ln2, w.fc_w, w.fc_b, C, 4 * C);
-  be_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * 4 * C);
-  linear(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, 4 * C, C);
-  be_.accumulate(x_next, a.res2, static_cast<size_t>(N) * C);  // x_next = res2 + mlp
+  column_parallel(a.fch, a.ln2, w.fc_w, w.fc_b, F_);
+  be_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * F_);
+  row_parallel(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, F_);
+  be_.accumulate(x_next, a.res2, NC);  // x_next = res2 + mlp
+}
+
+// Mean cross-entropy of the logits, preparing dlogits (in place) when dloss > 0. With tensor
+// parallelism each rank holds V/tp of the logits: the row maxima, the sums of exponentials and
+// the target logits are all-reduced; the whole logits never exist on one rank.
+float GPT::crossentropy(float dloss) {
+  const int N = B_ * T_;
+  const bool grad = dloss > 0.0f;
+  if (tp_size_ == 1) {
+    be_.crossentropy(losses_, grad ? logits_ : nullptr, logits_, targets_.data(), N, V_, dloss);
+    be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
+  } else {
+    float *row_max = ce_.data(), *sumexp = row_max + N, *target = sumexp + N;
+    be_.vocab_row_max(row_max, logits_, N, V_);
+    be_.synchronize();
+    tp_->all_reduce_max(row_max, N);
+    be_.vocab_sumexp(sumexp, target, logits_, row_max, targets_.data(), vocab_start_, N, V_);
+    be_.synchronize();
+    tp_->all_reduce_sum(sumexp, 2 * static_cast<size_t>(N));  // sums and target logits together
+    if (grad) be_.vocab_crossentropy_grad(logits_, logits_, row_max, sumexp, targets_.data(), vocab_start_, N, V_, dloss);
+    be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * N);
+    for (int n = 0; n < N; ++n)
+      host_losses_[n] = std::log(host_ce_[N + n]) + (host_ce_[n] - host_ce_[2 * N + n]);
+  }
+  double sum = 0.0;
+  for (float v : host_losses_) sum += v;
+  return static_cast<float>(sum / N);
 }
 
 float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
@@ -247,7 +316,9 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   be_.copy_from_host(targets_.data(), targets, sizeof(int32_t) * N);
   const float* emb = store_.acquire_params(0);  // held until the LM head
   const float* wte = tensor(emb, 0);
-  be_.embedding_forward(enc_, inputs_.data(), wte, tensor(emb, 1), N, T_, C);
+  // Vocab-parallel embedding: each rank looks up its rows (others give 0), rank 0 adds positions.
+  be_.embedding_forward(enc_, inputs_.data(), wte, tp_rank_ == 0 ? tensor(emb, 1) : nullptr, N, T_, C, vocab_start_, V_);
+  tp_all_reduce(enc_, static_cast<size_t>(N) * C);
   for (int l = 0; l < L_; ++l) {
     block_forward(layers_[l], layer_tensors(store_.acquire_params(1 + l), l), l + 1 < L_ ? layers_[l + 1].x : xfinal_);
     store_.release_params(1 + l);
@@ -260,11 +331,7 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   store_.release_params(lnf_unit);
   store_.release_params(0);
   have_dlogits_ = dloss > 0.0f;
-  be_.crossentropy(losses_, have_dlogits_ ? logits_ : nullptr, logits_, targets_.data(), N, V_, dloss);
-  be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
-  double sum = 0.0;
-  for (float v : host_losses_) sum += v;
-  return static_cast<float>(sum / N);
+  return crossentropy(dloss);
 }
 
 void GPT::backward() {
@@ -282,8 +349,9 @@ void GPT::backward() {
   const float* wte = tensor(emb, 0);
   float* dwte = tensor(demb, 0);
 
-  // LM head: dlnf = dlogits wte; dwte += dlogits^T lnf
+  // LM head: dlnf = dlogits wte (summed over the vocab-parallel ranks); dwte += dlogits^T lnf
   be_.gemm(false, false, N, C, V_, 1.0f, logits_, V_, wte, C, 0.0f, dbuf_c_, C);
+  tp_all_reduce(dbuf_c_, NC);
   be_.gemm(true, false, V_, C, N, 1.0f, logits_, V_, lnf_, C, 1.0f, dwte, C);
   {
     const float* fin = store_.acquire_params(lnf_unit);
@@ -314,19 +382,22 @@ void GPT::backward() {
     }
     const auto g = layer_tensors(store_.acquire_grads(1 + l), l);
     // MLP: dres holds d x_{l+1}; it flows unchanged into d res2 through the residual.
-    linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, 4 * C, C);
-    be_.gelu_backward(dfch_, a.fch, dfch_, NC * 4);
-    linear_backward(dbuf_c_, g.fc_w, g.fc_b, dfch_, a.ln2, w.fc_w, C, 4 * C);
+    // Row-parallel layers need no communication backward; column-parallel ones all-reduce dx.
+    linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, F_, C);
+    be_.gelu_backward(dfch_, a.fch, dfch_, static_cast<size_t>(N) * F_);
+    linear_backward(dbuf_c_, g.fc_w, g.fc_b, dfch_, a.ln2, w.fc_w, C, F_);
+    tp_all_reduce(dbuf_c_, NC);
     be_.layernorm_backward(dres_, g.ln2_w, g.ln2_b, dbuf_c_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
     // Attention: dres now holds d res2, which flows unchanged into d x_l.
-    linear_backward(dbuf_c_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, C, C);
+    linear_backward(dbuf_c_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, A_, C);
     attention_backward(dqkv_, dbuf_c_, a);
-    linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, 3 * C);
+    linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, 3 * A_);
+    tp_all_reduce(dbuf_c_, NC);
     be_.layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_c_, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
     store_.grads_done(1 + l);
     store_.release_params(1 + l);
   }
-  be_.embedding_backward(dwte, tensor(demb, 1), dres_, inputs_.data(), N, T_, C);
+  be_.embedding_backward(dwte, tensor(demb, 1), dres_, inputs_.data(), N, T_, C, vocab_start_, V_);
   store_.grads_done(0);
   store_.release_params(0);
 }

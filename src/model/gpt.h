@@ -17,25 +17,39 @@
 
 namespace zero3d {
 class ParamStore;
+class ProcessGroup;
 struct FlatLayout;
 }
 
 namespace zero3d {
 
+// How a tensor is split across the tensor-parallel ranks (Megatron): `rows` splits dim 0
+// (column-parallel weights and their biases, the vocab-parallel embedding), `rows3` splits each
+// of the three C-row blocks [q | k | v] of the packed attention weight so a rank holds whole
+// heads, `cols` splits dim 1 (row-parallel weights); `none` is replicated.
+enum class TpSplit { none, rows, rows3, cols };
+
 struct ParamInfo {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // this rank's shape
   size_t offset = 0;  // into the flat parameter (and gradient) buffer, in elements
   size_t size = 0;
   bool decay = true;  // weight decay applies (matrices and embeddings, not biases or LayerNorm)
   int unit = 0;       // 0 embeddings, 1 + l block l, n_layer + 1 final LayerNorm
+  TpSplit split = TpSplit::none;
+  std::vector<int64_t> logical_shape;  // the whole tensor's shape
+  int tp = 1, tp_rank = 0;
 };
 
-// Logical tensors in flat order, packed without padding (zero/flat_layout.h adds padding).
-std::vector<ParamInfo> gpt_param_table(const ModelConfig& m);
+// This rank's tensors in flat order, packed without padding (zero/flat_layout.h adds padding).
+std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp = 1, int tp_rank = 0);
+
+// Index in the logical (whole, row-major) tensor of this rank's element `local`.
+size_t logical_index(const ParamInfo& p, size_t local);
 
 // GPT-2 initialisation of elements [begin, end) of tensor `index` of the table, from the
-// counter-based RNG, so any rank can initialise exactly the slice it owns: N(0, 0.02) for weights
+// counter-based RNG keyed by the logical element, so any rank (any tp rank, any ZeRO slice)
+// initialises exactly what it owns and every layout starts from the same model: N(0, 0.02) for weights
 // and embeddings, residual projections scaled by 1/sqrt(2 n_layer), zero biases, LayerNorm weight 1.
 void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_layer, uint64_t seed, size_t begin,
                      size_t end, float* out);
@@ -56,8 +70,10 @@ struct GPTOptions {
 
 class GPT {
  public:
-  // `store` holds the parameters and gradients in the layout of gpt_param_table().
-  GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options = {});
+  // `store` holds this rank's parameters and gradients in the layout of gpt_param_table(config,
+  // tp->size(), tp->rank()); `tp` is the tensor-parallel group (nullptr: none).
+  GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options = {},
+      ProcessGroup* tp = nullptr);
 
   const ModelConfig& config() const { return cfg_; }
   size_t activation_bytes() const { return activation_bytes_; }  // activations + backward scratch
@@ -89,22 +105,28 @@ class GPT {
   void attention_forward(const LayerActs& a);
   void block_forward(const LayerActs& a, const LayerTensors<const float>& w, float* x_next);
   void attention_backward(float* dqkv, const float* datty, const LayerActs& a);
+  void tp_all_reduce(float* x, size_t n);  // sum over the tensor-parallel group (no-op without)
+  float crossentropy(float dloss);         // over the (vocab-parallel) logits; returns the mean loss
 
   Backend& be_;
   ModelConfig cfg_;
   GPTOptions opt_;
-  int B_, T_, C_, V_, L_, H_;
+  ProcessGroup* tp_;
+  int tp_size_, tp_rank_;
+  // B, T, C as usual; V, H, A (= C/tp: attention width), F (= 4C/tp) are this rank's shares.
+  int B_, T_, C_, V_, L_, H_, A_, F_, vocab_start_;
   ParamStore& store_;
   const FlatLayout& layout_;
   DeviceBuffer<float> acts_;     // all activations, one allocation
   DeviceBuffer<float> scratch_;  // backward scratch, one allocation
   DeviceBuffer<int32_t> inputs_, targets_;
+  DeviceBuffer<float> ce_;  // vocab-parallel cross-entropy: row max, sum of exp, target logit
   std::vector<LayerActs> layers_;
   float *enc_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
         *losses_ = nullptr, *xfinal_ = nullptr;
   float *dres_ = nullptr, *dbuf_c_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr, *datt_ = nullptr;
   size_t activation_bytes_ = 0;
-  std::vector<float> host_losses_;
+  std::vector<float> host_losses_, host_ce_;
   double recompute_s_ = 0;
   bool have_dlogits_ = false;
 };

@@ -194,6 +194,8 @@ PendingOp ProcessGroup::all_gather_impl(const void* send, void* recv, size_t cou
 PendingOp ProcessGroup::iall_reduce_sum(float* buf, size_t n) {
   return all_reduce_impl(buf, n, MPI_FLOAT, MPI_SUM, sizeof(float));
 }
+
+void ProcessGroup::all_reduce_max(float* buf, size_t n) { all_reduce_impl(buf, n, MPI_FLOAT, MPI_MAX, sizeof(float)).wait(); }
 PendingOp ProcessGroup::ireduce_scatter_sum(const float* send, float* recv, size_t count) {
   return reduce_scatter_impl(send, recv, count, MPI_FLOAT, MPI_SUM, sizeof(float));
 }

@@ -73,9 +73,10 @@ class ProcessGroup {
   uint64_t bytes_sent() const { return bytes_sent_; }
   void reset_bytes_sent() { bytes_sent_ = 0; }
 
-  // In place: buf = sum over the group.
+  // In place: buf = sum (max) over the group.
   PendingOp iall_reduce_sum(float* buf, size_t n);
   void all_reduce_sum(float* buf, size_t n) { iall_reduce_sum(buf, n).wait(); }
+  void all_reduce_max(float* buf, size_t n);
   // recv (count) = this rank's block of the elementwise sum of every rank's send (size()*count).
   PendingOp ireduce_scatter_sum(const float* send, float* recv, size_t count);
   void reduce_scatter_sum(const float* send, float* recv, size_t count) { ireduce_scatter_sum(send, recv, count).wait(); }

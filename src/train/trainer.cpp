@@ -51,7 +51,8 @@ struct Trainer::State {
       : cfg(c), opt(o), be(b), groups(g), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
         dp(g.topo.dp), dp_rank(g.coord.dp),
         train_data(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true),
-        engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision), model(b, c.model, micro, engine, GPTOptions{256, c.activation_checkpointing}),
+        engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision, g.topo.tp, g.coord.tp),
+        model(b, c.model, micro, engine, GPTOptions{256, c.activation_checkpointing}, g.tp.get()),
         scaler(c.fp16) {
     if (!c.data.val.empty())
       val_data = std::make_unique<DataLoader>(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false);
@@ -173,9 +174,9 @@ int Trainer::run() {
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
                          .add("mem_optimizer_bytes", static_cast<int64_t>(mem.optimizer))
                          .add("mem_buffers_bytes", static_cast<int64_t>(mem.buffers)));
-  log_info("zero3d: %zu parameters, %s, %d ranks (dp %d, ZeRO stage %d, %s), global batch %lld x %d tokens, %d "
-           "steps, run dir %s",
-           s.engine.layout().num_params, s.be.describe().c_str(), s.groups.topo.world, s.dp, c.zero.stage,
+  log_info("zero3d: %zu parameters per rank, %s, %d ranks (dp %d x tp %d, ZeRO stage %d, %s), global batch %lld x %d "
+           "tokens, %d steps, run dir %s",
+           s.engine.layout().num_params, s.be.describe().c_str(), s.groups.topo.world, s.dp, s.groups.topo.tp, c.zero.stage,
            c.precision.c_str(), static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
   const bool validating = s.val_data != nullptr && c.data.val_batches > 0;
   if (validating) s.validate(0);
@@ -185,6 +186,7 @@ int Trainer::run() {
   for (int step = 1; step <= c.train_steps; ++step) {
     comm_context().step = step;
     s.groups.dp->reset_bytes_sent();
+    s.groups.tp->reset_bytes_sent();
     auto t0 = Clock::now();
     s.engine.begin_step();
     const double loss_scale = s.scaler.scale();
@@ -213,7 +215,7 @@ int Trainer::run() {
 
     auto to = Clock::now();
     // The norm of the unscaled gradient; inf or nan on any rank is an overflow on every rank.
-    const double grad_norm = std::sqrt(s.engine.grad_norm_sq()) / loss_scale;
+    const double grad_norm = std::sqrt(s.groups.tp->all_reduce_sum(s.engine.grad_norm_sq())) / loss_scale;
     const bool overflow = !std::isfinite(grad_norm);
     // DeepSpeed's timing: the schedule advances only on applied steps (see optim/lr_schedule.h).
     const double lr = lr_for_step(c.scheduler, c.optimizer.lr, s.engine.optimizer_steps() + 1);
@@ -235,7 +237,8 @@ int Trainer::run() {
     const double step_time = world.all_reduce_max(seconds_since(t0));
     const double tokens_per_s = tokens_per_step / step_time;
     const double model_flops = tokens_per_s * s.flops_per_token;
-    const int64_t comm_bytes = world.all_reduce_max(static_cast<int64_t>(s.groups.dp->bytes_sent()));
+    const int64_t comm_bytes =
+        world.all_reduce_max(static_cast<int64_t>(s.groups.dp->bytes_sent() + s.groups.tp->bytes_sent()));
 
     if (s.metrics) {
       MetricsRecord r("train");

@@ -30,14 +30,14 @@ struct ZeroEngine::ParamSlot {
 };
 
 ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
-                       const OptimizerConfig& optimizer, const std::string& precision)
+                       const OptimizerConfig& optimizer, const std::string& precision, int tp_size, int tp_rank)
     : be_(be), dp_(dp), cfg_(zero) {
   mixed_ = precision != "fp32";
   dt_ = precision == "fp16" ? Dtype16::fp16 : Dtype16::bf16;
   pooled_ = cfg_.stage == 3 || mixed_;
   const size_t bucket = static_cast<size_t>(std::min(zero.reduce_bucket_size, zero.allgather_bucket_size));
   const size_t persist = cfg_.stage == 3 ? static_cast<size_t>(zero.stage3_param_persistence_threshold) : 0;
-  layout_ = make_flat_layout(gpt_param_table(model), dp.size(), bucket, persist);
+  layout_ = make_flat_layout(gpt_param_table(model, tp_size, tp_rank), dp.size(), bucket, persist);
   const int p = dp.size();
   const int num_units = static_cast<int>(layout_.units.size());
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
@@ -127,6 +127,14 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
       const size_t s = std::max(lo, info.offset), e = std::min(hi, info.offset + info.size);
       if (s >= e) continue;
       segments_.push_back({owned_params(b) + (s - lo), owned_grads(b) + (s - lo), state_base + (s - lo), e - s, info.decay});
+    }
+    // The norm counts this rank's dp slice of the bucket, without tp-replicated tensors off tp rank 0.
+    const ShardInfo sl = layout_.slice(b, dp_.rank());
+    const size_t nlo = b.offset + sl.offset, nhi = nlo + sl.size;
+    for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t) {
+      const ParamInfo& info = layout_.tensors[t];
+      const size_t s = std::max(nlo, info.offset), e = std::min(nhi, info.offset + info.size);
+      if (s < e && (info.split != TpSplit::none || tp_rank == 0)) norm_segments_.push_back({reduced_slice(b) + (s - nlo), e - s});
     }
   }
 }
@@ -439,7 +447,7 @@ const float* ZeroEngine::reduced_slice(const Bucket& b) const {
 
 double ZeroEngine::grad_norm_sq() {
   double local = 0;
-  for (const Bucket& b : layout_.buckets) local += be_.sum_squares(reduced_slice(b), b.size / dp_.size());
+  for (auto [g, n] : norm_segments_) local += be_.sum_squares(g, n);
   return dp_.all_reduce_sum(local);
 }
 

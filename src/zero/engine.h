@@ -51,9 +51,11 @@ struct MemoryAccount {
 
 class ZeroEngine final : public ParamStore {
  public:
-  // precision: "fp32", "fp16" or "bf16".
+  // precision: "fp32", "fp16" or "bf16". The engine holds this tensor-parallel rank's share of the
+  // model (gpt_param_table(model, tp_size, tp_rank)).
   ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
-             const OptimizerConfig& optimizer, const std::string& precision = "fp32");
+             const OptimizerConfig& optimizer, const std::string& precision = "fp32", int tp_size = 1,
+             int tp_rank = 0);
   ~ZeroEngine() override;
 
   // ParamStore
@@ -68,7 +70,10 @@ class ZeroEngine final : public ParamStore {
   // then the norm/clip/step calls.
   void begin_step();
   void finish_gradients();
-  double grad_norm_sq();           // over the whole group (every parameter once); inf/nan = overflow
+  // Squared gradient norm over the dp group, every parameter once; tensors replicated across tp
+  // count on tp rank 0 only, so the caller's sum over the tp group counts them once too.
+  // inf/nan = overflow.
+  double grad_norm_sq();
   void scale_grads(float s);       // this rank's optimizer-owned gradients
   void optimizer_step(double lr);   // Adam on this rank's optimizer-owned parameters
   void gather_updated_params();     // stages 1-2: all-gather the buckets; stage 3: persistent ones
@@ -129,6 +134,7 @@ class ZeroEngine final : public ParamStore {
   DeviceBuffer<float> grads32_;  // the owned gradients widened for the step
   std::unique_ptr<AdamW> adam_;
   std::vector<AdamSegment> segments_;
+  std::vector<std::pair<const float*, size_t>> norm_segments_;  // what this rank counts in the norm
   MemoryAccount mem_;
 };
 

@@ -51,7 +51,9 @@ expect bad-peak           "--peak-flops must be a positive number" "$z3d" train 
 expect missing-text       "$tmp/missing.txt"                       "$z3d" data prepare "$tmp/missing.txt" --out "$tmp/x.bin"
 expect layout-batch       "data-parallel size 3"                   mpirun --oversubscribe -np 3 "$z3d" train $tiny --run-dir "$tmp/run" --set train_batch_size=8
 expect layout-rank-file   "$tmp/none.bin"                          mpirun --oversubscribe -np 2 "$z3d" train $tiny --run-dir "$tmp/run" --set data.train=\"$tmp/none.bin\"
-expect layout-tp          "tensor_parallel.tp_size"                train $tiny --set tensor_parallel.tp_size=2
+expect layout-tp          "not a multiple of tensor_parallel.tp_size 2" train $tiny --set tensor_parallel.tp_size=2
+expect tp-heads           "model.n_head 4 must be divisible by tensor_parallel.tp_size 3" mpirun --oversubscribe -np 3 "$z3d" train $tiny --run-dir "$tmp/run" --set tensor_parallel.tp_size=3
+expect tp-pp-unsupported  "pipeline_parallel.pp_size"              train $tiny --set pipeline_parallel.pp_size=2
 
 # --help and --version succeed
 for cmd in "--help" "--version" "train --help" "data --help" "bench --help"; do

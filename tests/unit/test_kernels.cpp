@@ -378,7 +378,7 @@ TEST_P(Kernels, EmbeddingForwardBackward) {
   auto forward = [&](const std::vector<float>& e, const std::vector<float>& p) {
     auto de = to_device(*be, e), dp = to_device(*be, p);
     auto out = to_device(*be, std::vector<float>(N * C, kNaN));
-    be->embedding_forward(out.data(), dtok.data(), de.data(), dp.data(), N, T, C);
+    be->embedding_forward(out.data(), dtok.data(), de.data(), dp.data(), N, T, C, 0, V);
     return to_host(*be, out);
   };
   expect_close(forward(wte, wpe), ref_embedding(tokens, to_double(wte), to_double(wpe), N, T, C), kFwdRtol, kFwdAtol,
@@ -387,7 +387,7 @@ TEST_P(Kernels, EmbeddingForwardBackward) {
   // backward with dout = r, from zeros and into pre-filled gradients
   auto backward = [&](const std::vector<float>& dwte0, const std::vector<float>& dwpe0) {
     auto dwte = to_device(*be, dwte0), dwpe = to_device(*be, dwpe0), dout = to_device(*be, r);
-    be->embedding_backward(dwte.data(), dwpe.data(), dout.data(), dtok.data(), N, T, C);
+    be->embedding_backward(dwte.data(), dwpe.data(), dout.data(), dtok.data(), N, T, C, 0, V);
     return std::make_pair(to_host(*be, dwte), to_host(*be, dwpe));
   };
   const auto [gte, gpe] = backward(std::vector<float>(V * C, 0.0f), std::vector<float>(T * C, 0.0f));
@@ -608,6 +608,77 @@ TEST_P(Kernels, SoftmaxCausalIgnoresMaskedScores) {
 // ---------------------------------------------------------------------------------------------
 // cross-entropy
 // ---------------------------------------------------------------------------------------------
+
+// Vocab-parallel embedding: two slices of the vocabulary, each looking up only its rows (the other
+// rows contribute 0), add up to the whole lookup; their gradients are the rows of the whole one.
+TEST_P(Kernels, EmbeddingVocabSlicesAddUpToTheWhole) {
+  const int T = 4, C = 3, V = 6, N = 8, split = 4;
+  std::vector<int32_t> tokens = random_ints(rng, N, V);
+  tokens[0] = 0, tokens[1] = V - 1, tokens[2] = split - 1, tokens[3] = split;  // both edges of both slices
+  const std::vector<float> wte = uniform(rng, V * C, -1, 1), wpe = uniform(rng, T * C, -1, 1),
+                           r = uniform(rng, N * C, -1, 1);
+  auto dtok = to_device(*be, tokens);
+  auto dwte = to_device(*be, wte), dwpe = to_device(*be, wpe), dr = to_device(*be, r);
+  auto whole = to_device(*be, std::vector<float>(N * C, kNaN)), a = to_device(*be, std::vector<float>(N * C, kNaN)),
+       b = to_device(*be, std::vector<float>(N * C, kNaN));
+  be->embedding_forward(whole.data(), dtok.data(), dwte.data(), dwpe.data(), N, T, C, 0, V);
+  be->embedding_forward(a.data(), dtok.data(), dwte.data(), dwpe.data(), N, T, C, 0, split);  // with positions
+  be->embedding_forward(b.data(), dtok.data(), dwte.data() + split * C, nullptr, N, T, C, split, V - split);
+  const auto w = to_host(*be, whole), x = to_host(*be, a), y = to_host(*be, b);
+  for (int i = 0; i < N * C; ++i) EXPECT_FLOAT_EQ(x[i] + y[i], w[i]) << i;
+  auto g_whole = to_device(*be, std::vector<float>(V * C, 0.0f)), g_part = to_device(*be, std::vector<float>(V * C, 0.0f));
+  auto gp1 = to_device(*be, std::vector<float>(T * C, 0.0f)), gp2 = to_device(*be, std::vector<float>(T * C, 0.0f));
+  be->embedding_backward(g_whole.data(), gp1.data(), dr.data(), dtok.data(), N, T, C, 0, V);
+  be->embedding_backward(g_part.data(), gp2.data(), dr.data(), dtok.data(), N, T, C, 0, split);
+  be->embedding_backward(g_part.data() + split * C, gp2.data(), dr.data(), dtok.data(), N, T, C, split, V - split);
+  EXPECT_EQ(to_host(*be, g_whole), to_host(*be, g_part));
+  const auto p1 = to_host(*be, gp1), p2 = to_host(*be, gp2);
+  for (int i = 0; i < T * C; ++i) EXPECT_FLOAT_EQ(p2[i], 2 * p1[i]);  // each slice adds the position gradient
+}
+
+// Vocab-parallel cross-entropy: the pieces, combined across slices as the all-reduces do, give the
+// fused loss and gradient.
+TEST_P(Kernels, VocabParallelCrossEntropyMatchesFused) {
+  const int N = 5, V = 12, P = 3, Vl = V / P;
+  const std::vector<float> z = uniform(rng, N * V, -4, 4);
+  std::vector<int32_t> targets = random_ints(rng, N, V);
+  auto dz = to_device(*be, z);
+  auto dt = to_device(*be, targets);
+  auto loss = to_device(*be, std::vector<float>(N)), grad = to_device(*be, std::vector<float>(N * V));
+  be->crossentropy(loss.data(), grad.data(), dz.data(), dt.data(), N, V, 0.25f);
+  const auto want_loss = to_host(*be, loss), want_grad = to_host(*be, grad);
+  std::vector<std::vector<float>> slices(P);
+  std::vector<float> gmax(N, -INFINITY), gsum(N, 0.0f), gtarget(N, 0.0f);
+  for (int p = 0; p < P; ++p) {
+    for (int n = 0; n < N; ++n) slices[p].insert(slices[p].end(), z.begin() + n * V + p * Vl, z.begin() + n * V + (p + 1) * Vl);
+    auto ds = to_device(*be, slices[p]);
+    auto m = to_device(*be, std::vector<float>(N));
+    be->vocab_row_max(m.data(), ds.data(), N, Vl);
+    const auto mh = to_host(*be, m);
+    for (int n = 0; n < N; ++n) gmax[n] = std::max(gmax[n], mh[n]);
+  }
+  std::vector<std::vector<float>> grads(P);
+  for (int pass = 0; pass < 2; ++pass)
+    for (int p = 0; p < P; ++p) {
+      auto ds = to_device(*be, slices[p]);
+      auto m = to_device(*be, gmax);
+      if (pass == 0) {
+        auto s = to_device(*be, std::vector<float>(N)), t = to_device(*be, std::vector<float>(N));
+        be->vocab_sumexp(s.data(), t.data(), ds.data(), m.data(), dt.data(), p * Vl, N, Vl);
+        const auto sh = to_host(*be, s), th = to_host(*be, t);
+        for (int n = 0; n < N; ++n) gsum[n] += sh[n], gtarget[n] += th[n];
+      } else {
+        auto s = to_device(*be, gsum);
+        be->vocab_crossentropy_grad(ds.data(), ds.data(), m.data(), s.data(), dt.data(), p * Vl, N, Vl, 0.25f);
+        grads[p] = to_host(*be, ds);
+      }
+    }
+  for (int n = 0; n < N; ++n) {
+    EXPECT_NEAR(std::log(gsum[n]) + (gmax[n] - gtarget[n]), want_loss[n], 1e-5) << n;
+    for (int p = 0; p < P; ++p)
+      for (int i = 0; i < Vl; ++i) EXPECT_NEAR(grads[p][n * Vl + i], want_grad[n * V + p * Vl + i], 1e-7) << n << "," << i;
+  }
+}
 
 TEST_P(Kernels, CrossEntropyLossAndGradient) {
   const int N = 4, V = 11;
