@@ -233,29 +233,19 @@ PendingOp ProcessGroup::irecv(float* buf, size_t n, int peer, int tag) {
   return PendingOp(r, "receive", this);
 }
 
-double ProcessGroup::all_reduce_sum(double v) {
-  double out = v;
+// One scalar, in place, under the watchdog: the control-traffic reductions below.
+template <typename T>
+static T scalar_all_reduce(const ProcessGroup& g, T v, MPI_Datatype type, MPI_Op op) {
+  T out = v;
   MPI_Request r = MPI_REQUEST_NULL;
-  if (size_ > 1) MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_SUM, comm_, &r));
-  PendingOp(r, "all-reduce (scalar)", this).wait();
+  if (g.size() > 1) MPI_CHECK(MPI_Iallreduce(&v, &out, 1, type, op, g.comm(), &r));
+  PendingOp(r, "all-reduce (scalar)", &g).wait();
   return out;
 }
 
-double ProcessGroup::all_reduce_max(double v) {
-  double out = v;
-  MPI_Request r = MPI_REQUEST_NULL;
-  if (size_ > 1) MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, comm_, &r));
-  PendingOp(r, "all-reduce (scalar)", this).wait();
-  return out;
-}
-
-int64_t ProcessGroup::all_reduce_max(int64_t v) {
-  int64_t out = v;
-  MPI_Request r = MPI_REQUEST_NULL;
-  if (size_ > 1) MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_INT64_T, MPI_MAX, comm_, &r));
-  PendingOp(r, "all-reduce (scalar)", this).wait();
-  return out;
-}
+double ProcessGroup::all_reduce_sum(double v) { return scalar_all_reduce(*this, v, MPI_DOUBLE, MPI_SUM); }
+double ProcessGroup::all_reduce_max(double v) { return scalar_all_reduce(*this, v, MPI_DOUBLE, MPI_MAX); }
+int64_t ProcessGroup::all_reduce_max(int64_t v) { return scalar_all_reduce(*this, v, MPI_INT64_T, MPI_MAX); }
 
 void ProcessGroup::all_gather_u64(const std::vector<uint64_t>& mine, std::vector<uint64_t>& all) {
   all.assign(mine.size() * size_, 0);
