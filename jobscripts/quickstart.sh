@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # jobscripts/quickstart.sh: the local demo. Installs what is missing (Debian 12), builds Release,
-# trains gpt-tiny on 4 local ranks (data parallel, ZeRO stage 2: each rank keeps a quarter of the
-# gradients and of the Adam state) and prints where the metrics are.
+# trains gpt-tiny on a 3-D layout of 4 local ranks: 2 pipeline stages (two layers each, 1F1B over
+# 2 micro-batches) x 2 data-parallel ranks, ZeRO stage 2 inside each stage (each rank keeps half of
+# its stage's gradients and Adam state), and prints where the metrics are.
 # The arithmetic: 0.8M parameters, 200 steps of a global batch of 8 x 64 tokens = 102k tokens at
 # 5.1 MFLOP per token = 0.5 TFLOP in all: about a minute on two cores.
 set -euo pipefail
@@ -15,8 +16,9 @@ cmake --build build -j "$(nproc)" --target zero3d
 export OPENBLAS_NUM_THREADS=1   # one BLAS thread per rank: the fastest layout on this class of machine
 run=runs/quickstart
 rm -rf "$run"
-ranks=4
-mpirun --oversubscribe -np $ranks build/bin/zero3d train input/gpt-tiny.json --run-dir "$run" \
-  --set zero_optimization.stage=2 --set train_micro_batch_size_per_gpu=$((8 / ranks))
+# global batch 8 = micro 2 x 2 micro-batches x dp 2
+mpirun --oversubscribe -np 4 build/bin/zero3d train input/gpt-tiny.json --run-dir "$run" \
+  --set pipeline_parallel.pp_size=2 --set zero_optimization.stage=2 \
+  --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=2
 echo
 echo "quickstart: metrics in $run/metrics.jsonl, resolved config in $run/config.json"

@@ -190,7 +190,7 @@ const std::vector<Key>& schema() {
 
       // Layout: dp = world_size / (tp_size * pp_size).
       integer("tensor_parallel.tp_size", 1, 1, kIntMax, "tensor-parallel group size (Megatron-style)"),
-      integer("pipeline_parallel.pp_size", 1, 1, kIntMax, "pipeline stages").not_yet(),
+      integer("pipeline_parallel.pp_size", 1, 1, kIntMax, "pipeline stages (1F1B schedule)"),
 
       // zero3d's own sections.
       integer("model.vocab_size", nullptr, 1, kIntMax, "vocabulary size (embedding rows)").need(),
@@ -761,6 +761,11 @@ class Resolver {
            strprintf("model.n_head %lld must be divisible by tensor_parallel.tp_size %lld (attention heads are split "
                      "across the tensor-parallel ranks)",
                      (long long)h, (long long)tp));
+    const int64_t pp = value("pipeline_parallel.pp_size").get<int64_t>(), L = value("model.n_layer").get<int64_t>();
+    if (L < pp)
+      fail({"pipeline_parallel.pp_size", "model.n_layer"},
+           strprintf("pipeline_parallel.pp_size %lld is larger than model.n_layer %lld (every stage needs a layer)",
+                     (long long)pp, (long long)L));
     if (v % tp != 0)
       fail({"tensor_parallel.tp_size", "model.vocab_size"},
            strprintf("model.vocab_size %lld must be divisible by tensor_parallel.tp_size %lld (the embedding and LM "

@@ -16,40 +16,56 @@ namespace {
 enum LayerParam { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kNumLayerParams };
 }  // namespace
 
-std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp, int tp_rank) {
+PipelineStage pipeline_stage(const ModelConfig& m, int pp, int pp_rank) {
+  const int base = m.n_layer / pp, extra = m.n_layer % pp;
+  return PipelineStage{pp_rank, pp, pp_rank * base + std::min(pp_rank, extra), base + (pp_rank < extra ? 1 : 0)};
+}
+
+std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp, int tp_rank, int pp, int pp_rank) {
   const int64_t V = m.vocab_size, T = m.seq_len, C = m.d_model;
+  const PipelineStage stage = pipeline_stage(m, pp, pp_rank);
   std::vector<ParamInfo> t;
   int unit = 0;
-  auto add = [&](std::string name, std::vector<int64_t> logical, bool decay, TpSplit split) {
-    ParamInfo p{std::move(name), logical, 0, 1, decay, unit, split, logical, tp, tp_rank};
+  auto add = [&](std::string name, std::vector<int64_t> logical, bool decay, TpSplit split, int id) {
+    ParamInfo p{std::move(name), logical, 0, 1, decay, unit, split, logical, tp, tp_rank, id};
     if (split == TpSplit::cols) p.shape[1] /= tp;
     else if (split != TpSplit::none) p.shape[0] /= tp;
     for (auto d : p.shape) p.size *= static_cast<size_t>(d);
     p.offset = t.empty() ? 0 : t.back().offset + t.back().size;
+    p.own_bucket = p.name == "wte" && pp > 1;
     t.push_back(std::move(p));
   };
   using S = TpSplit;
-  add("wte", {V, C}, true, S::rows);  // vocab-parallel embedding and LM head
-  add("wpe", {T, C}, true, S::none);
-  for (int l = 0; l < m.n_layer; ++l) {
-    unit = 1 + l;
-    std::string h = "h." + std::to_string(l) + ".";
-    add(h + "ln_1.weight", {C}, false, S::none);
-    add(h + "ln_1.bias", {C}, false, S::none);
-    add(h + "attn.c_attn.weight", {3 * C, C}, true, S::rows3);  // column-parallel, whole heads
-    add(h + "attn.c_attn.bias", {3 * C}, false, S::rows3);
-    add(h + "attn.c_proj.weight", {C, C}, true, S::cols);  // row-parallel
-    add(h + "attn.c_proj.bias", {C}, false, S::none);
-    add(h + "ln_2.weight", {C}, false, S::none);
-    add(h + "ln_2.bias", {C}, false, S::none);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, true, S::rows);  // column-parallel
-    add(h + "mlp.c_fc.bias", {4 * C}, false, S::rows);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, true, S::cols);  // row-parallel
-    add(h + "mlp.c_proj.bias", {C}, false, S::none);
+  if (stage.first()) {
+    add("wte", {V, C}, true, S::rows, 0);  // vocab-parallel embedding and LM head
+    add("wpe", {T, C}, true, S::none, 1);
+    ++unit;
   }
-  unit = m.n_layer + 1;
-  add("ln_f.weight", {C}, false, S::none);
-  add("ln_f.bias", {C}, false, S::none);
+  for (int l = stage.first_layer; l < stage.first_layer + stage.num_layers; ++l, ++unit) {
+    std::string h = "h." + std::to_string(l) + ".";
+    const int id = 2 + 12 * l;
+    add(h + "ln_1.weight", {C}, false, S::none, id);
+    add(h + "ln_1.bias", {C}, false, S::none, id + 1);
+    add(h + "attn.c_attn.weight", {3 * C, C}, true, S::rows3, id + 2);  // column-parallel, whole heads
+    add(h + "attn.c_attn.bias", {3 * C}, false, S::rows3, id + 3);
+    add(h + "attn.c_proj.weight", {C, C}, true, S::cols, id + 4);  // row-parallel
+    add(h + "attn.c_proj.bias", {C}, false, S::none, id + 5);
+    add(h + "ln_2.weight", {C}, false, S::none, id + 6);
+    add(h + "ln_2.bias", {C}, false, S::none, id + 7);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, true, S::rows, id + 8);  // column-parallel
+    add(h + "mlp.c_fc.bias", {4 * C}, false, S::rows, id + 9);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, true, S::cols, id + 10);  // row-parallel
+    add(h + "mlp.c_proj.bias", {C}, false, S::none, id + 11);
+  }
+  if (stage.last()) {
+    const int id = 2 + 12 * m.n_layer;
+    add("ln_f.weight", {C}, false, S::none, id);
+    add("ln_f.bias", {C}, false, S::none, id + 1);
+    if (pp > 1) {  // the LM head's copy of the tied embedding, kept equal to the first stage's
+      add("wte", {V, C}, true, S::rows, 0);
+      t.back().tied_copy = true;
+    }
+  }
   return t;
 }
 
@@ -77,12 +93,23 @@ double gpt_flops_per_token(const ModelConfig& m) {  // the whole model's, whatev
 }
 
 GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options,
-         ProcessGroup* tp)
+         ProcessGroup* tp, PipelineStage stage)
     : be_(backend), cfg_(config), opt_(options), tp_(tp), tp_size_(tp ? tp->size() : 1), tp_rank_(tp ? tp->rank() : 0),
-      B_(micro_batch), T_(config.seq_len), C_(config.d_model), V_(config.vocab_size / tp_size_), L_(config.n_layer),
+      stage_(stage.num_layers < 0 ? PipelineStage{0, 1, 0, config.n_layer} : stage), B_(micro_batch),
+      T_(config.seq_len), C_(config.d_model), V_(config.vocab_size / tp_size_), L_(stage_.num_layers),
       H_(config.n_head / tp_size_), A_(config.d_model / tp_size_), F_(4 * config.d_model / tp_size_),
       vocab_start_(tp_rank_ * V_), store_(store), layout_(store.layout()) {
-  Z3D_ASSERT(layout_.tensors.size() == gpt_param_table(config).size(), "parameter layout does not match the model");
+  Z3D_ASSERT(layout_.tensors.size() == gpt_param_table(config, tp_size_, tp_rank_, stage_.size, stage_.rank).size(),
+             "parameter layout does not match the model");
+  // Units: [embeddings] blocks [final LayerNorm (+ the LM head's wte copy with pp > 1)].
+  const int num_units = static_cast<int>(layout_.units.size());
+  if (stage_.first()) emb_unit_ = 0, first_block_unit_ = 1, block_tensor0_ = 2;
+  if (stage_.last()) {
+    final_unit_ = num_units - 1;
+    lnf_index_ = block_tensor0_ + 12 * static_cast<size_t>(L_);
+    head_unit_ = stage_.first() ? emb_unit_ : final_unit_;
+    head_wte_index_ = stage_.first() ? 0 : lnf_index_ + 2;
+  }
   Z3D_ASSERT(layout_.tensors[0].tp == tp_size_ && layout_.tensors[0].tp_rank == tp_rank_,
              "parameter layout is for another tensor-parallel rank");
 
@@ -156,7 +183,7 @@ F* GPT::tensor(F* unit_base, size_t i) const {
 
 template <typename F>
 GPT::LayerTensors<F> GPT::layer_tensors(F* base, int l) const {
-  const size_t first = 2 + static_cast<size_t>(l) * kNumLayerParams;  // after wte, wpe
+  const size_t first = block_tensor0_ + static_cast<size_t>(l) * kNumLayerParams;
   auto at = [&](int k) { return tensor(base, first + k); };
   return {at(kLn1W), at(kLn1B), at(kQkvW), at(kQkvB), at(kProjW), at(kProjB),
           at(kLn2W), at(kLn2B), at(kFcW),  at(kFcB),  at(kFcProjW), at(kFcProjB)};
@@ -174,7 +201,7 @@ void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_la
     const bool residual = p.name.ends_with("c_proj.weight");
     const double std = 0.02 * (residual ? 1.0 / std::sqrt(2.0 * n_layer) : 1.0);
     for (size_t k = begin; k < end; ++k)
-      out[k - begin] = static_cast<float>(std * normal_at(seed, index, logical_index(p, k)));
+      out[k - begin] = static_cast<float>(std * normal_at(seed, static_cast<uint64_t>(p.id), logical_index(p, k)));
   }
 }
 
@@ -314,53 +341,58 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const int N = B_ * T_, C = C_;
   be_.copy_from_host(inputs_.data(), inputs, sizeof(int32_t) * N);
   be_.copy_from_host(targets_.data(), targets, sizeof(int32_t) * N);
-  const float* emb = store_.acquire_params(0);  // held until the LM head
-  const float* wte = tensor(emb, 0);
-  // Vocab-parallel embedding: each rank looks up its rows (others give 0), rank 0 adds positions.
-  be_.embedding_forward(enc_, inputs_.data(), wte, tp_rank_ == 0 ? tensor(emb, 1) : nullptr, N, T_, C, vocab_start_, V_);
-  tp_all_reduce(enc_, static_cast<size_t>(N) * C);
-  for (int l = 0; l < L_; ++l) {
-    block_forward(layers_[l], layer_tensors(store_.acquire_params(1 + l), l), l + 1 < L_ ? layers_[l + 1].x : xfinal_);
-    store_.release_params(1 + l);
+  const float* emb = nullptr;
+  if (stage_.first()) {  // held until the LM head when this stage has both
+    emb = store_.acquire_params(emb_unit_);
+    // Vocab-parallel embedding: each rank looks up its rows (others give 0), rank 0 adds positions.
+    be_.embedding_forward(enc_, inputs_.data(), tensor(emb, 0), tp_rank_ == 0 ? tensor(emb, 1) : nullptr, N, T_, C,
+                          vocab_start_, V_);
+    tp_all_reduce(enc_, static_cast<size_t>(N) * C);
+    if (!stage_.last()) store_.release_params(emb_unit_);
   }
-  const int lnf_unit = L_ + 1;
-  const size_t lnf = layout_.tensors.size() - 2;
-  const float* fin = store_.acquire_params(lnf_unit);
-  be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf), tensor(fin, lnf + 1), N, C);
+  for (int l = 0; l < L_; ++l) {
+    const int unit = first_block_unit_ + l;
+    block_forward(layers_[l], layer_tensors(store_.acquire_params(unit), l), l + 1 < L_ ? layers_[l + 1].x : xfinal_);
+    store_.release_params(unit);
+  }
+  if (!stage_.last()) return 0.0f;
+  const float* fin = store_.acquire_params(final_unit_);
+  const float* wte = tensor(head_unit_ == emb_unit_ ? emb : fin, head_wte_index_);
+  be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf_index_), tensor(fin, lnf_index_ + 1), N, C);
   be_.gemm(false, true, N, V_, C, 1.0f, lnf_, C, wte, C, 0.0f, logits_, V_);  // tied LM head
-  store_.release_params(lnf_unit);
-  store_.release_params(0);
+  store_.release_params(final_unit_);
+  if (stage_.first()) store_.release_params(emb_unit_);
   have_dlogits_ = dloss > 0.0f;
   return crossentropy(dloss);
 }
 
 void GPT::backward() {
-  Z3D_ASSERT(have_dlogits_, "GPT::backward() needs a forward() with dloss > 0 first");
-  have_dlogits_ = false;
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
-  const int lnf_unit = L_ + 1;
-  const size_t lnf = layout_.tensors.size() - 2;
-
-  // Unit 0 (tied embedding) is held through the whole backward: the LM head and the embedding
-  // both add to its gradient.
-  const float* emb = store_.acquire_params(0);
-  float* demb = store_.acquire_grads(0);
-  const float* wte = tensor(emb, 0);
-  float* dwte = tensor(demb, 0);
-
-  // LM head: dlnf = dlogits wte (summed over the vocab-parallel ranks); dwte += dlogits^T lnf
-  be_.gemm(false, false, N, C, V_, 1.0f, logits_, V_, wte, C, 0.0f, dbuf_c_, C);
-  tp_all_reduce(dbuf_c_, NC);
-  be_.gemm(true, false, V_, C, N, 1.0f, logits_, V_, lnf_, C, 1.0f, dwte, C);
-  {
-    const float* fin = store_.acquire_params(lnf_unit);
-    float* dfin = store_.acquire_grads(lnf_unit);
+  const float* emb = nullptr;
+  float* demb = nullptr;
+  if (stage_.last()) {
+    Z3D_ASSERT(have_dlogits_, "GPT::backward() needs a forward() with dloss > 0 first");
+    have_dlogits_ = false;
+    // With one stage, unit 0 (tied embedding) is held through the whole backward: the LM head and
+    // the embedding both add to its gradient.
+    if (stage_.first()) {
+      emb = store_.acquire_params(emb_unit_);
+      demb = store_.acquire_grads(emb_unit_);
+    }
+    const float* fin = store_.acquire_params(final_unit_);
+    float* dfin = store_.acquire_grads(final_unit_);
+    const float* wte = tensor(head_unit_ == emb_unit_ ? emb : fin, head_wte_index_);
+    float* dwte = tensor(head_unit_ == emb_unit_ ? demb : dfin, head_wte_index_);
+    // LM head: dlnf = dlogits wte (summed over the vocab-parallel ranks); dwte += dlogits^T lnf
+    be_.gemm(false, false, N, C, V_, 1.0f, logits_, V_, wte, C, 0.0f, dbuf_c_, C);
+    tp_all_reduce(dbuf_c_, NC);
+    be_.gemm(true, false, V_, C, N, 1.0f, logits_, V_, lnf_, C, 1.0f, dwte, C);
     be_.zero(dres_, NC * sizeof(float));
-    be_.layernorm_backward(dres_, tensor(dfin, lnf), tensor(dfin, lnf + 1), dbuf_c_, xfinal_, tensor(fin, lnf),
-                           lnf_mean_, lnf_rstd_, N, C);
-    store_.grads_done(lnf_unit);
-    store_.release_params(lnf_unit);
+    be_.layernorm_backward(dres_, tensor(dfin, lnf_index_), tensor(dfin, lnf_index_ + 1), dbuf_c_, xfinal_,
+                           tensor(fin, lnf_index_), lnf_mean_, lnf_rstd_, N, C);
+    store_.grads_done(final_unit_);
+    store_.release_params(final_unit_);
   }
 
   // linear backward: dx = dy W (overwrites), dW += dy^T x, db += sum dy
@@ -372,7 +404,8 @@ void GPT::backward() {
   };
   for (int l = L_ - 1; l >= 0; --l) {
     const LayerActs& a = layers_[l];
-    const auto w = layer_tensors(store_.acquire_params(1 + l), l);
+    const int unit = first_block_unit_ + l;
+    const auto w = layer_tensors(store_.acquire_params(unit), l);
     // Regenerate this block's activations from its input (the last block's are still there).
     if (opt_.checkpoint_activations && l + 1 < L_) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -380,7 +413,7 @@ void GPT::backward() {
       be_.synchronize();
       recompute_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    const auto g = layer_tensors(store_.acquire_grads(1 + l), l);
+    const auto g = layer_tensors(store_.acquire_grads(unit), l);
     // MLP: dres holds d x_{l+1}; it flows unchanged into d res2 through the residual.
     // Row-parallel layers need no communication backward; column-parallel ones all-reduce dx.
     linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, F_, C);
@@ -394,12 +427,14 @@ void GPT::backward() {
     linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, 3 * A_);
     tp_all_reduce(dbuf_c_, NC);
     be_.layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_c_, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
-    store_.grads_done(1 + l);
-    store_.release_params(1 + l);
+    store_.grads_done(unit);
+    store_.release_params(unit);
   }
-  be_.embedding_backward(dwte, tensor(demb, 1), dres_, inputs_.data(), N, T_, C, vocab_start_, V_);
-  store_.grads_done(0);
-  store_.release_params(0);
+  if (!stage_.first()) return;  // dres holds d(input) for the previous stage
+  if (!stage_.last()) demb = store_.acquire_grads(emb_unit_);  // the lookup's gradient needs no weights
+  be_.embedding_backward(tensor(demb, 0), tensor(demb, 1), dres_, inputs_.data(), N, T_, C, vocab_start_, V_);
+  store_.grads_done(emb_unit_);
+  if (stage_.last()) store_.release_params(emb_unit_);
 }
 
 }  // namespace zero3d

@@ -39,10 +39,24 @@ struct ParamInfo {
   TpSplit split = TpSplit::none;
   std::vector<int64_t> logical_shape;  // the whole tensor's shape
   int tp = 1, tp_rank = 0;
+  int id = 0;               // index in the whole model's table (the RNG stream of its initial values)
+  bool tied_copy = false;   // the last pipeline stage's copy of wte (its gradient is summed with the first's)
+  bool own_bucket = false;  // kept in a bucket of its own (wte with pp > 1, so both copies shard alike)
 };
 
-// This rank's tensors in flat order, packed without padding (zero/flat_layout.h adds padding).
-std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp = 1, int tp_rank = 0);
+// Which layers a pipeline stage runs: contiguous ranges, the first n_layer % pp stages one layer
+// more than the others. The first stage owns the embeddings, the last the final LayerNorm and the
+// LM head (with pp > 1 a copy of the tied token embedding).
+struct PipelineStage {
+  int rank = 0, size = 1, first_layer = 0, num_layers = 0;
+  bool first() const { return rank == 0; }
+  bool last() const { return rank == size - 1; }
+};
+PipelineStage pipeline_stage(const ModelConfig& m, int pp, int pp_rank);
+
+// This rank's tensors in flat order, packed without padding (zero/flat_layout.h adds padding):
+// its tensor-parallel share of its pipeline stage's tensors.
+std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp = 1, int tp_rank = 0, int pp = 1, int pp_rank = 0);
 
 // Index in the logical (whole, row-major) tensor of this rank's element `local`.
 size_t logical_index(const ParamInfo& p, size_t local);
@@ -71,9 +85,9 @@ struct GPTOptions {
 class GPT {
  public:
   // `store` holds this rank's parameters and gradients in the layout of gpt_param_table(config,
-  // tp->size(), tp->rank()); `tp` is the tensor-parallel group (nullptr: none).
+  // tp->size(), tp->rank(), stage.size, stage.rank); `tp` is the tensor-parallel group (nullptr: none).
   GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options = {},
-      ProcessGroup* tp = nullptr);
+      ProcessGroup* tp = nullptr, PipelineStage stage = {0, 1, 0, -1});
 
   const ModelConfig& config() const { return cfg_; }
   size_t activation_bytes() const { return activation_bytes_; }  // activations + backward scratch
@@ -84,10 +98,18 @@ class GPT {
     return s;
   }
 
-  // Forward on B x T tokens (host arrays). Returns the mean cross-entropy over the B*T tokens.
-  // With dloss > 0 the logits' gradient (scaled by dloss per token) is prepared for backward().
+  // Forward on B x T tokens (host arrays). Returns the mean cross-entropy over the B*T tokens
+  // (on the last pipeline stage; 0 elsewhere). With dloss > 0 the logits' gradient (scaled by
+  // dloss per token) is prepared for backward(). A stage after the first reads its input from
+  // input_activation(), where the pipeline put the previous stage's output_activation().
   float forward(const int32_t* inputs, const int32_t* targets, float dloss);
+  // A stage before the last expects d(output) in output_gradient() first; a stage after the first
+  // leaves d(input) in input_gradient() (the same buffer) for the previous stage.
   void backward();
+  float* input_activation() { return enc_; }
+  const float* output_activation() const { return xfinal_; }
+  float* output_gradient() { return dres_; }
+  const float* input_gradient() const { return dres_; }
 
  private:
   struct LayerActs {
@@ -113,6 +135,10 @@ class GPT {
   GPTOptions opt_;
   ProcessGroup* tp_;
   int tp_size_, tp_rank_;
+  PipelineStage stage_;
+  // Units and tensor indices of this stage's share of the model (see gpt_param_table).
+  int emb_unit_ = -1, first_block_unit_ = 0, final_unit_ = -1, head_unit_ = -1;
+  size_t block_tensor0_ = 0, lnf_index_ = 0, head_wte_index_ = 0;
   // B, T, C as usual; V, H, A (= C/tp: attention width), F (= 4C/tp) are this rank's shares.
   int B_, T_, C_, V_, L_, H_, A_, F_, vocab_start_;
   ParamStore& store_;

@@ -18,6 +18,7 @@
 #include "train/bench.h"
 #include "train/metrics.h"
 #include "train/fault.h"
+#include "parallel/schedule.h"
 #include "zero/engine.h"
 #include "zero/loss_scaler.h"
 
@@ -51,9 +52,15 @@ struct Trainer::State {
       : cfg(c), opt(o), be(b), groups(g), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
         dp(g.topo.dp), dp_rank(g.coord.dp),
         train_data(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true),
-        engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision, g.topo.tp, g.coord.tp),
-        model(b, c.model, micro, engine, GPTOptions{256, c.activation_checkpointing}, g.tp.get()),
-        scaler(c.fp16) {
+        engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision, g.topo.tp, g.coord.tp, g.topo.pp, g.coord.pp),
+        stage(pipeline_stage(c.model, g.topo.pp, g.coord.pp)), scaler(c.fp16) {
+    // 1F1B keeps at most pp - stage micro-batches in flight: one set of activations each.
+    const int slots = g.topo.pp == 1 ? 1 : std::min(g.topo.pp - g.coord.pp, c.gradient_accumulation_steps);
+    for (int k = 0; k < slots; ++k)
+      models.push_back(std::make_unique<GPT>(b, c.model, micro, engine, GPTOptions{256, c.activation_checkpointing},
+                                             g.tp.get(), stage));
+    sends.resize(slots);
+    schedule = one_f_one_b(g.coord.pp, g.topo.pp, c.gradient_accumulation_steps);
     if (!c.data.val.empty())
       val_data = std::make_unique<DataLoader>(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false);
     inputs.resize(static_cast<size_t>(micro) * T);
@@ -68,8 +75,12 @@ struct Trainer::State {
   DataLoader train_data;
   std::unique_ptr<DataLoader> val_data;
   ZeroEngine engine;
-  GPT model;
+  PipelineStage stage;
   LossScaler scaler;
+  std::vector<std::unique_ptr<GPT>> models;       // one per micro-batch in flight (1 without pp)
+  std::vector<std::vector<PendingOp>> sends;      // per model: p2p sends still in flight
+  std::vector<PipeStep> schedule;                 // this stage's 1F1B operation list
+  double pipeline_idle_s = 0;                     // time spent waiting for the neighbours this step
   std::vector<int32_t> inputs, targets;
   std::unique_ptr<MetricsLog> metrics;  // rank 0 only
   uint64_t cursor = 0;                  // global samples consumed
@@ -77,6 +88,10 @@ struct Trainer::State {
 
   bool is_root() const { return groups.world_rank == 0; }
   double validate(int step);
+  double train_micro_batches(float dloss, double& t_fwd, double& t_bwd);
+  void load(uint64_t first_sample, DataLoader& data);
+  void receive(float* buf, int peer, int tag);
+  size_t activation_elems() const { return static_cast<size_t>(micro) * T * cfg.model.d_model; }
 };
 
 // Run `f` on every rank; if it throws UserError on any rank, every rank throws (the failing rank
@@ -124,17 +139,83 @@ Trainer::~Trainer() = default;
 // taking its slice; the loss is the mean over all of them.
 double Trainer::State::validate(int step) {
   const int batches = cfg.data.val_batches;
+  ProcessGroup& pp = *groups.pp;
+  GPT& model = *models[0];
   double sum = 0;
-  for (int k = 0; k < batches; ++k) {
+  for (int k = 0; k < batches; ++k) {  // a forward-only pipeline: each stage waits for the previous
     val_data->load((static_cast<uint64_t>(k) * dp + dp_rank) * micro, micro, inputs.data(), targets.data());
+    if (!stage.first()) receive(model.input_activation(), pp.rank() - 1, 0);
     sum += model.forward(inputs.data(), targets.data(), 0.0f);
+    if (!stage.last()) pp.isend(model.output_activation(), activation_elems(), pp.rank() + 1, 0).wait();
   }
+  sum = pp.all_reduce_sum(sum);  // the loss is known on the last stage only
   const double loss = groups.dp->all_reduce_sum(sum) / (static_cast<double>(batches) * dp);
   if (metrics)
     metrics->write(MetricsRecord("val").add("step", step).add("loss", loss).add(
         "tokens", static_cast<int64_t>(batches) * micro * dp * T));
   log_info("step %6d | val loss %.6f", step, loss);
   return loss;
+}
+
+void Trainer::State::receive(float* buf, int peer, int tag) {
+  const auto t0 = Clock::now();
+  groups.pp->irecv(buf, activation_elems(), peer, tag).wait();
+  pipeline_idle_s += seconds_since(t0);
+}
+
+// Forward and backward of this step's micro-batches on this rank's slice of the global batch
+// (samples [dp_rank*micro*gas, (dp_rank+1)*micro*gas) from the cursor), in the stage's 1F1B
+// order. Returns the summed loss (on the last stage; 0 elsewhere).
+double Trainer::State::train_micro_batches(float dloss, double& t_fwd, double& t_bwd) {
+  const int gas = cfg.gradient_accumulation_steps;
+  const int K = static_cast<int>(models.size());
+  ProcessGroup& pp = *groups.pp;
+  auto sample = [&](int m) { return cursor + (static_cast<uint64_t>(dp_rank) * gas + m) * micro; };
+  // Tags: activations 2m, gradients 2m + 1 (one stream per neighbour and direction, in order).
+  double loss_sum = 0;
+  pipeline_idle_s = 0;
+  for (const PipeStep& op : schedule) {
+    const int slot = op.micro_batch % K;
+    GPT& model = *models[slot];
+    const bool sending = op.op == PipeOp::send_activation || op.op == PipeOp::send_grad;
+    if (!sending) {  // anything that writes a slot's buffers waits for the sends still reading them
+      for (auto& s : sends[slot]) s.wait();
+      sends[slot].clear();
+    }
+    switch (op.op) {
+      case PipeOp::recv_activation:
+        receive(model.input_activation(), op.peer_stage, 2 * op.micro_batch);
+        break;
+      case PipeOp::forward: {
+        train_data.load(sample(op.micro_batch), micro, inputs.data(), targets.data());
+        const auto t0 = Clock::now();
+        loss_sum += model.forward(inputs.data(), targets.data(), dloss);
+        t_fwd += seconds_since(t0);
+        break;
+      }
+      case PipeOp::send_activation:
+        sends[slot].push_back(pp.isend(model.output_activation(), activation_elems(), op.peer_stage, 2 * op.micro_batch));
+        break;
+      case PipeOp::recv_grad:
+        receive(model.output_gradient(), op.peer_stage, 2 * op.micro_batch + 1);
+        break;
+      case PipeOp::backward: {
+        const auto t0 = Clock::now();
+        model.backward();
+        if (cfg.wall_clock_breakdown) be.synchronize();
+        t_bwd += seconds_since(t0);
+        break;
+      }
+      case PipeOp::send_grad:
+        sends[slot].push_back(pp.isend(model.input_gradient(), activation_elems(), op.peer_stage, 2 * op.micro_batch + 1));
+        break;
+    }
+  }
+  for (auto& slot_sends : sends) {
+    for (auto& s : slot_sends) s.wait();
+    slot_sends.clear();
+  }
+  return loss_sum;
 }
 
 int Trainer::run() {
@@ -160,7 +241,7 @@ int Trainer::run() {
                          .add("zero_stage", c.zero.stage)
                          .add("precision", c.precision)
                          .add("activation_checkpointing", c.activation_checkpointing)
-                         .add("mem_activations_bytes", static_cast<int64_t>(s.model.activation_bytes()))
+                         .add("mem_activations_bytes", static_cast<int64_t>(s.models.size() * s.models[0]->activation_bytes()))
                          .add("num_params", static_cast<int64_t>(s.engine.layout().num_params))
                          .add("num_params_padded", static_cast<int64_t>(s.engine.layout().total))
                          .add("num_params_resident", static_cast<int64_t>(s.engine.layout().resident_size))
@@ -174,9 +255,10 @@ int Trainer::run() {
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
                          .add("mem_optimizer_bytes", static_cast<int64_t>(mem.optimizer))
                          .add("mem_buffers_bytes", static_cast<int64_t>(mem.buffers)));
-  log_info("zero3d: %zu parameters per rank, %s, %d ranks (dp %d x tp %d, ZeRO stage %d, %s), global batch %lld x %d "
-           "tokens, %d steps, run dir %s",
-           s.engine.layout().num_params, s.be.describe().c_str(), s.groups.topo.world, s.dp, s.groups.topo.tp, c.zero.stage,
+  log_info("zero3d: %zu parameters per rank, %s, %d ranks (dp %d x tp %d x pp %d, ZeRO stage %d, %s), global batch "
+           "%lld x %d tokens, %d steps, run dir %s",
+           s.engine.layout().num_params, s.be.describe().c_str(), s.groups.topo.world, s.dp, s.groups.topo.tp,
+           s.groups.topo.pp, c.zero.stage,
            c.precision.c_str(), static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
   const bool validating = s.val_data != nullptr && c.data.val_batches > 0;
   if (validating) s.validate(0);
@@ -187,35 +269,32 @@ int Trainer::run() {
     comm_context().step = step;
     s.groups.dp->reset_bytes_sent();
     s.groups.tp->reset_bytes_sent();
+    s.groups.pp->reset_bytes_sent();
+    if (s.groups.embedding) s.groups.embedding->reset_bytes_sent();
     auto t0 = Clock::now();
     s.engine.begin_step();
     const double loss_scale = s.scaler.scale();
     const float dloss = static_cast<float>(inv_tokens * loss_scale);
     if (fault.at("inf", s.groups.world_rank, step)) s.engine.inject_inf_gradient();
-    double loss_sum = 0, t_fwd = 0, t_bwd = 0;
-    for (int k = 0; k < gas; ++k) {
-      // This rank's slice of the global batch: samples [dp_rank*micro*gas, (dp_rank+1)*micro*gas).
-      const uint64_t first = s.cursor + (static_cast<uint64_t>(s.dp_rank) * gas + k) * s.micro;
-      s.train_data.load(first, s.micro, s.inputs.data(), s.targets.data());
-      auto tf = Clock::now();
-      loss_sum += s.model.forward(s.inputs.data(), s.targets.data(), dloss);
-      auto tb = Clock::now();
-      s.model.backward();
-      if (c.wall_clock_breakdown) s.be.synchronize();
-      t_fwd += std::chrono::duration<double>(tb - tf).count();
-      t_bwd += seconds_since(tb);
-    }
+    double t_fwd = 0, t_bwd = 0;
+    const double loss_sum = s.train_micro_batches(dloss, t_fwd, t_bwd);
     s.cursor += static_cast<uint64_t>(G);
     if (fault.at("hang", s.groups.world_rank, step))
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     auto tr = Clock::now();
     s.engine.finish_gradients();
+    if (s.groups.topo.pp > 1 && s.groups.embedding) {  // the tied embedding's two copies: one gradient
+      auto [g, n] = s.engine.tied_embedding_grad();
+      s.be.synchronize();
+      s.groups.embedding->all_reduce_sum(g, n);
+    }
     const double t_reduce = seconds_since(tr);
-    const double loss = s.groups.dp->all_reduce_sum(loss_sum / gas) / s.dp;
+    const double loss = s.groups.dp->all_reduce_sum(s.groups.pp->all_reduce_sum(loss_sum / gas)) / s.dp;
 
     auto to = Clock::now();
     // The norm of the unscaled gradient; inf or nan on any rank is an overflow on every rank.
-    const double grad_norm = std::sqrt(s.groups.tp->all_reduce_sum(s.engine.grad_norm_sq())) / loss_scale;
+    const double grad_norm =
+        std::sqrt(s.groups.pp->all_reduce_sum(s.groups.tp->all_reduce_sum(s.engine.grad_norm_sq()))) / loss_scale;
     const bool overflow = !std::isfinite(grad_norm);
     // DeepSpeed's timing: the schedule advances only on applied steps (see optim/lr_schedule.h).
     const double lr = lr_for_step(c.scheduler, c.optimizer.lr, s.engine.optimizer_steps() + 1);
@@ -238,8 +317,13 @@ int Trainer::run() {
     const double tokens_per_s = tokens_per_step / step_time;
     const double model_flops = tokens_per_s * s.flops_per_token;
     const int64_t comm_bytes =
-        world.all_reduce_max(static_cast<int64_t>(s.groups.dp->bytes_sent() + s.groups.tp->bytes_sent()));
+        world.all_reduce_max(static_cast<int64_t>(s.groups.dp->bytes_sent() + s.groups.tp->bytes_sent() +
+                                                  s.groups.pp->bytes_sent() +
+                                                  (s.groups.embedding ? s.groups.embedding->bytes_sent() : 0)));
 
+    double recompute = 0;
+    for (auto& m : s.models) recompute += m->take_recompute_seconds();
+    const double idle_s = world.all_reduce_max(s.pipeline_idle_s);  // every rank: it is a collective
     if (s.metrics) {
       MetricsRecord r("train");
       r.add("step", step).add("loss", loss).add("lr", lr).add("grad_norm", grad_norm).add("loss_scale", loss_scale)
@@ -249,7 +333,8 @@ int Trainer::run() {
           .add("mem_model_states_bytes", mem_bytes).add("comm_bytes", comm_bytes);
       if (c.wall_clock_breakdown)
         r.add("forward_s", t_fwd).add("backward_s", t_bwd).add("reduce_s", t_reduce).add("optimizer_s", t_opt)
-            .add("allgather_s", t_gather).add("recompute_s", s.model.take_recompute_seconds());
+            .add("allgather_s", t_gather).add("recompute_s", recompute)
+            .add("pipeline_idle_s", idle_s).add("pipeline_idle_fraction", idle_s / step_time);
       s.metrics->write(r);
     }
 

@@ -15,6 +15,7 @@ struct ZeroEngine::Slab {
   DeviceBuffer<float> grads, recv;
   DeviceBuffer<uint16_t> g16, recv16;
   int unit = -1;
+  bool reducing = false;  // grads_done has posted its reductions (the unit may be open in another slab)
   std::vector<PendingOp> ops;
 };
 
@@ -30,14 +31,15 @@ struct ZeroEngine::ParamSlot {
 };
 
 ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
-                       const OptimizerConfig& optimizer, const std::string& precision, int tp_size, int tp_rank)
-    : be_(be), dp_(dp), cfg_(zero) {
+                       const OptimizerConfig& optimizer, const std::string& precision, int tp_size, int tp_rank,
+                       int pp_size, int pp_rank)
+    : be_(be), dp_(dp), cfg_(zero), n_layer_(model.n_layer) {
   mixed_ = precision != "fp32";
   dt_ = precision == "fp16" ? Dtype16::fp16 : Dtype16::bf16;
   pooled_ = cfg_.stage == 3 || mixed_;
   const size_t bucket = static_cast<size_t>(std::min(zero.reduce_bucket_size, zero.allgather_bucket_size));
   const size_t persist = cfg_.stage == 3 ? static_cast<size_t>(zero.stage3_param_persistence_threshold) : 0;
-  layout_ = make_flat_layout(gpt_param_table(model, tp_size, tp_rank), dp.size(), bucket, persist);
+  layout_ = make_flat_layout(gpt_param_table(model, tp_size, tp_rank, pp_size, pp_rank), dp.size(), bucket, persist);
   const int p = dp.size();
   const int num_units = static_cast<int>(layout_.units.size());
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
@@ -128,13 +130,15 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
       if (s >= e) continue;
       segments_.push_back({owned_params(b) + (s - lo), owned_grads(b) + (s - lo), state_base + (s - lo), e - s, info.decay});
     }
-    // The norm counts this rank's dp slice of the bucket, without tp-replicated tensors off tp rank 0.
+    // The norm counts this rank's dp slice of the bucket, without tp-replicated tensors off tp rank 0
+    // and without the last stage's copy of the tied embedding.
     const ShardInfo sl = layout_.slice(b, dp_.rank());
     const size_t nlo = b.offset + sl.offset, nhi = nlo + sl.size;
     for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t) {
       const ParamInfo& info = layout_.tensors[t];
       const size_t s = std::max(nlo, info.offset), e = std::min(nhi, info.offset + info.size);
-      if (s < e && (info.split != TpSplit::none || tp_rank == 0)) norm_segments_.push_back({reduced_slice(b) + (s - nlo), e - s});
+      if (s < e && (info.split != TpSplit::none || tp_rank == 0) && !info.tied_copy)
+        norm_segments_.push_back({reduced_slice(b) + (s - nlo), e - s});
     }
   }
 }
@@ -170,7 +174,7 @@ float* ZeroEngine::owned_params(const Bucket& b) {
 }
 
 void ZeroEngine::init_weights(uint64_t seed) {
-  const int n_layer = static_cast<int>(layout_.units.size()) - 2;
+  const int n_layer = n_layer_;
   auto to16 = [&](const std::vector<float>& x) {
     std::vector<uint16_t> h(x.size());
     for (size_t i = 0; i < x.size(); ++i)
@@ -348,10 +352,11 @@ float* ZeroEngine::acquire_grads(int unit) {
 
 void ZeroEngine::grads_done(int unit) {
   if (slabs_.empty()) return;
-  Slab* s = nullptr;
+  Slab* s = nullptr;  // the slab accumulating this unit now (an older one may still be reducing it)
   for (auto& c : slabs_)
-    if (c->unit == unit) s = c.get();
+    if (c->unit == unit && !c->reducing) s = c.get();
   Z3D_ASSERT(s != nullptr, "grads_done for a unit that holds no gradient buffer");
+  s->reducing = true;
   const Unit& u = layout_.units[unit];
   if (inject_inf_) {  // fault injection: an overflowed gradient
     const float inf = std::numeric_limits<float>::infinity();
@@ -361,6 +366,7 @@ void ZeroEngine::grads_done(int unit) {
   if (cfg_.stage < 2) {  // mixed stages 0-1: round into the 16-bit gradient, reduced at the boundary
     accumulate16(grads16_.data() + u.offset, s->grads.data(), u.size);
     s->unit = -1;
+    s->reducing = false;
     return;
   }
   if (mixed_) narrow(s->g16.data(), s->grads.data(), u.size);
@@ -399,6 +405,7 @@ void ZeroEngine::complete(Slab& s) {
     }
   }
   s.unit = -1;
+  s.reducing = false;
 }
 
 void ZeroEngine::begin_step() {
@@ -449,6 +456,13 @@ double ZeroEngine::grad_norm_sq() {
   double local = 0;
   for (auto [g, n] : norm_segments_) local += be_.sum_squares(g, n);
   return dp_.all_reduce_sum(local);
+}
+
+std::pair<float*, size_t> ZeroEngine::tied_embedding_grad() {
+  for (const Bucket& b : layout_.buckets)
+    if (b.num_tensors == 1 && layout_.tensors[b.first_tensor].own_bucket) return {owned_grads(b), owned_size(b)};
+  Z3D_ASSERT(false, "tied_embedding_grad on a stage without the tied embedding");
+  return {nullptr, 0};
 }
 
 void ZeroEngine::scale_grads(float s) {

@@ -55,7 +55,7 @@ class ZeroEngine final : public ParamStore {
   // model (gpt_param_table(model, tp_size, tp_rank)).
   ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
              const OptimizerConfig& optimizer, const std::string& precision = "fp32", int tp_size = 1,
-             int tp_rank = 0);
+             int tp_rank = 0, int pp_size = 1, int pp_rank = 0);
   ~ZeroEngine() override;
 
   // ParamStore
@@ -75,6 +75,9 @@ class ZeroEngine final : public ParamStore {
   // inf/nan = overflow.
   double grad_norm_sq();
   void scale_grads(float s);       // this rank's optimizer-owned gradients
+  // With pp > 1, the first and last stage's optimizer-owned gradient of wte (after
+  // finish_gradients), laid out alike on both, to be summed over the embedding group.
+  std::pair<float*, size_t> tied_embedding_grad();
   void optimizer_step(double lr);   // Adam on this rank's optimizer-owned parameters
   void gather_updated_params();     // stages 1-2: all-gather the buckets; stage 3: persistent ones
   int64_t optimizer_steps() const { return adam_->step_count(); }
@@ -112,6 +115,7 @@ class ZeroEngine final : public ParamStore {
   Backend& be_;
   ProcessGroup& dp_;
   ZeroConfig cfg_;
+  int n_layer_;          // the whole model's (the init scales residual projections by it)
   bool mixed_ = false;   // 16-bit weights and gradients
   Dtype16 dt_ = Dtype16::bf16;
   bool pooled_ = false;  // the model reads parameters from pool slots (stage 3 or mixed)

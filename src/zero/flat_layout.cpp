@@ -37,7 +37,8 @@ FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_
     Bucket b{unit, offset, 0, 0, static_cast<int>(i), 0, persists(i), 0};
     for (; i < logical.size() && logical[i].unit == unit; ++i) {
       const size_t n = logical[i].size;
-      if (b.num_tensors > 0 && (b.size + n > bucket_elems || persists(i) != b.persistent)) {
+      const bool alone = logical[i].own_bucket || (b.num_tensors > 0 && logical[i - 1].own_bucket);
+      if (b.num_tensors > 0 && (b.size + n > bucket_elems || persists(i) != b.persistent || alone)) {
         close_bucket(b);
         b = Bucket{unit, offset, 0, 0, static_cast<int>(i), 0, persists(i), 0};
       }
