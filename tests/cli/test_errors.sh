@@ -53,7 +53,8 @@ expect layout-batch       "data-parallel size 3"                   mpirun --over
 expect layout-rank-file   "$tmp/none.bin"                          mpirun --oversubscribe -np 2 "$z3d" train $tiny --run-dir "$tmp/run" --set data.train=\"$tmp/none.bin\"
 expect layout-tp          "not a multiple of tensor_parallel.tp_size 2" train $tiny --set tensor_parallel.tp_size=2
 expect tp-heads           "model.n_head 4 must be divisible by tensor_parallel.tp_size 3" mpirun --oversubscribe -np 3 "$z3d" train $tiny --run-dir "$tmp/run" --set tensor_parallel.tp_size=3
-expect tp-pp-unsupported  "pipeline_parallel.pp_size"              train $tiny --set pipeline_parallel.pp_size=2
+expect layout-pp          "not a multiple of tensor_parallel.tp_size 1 * pipeline_parallel.pp_size 2" train $tiny --set pipeline_parallel.pp_size=2
+expect pp-layers          "pipeline_parallel.pp_size 8 is larger than model.n_layer 4" mpirun --oversubscribe -np 8 "$z3d" train $tiny --run-dir "$tmp/run" --set pipeline_parallel.pp_size=8
 
 # --help and --version succeed
 for cmd in "--help" "--version" "train --help" "data --help" "bench --help"; do

@@ -281,7 +281,9 @@ TEST(Config, RecognisedButNotYetSupported) {
               HasSubstr("fp16.enabled and bf16.enabled are both true; choose one precision"));
   EXPECT_EQ(load_config({f, "", {"bf16.enabled=true"}}, 1).precision, "bf16");
   EXPECT_EQ(load_config({f, "", {"fp16.enabled=true", "fp16.hysteresis=1"}}, 1).fp16.hysteresis, 1);
-  EXPECT_THAT(load_error(f, {"pipeline_parallel.pp_size=2"}, 2), HasSubstr("'pipeline_parallel.pp_size' = 2 is recognised"));
+  EXPECT_EQ(load_config({f, "", {"pipeline_parallel.pp_size=2"}}, 2).pp_size, 2);
+  EXPECT_THAT(load_error(f, {"pipeline_parallel.pp_size=4"}, 4),
+              HasSubstr("pipeline_parallel.pp_size 4 is larger than model.n_layer 2"));
   EXPECT_THAT(load_error(f, {"tensor_parallel.tp_size=2"}),
               HasSubstr("the world size 1 is not a multiple of tensor_parallel.tp_size 2"));
   EXPECT_EQ(load_config({f, "", {"tensor_parallel.tp_size=2"}}, 4).tp_size, 2);
