@@ -793,8 +793,7 @@ class Resolver {
     c.seed = static_cast<uint64_t>(value("seed").get<int64_t>());
     c.tp_size = geti("tensor_parallel.tp_size");
     c.pp_size = geti("pipeline_parallel.pp_size");
-    c.zero_stage = geti("zero_optimization.stage");
-    c.zero.stage = c.zero_stage;
+    c.zero.stage = geti("zero_optimization.stage");
     c.zero.overlap_comm = getb("zero_optimization.overlap_comm");
     c.zero.reduce_bucket_size = value("zero_optimization.reduce_bucket_size").get<int64_t>();
     c.zero.allgather_bucket_size = value("zero_optimization.allgather_bucket_size").get<int64_t>();
@@ -814,9 +813,8 @@ class Resolver {
     c.fp16.consecutive_hysteresis = getb("fp16.consecutive_hysteresis");
     c.fp16.min_loss_scale = getd("fp16.min_loss_scale");
     c.fp16.continue_at_min_scale = getb("fp16.continue_at_min_scale");
-    c.bf16_enabled = getb("bf16.enabled");
     c.activation_checkpointing = getb("activation_checkpointing.enabled");
-    c.precision = c.fp16.enabled ? "fp16" : c.bf16_enabled ? "bf16" : "fp32";
+    c.precision = c.fp16.enabled ? "fp16" : getb("bf16.enabled") ? "bf16" : "fp32";
     c.model.vocab_size = geti("model.vocab_size");
     c.model.seq_len = geti("model.seq_len");
     c.model.n_layer = geti("model.n_layer");

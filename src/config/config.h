@@ -96,7 +96,6 @@ struct Config {
   uint64_t seed = 1234;
   int tp_size = 1;
   int pp_size = 1;
-  int zero_stage = 0;
   ZeroConfig zero;
   double comm_timeout_s = 600;  // ours: the collective watchdog's deadline
   ModelConfig model;
@@ -104,7 +103,6 @@ struct Config {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   Fp16Config fp16;
-  bool bf16_enabled = false;
   bool activation_checkpointing = false;  // activation_checkpointing.enabled (ours)
   std::string precision = "fp32";  // "fp32", "fp16" or "bf16", from fp16.enabled / bf16.enabled
   CheckpointConfig checkpoint;

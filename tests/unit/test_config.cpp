@@ -83,7 +83,7 @@ TEST(Config, DefaultsFollowDeepSpeed) {
   EXPECT_TRUE(c.optimizer.adam_w_mode);
   EXPECT_TRUE(c.optimizer.bias_correction);
   EXPECT_EQ(c.scheduler.type, "");
-  EXPECT_EQ(c.zero_stage, 0);
+  EXPECT_EQ(c.zero.stage, 0);
   EXPECT_EQ(c.tp_size, 1);
   EXPECT_EQ(c.pp_size, 1);
   EXPECT_EQ(c.data.val, "");
