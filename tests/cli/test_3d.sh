@@ -8,11 +8,13 @@
 # usage: test_3d.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 z3d=$1; src=$2
+# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
+MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
 cd "$src"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 run() {  # run NAME TP PP DP GAS [--set ...]
   local name=$1 tp=$2 pp=$3 dp=$4 gas=$5; shift 5
-  timeout 300 mpirun --oversubscribe -np $((tp * pp * dp)) "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \
+  timeout 300 $MPIRUN -np $((tp * pp * dp)) "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \
     --peak-flops 1e11 --set train_steps=20 --set data.val="" --set train_batch_size=8 \
     --set gradient_accumulation_steps=$gas --set train_micro_batch_size_per_gpu=$((8 / dp / gas)) \
     --set tensor_parallel.tp_size=$tp --set pipeline_parallel.pp_size=$pp --set wall_clock_breakdown=true \

@@ -3,6 +3,8 @@
 # usage: test_errors.sh ZERO3D_BINARY SOURCE_DIR
 set -u
 z3d=$1; src=$2
+# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
+MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
 cd "$src"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fails=0; passes=0
@@ -49,12 +51,12 @@ expect no-config          "needs a CONFIG"                         "$z3d" train
 expect unknown-command    "unknown command 'trian'"                "$z3d" trian
 expect bad-peak           "--peak-flops must be a positive number" "$z3d" train $tiny --peak-flops abc
 expect missing-text       "$tmp/missing.txt"                       "$z3d" data prepare "$tmp/missing.txt" --out "$tmp/x.bin"
-expect layout-batch       "data-parallel size 3"                   mpirun --oversubscribe -np 3 "$z3d" train $tiny --run-dir "$tmp/run" --set train_batch_size=8
-expect layout-rank-file   "$tmp/none.bin"                          mpirun --oversubscribe -np 2 "$z3d" train $tiny --run-dir "$tmp/run" --set data.train=\"$tmp/none.bin\"
+expect layout-batch       "data-parallel size 3"                   $MPIRUN -np 3 "$z3d" train $tiny --run-dir "$tmp/run" --set train_batch_size=8
+expect layout-rank-file   "$tmp/none.bin"                          $MPIRUN -np 2 "$z3d" train $tiny --run-dir "$tmp/run" --set data.train=\"$tmp/none.bin\"
 expect layout-tp          "not a multiple of tensor_parallel.tp_size 2" train $tiny --set tensor_parallel.tp_size=2
-expect tp-heads           "model.n_head 4 must be divisible by tensor_parallel.tp_size 3" mpirun --oversubscribe -np 3 "$z3d" train $tiny --run-dir "$tmp/run" --set tensor_parallel.tp_size=3
+expect tp-heads           "model.n_head 4 must be divisible by tensor_parallel.tp_size 3" $MPIRUN -np 3 "$z3d" train $tiny --run-dir "$tmp/run" --set tensor_parallel.tp_size=3
 expect layout-pp          "not a multiple of tensor_parallel.tp_size 1 * pipeline_parallel.pp_size 2" train $tiny --set pipeline_parallel.pp_size=2
-expect pp-layers          "pipeline_parallel.pp_size 8 is larger than model.n_layer 4" mpirun --oversubscribe -np 8 "$z3d" train $tiny --run-dir "$tmp/run" --set pipeline_parallel.pp_size=8
+expect pp-layers          "pipeline_parallel.pp_size 8 is larger than model.n_layer 4" $MPIRUN -np 8 "$z3d" train $tiny --run-dir "$tmp/run" --set pipeline_parallel.pp_size=8
 
 # --help and --version succeed
 for cmd in "--help" "--version" "train --help" "data --help" "bench --help"; do

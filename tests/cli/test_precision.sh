@@ -8,11 +8,13 @@
 # usage: test_precision.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 z3d=$1; src=$2
+# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
+MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
 cd "$src"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 run() {  # run NAME NP [--set ...]: 20 steps, global batch 8, no validation
   local name=$1 np=$2; shift 2
-  timeout 300 mpirun --oversubscribe -np "$np" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" --peak-flops 1e11 \
+  timeout 300 $MPIRUN -np "$np" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" --peak-flops 1e11 \
     --set train_steps=20 --set data.val="" --set train_batch_size=8 --set train_micro_batch_size_per_gpu=$((8 / np)) \
     "$@" > "$tmp/$name.log" 2>&1 || { echo "run $name failed:"; cat "$tmp/$name.log"; exit 1; }
 }
@@ -38,7 +40,7 @@ ZERO3D_FAULT=inf:0:3 run fp16_min_continue 2 --set fp16.enabled=true --set fp16.
   --set fp16.hysteresis=1 --set fp16.continue_at_min_scale=true
 # at the minimum scale DeepSpeed stops the run: so do we, with exit code 5
 set +e
-ZERO3D_FAULT=inf:0:3 timeout 120 mpirun --oversubscribe -np 2 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/min" \
+ZERO3D_FAULT=inf:0:3 timeout 120 $MPIRUN -np 2 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/min" \
   --peak-flops 1e11 --set train_steps=6 --set data.val="" --set train_micro_batch_size_per_gpu=4 \
   --set fp16.enabled=true --set fp16.initial_scale_power=0 --set fp16.hysteresis=1 > "$tmp/min.log" 2>&1
 min_rc=$?

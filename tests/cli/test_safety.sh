@@ -5,6 +5,8 @@
 # usage: test_safety.sh ZERO3D_BINARY SOURCE_DIR
 set -u
 z3d=$1; src=$2
+# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
+MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
 cd "$src"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fails=0; passes=0
@@ -12,7 +14,7 @@ ok() { passes=$((passes+1)); }
 bad() { echo "FAIL $*"; fails=$((fails+1)); }
 train() {  # train NP [args...]
   local np=$1; shift
-  timeout 120 mpirun --oversubscribe -np "$np" "$z3d" train input/gpt-tiny.json --peak-flops 1e11 \
+  timeout 120 $MPIRUN -np "$np" "$z3d" train input/gpt-tiny.json --peak-flops 1e11 \
     --set data.val="" --set train_steps=8 --set train_micro_batch_size_per_gpu=4 "$@"
 }
 

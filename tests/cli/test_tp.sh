@@ -6,11 +6,13 @@
 # usage: test_tp.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 z3d=$1; src=$2
+# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
+MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
 cd "$src"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 run() {  # run NAME TP DP [--set ...]
   local name=$1 tp=$2 dp=$3; shift 3
-  timeout 300 mpirun --oversubscribe -np $((tp * dp)) "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \
+  timeout 300 $MPIRUN -np $((tp * dp)) "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \
     --peak-flops 1e11 --set train_steps=20 --set data.val="" --set train_batch_size=8 \
     --set train_micro_batch_size_per_gpu=$((8 / dp)) --set tensor_parallel.tp_size=$tp "$@" > "$tmp/$name.log" 2>&1 ||
     { echo "run $name failed:"; cat "$tmp/$name.log"; exit 1; }

@@ -6,12 +6,14 @@
 # usage: test_zero.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 z3d=$1; src=$2
+# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
+MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
 cd "$src"
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 steps=20
 run() {  # run NAME NP [--set ...]
   local name=$1 np=$2; shift 2
-  timeout 300 mpirun --oversubscribe -np "$np" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \
+  timeout 300 $MPIRUN -np "$np" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \
     --peak-flops 1e11 --set train_steps=$steps --set data.val="" --set train_batch_size=8 \
     --set gradient_accumulation_steps=1 --set train_micro_batch_size_per_gpu=$((8 / np)) "$@" > "$tmp/$name.log" 2>&1 ||
     { echo "run $name failed:"; cat "$tmp/$name.log"; exit 1; }
