@@ -7,11 +7,7 @@
 # idle time.
 # usage: test_3d.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
-z3d=$1; src=$2
-# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
-MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
-cd "$src"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/common.sh" "$@"
 run() {  # run NAME TP PP DP GAS [--set ...]
   local name=$1 tp=$2 pp=$3 dp=$4 gas=$5; shift 5
   timeout 300 $MPIRUN -np $((tp * pp * dp)) "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \

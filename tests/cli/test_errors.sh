@@ -2,11 +2,7 @@
 # Every bad input to the CLI: one clear line naming the problem, exit code 2, no run dir left.
 # usage: test_errors.sh ZERO3D_BINARY SOURCE_DIR
 set -u
-z3d=$1; src=$2
-# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
-MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
-cd "$src"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/common.sh" "$@"
 fails=0; passes=0
 
 # expect NAME SUBSTRING COMMAND...: exit code 2, stderr contains SUBSTRING, and the run dir

@@ -7,11 +7,7 @@
 # to keep going, and bf16 training gpt-tiny for 200 steps to within 2% of fp32's validation loss.
 # usage: test_precision.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
-z3d=$1; src=$2
-# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
-MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
-cd "$src"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/common.sh" "$@"
 run() {  # run NAME NP [--set ...]: 20 steps, global batch 8, no validation
   local name=$1 np=$2; shift 2
   timeout 300 $MPIRUN -np "$np" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" --peak-flops 1e11 \

@@ -4,11 +4,7 @@
 # abort with rank/group/operation/step within comm_timeout_s instead of a hang.
 # usage: test_safety.sh ZERO3D_BINARY SOURCE_DIR
 set -u
-z3d=$1; src=$2
-# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
-MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
-cd "$src"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/common.sh" "$@"
 fails=0; passes=0
 ok() { passes=$((passes+1)); }
 bad() { echo "FAIL $*"; fails=$((fails+1)); }

@@ -5,11 +5,7 @@
 # single-rank run (measured: about 1e-6), and the gradient norm counts replicated parameters once.
 # usage: test_tp.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
-z3d=$1; src=$2
-# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
-MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
-cd "$src"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/common.sh" "$@"
 run() {  # run NAME TP DP [--set ...]
   local name=$1 tp=$2 dp=$3; shift 3
   timeout 300 $MPIRUN -np $((tp * dp)) "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \

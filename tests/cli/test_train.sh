@@ -6,9 +6,7 @@
 # bit for bit with less activation memory.
 # usage: test_train.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
-z3d=$1; src=$2
-cd "$src"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/common.sh" "$@"
 
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/full" --peak-flops 1e11 > "$tmp/full.log"
 grep -q "step    200/200" "$tmp/full.log"

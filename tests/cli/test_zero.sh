@@ -5,11 +5,7 @@
 # communication volume match the ZeRO accounting.
 # usage: test_zero.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
-z3d=$1; src=$2
-# The launcher CMake found (MPIEXEC_EXECUTABLE), more ranks than cores allowed.
-MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
-cd "$src"
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/common.sh" "$@"
 steps=20
 run() {  # run NAME NP [--set ...]
   local name=$1 np=$2; shift 2
