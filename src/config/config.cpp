@@ -202,10 +202,13 @@ const std::vector<Key>& schema() {
       string("data.val", "", "llm.c token file for validation; \"\" = none"),
       integer("data.val_interval", 0, 0, kIntMax, "steps between validation passes; 0 = only at the end"),
       integer("data.val_batches", 8, 1, kIntMax, "micro-batches per validation pass"),
-      string("checkpoint.dir", "checkpoints", "checkpoint directory").not_yet(),
-      integer("checkpoint.save_interval", 0, 0, kIntMax, "steps between checkpoints; 0 = none").not_yet(),
-      integer("checkpoint.keep_last", 0, 0, kIntMax, "checkpoints kept; 0 = all").not_yet(),
-      string("checkpoint.load", "none", "\"none\", \"latest\" or a checkpoint path").not_yet(),
+      string("checkpoint.dir", "", "checkpoint directory; \"\" = <run dir>/checkpoints"),
+      integer("checkpoint.save_interval", 0, 0, kIntMax,
+              "steps between checkpoints (and one at the last step); 0 = none"),
+      integer("checkpoint.keep_last", 0, 0, kIntMax, "newest checkpoints kept; 0 = all"),
+      string("checkpoint.load", "none",
+             "\"none\", \"auto\" (the directory's latest, falling back to older valid ones) or a checkpoint "
+             "file or directory", /*nonempty=*/true),
   };
   return keys;
 }

@@ -78,7 +78,7 @@ struct Fp16Config {
 };
 
 struct CheckpointConfig {
-  std::string dir = "checkpoints";
+  std::string dir;  // "" = <run dir>/checkpoints
   int save_interval = 0;
   int keep_last = 0;
   std::string load = "none";

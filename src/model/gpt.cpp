@@ -85,6 +85,20 @@ size_t logical_index(const ParamInfo& p, size_t local) {
   return local;
 }
 
+size_t logical_run(const ParamInfo& p, size_t local) {
+  const size_t cols = p.shape.size() > 1 ? static_cast<size_t>(p.shape[1]) : 1;
+  switch (p.split) {
+    case TpSplit::none:
+    case TpSplit::rows: return p.size - local;
+    case TpSplit::rows3: {
+      const size_t block = p.size / 3;  // elements of each of q, k, v on this rank
+      return block - local % block;
+    }
+    case TpSplit::cols: return cols - local % cols;
+  }
+  return 1;
+}
+
 double gpt_flops_per_token(const ModelConfig& m) {  // the whole model's, whatever the layout
   double n = 0;
   for (const auto& p : gpt_param_table(m))

@@ -60,6 +60,10 @@ std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp = 1, int tp_
 
 // Index in the logical (whole, row-major) tensor of this rank's element `local`.
 size_t logical_index(const ParamInfo& p, size_t local);
+// How many local elements from `local` on map to consecutive logical indices (the run ends at a
+// local row for `cols`, at a q/k/v block for `rows3`, at the tensor's end otherwise). Logical
+// indices increase with local ones, so a rank's piece is a sorted list of logical runs.
+size_t logical_run(const ParamInfo& p, size_t local);
 
 // GPT-2 initialisation of elements [begin, end) of tensor `index` of the table, from the
 // counter-based RNG keyed by the logical element, so any rank (any tp rank, any ZeRO slice)

@@ -247,6 +247,12 @@ double ProcessGroup::all_reduce_sum(double v) { return scalar_all_reduce(*this, 
 double ProcessGroup::all_reduce_max(double v) { return scalar_all_reduce(*this, v, MPI_DOUBLE, MPI_MAX); }
 int64_t ProcessGroup::all_reduce_max(int64_t v) { return scalar_all_reduce(*this, v, MPI_INT64_T, MPI_MAX); }
 
+void ProcessGroup::all_reduce_sum(uint64_t* buf, size_t n) {
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (size_ > 1 && n > 0) MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), MPI_UINT64_T, MPI_SUM, comm_, &r));
+  PendingOp(r, "all-reduce (checksums)", this).wait();
+}
+
 void ProcessGroup::all_gather_u64(const std::vector<uint64_t>& mine, std::vector<uint64_t>& all) {
   all.assign(mine.size() * size_, 0);
   std::copy(mine.begin(), mine.end(), all.begin() + static_cast<size_t>(rank_) * mine.size());

@@ -101,6 +101,8 @@ class ProcessGroup {
   double all_reduce_sum(double v);
   double all_reduce_max(double v);
   int64_t all_reduce_max(int64_t v);
+  // In place, elementwise sum modulo 2^64 (checksums).
+  void all_reduce_sum(uint64_t* buf, size_t n);
   // all = every rank's `mine` (all the same length), in group-rank order.
   void all_gather_u64(const std::vector<uint64_t>& mine, std::vector<uint64_t>& all);
 

@@ -5,6 +5,8 @@
 //                 consistency check must name the tensor)
 //   inf:R:S       world rank R's gradient gets an inf in step S's backward (an fp16 overflow:
 //                 every rank must skip the step and the loss scaler must back off)
+//   stall_save:R:S  world rank R stops halfway through writing step S's checkpoint (a rank killed
+//                 mid-save: `latest` must still name the previous checkpoint)
 // Unset in normal runs; the trainer reads it once.
 #pragma once
 #include <cstdlib>

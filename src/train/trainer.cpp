@@ -1,6 +1,9 @@
 #include "train/trainer.h"
 
 #include <cerrno>
+#include <csignal>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,11 +16,13 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "data/loader.h"
+#include "io/checkpoint.h"
 #include "model/gpt.h"
 #include "optim/lr_schedule.h"
 #include "train/bench.h"
 #include "train/metrics.h"
 #include "train/fault.h"
+#include "train/stop_signal.h"
 #include "parallel/schedule.h"
 #include "zero/engine.h"
 #include "zero/loss_scaler.h"
@@ -85,8 +90,13 @@ struct Trainer::State {
   std::unique_ptr<MetricsLog> metrics;  // rank 0 only
   uint64_t cursor = 0;                  // global samples consumed
   double flops_per_token = 0;
+  std::string ckpt_dir;                 // checkpoint.dir, or <run dir>/checkpoints
+  int64_t start_step = 0;               // steps already taken (from the checkpoint resumed)
+  std::optional<LoadedCheckpoint> resumed;
 
   bool is_root() const { return groups.world_rank == 0; }
+  void save(int step, const Fault& fault);
+  void write_io_record(const char* action, int64_t step, const CheckpointIO& io);
   double validate(int step);
   double train_micro_batches(float dloss, double& t_fwd, double& t_bwd);
   void load(uint64_t first_sample, DataLoader& data);
@@ -108,6 +118,33 @@ static void agree(ProcessGroup& world, F&& f) {
     throw UserError(error.empty() ? "another rank failed (see its message)" : error);
 }
 
+static void create_directory(const std::string& dir, const char* what) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw UserError(strprintf("cannot create %s '%s': %s", what, dir.c_str(), ec.message().c_str()));
+}
+
+// A resumed run appends to the metrics of the run it continues: records of steps after the
+// checkpoint (written before the interruption, and about to be redone) are dropped first, so the
+// file holds every step once.
+static void drop_metrics_after(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    nlohmann::json r;
+    try {
+      r = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception&) {
+      throw UserError(strprintf("%s:%d: not a JSON record; cannot continue this run's metrics", path.c_str(), n));
+    }
+    if (r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() > step) continue;
+    kept += line + "\n";
+  }
+  write_file_atomic(path, kept);
+}
+
 Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backend, ProcessGroups& groups) {
   ProcessGroup& world = *groups.world;
   comm_context().timeout_s = config.comm_timeout_s;
@@ -121,19 +158,61 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     s.opt.peak_source = strprintf("measured sgemm 1024^3 on rank 0 (%.1f GFLOP/s)", r.flops_per_s / 1e9);
     world.broadcast(&s.opt.peak_flops, sizeof(double), 0);
   }
+  // Resume before anything is written: a checkpoint that does not load is an input error too.
+  s.ckpt_dir = config.checkpoint.dir.empty() ? s.opt.run_dir + "/checkpoints" : config.checkpoint.dir;
+  s.resumed = load_checkpoint({config, groups, s.engine}, config.checkpoint.load, s.ckpt_dir);
+  if (s.resumed) {
+    const TrainingState& st = s.resumed->state;
+    s.start_step = st.step;
+    s.cursor = st.data_cursor;
+    if (st.loss_scaler_dynamic && s.scaler.dynamic()) s.scaler.restore(st.loss_scaler);
+  }
   // Everything above validated the inputs; only now does the run directory appear.
   agree(world, [&] {
     if (!s.is_root()) return;
-    std::error_code ec;
-    fs::create_directories(s.opt.run_dir, ec);
-    if (ec)
-      throw UserError(strprintf("cannot create run directory '%s': %s", s.opt.run_dir.c_str(), ec.message().c_str()));
+    create_directory(s.opt.run_dir, "run directory");
+    if (config.checkpoint.save_interval > 0) create_directory(s.ckpt_dir, "checkpoint directory (checkpoint.dir)");
     write_file_atomic(s.opt.run_dir + "/config.json", config.resolved.dump(2) + "\n");
+    if (s.resumed) drop_metrics_after(s.opt.run_dir + "/metrics.jsonl", s.start_step);
     s.metrics = std::make_unique<MetricsLog>(s.opt.run_dir + "/metrics.jsonl");
   });
+  install_stop_handlers();
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::State::write_io_record(const char* action, int64_t step, const CheckpointIO& io) {
+  if (!metrics) return;
+  metrics->write(MetricsRecord("checkpoint")
+                     .add("step", step)
+                     .add("action", action)
+                     .add("file", io.file)
+                     .add("bytes", static_cast<int64_t>(io.bytes))
+                     .add("seconds", io.seconds)
+                     .add("bytes_per_s", io.bytes / io.seconds)
+                     .add("independent_transfers", io.independent));
+}
+
+// A checkpoint of the state after `step`, committed before this returns (collective).
+void Trainer::State::save(int step, const Fault& fault) {
+  TrainingState st;
+  st.step = step;
+  st.optimizer_steps = engine.optimizer_steps();
+  st.data_cursor = cursor;
+  st.loss_scaler_dynamic = scaler.dynamic();
+  st.loss_scaler = scaler.state();
+  if (is_root()) {  // it may be a stop before any interval checkpoint (checkpoint.save_interval = 0)
+    std::error_code ec;
+    fs::create_directories(ckpt_dir, ec);
+    Z3D_ASSERT(!ec, strprintf("cannot create checkpoint directory '%s': %s", ckpt_dir.c_str(), ec.message().c_str()));
+  }
+  groups.world->all_reduce_max(int64_t{0});  // the directory exists before anyone opens the file
+  const CheckpointIO io = save_checkpoint({cfg, groups, engine}, ckpt_dir, st, cfg.checkpoint.keep_last,
+                                          fault.at("stall_save", groups.world_rank, step));
+  write_io_record("save", step, io);
+  log_info("step %6d | checkpoint %s: %.1f MB in %.2f s (%.1f MB/s)", step, io.file.c_str(), io.bytes / 1e6,
+           io.seconds, io.bytes / 1e6 / io.seconds);
+}
 
 // The validation set: global batch k is val samples [k*micro*dp, (k+1)*micro*dp), each rank
 // taking its slice; the loss is the mean over all of them.
@@ -251,6 +330,8 @@ int Trainer::run() {
                          .add("train_batch_size", G)
                          .add("seq_len", s.T)
                          .add("train_steps", c.train_steps)
+                         .add("start_step", s.start_step)
+                         .add("resumed_from", s.resumed ? s.resumed->io.file : std::string())
                          .add("mem_params_bytes", static_cast<int64_t>(mem.params))
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
                          .add("mem_optimizer_bytes", static_cast<int64_t>(mem.optimizer))
@@ -260,12 +341,19 @@ int Trainer::run() {
            s.engine.layout().num_params, s.be.describe().c_str(), s.groups.topo.world, s.dp, s.groups.topo.tp,
            s.groups.topo.pp, c.zero.stage,
            c.precision.c_str(), static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
+  if (s.resumed) {
+    s.write_io_record("load", s.start_step, s.resumed->io);
+    log_info("zero3d: resumed from %s at step %lld (saved on %s), read %.1f MB in %.2f s", s.resumed->io.file.c_str(),
+             static_cast<long long>(s.start_step), s.resumed->saved_layout.c_str(), s.resumed->io.bytes / 1e6,
+             s.resumed->io.seconds);
+  }
   const bool validating = s.val_data != nullptr && c.data.val_batches > 0;
-  if (validating) s.validate(0);
+  if (validating && s.start_step == 0) s.validate(0);
 
   const Fault fault = Fault::from_env();
   auto run_start = Clock::now();
-  for (int step = 1; step <= c.train_steps; ++step) {
+  const int first_step = static_cast<int>(s.start_step) + 1;
+  for (int step = first_step; step <= c.train_steps; ++step) {
     comm_context().step = step;
     s.groups.dp->reset_bytes_sent();
     s.groups.tp->reset_bytes_sent();
@@ -343,14 +431,28 @@ int Trainer::run() {
       log_info("step %6d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | eta %s", step,
                c.train_steps, loss, lr, grad_norm, tokens_per_s,
                100.0 * model_flops / (s.opt.peak_flops * s.groups.topo.world),
-               format_eta(elapsed / step * (c.train_steps - step)).c_str());
+               format_eta(elapsed / (step - first_step + 1) * (c.train_steps - step)).c_str());
     }
     if (fault.at("perturb", s.groups.world_rank, step)) s.engine.perturb_replica();
     const int check = c.zero.consistency_check_interval;
     if (check > 0 && (step % check == 0 || step == c.train_steps)) s.engine.check_replicas_consistent(step);
     if (validating && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))
       s.validate(step);
+
+    // Step boundary: a stop signal on any rank stops every rank, after a checkpoint.
+    const int64_t signal = world.all_reduce_max(static_cast<int64_t>(stop_signal()));
+    const int interval = c.checkpoint.save_interval;
+    if (signal != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) s.save(step, fault);
+    if (signal != 0) {
+      log_warn("stopping after step %d on %s: the checkpoint is committed; run again with checkpoint.load=auto to "
+               "continue (exit code %d)",
+               step, signal == SIGTERM ? "SIGTERM" : "SIGUSR1", kExitStopped);
+      return kExitStopped;
+    }
   }
+  if (s.start_step >= c.train_steps)
+    log_info("zero3d: the checkpoint is at step %lld, train_steps is %d: nothing to train",
+             static_cast<long long>(s.start_step), c.train_steps);
   if (s.metrics) log_info("zero3d: done; metrics in %s", s.metrics->path().c_str());
   return 0;
 }

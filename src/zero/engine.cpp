@@ -121,14 +121,17 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   for (const auto& s : pslots_) mem_.buffers += s->buf.bytes() + s->buf16.bytes();
 
   // Optimizer segments: the owned part of each tensor of each bucket, with its decay setting.
+  bucket_of_tensor_.resize(layout_.tensors.size());
+  for (size_t i = 0; i < layout_.buckets.size(); ++i)
+    for (int t = layout_.buckets[i].first_tensor; t < layout_.buckets[i].first_tensor + layout_.buckets[i].num_tensors; ++t)
+      bucket_of_tensor_[t] = static_cast<int>(i);
   for (const Bucket& b : layout_.buckets) {
     const size_t lo = owned_offset(b), hi = lo + owned_size(b);
-    const size_t state_base = cfg_.stage == 0 ? b.offset : b.shard_offset;
     for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t) {
       const ParamInfo& info = layout_.tensors[t];
       const size_t s = std::max(lo, info.offset), e = std::min(hi, info.offset + info.size);
       if (s >= e) continue;
-      segments_.push_back({owned_params(b) + (s - lo), owned_grads(b) + (s - lo), state_base + (s - lo), e - s, info.decay});
+      segments_.push_back({owned_params(b) + (s - lo), owned_grads(b) + (s - lo), state_base(b) + (s - lo), e - s, info.decay});
     }
     // The norm counts this rank's dp slice of the bucket, without tp-replicated tensors off tp rank 0
     // and without the last stage's copy of the tied embedding.
@@ -494,6 +497,88 @@ void ZeroEngine::gather_updated_params() {
       ops.push_back(dp_.iall_gather(shard_params_.data() + b.shard_offset, resident_.data() + b.resident_offset, n));
   }
   for (auto& op : ops) op.wait();
+}
+
+// ---- checkpoints ----
+
+// The part of tensor t inside the flat range [lo, hi), as a piece (size 0 when none).
+static ZeroEngine::Piece piece_within(const FlatLayout& L, int t, size_t lo, size_t hi) {
+  const ParamInfo& info = L.tensors[t];
+  const size_t s = std::max(lo, info.offset), e = std::min(hi, info.offset + info.size);
+  return s < e ? ZeroEngine::Piece{t, s - info.offset, e - s} : ZeroEngine::Piece{t, 0, 0};
+}
+
+std::vector<ZeroEngine::Piece> ZeroEngine::saved_pieces() const {
+  std::vector<Piece> out;
+  for (const Bucket& b : layout_.buckets) {
+    const ShardInfo sl = layout_.slice(b, dp_.rank());
+    for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t) {
+      const ParamInfo& info = layout_.tensors[t];
+      if (info.tied_copy || (info.split == TpSplit::none && info.tp_rank != 0)) continue;
+      Piece p = piece_within(layout_, t, b.offset + sl.offset, b.offset + sl.offset + sl.size);
+      if (p.size) out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::vector<ZeroEngine::Piece> ZeroEngine::owned_pieces() const {
+  std::vector<Piece> out;
+  for (const Bucket& b : layout_.buckets)
+    for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t) {
+      Piece p = piece_within(layout_, t, owned_offset(b), owned_offset(b) + owned_size(b));
+      if (p.size) out.push_back(p);
+    }
+  return out;
+}
+
+const Bucket& ZeroEngine::owned_bucket_of(const Piece& p, size_t& flat) const {
+  const Bucket& b = layout_.buckets[bucket_of_tensor_[p.tensor]];
+  flat = layout_.tensors[p.tensor].offset + p.begin;
+  Z3D_ASSERT(flat >= owned_offset(b) && flat + p.size <= owned_offset(b) + owned_size(b),
+             "checkpoint piece outside this rank's owned range");
+  return b;
+}
+
+void ZeroEngine::read_state(State kind, const Piece& p, float* out) const {
+  size_t flat = 0;
+  const Bucket& b = owned_bucket_of(p, flat);
+  const size_t at = flat - owned_offset(b);
+  const float* src = kind == State::exp_avg      ? adam_->exp_avg() + state_base(b) + at
+                     : kind == State::exp_avg_sq ? adam_->exp_avg_sq() + state_base(b) + at
+                                                 : const_cast<ZeroEngine*>(this)->owned_params(b) + at;
+  be_.copy_to_host(out, src, p.size * sizeof(float));
+}
+
+void ZeroEngine::write_state(State kind, const Piece& p, const float* in) {
+  size_t flat = 0;
+  const Bucket& b = owned_bucket_of(p, flat);
+  const size_t at = flat - owned_offset(b);
+  float* dst = kind == State::exp_avg      ? adam_->exp_avg() + state_base(b) + at
+               : kind == State::exp_avg_sq ? adam_->exp_avg_sq() + state_base(b) + at
+                                           : owned_params(b) + at;
+  be_.copy_from_host(dst, in, p.size * sizeof(float));
+}
+
+void ZeroEngine::read_weights16(const Piece& p, uint16_t* out) const {
+  Z3D_ASSERT(mixed_, "read_weights16 needs mixed precision");
+  size_t flat = 0;
+  const Bucket& b = owned_bucket_of(p, flat);
+  // Stages 0-2 keep every 16-bit weight at its flat offset; stage 3 its slices in shard order.
+  const size_t at = cfg_.stage < 3 ? flat : b.shard_offset + (flat - owned_offset(b));
+  be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
+}
+
+void ZeroEngine::finish_load(int64_t optimizer_steps) {
+  adam_->set_step_count(optimizer_steps);
+  if (pooled_) invalidate_gathered();
+  if (mixed_) {  // the 16-bit weights are the rounding of the master (as after every step)
+    if (cfg_.stage == 0 || cfg_.stage == 3) narrow(params16_.data(), master_.data(), master_.size());
+    else
+      for (const Bucket& b : layout_.buckets) narrow(params16_.data() + owned_offset(b), owned_params(b), owned_size(b));
+  }
+  gather_updated_params();
+  be_.synchronize();
 }
 
 // ---- safety nets ----

@@ -92,6 +92,29 @@ class ZeroEngine final : public ParamStore {
 
   MemoryAccount memory() const { return mem_; }
   int stage() const { return cfg_.stage; }
+  bool mixed() const { return mixed_; }
+  Dtype16 dtype16() const { return dt_; }
+
+  // ---- checkpoints: this rank's state as pieces of its tensors (io/checkpoint.h) ----
+  // A piece is the local elements [begin, begin + size) of layout().tensors[tensor].
+  struct Piece {
+    int tensor = 0;
+    size_t begin = 0, size = 0;
+  };
+  enum class State { master, exp_avg, exp_avg_sq };  // fp32; the master is the weights in fp32 runs
+  // What this rank saves: its dp slice of every bucket, without the tensor-parallel replicas off tp
+  // rank 0 and without the tied embedding's copy, so the ranks of the grid write every logical
+  // element exactly once. Each piece lies inside an owned piece.
+  std::vector<Piece> saved_pieces() const;
+  // The optimizer state this rank holds: everything (stage 0) or its slices (stages 1-3).
+  std::vector<Piece> owned_pieces() const;
+  void read_state(State kind, const Piece& p, float* out) const;  // p inside an owned piece
+  void read_weights16(const Piece& p, uint16_t* out) const;       // mixed: the 16-bit weights of a saved piece
+  void write_state(State kind, const Piece& p, const float* in);  // p inside an owned piece
+  // After every owned piece was written: rebuild the weights the model reads from the master
+  // (round to 16 bits in mixed precision, all-gather what the stage keeps whole) and set the
+  // optimizer's step count. Collective over dp.
+  void finish_load(int64_t optimizer_steps);
 
  private:
   struct Slab;
@@ -108,6 +131,9 @@ class ZeroEngine final : public ParamStore {
   void widen(float* dst, const uint16_t* src, size_t n);   // 16 bit -> fp32
   void accumulate16(uint16_t* acc, const float* x, size_t n);
   size_t owned_offset(const Bucket& b) const;
+  size_t state_base(const Bucket& b) const { return cfg_.stage == 0 ? b.offset : b.shard_offset; }
+  // Flat offset of a piece and its bucket; asserts the piece lies inside this rank's owned range.
+  const Bucket& owned_bucket_of(const Piece& p, size_t& flat) const;
   size_t owned_size(const Bucket& b) const;
   void reduce_unit_to_shard(int unit, float* unit_grads, bool wait);
   void complete(Slab& s);
@@ -138,6 +164,7 @@ class ZeroEngine final : public ParamStore {
   DeviceBuffer<float> grads32_;  // the owned gradients widened for the step
   std::unique_ptr<AdamW> adam_;
   std::vector<AdamSegment> segments_;
+  std::vector<int> bucket_of_tensor_;
   std::vector<std::pair<const float*, size_t>> norm_segments_;  // what this rank counts in the norm
   MemoryAccount mem_;
 };

@@ -33,7 +33,7 @@ expect bad-value          "model.n_head"                           train $tiny -
 expect bad-type           "train_steps"                            train $tiny --set train_steps=many
 expect heads-divide       "n_head"                                 train $tiny --set model.n_head=3
 expect malformed-set      "KEY=VALUE"                              train $tiny --set model.n_head
-expect not-honoured       "checkpoint.save_interval"               train $tiny --set checkpoint.save_interval=10
+expect not-honoured       "contiguous_gradients"                   train $tiny --set zero_optimization.contiguous_gradients=false
 expect two-precisions     "choose one precision"                   train $tiny --set fp16.enabled=true --set bf16.enabled=true
 expect zero-stage         "zero_optimization.stage"                train $tiny --set zero_optimization.stage=4
 expect batch-mismatch     "train_batch_size"                       train $tiny --set train_batch_size=12

@@ -1,0 +1,104 @@
+// io/checkpoint.h: one parallel-HDF5 file per checkpoint, written and read collectively by every
+// rank, that any layout can load.
+//
+// Format (version 1), self-describing (h5dump -H shows it all):
+//   /model/<name>                  the weights the model computes with, in their logical (whole,
+//                                  unsharded) shape: float32, or in 16-bit runs uint16 holding
+//                                  bfloat16/float16 bits (attribute "dtype" says which)
+//   /optimizer/master/<name>       fp32 master weights (16-bit runs only; in fp32 runs /model is the master)
+//   /optimizer/exp_avg/<name>      Adam m, fp32
+//   /optimizer/exp_avg_sq/<name>   Adam v, fp32
+//   every dataset: attribute "checksum" (uint64, see checksum_* below)
+//   root attributes: format, format_version, step, optimizer_steps, data_cursor, seed, the layout at
+//   save (world_size, tp, pp, dp, zero_stage, precision), the model shape, the resolved config
+//   (JSON), loss_scaler and lr_scheduler state (JSON), rng, checksum_algorithm, zero3d_version.
+// <name> is the tensor's name in the whole model (wte, wpe, h.L.attn.c_attn.weight, ..., ln_f.bias).
+//
+// Invariant: a rank writes exactly its hyperslab of every dataset (its dp slice of each bucket of
+// its tp share of its pp stage; tp replicas and the tied embedding's copy are written once), so
+// the ranks of the grid together write every element exactly once; loading reads the hyperslabs
+// the loading layout owns, whatever layout saved them. The checksum of a dataset is a sum over its
+// elements of a hash of (logical index, bits), so any partition of the elements (the saving
+// layout's or the loading layout's) sums to the same value: load verifies every dataset it reads
+// without reading anything twice.
+//
+// Commit protocol: DIR/step_XXXXXXXX.h5.tmp is written, flushed and closed collectively; every rank
+// votes that its part succeeded; rank 0 fsyncs it, renames it to step_XXXXXXXX.h5, fsyncs DIR, and
+// replaces DIR/latest (one line, the file name) by write-temp + fsync + rename. Old checkpoints are
+// pruned to keep_last only after that. A crash at any moment leaves the previous checkpoint and a
+// `latest` that names it.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "parallel/groups.h"
+#include "zero/engine.h"
+#include "zero/loss_scaler.h"
+
+namespace zero3d {
+
+constexpr int kCheckpointFormatVersion = 1;
+
+// Everything besides the tensors that a resumed run continues from. The RNG is counter-based
+// (core/rng.h): the seed is its whole state, and the data order is a function of (seed, sample).
+struct TrainingState {
+  int64_t step = 0;             // global steps taken (skipped fp16 steps included)
+  int64_t optimizer_steps = 0;  // updates applied: Adam's t and the LR schedule's position
+  uint64_t data_cursor = 0;     // global samples consumed
+  bool loss_scaler_dynamic = false;
+  LossScaler::State loss_scaler;
+};
+
+// What one save or load moved and cost.
+struct CheckpointIO {
+  std::string file;
+  uint64_t bytes = 0;      // tensor bytes (the file's datasets, whole)
+  double seconds = 0;      // wall time of the whole save (to commit) or load (to verified)
+  int64_t independent = 0; // transfers HDF5 did not do collectively (expected 0)
+};
+
+// The run whose state is saved or loaded.
+struct CheckpointRun {
+  const Config& config;
+  ProcessGroups& groups;
+  ZeroEngine& engine;
+};
+
+// Collective over the world. Aborts the job (MPI_Abort) on an HDF5 or file-system failure: the
+// previous checkpoint stays committed. stall_halfway: fault injection, this rank stops (sleeps)
+// after writing half of the datasets, to test a kill in the middle of a save.
+CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, const TrainingState& state,
+                             int keep_last, bool stall_halfway = false);
+
+struct LoadedCheckpoint {
+  TrainingState state;
+  CheckpointIO io;
+  std::string saved_layout;  // "world 8 = tp 1 x pp 1 x dp 8, ZeRO-3, fp32"
+};
+
+// Collective over the world. spec: "none" (nothing), "auto" (DIR/latest if there is any
+// checkpoint in DIR; when it fails verification, warns and falls back to the newest older one that
+// loads), or a path (a checkpoint file, or a directory meaning its latest; no fallback). Throws
+// UserError naming the file and the dataset (corrupt, truncated, checksum mismatch, missing tensor,
+// other model shape) on every rank alike.
+std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, const std::string& spec,
+                                                const std::string& dir);
+
+// ---- shared with `zero3d ckpt` ----
+
+// The checksum of a run of n elements whose first has logical index `first`:
+// sum over i of splitmix64((first + i) << 32 | bits(x_i)), modulo 2^64.
+uint64_t checksum_run(uint64_t first, const float* x, size_t n);
+uint64_t checksum_run(uint64_t first, const uint16_t* x, size_t n);
+extern const char* const kChecksumAlgorithm;
+
+// The checkpoint file DIR_OR_FILE names: a file as is; a directory through its `latest`.
+// Throws UserError when there is none.
+std::string checkpoint_file(const std::string& dir_or_file);
+// Committed checkpoints in dir (step_*.h5), newest first.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+}  // namespace zero3d
