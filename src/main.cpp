@@ -37,6 +37,7 @@ static int dispatch(const Args& args) {
   if (cmd == "train") return cmd_train(rest);
   if (cmd == "data") return cmd_data(rest);
   if (cmd == "bench") return cmd_bench(rest);
+  if (cmd == "ckpt") return cmd_ckpt(rest);
   throw UserError(strprintf("unknown command '%s'\n%s", cmd.c_str(), usage_main().c_str()));
 }
 

@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "data/loader.h"
+#include "io/ckpt_tools.h"
 #include "train/bench.h"
 #include "train/trainer.h"
 #include "parallel/groups.h"
@@ -38,6 +39,18 @@ const char* kBenchUsage =
     "usage: zero3d bench gemm [--sizes N,N,...] [--seconds S] [--backend NAME]\n"
     "  GEMM rate (C = A B^T, fp32) through the BLAS the trainer uses, per square size N.\n"
     "  Default sizes 512,1024,2048,4096; at least S seconds (default 1) per size.\n";
+
+const char* kCkptUsage =
+    "usage: zero3d ckpt inspect CKPT\n"
+    "       zero3d ckpt verify CKPT\n"
+    "       zero3d ckpt export CKPT --out MODEL.safetensors [--weights master|model]\n"
+    "  CKPT: a checkpoint file (step_XXXXXXXX.h5), or a checkpoint directory meaning the one its 'latest' names.\n"
+    "  inspect  print the step, the layout at save, the model shape, the optimizer state and every dataset\n"
+    "  verify   recompute every dataset's checksum; exit code 4 when any differs, is missing or unreadable\n"
+    "  export   write the model weights as safetensors (GPT-2 names without 'transformer.', matrices (out, in)):\n"
+    "           --weights master (default) the fp32 master weights, F32; model: the weights computed with,\n"
+    "           as stored (F32, BF16 or F16)\n"
+    "  Runs on rank 0 alone; one process is enough.\n";
 
 bool wants_help(const Args& a) {
   for (const auto& s : a)
@@ -91,6 +104,7 @@ std::string usage_main() {
          "  train CONFIG.json       train a GPT model\n"
          "  data prepare TEXT...    make an llm.c token file from text\n"
          "  bench gemm              measure the GEMM rate the trainer gets\n"
+         "  ckpt inspect|verify|export  look into, check or export a checkpoint\n"
          "  --version               print the version and the backends built in\n";
 }
 
@@ -198,6 +212,37 @@ int cmd_bench(const Args& a) {
     log_info("%8d %12.3f %12.1f", n, r.seconds_per_call * 1e3, r.flops_per_s / 1e9);
   }
   return 0;
+}
+
+int cmd_ckpt(const Args& a) {
+  if (a.empty() || wants_help(a)) {
+    log_info("%s", kCkptUsage);
+    return a.empty() ? kExitUserError : 0;
+  }
+  const std::string& tool = a[0];
+  if (tool != "inspect" && tool != "verify" && tool != "export")
+    throw UserError(strprintf("unknown ckpt command '%s' (inspect, verify or export)\n%s", tool.c_str(), kCkptUsage));
+  std::string path, out, weights = "master";
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (tool == "export" && a[i] == "--out") out = option_value(a, i, kCkptUsage);
+    else if (tool == "export" && a[i] == "--weights") weights = option_value(a, i, kCkptUsage);
+    else if (a[i].starts_with("-"))
+      throw UserError(strprintf("unknown option '%s' for zero3d ckpt %s\n%s", a[i].c_str(), tool.c_str(), kCkptUsage));
+    else if (path.empty()) path = a[i];
+    else
+      throw UserError(strprintf("zero3d ckpt %s takes one checkpoint, got a second: '%s'", tool.c_str(), a[i].c_str()));
+  }
+  if (path.empty())
+    throw UserError(strprintf("zero3d ckpt %s needs a checkpoint file or directory\n%s", tool.c_str(), kCkptUsage));
+  if (tool == "export" && out.empty())
+    throw UserError(strprintf("zero3d ckpt export needs --out FILE\n%s", kCkptUsage));
+  // One reader is enough: the other ranks return 0 and wait in main, which agrees on rank 0's code.
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) return 0;
+  if (tool == "inspect") return ckpt_inspect(path);
+  if (tool == "verify") return ckpt_verify(path);
+  return ckpt_export(path, out, weights);
 }
 
 }  // namespace zero3d

@@ -12,6 +12,7 @@ using Args = std::vector<std::string>;
 int cmd_train(const Args& args);
 int cmd_data(const Args& args);
 int cmd_bench(const Args& args);
+int cmd_ckpt(const Args& args);
 std::string usage_main();
 
 }  // namespace zero3d

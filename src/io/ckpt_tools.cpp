@@ -1,0 +1,378 @@
+#include "io/ckpt_tools.h"
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "io/checkpoint.h"
+#include "io/hdf5.h"
+#include "model/gpt.h"
+
+namespace zero3d {
+
+static_assert(std::endian::native == std::endian::little, "checkpoint data and safetensors are little-endian");
+
+namespace {
+
+constexpr hsize_t kBlockElems = hsize_t(1) << 20;  // verify reads about this many elements at a time
+
+struct CheckpointFile {
+  std::string path;  // for messages
+  Hid file;
+};
+
+// Opens the checkpoint DIR_OR_FILE names, serially (sec2). Callers hold a QuietHdf5.
+CheckpointFile open_checkpoint(const std::string& dir_or_file) {
+  CheckpointFile c{checkpoint_file(dir_or_file), Hid()};
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(c.path, ec))
+    throw UserError(strprintf("checkpoint '%s' does not exist", c.path.c_str()));
+  c.file = Hid(H5Fopen(c.path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!c.file.valid())
+    throw UserError(strprintf("checkpoint '%s' cannot be opened: not an HDF5 file, or truncated or corrupt",
+                              c.path.c_str()));
+  std::string format;
+  if (!read_attr(c.file.get(), "format", format) || format != "zero3d-checkpoint")
+    throw UserError(strprintf("'%s' is an HDF5 file but not a zero3d checkpoint (attribute 'format' is not "
+                              "\"zero3d-checkpoint\")",
+                              c.path.c_str()));
+  return c;
+}
+
+// The model shape the root attributes describe; nullopt when they are missing or not positive.
+std::optional<ModelConfig> model_of(hid_t f) {
+  int64_t v[5];
+  const char* keys[5] = {"vocab_size", "seq_len", "n_layer", "n_head", "d_model"};
+  for (int i = 0; i < 5; ++i)
+    if (!read_attr(f, keys[i], v[i]) || v[i] <= 0 || v[i] > INT_MAX) return std::nullopt;
+  ModelConfig m;
+  m.vocab_size = int(v[0]), m.seq_len = int(v[1]), m.n_layer = int(v[2]), m.n_head = int(v[3]), m.d_model = int(v[4]);
+  return m;
+}
+
+enum class Elem { f32, u16, other };
+
+struct DatasetInfo {
+  std::string path;
+  std::vector<hsize_t> dims;
+  Elem elem = Elem::other;
+  size_t elem_size = 0;
+  std::string half;   // the "dtype" attribute of a uint16 dataset: bfloat16 or float16
+  std::string dtype;  // for people: float32, uint16 (bfloat16), ...
+  hsize_t count() const {
+    hsize_t n = 1;
+    for (hsize_t d : dims) n *= d;
+    return n;
+  }
+  hsize_t rows() const { return dims.empty() ? 1 : dims[0]; }  // a row: the elements of one first index
+  hsize_t row_size() const { return dims.empty() ? 1 : count() / std::max<hsize_t>(dims[0], 1); }
+  uint64_t bytes() const { return count() * elem_size; }
+  std::string shape() const {
+    std::string s;
+    for (hsize_t d : dims) s += (s.empty() ? "" : " x ") + std::to_string(d);
+    return s.empty() ? "scalar" : s;
+  }
+};
+
+DatasetInfo describe(hid_t ds, const std::string& path) {
+  DatasetInfo d;
+  d.path = path;
+  Hid space(H5Dget_space(ds)), type(H5Dget_type(ds));
+  const int nd = H5Sget_simple_extent_ndims(space.get());
+  d.dims.resize(std::max(nd, 0));
+  if (nd > 0) H5Sget_simple_extent_dims(space.get(), d.dims.data(), nullptr);
+  const H5T_class_t cls = H5Tget_class(type.get());
+  d.elem_size = H5Tget_size(type.get());
+  if (cls == H5T_FLOAT && d.elem_size == 4) {
+    d.elem = Elem::f32;
+    d.dtype = "float32";
+  } else if (cls == H5T_INTEGER && d.elem_size == 2 && H5Tget_sign(type.get()) == H5T_SGN_NONE) {
+    d.elem = Elem::u16;
+    d.dtype = read_attr(ds, "dtype", d.half) ? "uint16 (" + d.half + ")" : "uint16";
+  } else {
+    d.dtype = strprintf("other (HDF5 class %d, %zu bytes)", int(cls), d.elem_size);
+  }
+  return d;
+}
+
+Hid open_dataset(const CheckpointFile& c, const std::string& path) {
+  if (H5Lexists(c.file.get(), path.substr(0, path.rfind('/')).c_str(), H5P_DEFAULT) <= 0 ||
+      H5Lexists(c.file.get(), path.c_str(), H5P_DEFAULT) <= 0)
+    throw UserError(strprintf("checkpoint '%s' has no dataset '%s'", c.path.c_str(), path.c_str()));
+  Hid ds(H5Dopen2(c.file.get(), path.c_str(), H5P_DEFAULT));
+  if (!ds.valid())
+    throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be opened (corrupt file)", c.path.c_str(),
+                              path.c_str()));
+  return ds;
+}
+
+// Every dataset's path: by group, and within a group in model order (wte, wpe, h.0..., ln_f;
+// names the model does not know last).
+std::vector<std::string> dataset_paths(const CheckpointFile& c) {
+  std::vector<std::string> paths;
+  auto visit = [](hid_t group, const char* name, const H5L_info_t* info, void* out) -> herr_t {
+    if (info->type != H5L_TYPE_HARD) return 0;
+    Hid obj(H5Oopen(group, name, H5P_DEFAULT));
+    if (obj.valid() && H5Iget_type(obj.get()) == H5I_DATASET)
+      static_cast<std::vector<std::string>*>(out)->push_back(std::string("/") + name);
+    return 0;
+  };
+  if (H5Lvisit(c.file.get(), H5_INDEX_NAME, H5_ITER_INC, visit, &paths) < 0)
+    throw UserError(strprintf("checkpoint '%s': its groups cannot be listed (corrupt file)", c.path.c_str()));
+  std::map<std::string, int> order;
+  if (const auto m = model_of(c.file.get()))
+    for (const ParamInfo& p : gpt_param_table(*m)) order[p.name] = p.id;
+  auto key = [&](const std::string& p) {
+    const size_t slash = p.rfind('/');
+    const std::string leaf = p.substr(slash + 1);
+    return std::make_tuple(p.substr(0, slash), order.contains(leaf) ? order[leaf] : INT_MAX, leaf);
+  };
+  std::sort(paths.begin(), paths.end(), [&](const std::string& a, const std::string& b) { return key(a) < key(b); });
+  return paths;
+}
+
+// Reads rows [r0, r0 + k) of dataset d into buf and adds their checksum (io/checkpoint.h) to sum.
+// Returns false when HDF5 cannot read them.
+template <typename T>
+bool read_rows(hid_t ds, const DatasetInfo& d, hsize_t r0, hsize_t k, std::vector<T>& buf, uint64_t& sum) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint16_t>);
+  const hid_t mem_type = std::is_same_v<T, float> ? H5T_NATIVE_FLOAT : H5T_NATIVE_UINT16;
+  const hsize_t n = k * d.row_size();
+  buf.resize(n);
+  if (n == 0) return true;
+  if (d.dims.empty()) {
+    if (H5Dread(ds, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0) return false;
+  } else {
+    Hid fspace(H5Dget_space(ds));
+    std::vector<hsize_t> start(d.dims.size(), 0), count = d.dims;
+    start[0] = r0;
+    count[0] = k;
+    Hid mspace(H5Screate_simple(1, &n, nullptr));
+    if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0 ||
+        H5Dread(ds, mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, buf.data()) < 0)
+      return false;
+  }
+  sum += checksum_run(r0 * d.row_size(), buf.data(), n);
+  return true;
+}
+
+// The checksum of the whole dataset, a block of rows at a time; nullopt when a read fails.
+template <typename T>
+std::optional<uint64_t> dataset_checksum(hid_t ds, const DatasetInfo& d) {
+  const hsize_t block = std::max<hsize_t>(1, kBlockElems / std::max<hsize_t>(d.row_size(), 1));
+  std::vector<T> buf;
+  uint64_t sum = 0;
+  for (hsize_t r = 0; r < d.rows(); r += block)
+    if (!read_rows(ds, d, r, std::min(block, d.rows() - r), buf, sum)) return std::nullopt;
+  return sum;
+}
+
+std::string mib(uint64_t bytes) { return strprintf("%.2f MiB", double(bytes) / (1 << 20)); }
+
+// Deletes a file unless disarmed: a failed export leaves no partial OUT.tmp behind.
+struct RemoveUnlessDone {
+  std::string path;
+  bool done = false;
+  ~RemoveUnlessDone() {
+    if (!done) std::remove(path.c_str());
+  }
+};
+
+}  // namespace
+
+int ckpt_inspect(const std::string& dir_or_file) {
+  QuietHdf5 quiet;
+  const CheckpointFile c = open_checkpoint(dir_or_file);
+  const hid_t f = c.file.get();
+  auto s = [f](const char* name) {
+    std::string v;
+    return read_attr(f, name, v) ? v : std::string("(missing)");
+  };
+  auto i64 = [f](const char* name) {
+    int64_t v;
+    return read_attr(f, name, v) ? std::to_string(v) : std::string("(missing)");
+  };
+  auto u64 = [f](const char* name) {
+    uint64_t v;
+    return read_attr(f, name, v) ? std::to_string(v) : std::string("(missing)");
+  };
+  log_info("checkpoint %s", c.path.c_str());
+  log_info("  format          %s, version %s, written by zero3d %s", s("format").c_str(), i64("format_version").c_str(),
+           s("zero3d_version").c_str());
+  log_info("  step            %s", i64("step").c_str());
+  log_info("  optimizer_steps %s", i64("optimizer_steps").c_str());
+  log_info("  data_cursor     %s", u64("data_cursor").c_str());
+  log_info("  seed            %s", u64("seed").c_str());
+  log_info("  layout at save  world %s = tp %s x pp %s x dp %s, ZeRO-%s, %s", i64("world_size").c_str(),
+           i64("tp").c_str(), i64("pp").c_str(), i64("dp").c_str(), i64("zero_stage").c_str(), s("precision").c_str());
+  log_info("  model           n_layer %s, n_head %s, d_model %s, vocab_size %s, seq_len %s", i64("n_layer").c_str(),
+           i64("n_head").c_str(), i64("d_model").c_str(), i64("vocab_size").c_str(), i64("seq_len").c_str());
+  log_info("  loss_scaler     %s", s("loss_scaler").c_str());
+  log_info("  lr_scheduler    %s", s("lr_scheduler").c_str());
+
+  const std::vector<std::string> paths = dataset_paths(c);
+  int width = 7;
+  for (const std::string& p : paths) width = std::max(width, int(p.size()));
+  log_info("  %-*s  %-18s  %-12s  %12s", width, "dataset", "dtype", "shape", "bytes");
+  uint64_t total = 0;
+  for (const std::string& p : paths) {
+    Hid ds = open_dataset(c, p);
+    const DatasetInfo d = describe(ds.get(), p);
+    log_info("  %-*s  %-18s  %-12s  %12llu", width, p.c_str(), d.dtype.c_str(), d.shape().c_str(),
+             (unsigned long long)d.bytes());
+    total += d.bytes();
+  }
+  log_info("  total: %zu datasets, %llu bytes (%s)", paths.size(), (unsigned long long)total, mib(total).c_str());
+  return 0;
+}
+
+int ckpt_verify(const std::string& dir_or_file) {
+  QuietHdf5 quiet;
+  const CheckpointFile c = open_checkpoint(dir_or_file);
+  const std::vector<std::string> paths = dataset_paths(c);
+  std::vector<std::pair<std::string, std::string>> failures;  // (dataset, what is wrong)
+  // Every tensor load_checkpoint needs must be there (and /model, which export reads).
+  if (const auto m = model_of(c.file.get())) {
+    std::string precision;
+    read_attr(c.file.get(), "precision", precision);
+    std::vector<std::string> groups = {"/model", "/optimizer/exp_avg", "/optimizer/exp_avg_sq"};
+    if (precision != "fp32") groups.push_back("/optimizer/master");
+    for (const std::string& g : groups)
+      for (const ParamInfo& p : gpt_param_table(*m))
+        if (std::find(paths.begin(), paths.end(), g + "/" + p.name) == paths.end())
+          failures.push_back({g + "/" + p.name, "is missing"});
+  } else {
+    failures.push_back({"/", "has no valid model shape attributes (n_layer, n_head, d_model, vocab_size, seq_len)"});
+  }
+  uint64_t bytes = 0;
+  for (const std::string& p : paths) {
+    Hid ds(H5Dopen2(c.file.get(), p.c_str(), H5P_DEFAULT));
+    if (!ds.valid()) {
+      failures.push_back({p, "cannot be opened (corrupt file)"});
+      continue;
+    }
+    const DatasetInfo d = describe(ds.get(), p);
+    bytes += d.bytes();
+    uint64_t stored = 0;
+    if (d.elem == Elem::other) {
+      failures.push_back({p, "is " + d.dtype + ", which the format does not checksum"});
+      continue;
+    }
+    if (!read_attr(ds.get(), "checksum", stored)) {
+      failures.push_back({p, "has no checksum attribute"});
+      continue;
+    }
+    const std::optional<uint64_t> sum =
+        d.elem == Elem::f32 ? dataset_checksum<float>(ds.get(), d) : dataset_checksum<uint16_t>(ds.get(), d);
+    if (!sum)
+      failures.push_back({p, "cannot be read (corrupt or truncated file)"});
+    else if (*sum != stored)
+      failures.push_back({p, strprintf("fails its checksum (stored %016llx, data gives %016llx)",
+                                       (unsigned long long)stored, (unsigned long long)*sum)});
+  }
+  for (const auto& [p, what] : failures)
+    log_info("checkpoint '%s': dataset '%s' %s", c.path.c_str(), p.c_str(), what.c_str());
+  if (!failures.empty())
+    throw RunError(strprintf("checkpoint '%s' fails verification: %zu problem%s in %zu datasets (see above)",
+                             c.path.c_str(), failures.size(), failures.size() == 1 ? "" : "s", paths.size()),
+                   kExitInconsistent);
+  log_info("checkpoint '%s': all %zu datasets match their checksums (%llu bytes, %s)", c.path.c_str(), paths.size(),
+           (unsigned long long)bytes, mib(bytes).c_str());
+  return 0;
+}
+
+int ckpt_export(const std::string& dir_or_file, const std::string& out, const std::string& weights) {
+  if (weights != "master" && weights != "model")
+    throw UserError(strprintf("--weights must be master or model, got '%s'", weights.c_str()));
+  QuietHdf5 quiet;
+  const CheckpointFile c = open_checkpoint(dir_or_file);
+  const hid_t f = c.file.get();
+  std::string precision;
+  int64_t step = 0;
+  const std::optional<ModelConfig> m = model_of(f);
+  if (!read_attr(f, "precision", precision) || !read_attr(f, "step", step) || !m)
+    throw UserError(strprintf("checkpoint '%s' lacks its precision, step or model shape attributes (corrupt file)",
+                              c.path.c_str()));
+  // The fp32 master lives in /optimizer/master for 16-bit runs, in /model for fp32 runs.
+  const std::string group = weights == "master" && precision != "fp32" ? "/optimizer/master" : "/model";
+
+  // Pass 1: shapes and dtypes make the header. Pass 2: the data, one tensor at a time.
+  std::vector<DatasetInfo> tensors;
+  nlohmann::ordered_json header;
+  std::set<std::string> dtypes;
+  uint64_t offset = 0;
+  for (const ParamInfo& p : gpt_param_table(*m)) {
+    const std::string path = group + "/" + p.name;
+    Hid ds = open_dataset(c, path);
+    DatasetInfo d = describe(ds.get(), path);
+    std::string dtype;
+    if (d.elem == Elem::f32) dtype = "F32";
+    else if (d.elem == Elem::u16 && weights == "model" && d.half == "bfloat16") dtype = "BF16";
+    else if (d.elem == Elem::u16 && weights == "model" && d.half == "float16") dtype = "F16";
+    else
+      throw UserError(strprintf("checkpoint '%s': dataset '%s' is %s; export expects float32%s", c.path.c_str(),
+                                path.c_str(), d.dtype.c_str(),
+                                weights == "model" ? " or uint16 with attribute dtype bfloat16/float16" : ""));
+    header[p.name] = {{"dtype", dtype},
+                      {"shape", d.dims},
+                      {"data_offsets", nlohmann::ordered_json::array({offset, offset + d.bytes()})}};
+    offset += d.bytes();
+    dtypes.insert(dtype);
+    tensors.push_back(std::move(d));
+  }
+  header["__metadata__"] = {{"format", "pt"}, {"source", c.path}, {"step", std::to_string(step)}};
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+
+  const std::string tmp = out + ".tmp";
+  RemoveUnlessDone cleanup{tmp};
+  std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+  if (!o) throw UserError(strprintf("cannot create '%s': %s", tmp.c_str(), strerror(errno)));
+  const uint64_t n = text.size();
+  o.write(reinterpret_cast<const char*>(&n), sizeof n);
+  o.write(text.data(), std::streamsize(text.size()));
+  std::vector<float> f32;
+  std::vector<uint16_t> u16;
+  for (const DatasetInfo& d : tensors) {
+    Hid ds = open_dataset(c, d.path);
+    uint64_t sum = 0, stored = 0;
+    const bool ok = d.elem == Elem::f32 ? read_rows(ds.get(), d, 0, d.rows(), f32, sum)
+                                        : read_rows(ds.get(), d, 0, d.rows(), u16, sum);
+    if (!ok)
+      throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be read (corrupt or truncated file)",
+                                c.path.c_str(), d.path.c_str()));
+    if (!read_attr(ds.get(), "checksum", stored) || stored != sum)
+      throw UserError(strprintf("checkpoint '%s': dataset '%s' has no checksum or fails it: the file is corrupt "
+                                "(zero3d ckpt verify lists every bad dataset)",
+                                c.path.c_str(), d.path.c_str()));
+    if (d.elem == Elem::f32) o.write(reinterpret_cast<const char*>(f32.data()), std::streamsize(d.bytes()));
+    else o.write(reinterpret_cast<const char*>(u16.data()), std::streamsize(d.bytes()));
+  }
+  o.close();
+  if (!o) throw UserError(strprintf("cannot write '%s': %s", tmp.c_str(), strerror(errno)));
+  if (std::rename(tmp.c_str(), out.c_str()) != 0)
+    throw UserError(strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), out.c_str(), strerror(errno)));
+  cleanup.done = true;
+  std::string dtype_list;
+  for (const std::string& t : dtypes) dtype_list += (dtype_list.empty() ? "" : "+") + t;
+  log_info("exported %zu tensors (%s weights from %s, %s, %llu bytes of data) of step %lld from '%s' to '%s'",
+           tensors.size(), weights.c_str(), group.c_str(), dtype_list.c_str(), (unsigned long long)offset,
+           (long long)step, c.path.c_str(), out.c_str());
+  return 0;
+}
+
+}  // namespace zero3d

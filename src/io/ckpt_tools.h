@@ -1,0 +1,29 @@
+// io/ckpt_tools.h: `zero3d ckpt`, the checkpoint file seen from outside a run: inspect what it
+// holds, verify every dataset against its checksum, export the model weights as safetensors for
+// other tools (Hugging Face, llm.c converters).
+//
+// Why a tool of its own: load_checkpoint() needs a run of the same model and reads only the master
+// weights and the Adam moments; these read a file alone, on one process (world rank 0, the serial
+// sec2 driver), and cover every dataset. Invariant: memory stays bounded by one tensor (verify:
+// one block of rows), never the whole model, so they work on checkpoints larger than RAM.
+// Each returns the exit code; a file that is missing, not HDF5, truncated or not a zero3d
+// checkpoint is a UserError naming it.
+#pragma once
+#include <string>
+
+namespace zero3d {
+
+// Prints the root attributes (step, layout at save, model shape, scaler and scheduler state) and a
+// table of every dataset (path, dtype, shape, bytes). Returns 0.
+int ckpt_inspect(const std::string& dir_or_file);
+
+// Recomputes every dataset's checksum (io/checkpoint.h) and prints one line per dataset that
+// differs, lacks a checksum or cannot be read. Returns 0, or kExitInconsistent when any fails.
+int ckpt_verify(const std::string& dir_or_file);
+
+// Writes the model weights to `out` in the safetensors format, in model order (wte, wpe, h.0...,
+// ln_f): weights "master" (fp32 master weights, F32) or "model" (the computing weights as stored:
+// F32, BF16 or F16). Writes out.tmp, then renames it. Returns 0.
+int ckpt_export(const std::string& dir_or_file, const std::string& out, const std::string& weights);
+
+}  // namespace zero3d
