@@ -360,6 +360,7 @@ CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, c
   std::vector<Hid> datasets;
   std::vector<float> buf;
   std::vector<uint16_t> buf16;
+  const auto t_loop = Clock::now();
   for (size_t k = 0; k < specs.size(); ++k) {
     if (stall_halfway && k == specs.size() / 2) {
       log_warn("fault injection: rank stalls in the middle of the checkpoint save of step %lld",
@@ -377,6 +378,7 @@ CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, c
     std::vector<Rect> rects;
     size_t n = 0;
     void* data = nullptr;
+    const auto ts = Clock::now();
     if (const auto& p = piece_of[spec.tensor]) {
       const ParamInfo& li = local[p->tensor];
       rects = logical_rects(li, p->begin, p->size);
@@ -393,6 +395,7 @@ CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, c
         data = buf.data();
       }
     }
+    io.stage_s += seconds_since(ts);
     HDF5_CHECK(transfer(ds.get(), sixteen ? H5T_NATIVE_UINT16 : H5T_NATIVE_FLOAT, rects, data, n, /*write=*/true,
                         dxpl.get(), io.independent));
     if (sixteen) write_attr(ds.get(), "dtype", std::string(engine.dtype16() == Dtype16::fp16 ? "float16" : "bfloat16"));
@@ -404,10 +407,15 @@ CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, c
   world.all_reduce_sum(sums.data(), sums.size());
   for (size_t k = 0; k < specs.size(); ++k) write_attr(datasets[k].get(), "checksum", sums[k]);
   datasets.clear();
+  const auto tc = Clock::now();
+  io.transfer_s = std::chrono::duration<double>(tc - t_loop).count() - io.stage_s;
   HDF5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
   file.reset();  // collective close
   // Every rank's part is in the file (any failure above aborted the job): rank 0 commits.
   if (world.rank() == 0) commit(dir, tmp, final_path, keep_last);
+  io.commit_s = world.all_reduce_max(seconds_since(tc));
+  io.stage_s = world.all_reduce_max(io.stage_s);
+  io.transfer_s = world.all_reduce_max(io.transfer_s);
   io.independent = static_cast<int64_t>(world.all_reduce_sum(static_cast<double>(io.independent)));
   io.seconds = world.all_reduce_max(seconds_since(t0));  // also: nobody goes on before the commit
   return io;
@@ -534,8 +542,12 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path) {
     std::vector<Rect> rects;
     if (p) rects = logical_rects(local[p->tensor], p->begin, p->size);
     buf.resize(p ? p->size : 0);
-    if (transfer(datasets[k].get(), H5T_NATIVE_FLOAT, rects, buf.data(), buf.size(), /*write=*/false, dxpl.get(),
-                 out.io.independent) < 0) {
+    const auto tr = Clock::now();
+    const herr_t status = transfer(datasets[k].get(), H5T_NATIVE_FLOAT, rects, buf.data(), buf.size(), /*write=*/false, dxpl.get(),
+                 out.io.independent);
+    const auto ts = Clock::now();
+    out.io.transfer_s += std::chrono::duration<double>(ts - tr).count();
+    if (status < 0) {
       if (error.empty())
         error = strprintf("checkpoint '%s': reading dataset '%s' failed (corrupt or truncated file)", path.c_str(),
                           spec.path.c_str());
@@ -546,6 +558,7 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path) {
     if (const auto& s = saved[p->tensor])  // the part this rank counts: every element once over the grid
       sums[k] = checksum_piece(li, s->begin, s->size, buf.data() + (s->begin - p->begin));
     engine.write_state(state_of(spec.kind), *p, buf.data());
+    out.io.stage_s += seconds_since(ts);
   }
   for (size_t k = 0; k < specs.size(); ++k) {
     size_t elems = 1;
@@ -563,6 +576,8 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path) {
                                 (unsigned long long)sums[k]));
   engine.finish_load(st.optimizer_steps);
   out.io.file = path;
+  out.io.stage_s = world.all_reduce_max(out.io.stage_s);
+  out.io.transfer_s = world.all_reduce_max(out.io.transfer_s);
   out.io.independent = static_cast<int64_t>(world.all_reduce_sum(static_cast<double>(out.io.independent)));
   out.io.seconds = world.all_reduce_max(seconds_since(t0));
   return out;

@@ -57,6 +57,10 @@ struct CheckpointIO {
   std::string file;
   uint64_t bytes = 0;      // tensor bytes (the file's datasets, whole)
   double seconds = 0;      // wall time of the whole save (to commit) or load (to verified)
+  // Where the time went, on the slowest rank: copying from/to the engine and checksumming, the
+  // HDF5 transfers (dataset creation and collective writes/reads), and (save) flush, close, fsync
+  // and rename.
+  double stage_s = 0, transfer_s = 0, commit_s = 0;
   int64_t independent = 0; // transfers HDF5 did not do collectively (expected 0)
 };
 

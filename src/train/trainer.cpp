@@ -190,6 +190,9 @@ void Trainer::State::write_io_record(const char* action, int64_t step, const Che
                      .add("bytes", static_cast<int64_t>(io.bytes))
                      .add("seconds", io.seconds)
                      .add("bytes_per_s", io.bytes / io.seconds)
+                     .add("stage_s", io.stage_s)
+                     .add("transfer_s", io.transfer_s)
+                     .add("commit_s", io.commit_s)
                      .add("independent_transfers", io.independent));
 }
 
