@@ -202,6 +202,9 @@ const std::vector<Key>& schema() {
       string("data.val", "", "llm.c token file for validation; \"\" = none"),
       integer("data.val_interval", 0, 0, kIntMax, "steps between validation passes; 0 = only at the end"),
       integer("data.val_batches", 8, 1, kIntMax, "micro-batches per validation pass"),
+      number("run.max_minutes", 0.0, 0, kInf,
+             "wall-time budget from start: checkpoint and exit 6 at the last step boundary where another step and "
+             "a checkpoint still fit; 0 = none (under Slurm the job's end time is a budget too)"),
       string("checkpoint.dir", "", "checkpoint directory; \"\" = <run dir>/checkpoints"),
       integer("checkpoint.save_interval", 0, 0, kIntMax,
               "steps between checkpoints (and one at the last step); 0 = none"),
@@ -808,6 +811,7 @@ class Resolver {
     c.zero.stage3_param_persistence_threshold =
         value("zero_optimization.stage3_param_persistence_threshold").get<int64_t>();
     c.comm_timeout_s = getd("comm_timeout_s");
+    c.max_minutes = getd("run.max_minutes");
     c.fp16.enabled = getb("fp16.enabled");
     c.fp16.loss_scale = getd("fp16.loss_scale");
     c.fp16.initial_scale_power = geti("fp16.initial_scale_power");

@@ -98,6 +98,7 @@ struct Config {
   int pp_size = 1;
   ZeroConfig zero;
   double comm_timeout_s = 600;  // ours: the collective watchdog's deadline
+  double max_minutes = 0;       // ours (run.max_minutes): wall-time budget; 0 = none
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;

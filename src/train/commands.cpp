@@ -12,6 +12,7 @@
 #include "data/loader.h"
 #include "io/ckpt_tools.h"
 #include "train/bench.h"
+#include "train/job.h"
 #include "train/trainer.h"
 #include "parallel/groups.h"
 #include <algorithm>
@@ -71,29 +72,20 @@ double parse_double(const std::string& s, const char* what) {
   return v;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+// local_rank: among the ranks of this node; it picks the GPU (round robin over the visible ones).
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
   if (name != "auto" && name != "host" && name != "cuda")
     throw UserError(strprintf("--backend must be host, cuda or auto, got '%s'", name.c_str()));
 #if defined(ZERO3D_HAVE_CUDA)
   if (name == "cuda" || (name == "auto" && cuda_device_count() > 0)) {
     if (cuda_device_count() == 0) throw UserError("--backend cuda: no CUDA device is visible to this process");
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!local) local = std::getenv("SLURM_LOCALID");
-    return make_cuda_backend((local ? std::atoi(local) : rank) % cuda_device_count());
+    return make_cuda_backend(local_rank % cuda_device_count());
   }
 #else
+  (void)local_rank;
   if (name == "cuda") throw UserError("--backend cuda: this zero3d was built without the CUDA backend (ZERO3D_CUDA=OFF or no toolkit found)");
 #endif
   return make_host_backend();
-}
-
-std::string default_run_dir() {
-  std::time_t now = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "runs/%Y%m%d-%H%M%S", std::localtime(&now));
-  return buf;
 }
 
 }  // namespace
@@ -139,14 +131,15 @@ int cmd_train(const Args& a) {
   // Every rank reads the same files and arguments, so every rank reaches the same verdict here.
   Config cfg = load_config(src, world);
   ProcessGroups groups = ProcessGroups::create(cfg.tp_size, cfg.pp_size);
+  opt.job = job_info(*groups.world);
   if (opt.run_dir.empty()) {
-    opt.run_dir = default_run_dir();  // rank 0's clock decides for everyone
+    opt.run_dir = default_run_dir(opt.job);  // rank 0's clock (or job id) decides for everyone
     std::vector<char> buf(256, '\0');
     std::copy_n(opt.run_dir.begin(), std::min<size_t>(opt.run_dir.size(), 255), buf.begin());
     groups.world->broadcast(buf.data(), buf.size(), 0);
     opt.run_dir = buf.data();
   }
-  std::unique_ptr<Backend> be = make_backend(backend);
+  std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank);
   if (opt.peak_flops <= 0 && be->kind() == BackendKind::cuda) {
     opt.peak_flops = known_accelerator_peak(be->describe());
     opt.peak_source = "known bf16 peak of " + be->describe();
@@ -203,7 +196,7 @@ int cmd_bench(const Args& a) {
       }
     } else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
-  std::unique_ptr<Backend> be = make_backend(backend);
+  std::unique_ptr<Backend> be = make_backend(backend, job_info(*ProcessGroup::world()).local_rank);
   const char* threads = std::getenv("OPENBLAS_NUM_THREADS");
   log_info("# GEMM C = A B^T, fp32, %s, OPENBLAS_NUM_THREADS=%s", be->describe().c_str(), threads ? threads : "unset");
   log_info("%8s %12s %12s", "n", "ms/call", "GFLOP/s");

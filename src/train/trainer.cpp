@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -93,8 +94,14 @@ struct Trainer::State {
   std::string ckpt_dir;                 // checkpoint.dir, or <run dir>/checkpoints
   int64_t start_step = 0;               // steps already taken (from the checkpoint resumed)
   std::optional<LoadedCheckpoint> resumed;
+  // The wall-time budget: run.max_minutes and the Slurm job's end time, from construction.
+  Clock::time_point t_start = Clock::now();
+  double time_budget_s = std::numeric_limits<double>::infinity();
+  double max_step_s = 0;    // slowest step so far
+  double last_save_s = -1;  // the last checkpoint's save time (-1: none yet)
 
   bool is_root() const { return groups.world_rank == 0; }
+  bool out_of_time() const;
   void save(int step, const Fault& fault);
   void write_io_record(const char* action, int64_t step, const CheckpointIO& io);
   double validate(int step);
@@ -150,6 +157,8 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   comm_context().timeout_s = config.comm_timeout_s;
   agree(world, [&] { s_ = std::make_unique<State>(config, options, backend, groups); });
   State& s = *s_;
+  if (config.max_minutes > 0) s.time_budget_s = config.max_minutes * 60;
+  s.time_budget_s = std::min(s.time_budget_s, options.job.seconds_left);
   s.engine.init_weights(config.seed);
   s.flops_per_token = gpt_flops_per_token(config.model);
   if (s.opt.peak_flops <= 0) {
@@ -180,6 +189,19 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
 }
 
 Trainer::~Trainer() = default;
+
+// Would another step and then a checkpoint overrun the budget? Before the first save, a checkpoint
+// is estimated at 100 MB/s (fp32 weights, m and v; plus a 16-bit copy and the master in mixed precision).
+bool Trainer::State::out_of_time() const {
+  if (!std::isfinite(time_budget_s)) return false;
+  double save_s = last_save_s;
+  if (save_s < 0) {
+    double elems = 0;
+    for (const ParamInfo& p : gpt_param_table(cfg.model)) elems += static_cast<double>(p.size);
+    save_s = elems * (cfg.precision == "fp32" ? 12 : 18) / 1e8;
+  }
+  return seconds_since(t_start) + max_step_s + save_s > time_budget_s;
+}
 
 void Trainer::State::write_io_record(const char* action, int64_t step, const CheckpointIO& io) {
   if (!metrics) return;
@@ -213,6 +235,7 @@ void Trainer::State::save(int step, const Fault& fault) {
   const CheckpointIO io = save_checkpoint({cfg, groups, engine}, ckpt_dir, st, cfg.checkpoint.keep_last,
                                           fault.at("stall_save", groups.world_rank, step));
   write_io_record("save", step, io);
+  last_save_s = io.seconds;
   log_info("step %6d | checkpoint %s: %.1f MB in %.2f s (%.1f MB/s)", step, io.file.c_str(), io.bytes / 1e6,
            io.seconds, io.bytes / 1e6 / io.seconds);
 }
@@ -335,6 +358,12 @@ int Trainer::run() {
                          .add("train_steps", c.train_steps)
                          .add("start_step", s.start_step)
                          .add("resumed_from", s.resumed ? s.resumed->io.file : std::string())
+                         .add("nodes", s.opt.job.nodes)
+                         .add("ranks_per_node", s.opt.job.local_size)
+                         .add("slurm_job", s.opt.job.slurm_job)
+                         .add("omp_num_threads", s.opt.job.omp_threads)
+                         .add("openblas_num_threads", s.opt.job.blas_threads)
+                         .add("time_budget_s", s.time_budget_s)
                          .add("mem_params_bytes", static_cast<int64_t>(mem.params))
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
                          .add("mem_optimizer_bytes", static_cast<int64_t>(mem.optimizer))
@@ -442,14 +471,26 @@ int Trainer::run() {
     if (validating && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))
       s.validate(step);
 
-    // Step boundary: a stop signal on any rank stops every rank, after a checkpoint.
-    const int64_t signal = world.all_reduce_max(static_cast<int64_t>(stop_signal()));
+    // Step boundary: a stop signal on any rank, or (rank 0 judges) a time budget that would not fit
+    // another step and a checkpoint, stops every rank after a checkpoint. Stop reason: the signal
+    // number, or 1 for the budget.
+    s.max_step_s = std::max(s.max_step_s, step_time);
+    int64_t stop = stop_signal();
+    if (s.is_root() && step < c.train_steps && s.out_of_time()) stop = std::max<int64_t>(stop, 1);
+    stop = world.all_reduce_max(stop);
     const int interval = c.checkpoint.save_interval;
-    if (signal != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) s.save(step, fault);
-    if (signal != 0) {
+    if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) s.save(step, fault);
+    if (stop == 1) {
+      log_info("stopping after step %d: another step (%.1f s) and a checkpoint (%.1f s) would overrun the time budget "
+               "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed; run again with "
+               "checkpoint.load=auto to continue (exit code %d)",
+               step, s.max_step_s, s.last_save_s, s.time_budget_s, kExitStopped);
+      return kExitStopped;
+    }
+    if (stop != 0) {
       log_warn("stopping after step %d on %s: the checkpoint is committed; run again with checkpoint.load=auto to "
                "continue (exit code %d)",
-               step, signal == SIGTERM ? "SIGTERM" : "SIGUSR1", kExitStopped);
+               step, stop == SIGTERM ? "SIGTERM" : "SIGUSR1", kExitStopped);
       return kExitStopped;
     }
   }

@@ -11,6 +11,7 @@
 #include "config/config.h"
 #include "kernels/backend.h"
 #include "parallel/groups.h"
+#include "train/job.h"
 
 namespace zero3d {
 
@@ -18,6 +19,7 @@ struct RunOptions {
   std::string run_dir;     // created by the trainer after every input has been validated
   double peak_flops = 0;   // MFU denominator; 0 = known accelerator peak or measured GEMM rate
   std::string peak_source;
+  JobInfo job;             // launch facts: local rank, Slurm job and its time left, thread settings
 };
 
 class Trainer {

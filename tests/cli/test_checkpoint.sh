@@ -9,6 +9,7 @@
 #  - a rank killed (SIGKILL) in the middle of a save leaves `latest` on the previous checkpoint, and
 #    checkpoint.load=auto resumes it to the same result as the uninterrupted run;
 #  - SIGUSR1 to mpirun: every rank stops after a committed checkpoint with exit code 6, and resumes;
+#    so does a run whose run.max_minutes budget runs out;
 #  - corrupt, truncated, foreign-shaped and incomplete checkpoints: exit 2 naming file and dataset;
 #    auto falls back to the previous checkpoint with a warning;
 #  - every save and load was done with collective MPI-IO (no independent fallback).
@@ -118,6 +119,15 @@ rc=0; wait "$launcher" || rc=$?
 echo "ok   SIGUSR1: exit 6 on every rank after $(cat "$tmp/signalled/checkpoints/latest")"
 run signalled 4 "${sig_args[@]}" --set checkpoint.load=auto
 
+# ---- a wall-time budget (run.max_minutes) ----
+rc=0
+timeout 300 $MPIRUN -np 4 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/budget" "${base[@]}" "${sig_args[@]}" \
+  --set run.max_minutes=0.01 > "$tmp/budget.log" 2>&1 || rc=$?
+[ "$rc" = 6 ] && grep -q "would overrun the time budget" "$tmp/budget.log" ||
+  { echo "FAIL: exit $rc with a 0.6 s budget, expected 6"; cat "$tmp/budget.log"; exit 1; }
+echo "ok   time budget: exit 6 after $(cat "$tmp/budget/checkpoints/latest")"
+run budget 4 "${sig_args[@]}" --set checkpoint.load=auto
+
 # ---- damaged checkpoints ----
 mkdir -p "$tmp/damaged"
 cp -r "$tmp/s2_dp4/checkpoints" "$tmp/damaged/flipped"
@@ -185,7 +195,7 @@ for line in open(f"{tmp}/pairs.txt"):
     if sorted(b) != list(range(first, max(b) + 1)) or not all(math.isfinite(r["loss"]) for r in b.values()):
         fail(f"{name}: training did not go on: steps {sorted(b)}")
     else: print(f"ok   {name}: first loss after resume within {err:.1e} of {src}'s (tolerance {tol:g}), {len(b)} steps")
-for name, ref in (("killed", "s2_dp4"), ("signalled", "s2_dp4")):
+for name, ref in (("killed", "s2_dp4"), ("signalled", "s2_dp4"), ("budget", "s2_dp4")):
     got, want = records(name), steps(ref)
     train = [r["step"] for r in got if r["kind"] == "train"]
     if train != list(range(1, 41)): fail(f"{name}: steps logged {train} (want 1..40 once each)")

@@ -1,0 +1,73 @@
+#include "train/job.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <vector>
+
+namespace zero3d {
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// The job's end time as a Unix time, or 0 when unknown.
+double slurm_end_time(const std::string& job) {
+  if (const std::string e = env("SLURM_JOB_END_TIME"); !e.empty()) return std::atof(e.c_str());
+  const std::string id = env("SLURM_JOB_ID");
+  if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos) return 0;
+  FILE* p = popen(("squeue -h -j " + id + " -o %e 2>/dev/null").c_str(), "r");
+  if (!p) return 0;
+  char line[128] = {};
+  const bool got = std::fgets(line, sizeof line, p) != nullptr;
+  pclose(p);
+  std::tm tm = {};
+  if (!got || !strptime(line, "%Y-%m-%dT%H:%M:%S", &tm)) return 0;  // "N/A", "Unknown": no limit
+  tm.tm_isdst = -1;
+  (void)job;
+  return static_cast<double>(std::mktime(&tm));
+}
+
+}  // namespace
+
+JobInfo job_info(ProcessGroup& world) {
+  JobInfo j;
+  MPI_Comm node;
+  MPI_Comm_split_type(world.comm(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &j.local_rank);
+  MPI_Comm_size(node, &j.local_size);
+  MPI_Comm_free(&node);
+  j.omp_threads = env("OMP_NUM_THREADS");
+  j.blas_threads = env("OPENBLAS_NUM_THREADS");
+  j.slurm_job = env("SLURM_ARRAY_JOB_ID").empty() ? env("SLURM_JOB_ID")
+                                                   : env("SLURM_ARRAY_JOB_ID") + "_" + env("SLURM_ARRAY_TASK_ID");
+  // Rank 0 decides what every rank must agree on.
+  double facts[2] = {static_cast<double>(j.local_size), 0};
+  if (world.rank() == 0) {
+    const double end = slurm_end_time(j.slurm_job);
+    facts[1] = end > 0 ? end - static_cast<double>(std::time(nullptr)) : -1;
+  }
+  world.broadcast(facts, sizeof facts, 0);
+  j.nodes = std::max(1, world.size() / static_cast<int>(facts[0]));
+  if (facts[1] >= 0) j.seconds_left = facts[1];
+  std::vector<char> id(128, '\0');
+  if (world.rank() == 0) j.slurm_job.copy(id.data(), 127);
+  world.broadcast(id.data(), id.size(), 0);
+  j.slurm_job = id.data();
+  return j;
+}
+
+std::string default_run_dir(const JobInfo& job) {
+  if (!job.slurm_job.empty()) return "runs/" + job.slurm_job;
+  std::time_t now = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "runs/%Y%m%d-%H%M%S", std::localtime(&now));
+  return buf;
+}
+
+}  // namespace zero3d
