@@ -84,50 +84,6 @@ std::vector<DatasetSpec> dataset_specs(const std::vector<ParamInfo>& whole, cons
 
 std::vector<hsize_t> dims_of(const ParamInfo& p) { return {p.logical_shape.begin(), p.logical_shape.end()}; }
 
-// A piece of a local tensor as rectangles of the logical tensor (a 1-D tensor is a column). The
-// rectangles list the piece's elements in local order, which is also the logical row-major order
-// HDF5 transfers a union of hyperslabs in, so one contiguous buffer matches the selection.
-struct Rect {
-  hsize_t r0, c0, rows, cols;
-};
-
-std::vector<Rect> logical_rects(const ParamInfo& p, size_t begin, size_t size) {
-  const size_t R = static_cast<size_t>(p.shape[0]), C = p.shape.size() > 1 ? static_cast<size_t>(p.shape[1]) : 1;
-  std::vector<Rect> local;
-  size_t i = begin;
-  const size_t end = begin + size;
-  if (i < end && i % C) {  // partial first row
-    const size_t n = std::min(C - i % C, end - i);
-    local.push_back({i / C, i % C, 1, n});
-    i += n;
-  }
-  if (end - i >= C) {  // whole rows
-    const size_t k = (end - i) / C;
-    local.push_back({i / C, 0, k, C});
-    i += k * C;
-  }
-  if (i < end) local.push_back({i / C, 0, 1, end - i});  // partial last row
-  const size_t r = static_cast<size_t>(p.tp_rank);
-  std::vector<Rect> out;
-  for (Rect q : local) {
-    switch (p.split) {
-      case TpSplit::none: out.push_back(q); break;
-      case TpSplit::rows: out.push_back({q.r0 + r * R, q.c0, q.rows, q.cols}); break;
-      case TpSplit::cols: out.push_back({q.r0, q.c0 + r * C, q.rows, q.cols}); break;
-      case TpSplit::rows3: {  // cut at the q/k/v blocks, each R/3 local rows
-        const size_t part = R / 3;
-        for (size_t a = q.r0; a < q.r0 + q.rows;) {
-          const size_t b = std::min<size_t>(q.r0 + q.rows, (a / part + 1) * part);
-          out.push_back({(a / part) * part * p.tp + r * part + a % part, q.c0, b - a, q.cols});
-          a = b;
-        }
-        break;
-      }
-    }
-  }
-  return out;
-}
-
 // Checksum contribution of local elements [begin, begin + n) of p, whose values are x.
 template <typename T>
 uint64_t checksum_piece(const ParamInfo& p, size_t begin, size_t n, const T* x) {
@@ -140,13 +96,13 @@ uint64_t checksum_piece(const ParamInfo& p, size_t begin, size_t n, const T* x) 
   return sum;
 }
 
-void select_rects(hid_t space, const std::vector<Rect>& rects, int ndims) {
+void select_rects(hid_t space, const std::vector<LogicalBlock>& rects, int ndims) {
   if (rects.empty()) {
     HDF5_CHECK(H5Sselect_none(space));
     return;
   }
   bool first = true;
-  for (const Rect& q : rects) {
+  for (const LogicalBlock& q : rects) {
     hsize_t start[2] = {q.r0, q.c0}, count[2] = {q.rows, q.cols};
     HDF5_CHECK(H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count, nullptr));
     first = false;
@@ -157,18 +113,18 @@ void select_rects(hid_t space, const std::vector<Rect>& rects, int ndims) {
 // One collective transfer of `n` elements between buf and the rectangles of dataset ds (n = 0:
 // this rank takes part with an empty selection). Returns the HDF5 status; counts a transfer that
 // HDF5 did not do collectively in `independent`.
-herr_t transfer(hid_t ds, hid_t mem_type, const std::vector<Rect>& rects, void* buf, size_t n, bool write,
+herr_t transfer(hid_t ds, hid_t mem_type, const std::vector<LogicalBlock>& rects, void* buf, size_t n, bool write,
                 hid_t dxpl, int64_t& independent) {
   Hid fspace(H5Dget_space(ds));
   if (!fspace.valid()) return -1;
   const int ndims = H5Sget_simple_extent_ndims(fspace.get());
-  std::vector<Rect> r = rects;
+  std::vector<LogicalBlock> r = rects;
   if (ndims == 1)  // a 1-D tensor is a column: rows are its elements
-    for (Rect& q : r) q = {q.r0, 0, q.rows, 1};
+    for (LogicalBlock& q : r) q = {q.r0, 0, q.rows, 1};
   if (ndims == 1) {
     if (r.empty()) HDF5_CHECK(H5Sselect_none(fspace.get()));
     bool first = true;
-    for (const Rect& q : r) {
+    for (const LogicalBlock& q : r) {
       hsize_t start = q.r0, count = q.rows;
       HDF5_CHECK(H5Sselect_hyperslab(fspace.get(), first ? H5S_SELECT_SET : H5S_SELECT_OR, &start, nullptr, &count, nullptr));
       first = false;
@@ -375,13 +331,13 @@ CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, c
     Hid ds(H5Dcreate2(file.get(), spec.path.c_str(), sixteen ? H5T_STD_U16LE : H5T_IEEE_F32LE, space.get(),
                       H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
     HDF5_CHECK(ds.get());
-    std::vector<Rect> rects;
+    std::vector<LogicalBlock> rects;
     size_t n = 0;
     void* data = nullptr;
     const auto ts = Clock::now();
     if (const auto& p = piece_of[spec.tensor]) {
       const ParamInfo& li = local[p->tensor];
-      rects = logical_rects(li, p->begin, p->size);
+      rects = logical_blocks(li, p->begin, p->size);
       n = p->size;
       if (sixteen) {
         buf16.resize(n);
@@ -539,8 +495,8 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path) {
     std::optional<Piece> p;
     for (int t : local_of[spec.tensor])
       if (owned[t]) p = owned[t];
-    std::vector<Rect> rects;
-    if (p) rects = logical_rects(local[p->tensor], p->begin, p->size);
+    std::vector<LogicalBlock> rects;
+    if (p) rects = logical_blocks(local[p->tensor], p->begin, p->size);
     buf.resize(p ? p->size : 0);
     const auto tr = Clock::now();
     const herr_t status = transfer(datasets[k].get(), H5T_NATIVE_FLOAT, rects, buf.data(), buf.size(), /*write=*/false, dxpl.get(),

@@ -99,6 +99,43 @@ size_t logical_run(const ParamInfo& p, size_t local) {
   return 1;
 }
 
+std::vector<LogicalBlock> logical_blocks(const ParamInfo& p, size_t begin, size_t size) {
+  const size_t R = static_cast<size_t>(p.shape[0]), C = p.shape.size() > 1 ? static_cast<size_t>(p.shape[1]) : 1;
+  std::vector<LogicalBlock> local;  // partial first row, whole rows, partial last row
+  size_t i = begin;
+  const size_t end = begin + size;
+  if (i < end && i % C) {
+    const size_t n = std::min(C - i % C, end - i);
+    local.push_back({i / C, i % C, 1, n});
+    i += n;
+  }
+  if (end - i >= C) {
+    const size_t k = (end - i) / C;
+    local.push_back({i / C, 0, k, C});
+    i += k * C;
+  }
+  if (i < end) local.push_back({i / C, 0, 1, end - i});
+  const size_t r = static_cast<size_t>(p.tp_rank);
+  std::vector<LogicalBlock> out;
+  for (const LogicalBlock& q : local) {
+    switch (p.split) {
+      case TpSplit::none: out.push_back(q); break;
+      case TpSplit::rows: out.push_back({q.r0 + r * R, q.c0, q.rows, q.cols}); break;
+      case TpSplit::cols: out.push_back({q.r0, q.c0 + r * C, q.rows, q.cols}); break;
+      case TpSplit::rows3: {  // cut at the q/k/v blocks, R/3 local rows each
+        const size_t part = R / 3;
+        for (size_t a = q.r0; a < q.r0 + q.rows;) {
+          const size_t b = std::min(q.r0 + q.rows, (a / part + 1) * part);
+          out.push_back({(a / part) * part * p.tp + r * part + a % part, q.c0, b - a, q.cols});
+          a = b;
+        }
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 double gpt_flops_per_token(const ModelConfig& m) {  // the whole model's, whatever the layout
   double n = 0;
   for (const auto& p : gpt_param_table(m))

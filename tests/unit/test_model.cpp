@@ -200,3 +200,35 @@ TEST(Model, ActivationCheckpointingIsBitwiseIdenticalAndSmaller) {
   EXPECT_EQ(plain.grad(), ckpt.grad());
   EXPECT_LT(ckpt.model.activation_bytes(), plain.model.activation_bytes());
 }
+
+// The checkpoint hyperslabs: a piece's logical blocks, expanded in order, must list exactly
+// logical_index of the piece's elements in local order, and logical_runs must be contiguous.
+TEST(Model, LogicalBlocksAndRunsFollowLogicalIndex) {
+  ModelConfig m{64, 16, 2, 4, 32};
+  std::mt19937_64 rng(7);
+  for (int tp : {1, 2, 4})
+    for (int r = 0; r < tp; ++r)
+      for (const ParamInfo& p : gpt_param_table(m, tp, r)) {
+        const size_t cols = p.logical_shape.size() > 1 ? static_cast<size_t>(p.logical_shape[1]) : 1;
+        std::vector<std::pair<size_t, size_t>> pieces = {{0, p.size}};
+        for (int k = 0; k < 20; ++k) {
+          const size_t b = rng() % p.size;
+          pieces.push_back({b, 1 + rng() % (p.size - b)});
+        }
+        for (auto [begin, size] : pieces) {
+          std::vector<size_t> got;
+          for (const LogicalBlock& q : logical_blocks(p, begin, size))
+            for (size_t i = 0; i < q.rows; ++i)
+              for (size_t j = 0; j < q.cols; ++j) got.push_back((q.r0 + i) * cols + q.c0 + j);
+          ASSERT_EQ(got.size(), size) << p.name;
+          for (size_t k = 0; k < size; ++k)
+            ASSERT_EQ(got[k], logical_index(p, begin + k)) << p.name << " tp " << tp << " rank " << r << " at " << k;
+        }
+        for (size_t i = 0; i < p.size; i += 1 + rng() % 7) {
+          const size_t run = logical_run(p, i);
+          ASSERT_GE(run, 1u);
+          ASSERT_LE(i + run, p.size);
+          for (size_t j = 0; j < run; ++j) ASSERT_EQ(logical_index(p, i + j), logical_index(p, i) + j) << p.name;
+        }
+      }
+}
