@@ -133,7 +133,7 @@ static void create_directory(const std::string& dir, const char* what) {
 
 // A resumed run appends to the metrics of the run it continues: records of steps after the
 // checkpoint (written before the interruption, and about to be redone) are dropped first, so the
-// file holds every step once.
+// file holds every step once. step = -1 drops every record that has a step.
 static void drop_metrics_after(const std::string& path, int64_t step) {
   std::ifstream in(path);
   if (!in) return;
@@ -182,7 +182,9 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     create_directory(s.opt.run_dir, "run directory");
     if (config.checkpoint.save_interval > 0) create_directory(s.ckpt_dir, "checkpoint directory (checkpoint.dir)");
     write_file_atomic(s.opt.run_dir + "/config.json", config.resolved.dump(2) + "\n");
-    if (s.resumed) drop_metrics_after(s.opt.run_dir + "/metrics.jsonl", s.start_step);
+    // A fresh start into a run dir that has metrics (a run that died before its first
+    // checkpoint) starts its steps over too.
+    drop_metrics_after(s.opt.run_dir + "/metrics.jsonl", s.resumed ? s.start_step : -1);
     s.metrics = std::make_unique<MetricsLog>(s.opt.run_dir + "/metrics.jsonl");
   });
   install_stop_handlers();

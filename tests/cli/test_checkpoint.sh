@@ -85,7 +85,7 @@ for p in "${pairs[@]}"; do
 done
 
 # ---- a rank killed in the middle of a save ----
-kill_args=($(layout 1 1 4 2) --set train_steps=40 --set checkpoint.save_interval=10)
+kill_args=($(layout 1 1 4 2) --set train_steps=40 --set checkpoint.save_interval=10 --set checkpoint.keep_last=2)
 ZERO3D_FAULT=stall_save:1:20 timeout 300 $MPIRUN -np 4 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/killed" \
   "${base[@]}" "${kill_args[@]}" > "$tmp/killed.log" 2>&1 &
 launcher=$!
@@ -101,6 +101,10 @@ wait "$launcher" && { echo "FAIL: the job survived SIGKILL of a rank"; exit 1; }
 echo "ok   killed mid-save: latest still names step_00000010.h5"
 run killed 4 "${kill_args[@]}" --set checkpoint.load=auto
 grep -q "resumed from $tmp/killed/checkpoints/step_00000010.h5" "$tmp/killed.log" || { cat "$tmp/killed.log"; exit 1; }
+# keep_last 2 pruned the older ones, and the dead save's temporary file is gone
+[ "$(ls "$tmp/killed/checkpoints" | tr '\n' ' ')" = "latest step_00000030.h5 step_00000040.h5 " ] ||
+  { echo "FAIL: checkpoint dir after keep_last=2: $(ls "$tmp/killed/checkpoints")"; exit 1; }
+echo "ok   keep_last 2 left steps 30 and 40, no temporary file"
 
 # ---- SIGUSR1 to the job ----
 sig_args=($(layout 1 1 4 2) --set train_steps=40)
