@@ -1,7 +1,11 @@
 #include "train/bench.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <vector>
+
+#include "core/check.h"
 
 namespace zero3d {
 
@@ -40,6 +44,31 @@ double known_accelerator_peak(const std::string& name) {
   for (const auto& p : peaks)
     if (name.find(p.match) != std::string::npos) return p.flops;
   return 0.0;
+}
+
+double measure_collective_write(MPI_Comm comm, const std::string& dir, uint64_t bytes) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const std::string path = dir + "/zero3d-bench-io.tmp";
+  const uint64_t per = bytes / size, chunk = 16 << 20;
+  std::vector<char> buf(chunk, static_cast<char>(rank + 1));
+  MPI_File f;
+  MPI_CHECK(MPI_File_open(comm, path.c_str(), MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &f));
+  MPI_CHECK(MPI_Barrier(comm));
+  const double t0 = MPI_Wtime();
+  const uint64_t calls = (per + chunk - 1) / chunk;  // the same number of collective calls on every rank
+  for (uint64_t c = 0; c < calls; ++c) {
+    const uint64_t n = std::min(chunk, per - c * chunk);
+    MPI_CHECK(MPI_File_write_at_all(f, static_cast<MPI_Offset>(rank * per + c * chunk), buf.data(), static_cast<int>(n),
+                                    MPI_BYTE, MPI_STATUS_IGNORE));
+  }
+  MPI_CHECK(MPI_File_sync(f));
+  double t = MPI_Wtime() - t0;
+  MPI_CHECK(MPI_File_close(&f));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm));
+  if (rank == 0) std::remove(path.c_str());
+  return t;
 }
 
 }  // namespace zero3d

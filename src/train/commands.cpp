@@ -38,8 +38,11 @@ const char* kDataUsage =
 
 const char* kBenchUsage =
     "usage: zero3d bench gemm [--sizes N,N,...] [--seconds S] [--backend NAME]\n"
-    "  GEMM rate (C = A B^T, fp32) through the BLAS the trainer uses, per square size N.\n"
-    "  Default sizes 512,1024,2048,4096; at least S seconds (default 1) per size.\n";
+    "       zero3d bench io [--dir DIR] [--bytes N]\n"
+    "  gemm: GEMM rate (C = A B^T, fp32) through the BLAS the trainer uses, per square size N.\n"
+    "        Default sizes 512,1024,2048,4096; at least S seconds (default 1) per size.\n"
+    "  io:   collective MPI-IO write rate of N bytes (default 1 GiB) over all ranks into a new file in\n"
+    "        DIR (default .), synced to disk: the raw baseline for the checkpoint bandwidth.\n";
 
 const char* kCkptUsage =
     "usage: zero3d ckpt inspect CKPT\n"
@@ -95,7 +98,7 @@ std::string usage_main() {
          "commands:\n"
          "  train CONFIG.json       train a GPT model\n"
          "  data prepare TEXT...    make an llm.c token file from text\n"
-         "  bench gemm              measure the GEMM rate the trainer gets\n"
+         "  bench gemm|io           measure the GEMM rate the trainer gets, or the file system's write rate\n"
          "  ckpt inspect|verify|export  look into, check or export a checkpoint\n"
          "  --version               print the version and the backends built in\n";
 }
@@ -175,6 +178,20 @@ int cmd_bench(const Args& a) {
   if (a.empty() || wants_help(a)) {
     log_info("%s", kBenchUsage);
     return a.empty() ? kExitUserError : 0;
+  }
+  if (a[0] == "io") {
+    std::string dir = ".";
+    double bytes = 1 << 30;
+    for (size_t i = 1; i < a.size(); ++i) {
+      if (a[i] == "--dir") dir = option_value(a, i, kBenchUsage);
+      else if (a[i] == "--bytes") bytes = parse_double(option_value(a, i, kBenchUsage), "--bytes");
+      else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
+    }
+    auto world = ProcessGroup::world();
+    const double t = measure_collective_write(world->comm(), dir, static_cast<uint64_t>(bytes));
+    log_info("# collective MPI-IO write + sync, %d ranks, %s\n%.0f bytes in %.3f s: %.1f MB/s", world->size(),
+             dir.c_str(), bytes, t, bytes / t / 1e6);
+    return 0;
   }
   if (a[0] != "gemm") throw UserError(strprintf("unknown bench '%s'\n%s", a[0].c_str(), kBenchUsage));
   std::vector<int> sizes = {512, 1024, 2048, 4096};
