@@ -69,5 +69,10 @@ assert h[:3] == (20240520, 1, 12), h[:3]
 assert bytes(struct.unpack('<12H', b[1024:])) == b'hello world\\n'
 " "$tmp/hw.bin" && [[ ! -e "$tmp/hw.bin.tmp" ]]; then passes=$((passes+1)); else echo "FAIL data prepare output"; fails=$((fails+1)); fi
 
+# bench io: writes, syncs and removes its file, and reports a rate
+if out=$($MPIRUN -np 2 "$z3d" bench io --dir "$tmp" --bytes 4e6 2>&1) && grep -qE "^4000000 bytes in [0-9.]+ s: [0-9.]+ MB/s" <<< "$out" &&
+   [[ ! -e "$tmp/zero3d-bench-io.tmp" ]]; then passes=$((passes+1)); else echo "FAIL bench io: $out"; fails=$((fails+1)); fi
+expect bench-io-option    "unknown option '--size'"               "$z3d" bench io --size 3
+
 echo "cli errors: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]
