@@ -11,11 +11,14 @@ zero3d_packages=(
   libgtest-dev                           # unit tests
   python3 python3-matplotlib python3-pandas python3-h5py  # postprocess/ and test checks
 )
+# tests/run.sh only: tests/slurm starts a private single-node Slurm (sbatch, srun --mpi=pmix).
+zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge)
 
+# zero3d_install_deps [EXTRA_PACKAGE...]
 zero3d_install_deps() {
   [[ "${ZERO3D_SKIP_APT:-0}" == 1 ]] && return 0
   local missing=() p
-  for p in "${zero3d_packages[@]}"; do
+  for p in "${zero3d_packages[@]}" "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   ((${#missing[@]} == 0)) && return 0

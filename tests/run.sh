@@ -7,7 +7,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 source jobscripts/deps.sh
-zero3d_install_deps
+zero3d_install_deps "${zero3d_test_packages[@]}"
 
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}

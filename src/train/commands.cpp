@@ -13,6 +13,7 @@
 #include "io/ckpt_tools.h"
 #include "train/bench.h"
 #include "train/job.h"
+#include "train/stop_signal.h"
 #include "train/trainer.h"
 #include "parallel/groups.h"
 #include <algorithm>
@@ -128,6 +129,9 @@ int cmd_train(const Args& a) {
     else throw UserError(strprintf("zero3d train takes one CONFIG file, got a second: '%s'", a[i].c_str()));
   }
   if (src.config_file.empty()) throw UserError(strprintf("zero3d train needs a CONFIG file\n%s", kTrainUsage));
+  // From here on SIGUSR1/SIGTERM only ask for a checkpoint and a stop (at the first step boundary),
+  // also when they arrive during start-up or a checkpoint load.
+  install_stop_handlers();
 
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -23,7 +23,7 @@
 #include "train/bench.h"
 #include "train/metrics.h"
 #include "train/fault.h"
-#include "train/stop_signal.h"
+#include "train/stop_signal.h"  // the flag; cmd_train installs the handlers
 #include "parallel/schedule.h"
 #include "zero/engine.h"
 #include "zero/loss_scaler.h"
@@ -187,7 +187,6 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     drop_metrics_after(s.opt.run_dir + "/metrics.jsonl", s.resumed ? s.start_step : -1);
     s.metrics = std::make_unique<MetricsLog>(s.opt.run_dir + "/metrics.jsonl");
   });
-  install_stop_handlers();
 }
 
 Trainer::~Trainer() = default;
