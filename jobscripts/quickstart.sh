@@ -30,8 +30,13 @@ mpirun --oversubscribe -np 4 build/bin/zero3d train input/gpt-tiny.json --run-di
   --set checkpoint.load=\"$run/checkpoints\" --set train_steps=220 2>&1 | tee "$resumed.log"
 grep -q "resumed from $run/checkpoints/step_00000200.h5" "$resumed.log"
 build/bin/zero3d ckpt verify "$run/checkpoints" >/dev/null
+# Plots: both runs' loss curves on one plot; model-state memory of both layouts against ZeRO's formula.
+/usr/bin/python3 postprocess/loss.py "$run" "$resumed" --val --out "$run/loss.png" >/dev/null
+/usr/bin/python3 postprocess/memory.py "$run" "$resumed" --out "$run" >/dev/null
 echo
 echo "quickstart: trained 200 steps on pp 2 x dp 2 (ZeRO-2): metrics in $run/metrics.jsonl, config in $run/config.json,"
 echo "  checkpoints in $run/checkpoints (zero3d ckpt inspect $run/checkpoints)"
 echo "quickstart: resumed its step-200 checkpoint on tp 2 x dp 2 (ZeRO-3) and trained to step 220:"
 echo "  metrics in $resumed/metrics.jsonl"
+echo "quickstart: plots in $run/loss.png (loss curves of both) and $run/memory.png (memory per rank against"
+echo "  ZeRO's formula; table in $run/memory.md)"
