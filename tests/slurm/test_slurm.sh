@@ -251,5 +251,8 @@ for p in pngs:
         sys.exit(f"{p}: not an image with content: shape {img.shape}, std {np.std(img)}")
 print(f"{len(rows)} rows, {len(pngs)} PNGs")
 EOF
-ok "sweep: 6 layouts under Slurm; study.json; scaling.py: a row per study.json entry, $(ls "$tmp/post"/*.png | wc -l) PNG(s)"
+# non-empty axes: scaling.py reports the points it drew on each of its four axes
+grep -qE "points per axis: [a-z_]+ [1-9][0-9]*(, [a-z_]+ [1-9][0-9]*){3}\)" "$tmp/scaling.log" ||
+  { cat "$tmp/scaling.log"; fail "scaling.png has an empty axis"; }
+ok "sweep: 6 layouts under Slurm; study.json; scaling.py: a row per study.json entry, no empty axis, $(ls "$tmp/post"/*.png | wc -l) PNG(s)"
 echo "test_slurm: all checks passed in $((SECONDS - t_start)) s"
