@@ -8,16 +8,6 @@
 # usage: test_ckpt_tools.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# expect CODE NAME PATTERN CMD...: CMD exits with CODE and its output matches PATTERN (grep -E).
-expect() {
-  local code=$1 name=$2 pattern=$3 rc=0
-  shift 3
-  timeout 60 "$@" > "$tmp/$name.log" 2>&1 || rc=$?
-  [[ $rc -eq $code ]] || { cat "$tmp/$name.log"; fail "$name: exit code $rc, expected $code"; }
-  grep -qE -- "$pattern" "$tmp/$name.log" || { cat "$tmp/$name.log"; fail "$name: output lacks /$pattern/"; }
-  echo "ok $name"
-}
 train() {  # train NAME [--set ...]: 4 steps on 4 ranks, checkpoints at steps 2 and 4
   local name=$1
   shift
@@ -43,7 +33,7 @@ h5dump -a /step "$A/step_00000004.h5" | grep -qF '(0): 4' || fail "h5dump: attri
 echo "ok h5dump"
 
 # 2. inspect: a directory means its latest; a file as is
-expect 0 inspect-dir '^  total: 156 datasets, ' "$z3d" ckpt inspect "$A"
+expect_exit 0 inspect-dir '^  total: 156 datasets, ' "$z3d" ckpt inspect "$A"
 for want in '  step            4' '  layout at save  world 4 = tp 2 x pp 1 x dp 2, ZeRO-3, fp32' \
             '  model           n_layer 4, n_head 4, d_model 128, vocab_size 256, seq_len 64' '"applied_steps":4'; do
   grep -qF -- "$want" "$tmp/inspect-dir.log" || { cat "$tmp/inspect-dir.log"; fail "inspect: no '$want'"; }
@@ -51,15 +41,15 @@ done
 grep -qE '^  /model/wte +float32 +256 x 128 +131072$' "$tmp/inspect-dir.log" || fail "inspect: no row for /model/wte"
 grep -qE '^  /optimizer/exp_avg_sq/h.3.mlp.c_fc.bias +float32 +512 +2048$' "$tmp/inspect-dir.log" \
   || fail "inspect: no row for /optimizer/exp_avg_sq/h.3.mlp.c_fc.bias"
-expect 0 inspect-file '^  step            2$' "$z3d" ckpt inspect "$A/step_00000002.h5"
-expect 0 inspect-bf16 'world 4 = tp 1 x pp 2 x dp 2, ZeRO-2, bf16' "$z3d" ckpt inspect "$B/step_00000004.h5"
+expect_exit 0 inspect-file '^  step            2$' "$z3d" ckpt inspect "$A/step_00000002.h5"
+expect_exit 0 inspect-bf16 'world 4 = tp 1 x pp 2 x dp 2, ZeRO-2, bf16' "$z3d" ckpt inspect "$B/step_00000004.h5"
 grep -qE '^  /model/wte +uint16 \(bfloat16\) +256 x 128 +65536$' "$tmp/inspect-bf16.log" \
   || fail "inspect: bf16 /model/wte row"
 grep -qE '^  total: 208 datasets, ' "$tmp/inspect-bf16.log" || fail "inspect: bf16 file has 4 x 52 datasets"
 
 # 3. verify: good files pass; flipped bytes inside one dataset are named (exit 4 on every rank)
-expect 0 verify-fp32 'all 156 datasets match their checksums' "$z3d" ckpt verify "$A"
-expect 0 verify-bf16 'all 208 datasets match their checksums' $MPIRUN -np 2 "$z3d" ckpt verify "$B/step_00000004.h5"
+expect_exit 0 verify-fp32 'all 156 datasets match their checksums' "$z3d" ckpt verify "$A"
+expect_exit 0 verify-bf16 'all 208 datasets match their checksums' $MPIRUN -np 2 "$z3d" ckpt verify "$B/step_00000004.h5"
 flip() {  # flip SRC DST DATASET: DST = SRC with 4 bytes in the middle of DATASET's data inverted
   $PY - "$@" <<'PY'
 import h5py, shutil, sys
@@ -75,34 +65,34 @@ with open(dst, "r+b") as g:
 PY
 }
 flip "$A/step_00000004.h5" "$tmp/bad32.h5" /optimizer/exp_avg/h.1.attn.c_proj.weight
-expect 4 verify-flip32 "dataset '/optimizer/exp_avg/h.1.attn.c_proj.weight' fails its checksum" \
+expect_exit 4 verify-flip32 "dataset '/optimizer/exp_avg/h.1.attn.c_proj.weight' fails its checksum" \
   $MPIRUN -np 2 "$z3d" ckpt verify "$tmp/bad32.h5"
 grep -q "1 problem in 156 datasets" "$tmp/verify-flip32.log" || fail "verify: more than the flipped dataset reported"
 flip "$B/step_00000004.h5" "$tmp/bad16.h5" /model/h.2.mlp.c_fc.weight
-expect 4 verify-flip16 "$tmp/bad16.h5': dataset '/model/h.2.mlp.c_fc.weight' fails its checksum" \
+expect_exit 4 verify-flip16 "$tmp/bad16.h5': dataset '/model/h.2.mlp.c_fc.weight' fails its checksum" \
   "$z3d" ckpt verify "$tmp/bad16.h5"
 head -c $(( $(stat -c %s "$A/step_00000004.h5") / 2 )) "$A/step_00000004.h5" > "$tmp/half.h5"
-expect 2 verify-truncated "zero3d: error: checkpoint '$tmp/half.h5' cannot be opened" "$z3d" ckpt verify "$tmp/half.h5"
+expect_exit 2 verify-truncated "zero3d: error: checkpoint '$tmp/half.h5' cannot be opened" "$z3d" ckpt verify "$tmp/half.h5"
 echo "not a checkpoint" > "$tmp/text.h5"
-expect 2 verify-text "checkpoint '$tmp/text.h5' cannot be opened: not an HDF5 file" \
+expect_exit 2 verify-text "checkpoint '$tmp/text.h5' cannot be opened: not an HDF5 file" \
   $MPIRUN -np 2 "$z3d" ckpt verify "$tmp/text.h5"
 $PY -c "import h5py, sys; h5py.File(sys.argv[1], 'w')['x'] = [1.0]" "$tmp/foreign.h5"
-expect 2 verify-foreign "'$tmp/foreign.h5' is an HDF5 file but not a zero3d checkpoint" \
+expect_exit 2 verify-foreign "'$tmp/foreign.h5' is an HDF5 file but not a zero3d checkpoint" \
   "$z3d" ckpt verify "$tmp/foreign.h5"
-expect 2 verify-missing "checkpoint '$tmp/none' does not exist" "$z3d" ckpt verify "$tmp/none"
-expect 2 bad-option "unknown option '--out' for zero3d ckpt verify" "$z3d" ckpt verify "$A" --out x
-expect 2 bad-weights "--weights must be master or model, got 'half'" \
+expect_exit 2 verify-missing "checkpoint '$tmp/none' does not exist" "$z3d" ckpt verify "$tmp/none"
+expect_exit 2 bad-option "unknown option '--out' for zero3d ckpt verify" "$z3d" ckpt verify "$A" --out x
+expect_exit 2 bad-weights "--weights must be master or model, got 'half'" \
   "$z3d" ckpt export "$A" --out "$tmp/x" --weights half
-expect 2 export-corrupt "dataset '/model/h.2.mlp.c_fc.weight' has no checksum or fails it" \
+expect_exit 2 export-corrupt "dataset '/model/h.2.mlp.c_fc.weight' has no checksum or fails it" \
   "$z3d" ckpt export "$tmp/bad16.h5" --out "$tmp/bad.safetensors" --weights model
 [[ ! -e "$tmp/bad.safetensors" && ! -e "$tmp/bad.safetensors.tmp" ]] || fail "failed export left a file behind"
 
 # 4. export: safetensors equal to the checkpoint bit for bit
-expect 0 export-fp32 "exported 52 tensors \(master weights from /model, F32" \
+expect_exit 0 export-fp32 "exported 52 tensors \(master weights from /model, F32" \
   "$z3d" ckpt export "$A" --out "$tmp/fp32.safetensors"
-expect 0 export-bf16-model "exported 52 tensors \(model weights from /model, BF16" \
+expect_exit 0 export-bf16-model "exported 52 tensors \(model weights from /model, BF16" \
   $MPIRUN -np 2 "$z3d" ckpt export "$B" --out "$tmp/bf16.safetensors" --weights model
-expect 0 export-bf16-master "exported 52 tensors \(master weights from /optimizer/master, F32" \
+expect_exit 0 export-bf16-master "exported 52 tensors \(master weights from /optimizer/master, F32" \
   "$z3d" ckpt export "$B" --out "$tmp/master.safetensors"
 $PY - "$tmp" "$A/step_00000004.h5" "$B/step_00000004.h5" <<'PY'
 import h5py, json, struct, sys

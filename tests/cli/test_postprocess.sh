@@ -10,16 +10,6 @@
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
 py=/usr/bin/python3
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# expect CODE NAME PATTERN CMD...: CMD exits with CODE and its output matches PATTERN (grep -E).
-expect() {
-  local code=$1 name=$2 pattern=$3 rc=0
-  shift 3
-  timeout 60 "$@" > "$tmp/$name.log" 2>&1 || rc=$?
-  [[ $rc -eq $code ]] || { cat "$tmp/$name.log"; fail "$name: exit code $rc, expected $code"; }
-  grep -qE -- "$pattern" "$tmp/$name.log" || { cat "$tmp/$name.log"; fail "$name: output lacks /$pattern/"; }
-  echo "ok $name"
-}
 train() {  # train DIR NP [--set ...]: gpt-tiny into $tmp/DIR on NP ranks
   local dir=$1 np=$2
   shift 2
@@ -38,17 +28,17 @@ train resumed 1 --set train_steps=4 --set checkpoint.save_interval=2 "${val[@]}"
 train resumed 2 --set train_steps=8 --set checkpoint.load=auto --set zero_optimization.stage=2 "${val[@]}"
 runs=(strong-1 strong-2 strong-4 weak-4 tp2 zero3)
 
-expect 0 scaling_inferred "points per axis" $py postprocess/scaling.py "$tmp/study" --out "$tmp/inferred"
-expect 0 scaling_skip10 "wrote" $py postprocess/scaling.py "$tmp/study" --out "$tmp/skip10" --skip 10
+expect_exit 0 scaling_inferred "points per axis" $py postprocess/scaling.py "$tmp/study" --out "$tmp/inferred"
+expect_exit 0 scaling_skip10 "wrote" $py postprocess/scaling.py "$tmp/study" --out "$tmp/skip10" --skip 10
 cat > "$tmp/study/study.json" <<'EOF'
 {"runs": [{"run": "strong-1", "mode": "strong", "nodes": 1}, {"run": "strong-2", "mode": "strong", "nodes": 1},
           {"run": "strong-4", "mode": "strong", "nodes": 2},
           {"run": "strong-1", "mode": "weak", "nodes": 1, "series": "weak, 8 per replica"},
           {"run": "weak-4", "mode": "weak", "nodes": 2, "series": "weak, 8 per replica"}]}
 EOF
-expect 0 scaling_study_json "runs 6, series 2 \(study.json\)" $py postprocess/scaling.py "$tmp/study"
-expect 0 memory "6 runs, 18 bars" $py postprocess/memory.py "${runs[@]/#/$tmp/study/}" --out "$tmp/memory"
-expect 0 loss "3 runs, 20 train points, 5 val points" \
+expect_exit 0 scaling_study_json "runs 6, series 2 \(study.json\)" $py postprocess/scaling.py "$tmp/study"
+expect_exit 0 memory "6 runs, 18 bars" $py postprocess/memory.py "${runs[@]/#/$tmp/study/}" --out "$tmp/memory"
+expect_exit 0 loss "3 runs, 20 train points, 5 val points" \
   $py postprocess/loss.py "$tmp/resumed" "$tmp/study/strong-1" "$tmp/study/tp2" --val --out "$tmp/loss/loss.png"
 
 /usr/bin/python3 - "$tmp" <<'PY'
@@ -146,24 +136,24 @@ cp -r "$tmp/study/strong-2" "$tmp/bad/"
 echo garbage >> "$tmp/bad/strong-2/metrics.jsonl"
 line=$(wc -l < "$tmp/bad/strong-2/metrics.jsonl")
 bad="bad/strong-2/metrics.jsonl:$line: not a JSON object: garbage"
-expect 2 bad_scaling "^scaling.py: error: .*$bad$" $py postprocess/scaling.py "$tmp/bad"
-expect 2 bad_loss "$bad" $py postprocess/loss.py "$tmp/study/strong-1" "$tmp/bad/strong-2"
-expect 2 bad_memory "$bad" $py postprocess/memory.py "$tmp/bad/strong-2" --out "$tmp/bad"
-expect 2 missing_study "$tmp/nothing: no such directory" $py postprocess/scaling.py "$tmp/nothing"
-expect 2 missing_run "$tmp/nothing/metrics.jsonl: no such file" $py postprocess/memory.py "$tmp/nothing"
+expect_exit 2 bad_scaling "^scaling.py: error: .*$bad$" $py postprocess/scaling.py "$tmp/bad"
+expect_exit 2 bad_loss "$bad" $py postprocess/loss.py "$tmp/study/strong-1" "$tmp/bad/strong-2"
+expect_exit 2 bad_memory "$bad" $py postprocess/memory.py "$tmp/bad/strong-2" --out "$tmp/bad"
+expect_exit 2 missing_study "$tmp/nothing: no such directory" $py postprocess/scaling.py "$tmp/nothing"
+expect_exit 2 missing_run "$tmp/nothing/metrics.jsonl: no such file" $py postprocess/memory.py "$tmp/nothing"
 echo '{"runs": [{"run": "strong-8", "mode": "strong"}]}' > "$tmp/study/study.json"
-expect 2 bad_study_json 'study.json: run "strong-8" has no metrics.jsonl with train records' \
+expect_exit 2 bad_study_json 'study.json: run "strong-8" has no metrics.jsonl with train records' \
   $py postprocess/scaling.py "$tmp/study"
 # A run that stopped before its first step is left out of the study, with a warning.
 mkdir -p "$tmp/part/started"
 cp -r "$tmp/study/strong-1" "$tmp/part/"
 head -1 "$tmp/study/strong-2/metrics.jsonl" > "$tmp/part/started/metrics.jsonl"
-expect 0 no_steps "warning: .*started/metrics.jsonl: no train records; left out" \
+expect_exit 0 no_steps "warning: .*started/metrics.jsonl: no train records; left out" \
   $py postprocess/scaling.py "$tmp/part"
 grep -q "runs 1, series 0" "$tmp/no_steps.log" || fail "no_steps: the run without steps was not left out"
 [[ $(wc -l < "$tmp/bad_scaling.log") -eq 1 ]] || fail "the error is more than one line"
 
-expect 0 help_scaling "efficiency +strong: speedup / \(ranks / baseline ranks\)" $py postprocess/scaling.py --help
-expect 0 help_memory "fp16 / bf16: params 2 Psi, grads 2 Psi, optimizer 12 Psi" $py postprocess/memory.py --help
-expect 0 help_loss "--val" $py postprocess/loss.py --help
+expect_exit 0 help_scaling "efficiency +strong: speedup / \(ranks / baseline ranks\)" $py postprocess/scaling.py --help
+expect_exit 0 help_memory "fp16 / bf16: params 2 Psi, grads 2 Psi, optimizer 12 Psi" $py postprocess/memory.py --help
+expect_exit 0 help_loss "--val" $py postprocess/loss.py --help
 echo "postprocess: passed"
