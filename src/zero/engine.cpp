@@ -125,24 +125,18 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   for (size_t i = 0; i < layout_.buckets.size(); ++i)
     for (int t = layout_.buckets[i].first_tensor; t < layout_.buckets[i].first_tensor + layout_.buckets[i].num_tensors; ++t)
       bucket_of_tensor_[t] = static_cast<int>(i);
-  for (const Bucket& b : layout_.buckets) {
-    const size_t lo = owned_offset(b), hi = lo + owned_size(b);
-    for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t) {
-      const ParamInfo& info = layout_.tensors[t];
-      const size_t s = std::max(lo, info.offset), e = std::min(hi, info.offset + info.size);
-      if (s >= e) continue;
-      segments_.push_back({owned_params(b) + (s - lo), owned_grads(b) + (s - lo), state_base(b) + (s - lo), e - s, info.decay});
-    }
-    // The norm counts this rank's dp slice of the bucket, without tp-replicated tensors off tp rank 0
-    // and without the last stage's copy of the tied embedding.
-    const ShardInfo sl = layout_.slice(b, dp_.rank());
-    const size_t nlo = b.offset + sl.offset, nhi = nlo + sl.size;
-    for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t) {
-      const ParamInfo& info = layout_.tensors[t];
-      const size_t s = std::max(nlo, info.offset), e = std::min(nhi, info.offset + info.size);
-      if (s < e && (info.split != TpSplit::none || tp_rank == 0) && !info.tied_copy)
-        norm_segments_.push_back({reduced_slice(b) + (s - nlo), e - s});
-    }
+  for (const Piece& piece : owned_pieces()) {
+    size_t flat = 0;
+    const Bucket& b = owned_bucket_of(piece, flat);
+    const size_t at = flat - owned_offset(b);
+    segments_.push_back(
+        {owned_params(b) + at, owned_grads(b) + at, state_base(b) + at, piece.size, layout_.tensors[piece.tensor].decay});
+  }
+  // The norm counts what a checkpoint saves: every parameter of the grid once.
+  for (const Piece& piece : saved_pieces()) {
+    const Bucket& b = layout_.buckets[bucket_of_tensor_[piece.tensor]];
+    const size_t flat = layout_.tensors[piece.tensor].offset + piece.begin;
+    norm_segments_.push_back({reduced_slice(b) + (flat - b.offset - layout_.slice(b, dp_.rank()).offset), piece.size});
   }
 }
 
@@ -475,8 +469,12 @@ void ZeroEngine::scale_grads(float s) {
 void ZeroEngine::optimizer_step(double lr) {
   if (pooled_) invalidate_gathered();  // slots hold the old weights; no gather may read a slice mid-update
   adam_->step(segments_, lr);
+  round_master();
+}
+
+// Mixed precision: the 16-bit weights this rank owns become the rounding of its fp32 master.
+void ZeroEngine::round_master() {
   if (!mixed_) return;
-  // Round the updated master into the 16-bit weights this rank owns.
   if (cfg_.stage == 0 || cfg_.stage == 3) narrow(params16_.data(), master_.data(), master_.size());
   else
     for (const Bucket& b : layout_.buckets) narrow(params16_.data() + owned_offset(b), owned_params(b), owned_size(b));
@@ -540,24 +538,21 @@ const Bucket& ZeroEngine::owned_bucket_of(const Piece& p, size_t& flat) const {
   return b;
 }
 
-void ZeroEngine::read_state(State kind, const Piece& p, float* out) const {
+float* ZeroEngine::state_of(State kind, const Piece& p) {
   size_t flat = 0;
   const Bucket& b = owned_bucket_of(p, flat);
   const size_t at = flat - owned_offset(b);
-  const float* src = kind == State::exp_avg      ? adam_->exp_avg() + state_base(b) + at
-                     : kind == State::exp_avg_sq ? adam_->exp_avg_sq() + state_base(b) + at
-                                                 : const_cast<ZeroEngine*>(this)->owned_params(b) + at;
-  be_.copy_to_host(out, src, p.size * sizeof(float));
+  return kind == State::exp_avg      ? adam_->exp_avg() + state_base(b) + at
+         : kind == State::exp_avg_sq ? adam_->exp_avg_sq() + state_base(b) + at
+                                     : owned_params(b) + at;
+}
+
+void ZeroEngine::read_state(State kind, const Piece& p, float* out) const {
+  be_.copy_to_host(out, const_cast<ZeroEngine*>(this)->state_of(kind, p), p.size * sizeof(float));
 }
 
 void ZeroEngine::write_state(State kind, const Piece& p, const float* in) {
-  size_t flat = 0;
-  const Bucket& b = owned_bucket_of(p, flat);
-  const size_t at = flat - owned_offset(b);
-  float* dst = kind == State::exp_avg      ? adam_->exp_avg() + state_base(b) + at
-               : kind == State::exp_avg_sq ? adam_->exp_avg_sq() + state_base(b) + at
-                                           : owned_params(b) + at;
-  be_.copy_from_host(dst, in, p.size * sizeof(float));
+  be_.copy_from_host(state_of(kind, p), in, p.size * sizeof(float));
 }
 
 void ZeroEngine::read_weights16(const Piece& p, uint16_t* out) const {
@@ -572,11 +567,7 @@ void ZeroEngine::read_weights16(const Piece& p, uint16_t* out) const {
 void ZeroEngine::finish_load(int64_t optimizer_steps) {
   adam_->set_step_count(optimizer_steps);
   if (pooled_) invalidate_gathered();
-  if (mixed_) {  // the 16-bit weights are the rounding of the master (as after every step)
-    if (cfg_.stage == 0 || cfg_.stage == 3) narrow(params16_.data(), master_.data(), master_.size());
-    else
-      for (const Bucket& b : layout_.buckets) narrow(params16_.data() + owned_offset(b), owned_params(b), owned_size(b));
-  }
+  round_master();  // as after every step
   gather_updated_params();
   be_.synchronize();
 }

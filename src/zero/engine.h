@@ -104,7 +104,7 @@ class ZeroEngine final : public ParamStore {
   enum class State { master, exp_avg, exp_avg_sq };  // fp32; the master is the weights in fp32 runs
   // What this rank saves: its dp slice of every bucket, without the tensor-parallel replicas off tp
   // rank 0 and without the tied embedding's copy, so the ranks of the grid write every logical
-  // element exactly once. Each piece lies inside an owned piece.
+  // element exactly once (the gradient norm counts the same elements). Each lies inside an owned piece.
   std::vector<Piece> saved_pieces() const;
   // The optimizer state this rank holds: everything (stage 0) or its slices (stages 1-3).
   std::vector<Piece> owned_pieces() const;
@@ -134,6 +134,8 @@ class ZeroEngine final : public ParamStore {
   size_t state_base(const Bucket& b) const { return cfg_.stage == 0 ? b.offset : b.shard_offset; }
   // Flat offset of a piece and its bucket; asserts the piece lies inside this rank's owned range.
   const Bucket& owned_bucket_of(const Piece& p, size_t& flat) const;
+  float* state_of(State kind, const Piece& p);  // where the owned piece's master, m or v lives
+  void round_master();                          // mixed: 16-bit weights = rounding of the owned master
   size_t owned_size(const Bucket& b) const;
   void reduce_unit_to_shard(int unit, float* unit_grads, bool wait);
   void complete(Slab& s);
