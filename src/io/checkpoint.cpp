@@ -96,18 +96,16 @@ uint64_t checksum_piece(const ParamInfo& p, size_t begin, size_t n, const T* x) 
   return sum;
 }
 
-void select_rects(hid_t space, const std::vector<LogicalBlock>& rects, int ndims) {
-  if (rects.empty()) {
-    HDF5_CHECK(H5Sselect_none(space));
-    return;
-  }
+// Select the union of the blocks in a dataset's space. A 1-D tensor's blocks are columns (c0 0,
+// cols 1), so HDF5, reading only the first coordinate of each, selects its rows: its elements.
+void select_blocks(hid_t space, const std::vector<LogicalBlock>& blocks) {
+  if (blocks.empty()) HDF5_CHECK(H5Sselect_none(space));
   bool first = true;
-  for (const LogicalBlock& q : rects) {
+  for (const LogicalBlock& q : blocks) {
     hsize_t start[2] = {q.r0, q.c0}, count[2] = {q.rows, q.cols};
     HDF5_CHECK(H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count, nullptr));
     first = false;
   }
-  (void)ndims;
 }
 
 // One collective transfer of `n` elements between buf and the rectangles of dataset ds (n = 0:
@@ -117,21 +115,7 @@ herr_t transfer(hid_t ds, hid_t mem_type, const std::vector<LogicalBlock>& rects
                 hid_t dxpl, int64_t& independent) {
   Hid fspace(H5Dget_space(ds));
   if (!fspace.valid()) return -1;
-  const int ndims = H5Sget_simple_extent_ndims(fspace.get());
-  std::vector<LogicalBlock> r = rects;
-  if (ndims == 1)  // a 1-D tensor is a column: rows are its elements
-    for (LogicalBlock& q : r) q = {q.r0, 0, q.rows, 1};
-  if (ndims == 1) {
-    if (r.empty()) HDF5_CHECK(H5Sselect_none(fspace.get()));
-    bool first = true;
-    for (const LogicalBlock& q : r) {
-      hsize_t start = q.r0, count = q.rows;
-      HDF5_CHECK(H5Sselect_hyperslab(fspace.get(), first ? H5S_SELECT_SET : H5S_SELECT_OR, &start, nullptr, &count, nullptr));
-      first = false;
-    }
-  } else {
-    select_rects(fspace.get(), r, ndims);
-  }
+  select_blocks(fspace.get(), rects);
   const hsize_t mdim = std::max<size_t>(n, 1);
   Hid mspace(H5Screate_simple(1, &mdim, nullptr));
   if (n == 0) HDF5_CHECK(H5Sselect_none(mspace.get()));
@@ -221,15 +205,33 @@ std::vector<std::string> list_checkpoints(const std::string& dir) {
   return out;
 }
 
+Hid open_checkpoint_dataset(hid_t file, const std::string& file_path, const std::string& dataset) {
+  if (H5Lexists(file, dataset.substr(0, dataset.rfind('/')).c_str(), H5P_DEFAULT) <= 0 ||
+      H5Lexists(file, dataset.c_str(), H5P_DEFAULT) <= 0)
+    throw UserError(strprintf("checkpoint '%s' has no dataset '%s' (the file is incomplete or from another model)",
+                              file_path.c_str(), dataset.c_str()));
+  Hid ds(H5Dopen2(file, dataset.c_str(), H5P_DEFAULT));
+  if (!ds.valid())
+    throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be opened (corrupt file)", file_path.c_str(),
+                              dataset.c_str()));
+  return ds;
+}
+
+// The file name DIR/latest holds, "" when there is none.
+static std::string read_latest(const std::string& dir) {
+  std::ifstream f(dir + "/latest");
+  std::string name;
+  return f >> name ? name : std::string();
+}
+
 std::string checkpoint_file(const std::string& dir_or_file) {
   std::error_code ec;
   if (fs::is_regular_file(dir_or_file, ec)) return dir_or_file;
   if (!fs::is_directory(dir_or_file, ec))
     throw UserError(strprintf("checkpoint '%s' does not exist (give a checkpoint file or a checkpoint directory)",
                               dir_or_file.c_str()));
-  std::ifstream f(dir_or_file + "/latest");
-  std::string name;
-  if (!(f >> name))
+  const std::string name = read_latest(dir_or_file);
+  if (name.empty())
     throw UserError(strprintf("checkpoint directory '%s' has no 'latest' file (no checkpoint was committed there)",
                               dir_or_file.c_str()));
   return dir_or_file + "/" + name;
@@ -355,9 +357,7 @@ CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, c
     HDF5_CHECK(transfer(ds.get(), sixteen ? H5T_NATIVE_UINT16 : H5T_NATIVE_FLOAT, rects, data, n, /*write=*/true,
                         dxpl.get(), io.independent));
     if (sixteen) write_attr(ds.get(), "dtype", std::string(engine.dtype16() == Dtype16::fp16 ? "float16" : "bfloat16"));
-    size_t elems = 1;
-    for (hsize_t d : dims) elems *= d;
-    io.bytes += elems * (sixteen ? 2 : 4);
+    io.bytes += info.size * (sixteen ? 2 : 4);
     datasets.push_back(std::move(ds));
   }
   world.all_reduce_sum(sums.data(), sums.size());
@@ -449,13 +449,7 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path) {
   std::vector<uint64_t> stored(specs.size());
   for (size_t k = 0; k < specs.size(); ++k) {
     const DatasetSpec& spec = specs[k];
-    if (H5Lexists(f, group_of(spec.kind), H5P_DEFAULT) <= 0 || H5Lexists(f, spec.path.c_str(), H5P_DEFAULT) <= 0)
-      throw UserError(strprintf("checkpoint '%s' has no dataset '%s' (the file is incomplete or from another model)",
-                                path.c_str(), spec.path.c_str()));
-    Hid ds(H5Dopen2(f, spec.path.c_str(), H5P_DEFAULT));
-    if (!ds.valid())
-      throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be opened (corrupt file)", path.c_str(),
-                                spec.path.c_str()));
+    Hid ds = open_checkpoint_dataset(f, path, spec.path);
     Hid space(H5Dget_space(ds.get()));
     Hid type(H5Dget_type(ds.get()));
     const int nd = H5Sget_simple_extent_ndims(space.get());
@@ -516,11 +510,7 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path) {
     engine.write_state(state_of(spec.kind), *p, buf.data());
     out.io.stage_s += seconds_since(ts);
   }
-  for (size_t k = 0; k < specs.size(); ++k) {
-    size_t elems = 1;
-    for (hsize_t d : dims_of(whole[specs[k].tensor])) elems *= d;
-    out.io.bytes += elems * 4;
-  }
+  for (const DatasetSpec& spec : specs) out.io.bytes += whole[spec.tensor].size * 4;
   if (world.all_reduce_max(static_cast<int64_t>(!error.empty())) != 0)
     throw UserError(error.empty() ? strprintf("checkpoint '%s': another rank failed to read it", path.c_str()) : error);
   world.all_reduce_sum(sums.data(), sums.size());
@@ -575,9 +565,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, const 
   // auto: latest first, then the committed checkpoints older than it, newest first.
   std::vector<std::string> candidates;
   int64_t newest = INT64_MAX;
-  std::ifstream f(dir + "/latest");
-  std::string name;
-  if (f >> name) {
+  if (const std::string name = read_latest(dir); !name.empty()) {
     candidates.push_back(dir + "/" + name);
     newest = step_of(name) >= 0 ? step_of(name) : INT64_MAX;
   }

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "io/hdf5.h"
 #include "parallel/groups.h"
 #include "zero/engine.h"
 #include "zero/loss_scaler.h"
@@ -104,5 +105,9 @@ extern const char* const kChecksumAlgorithm;
 std::string checkpoint_file(const std::string& dir_or_file);
 // Committed checkpoints in dir (step_*.h5), newest first.
 std::vector<std::string> list_checkpoints(const std::string& dir);
+// Dataset `dataset` (a path like /model/wte) of an open checkpoint; UserError naming file_path and
+// the dataset when it is missing or cannot be opened. Its group is checked first, so HDF5 never
+// looks below a missing one.
+Hid open_checkpoint_dataset(hid_t file, const std::string& file_path, const std::string& dataset);
 
 }  // namespace zero3d

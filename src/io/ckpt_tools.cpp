@@ -109,17 +109,6 @@ DatasetInfo describe(hid_t ds, const std::string& path) {
   return d;
 }
 
-Hid open_dataset(const CheckpointFile& c, const std::string& path) {
-  if (H5Lexists(c.file.get(), path.substr(0, path.rfind('/')).c_str(), H5P_DEFAULT) <= 0 ||
-      H5Lexists(c.file.get(), path.c_str(), H5P_DEFAULT) <= 0)
-    throw UserError(strprintf("checkpoint '%s' has no dataset '%s'", c.path.c_str(), path.c_str()));
-  Hid ds(H5Dopen2(c.file.get(), path.c_str(), H5P_DEFAULT));
-  if (!ds.valid())
-    throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be opened (corrupt file)", c.path.c_str(),
-                              path.c_str()));
-  return ds;
-}
-
 // Every dataset's path: by group, and within a group in model order (wte, wpe, h.0..., ln_f;
 // names the model does not know last).
 std::vector<std::string> dataset_paths(const CheckpointFile& c) {
@@ -230,7 +219,7 @@ int ckpt_inspect(const std::string& dir_or_file) {
   log_info("  %-*s  %-18s  %-12s  %12s", width, "dataset", "dtype", "shape", "bytes");
   uint64_t total = 0;
   for (const std::string& p : paths) {
-    Hid ds = open_dataset(c, p);
+    Hid ds = open_checkpoint_dataset(c.file.get(), c.path, p);
     const DatasetInfo d = describe(ds.get(), p);
     log_info("  %-*s  %-18s  %-12s  %12llu", width, p.c_str(), d.dtype.c_str(), d.shape().c_str(),
              (unsigned long long)d.bytes());
@@ -317,7 +306,7 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
   uint64_t offset = 0;
   for (const ParamInfo& p : gpt_param_table(*m)) {
     const std::string path = group + "/" + p.name;
-    Hid ds = open_dataset(c, path);
+    Hid ds = open_checkpoint_dataset(c.file.get(), c.path, path);
     DatasetInfo d = describe(ds.get(), path);
     std::string dtype;
     if (d.elem == Elem::f32) dtype = "F32";
@@ -348,7 +337,7 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
   std::vector<float> f32;
   std::vector<uint16_t> u16;
   for (const DatasetInfo& d : tensors) {
-    Hid ds = open_dataset(c, d.path);
+    Hid ds = open_checkpoint_dataset(c.file.get(), c.path, d.path);
     uint64_t sum = 0, stored = 0;
     const bool ok = d.elem == Elem::f32 ? read_rows(ds.get(), d, 0, d.rows(), f32, sum)
                                         : read_rows(ds.get(), d, 0, d.rows(), u16, sum);
