@@ -17,7 +17,7 @@ std::string env(const char* name) {
 }
 
 // The job's end time as a Unix time, or 0 when unknown.
-double slurm_end_time(const std::string& job) {
+double slurm_end_time() {
   if (const std::string e = env("SLURM_JOB_END_TIME"); !e.empty()) return std::atof(e.c_str());
   const std::string id = env("SLURM_JOB_ID");
   if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos) return 0;
@@ -29,7 +29,6 @@ double slurm_end_time(const std::string& job) {
   std::tm tm = {};
   if (!got || !strptime(line, "%Y-%m-%dT%H:%M:%S", &tm)) return 0;  // "N/A", "Unknown": no limit
   tm.tm_isdst = -1;
-  (void)job;
   return static_cast<double>(std::mktime(&tm));
 }
 
@@ -49,7 +48,7 @@ JobInfo job_info(ProcessGroup& world) {
   // Rank 0 decides what every rank must agree on.
   double facts[2] = {static_cast<double>(j.local_size), 0};
   if (world.rank() == 0) {
-    const double end = slurm_end_time(j.slurm_job);
+    const double end = slurm_end_time();
     facts[1] = end > 0 ? end - static_cast<double>(std::time(nullptr)) : -1;
   }
   world.broadcast(facts, sizeof facts, 0);

@@ -98,7 +98,7 @@ struct Trainer::State {
   Clock::time_point t_start = Clock::now();
   double time_budget_s = std::numeric_limits<double>::infinity();
   double max_step_s = 0;    // slowest step so far
-  double last_save_s = -1;  // the last checkpoint's save time (-1: none yet)
+  double last_save_s = 0;   // the last checkpoint's save time (before the first: an estimate)
 
   bool is_root() const { return groups.world_rank == 0; }
   bool out_of_time() const;
@@ -159,6 +159,11 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   State& s = *s_;
   if (config.max_minutes > 0) s.time_budget_s = config.max_minutes * 60;
   s.time_budget_s = std::min(s.time_budget_s, options.job.seconds_left);
+  // Before the first save, a checkpoint is estimated at 100 MB/s (fp32 weights, m and v; plus a
+  // 16-bit copy and the master in mixed precision).
+  double elems = 0;
+  for (const ParamInfo& p : gpt_param_table(config.model)) elems += static_cast<double>(p.size);
+  s.last_save_s = elems * (config.precision == "fp32" ? 12 : 18) / 1e8;
   s.engine.init_weights(config.seed);
   s.flops_per_token = gpt_flops_per_token(config.model);
   if (s.opt.peak_flops <= 0) {
@@ -191,17 +196,9 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
 
 Trainer::~Trainer() = default;
 
-// Would another step and then a checkpoint overrun the budget? Before the first save, a checkpoint
-// is estimated at 100 MB/s (fp32 weights, m and v; plus a 16-bit copy and the master in mixed precision).
+// Would another step and then a checkpoint overrun the budget?
 bool Trainer::State::out_of_time() const {
-  if (!std::isfinite(time_budget_s)) return false;
-  double save_s = last_save_s;
-  if (save_s < 0) {
-    double elems = 0;
-    for (const ParamInfo& p : gpt_param_table(cfg.model)) elems += static_cast<double>(p.size);
-    save_s = elems * (cfg.precision == "fp32" ? 12 : 18) / 1e8;
-  }
-  return seconds_since(t_start) + max_step_s + save_s > time_budget_s;
+  return seconds_since(t_start) + max_step_s + last_save_s > time_budget_s;
 }
 
 void Trainer::State::write_io_record(const char* action, int64_t step, const CheckpointIO& io) {
