@@ -1,7 +1,8 @@
 // kernels/backend.h: the seam between the model and the hardware. A Backend owns memory
 // (host RAM or GPU memory) and runs every op the model needs on pointers into that memory.
-// The math of each op lives once in kernels/math/*.h; HostBackend (Kokkos + CBLAS) and
-// CudaBackend (CUDA + cuBLAS) are thin launchers around it, so the host build runs everything.
+// The math of each op lives once in kernels/math/*.h (the CUDA launchers and the references);
+// the host runs it as vectorized, threaded loops compiled per ISA level (kernels/host/cpu_kernels.h)
+// with GEMM through oneDNN or a CBLAS (kernels/host/gemm.h), so the host build runs everything.
 //
 // Conventions: all matrices are row-major; a linear layer's weight is (out, in) as in PyTorch,
 // y = x W^T + b. Backward ops accumulate (+=) into parameter gradients, so gradient
@@ -26,7 +27,10 @@ class Backend {
   virtual std::string describe() const = 0;
 
   // ---- memory: alloc returns zeroed memory ----
+  // Every allocation is counted: a training step allocates nothing after its first (the count is
+  // in the metrics; page faults and allocator calls inside the step cost more than the math).
   virtual void* alloc_bytes(size_t bytes) = 0;
+  virtual size_t alloc_count() const = 0;
   virtual void free_bytes(void* p) = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;
@@ -37,10 +41,13 @@ class Backend {
   // ---- GEMM: C = alpha * op(A) * op(B) + beta * C, row-major, op = transpose when t* is set ----
   virtual void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda,
                     const float* B, int ldb, float beta, float* C, int ldc) = 0;
-  // `batch` independent GEMMs; matrix i starts at A + i*strideA (likewise B, C).
-  virtual void gemm_strided_batched(bool ta, bool tb, int m, int n, int k, float alpha, const float* A,
-                                    int lda, long strideA, const float* B, int ldb, long strideB,
-                                    float beta, float* C, int ldc, long strideC, int batch) = 0;
+  // A linear layer's forward, y = x W^T (+ bias) (+ residual), bias and residual (nullptr: none)
+  // added in the GEMM's epilogue where the library can. x: N x in, W: out x in; y must not alias
+  // x or residual.
+  virtual void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual,
+                              int N, int in, int out) = 0;
+  // What runs the GEMMs, for the run record: library, ISA, precision.
+  virtual std::string describe_gemm() const = 0;
 
   // ---- elementwise / per-row ops (N rows of C columns) ----
   // out[n,:] = wte[tokens[n] - vocab_start,:] + wpe[n % T,:], where wte holds the vocab_rows rows
@@ -59,12 +66,19 @@ class Backend {
   virtual void add_bias(float* out, const float* bias, int N, int C) = 0;        // out[n,:] += bias
   virtual void bias_backward(float* dbias, const float* dout, int N, int C) = 0;  // dbias += sum_n dout[n,:]
   virtual void gelu_forward(float* out, const float* x, size_t n) = 0;
-  virtual void gelu_backward(float* dx, const float* x, const float* dout, size_t n) = 0;  // dx = gelu'(x)*dout
+  // dx = gelu'(x) * dout over N rows of C (dx may alias dout); with dbias != nullptr also
+  // dbias[c] += sum_n dx[n, c] (the bias gradient of the layer that produced x, in the same pass).
+  virtual void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) = 0;
   virtual void add(float* out, const float* a, const float* b, size_t n) = 0;             // out = a + b
   virtual void accumulate(float* out, const float* a, size_t n) = 0;                      // out += a
-  // rows = batch*heads*T rows of T scores; row r is query position r % T
-  virtual void softmax_causal_forward(float* p, const float* pre, int rows, int T) = 0;
-  virtual void softmax_causal_backward(float* dpre, const float* dp, const float* p, int rows, int T) = 0;
+  // Causal self-attention of B sequences of T on packed rows qkv (B*T rows of 3A: [q | k | v], head
+  // h in columns h*hd of each third, hd = A/H): out (B*T rows of A) = softmax(q k^T / sqrt(hd),
+  // keys j <= t) v per head; lse (B*H*T) saves each row's log-sum-exp of the scaled scores for
+  // backward. The T x T probabilities are never stored.
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A) = 0;
+  // dqkv (written, not accumulated) from dout, given forward's out and lse.
+  virtual void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse,
+                                  const float* qkv, int B, int T, int H, int A) = 0;
   // losses[n] = CE(logits[n,:], targets[n]); with dlogits != nullptr also dlogits (may alias logits)
   // = (softmax - onehot) * dloss.
   virtual void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
@@ -95,7 +109,12 @@ class Backend {
 };
 
 // The host backend is always available; the CUDA backend only in builds with ZERO3D_HAVE_CUDA.
-std::unique_ptr<Backend> make_host_backend();
+struct HostOptions {
+  std::string gemm = "auto";  // compute.gemm: "auto", "onednn" or "cblas" (kernels/host/gemm.h)
+  bool bf16_gemm = false;     // GEMMs in bf16 with fp32 accumulation (oneDNN)
+  std::string isa;            // the level of the host loops; "" = the best this CPU runs (tests pick others)
+};
+std::unique_ptr<Backend> make_host_backend(const HostOptions& options = {});
 #if defined(ZERO3D_HAVE_CUDA)
 std::unique_ptr<Backend> make_cuda_backend(int device);
 int cuda_device_count();  // 0 when no driver or no device

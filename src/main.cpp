@@ -1,9 +1,8 @@
 // zero3d: GPT training with ZeRO inside a data x tensor x pipeline grid.
-// main() is the table of contents: MPI, then Kokkos, then one subcommand. A UserError on any rank
+// main() is the table of contents: MPI, then one subcommand. A UserError on any rank
 // becomes one line on stderr and exit code 2 on every rank (the ranks agree before leaving).
 #include <mpi.h>
 
-#include <Kokkos_Core.hpp>
 #include <cstdio>
 #include <cstring>
 
@@ -50,7 +49,6 @@ int main(int argc, char** argv) {
   set_log_rank(rank);
   int rc = 0;
   {
-    Kokkos::ScopeGuard kokkos(argc, argv);
     std::string error;
     try {
       rc = dispatch(Args(argv + 1, argv + argc));

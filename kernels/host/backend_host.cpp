@@ -1,218 +1,142 @@
-// Host backend: kernels/math launched with Kokkos on the host execution space, GEMM through CBLAS
-// (OpenBLAS here, MKL/BLIS/LibSci on sites). Memory is 64-byte aligned RAM, zeroed on alloc.
-// Column reductions (bias and LayerNorm weight gradients) loop rows outermost so the inner loop
-// streams contiguous memory.
-#include <cblas.h>
-
-#include <Kokkos_Core.hpp>
-#include <cmath>
+// Host backend: the loops of kernels/host/cpu_kernels.h at the best ISA level this CPU runs, on
+// the rank's OpenMP threads, and GEMM through oneDNN or a CBLAS (kernels/host/gemm.h). Memory is
+// 64-byte aligned RAM, zeroed (so touched) on allocation, and counted.
 #include <cstdlib>
 #include <cstring>
 
 #include "core/check.h"
 #include "kernels/backend.h"
-#include "kernels/math/crossentropy.h"
-#include "kernels/math/dtype.h"
-#include "kernels/math/gelu.h"
-#include "kernels/math/layernorm.h"
-#include "kernels/math/softmax.h"
+#include "kernels/host/cpu_kernels.h"
+#include "kernels/host/gemm.h"
 
 namespace zero3d {
 namespace {
 
-using HostSpace = Kokkos::DefaultHostExecutionSpace;
-using Range = Kokkos::RangePolicy<HostSpace, size_t>;
-
-template <typename F>
-void for_each(size_t n, F&& f) {
-  Kokkos::parallel_for("zero3d", Range(0, n), f);
-}
-
-CBLAS_TRANSPOSE tr(bool t) { return t ? CblasTrans : CblasNoTrans; }
-
 class HostBackend final : public Backend {
  public:
+  HostBackend(const HostOptions& o, const cpu::Kernels& k)
+      : k_(k), gemm_(make_gemm_plan(o.gemm, o.bf16_gemm)) {}
+
   BackendKind kind() const override { return BackendKind::host; }
-  std::string describe() const override { return std::string("host (Kokkos ") + HostSpace::name() + " + CBLAS)"; }
+  std::string describe() const override {
+    return strprintf("host (%s loops, %d threads; GEMM %s)", k_.isa, cpu::threads(), describe_gemm().c_str());
+  }
+  std::string describe_gemm() const override {
+    std::string s = gemm_.plan().describe() + " (" + onednn_version() + " " + onednn_isa();
+    if (gemm_.plan().forward == GemmLibrary::cblas || gemm_.plan().weight_grad == GemmLibrary::cblas)
+      s += "; " + cblas_name();
+    return s + ")";
+  }
 
   void* alloc_bytes(size_t bytes) override {
     size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded);
     if (!p) throw UserError(strprintf("out of host memory allocating %zu bytes", bytes));
     std::memset(p, 0, rounded);
+    ++allocs_;
     return p;
   }
+  size_t alloc_count() const override { return allocs_; }
   void free_bytes(void* p) override { std::free(p); }
   void copy_from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
   void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
-  void synchronize() override { HostSpace().fence(); }
+  void synchronize() override {}
 
   void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc) override {
-    cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_.gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-  void gemm_strided_batched(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda,
-                            long strideA, const float* B, int ldb, long strideB, float beta, float* C, int ldc,
-                            long strideC, int batch) override {
-    for (int i = 0; i < batch; ++i)
-      cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), m, n, k, alpha, A + i * strideA, lda, B + i * strideB, ldb, beta,
-                  C + i * strideC, ldc);
+  void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
+                      int in, int out) override {
+    gemm_.linear(y, x, w, bias, residual, N, in, out);
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                          int vocab_start, int vocab_rows) override {
-    for_each(N, [=](size_t n) {
-      const int row = tokens[n] - vocab_start;
-      const bool here = row >= 0 && row < vocab_rows;
-      const float* e = wte + static_cast<size_t>(here ? row : 0) * C;
-      const float* p = wpe ? wpe + (n % T) * C : nullptr;
-      float* o = out + n * C;
-      for (int c = 0; c < C; ++c) o[c] = (here ? e[c] : 0.0f) + (p ? p[c] : 0.0f);
-    });
+    k_.embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, vocab_rows);
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
                           int vocab_start, int vocab_rows) override {
-    // Serial over rows: two rows may share a token (and every T-th row a position).
-    for (int n = 0; n < N; ++n) {
-      const float* d = dout + static_cast<size_t>(n) * C;
-      const int row = tokens[n] - vocab_start;
-      float* p = dwpe + static_cast<size_t>(n % T) * C;
-      for (int c = 0; c < C; ++c) p[c] += d[c];
-      if (row < 0 || row >= vocab_rows) continue;
-      float* e = dwte + static_cast<size_t>(row) * C;
-      for (int c = 0; c < C; ++c) e[c] += d[c];
-    }
+    k_.embedding_backward(dwte, dwpe, dout, tokens, N, T, C, vocab_start, vocab_rows);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                          int C) override {
-    for_each(N, [=](size_t n) { math::layernorm_row_forward(out + n * C, mean + n, rstd + n, x + n * C, w, b, C); });
+    k_.layernorm_forward(out, mean, rstd, x, w, b, N, C);
   }
   void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                           const float* mean, const float* rstd, int N, int C) override {
-    for_each(N, [=](size_t n) {
-      math::layernorm_row_backward_input(dx + n * C, dy + n * C, x + n * C, w, mean[n], rstd[n], C);
-    });
-    for (int n = 0; n < N; ++n) {
-      const float* dyr = dy + static_cast<size_t>(n) * C;
-      const float* xr = x + static_cast<size_t>(n) * C;
-      for (int c = 0; c < C; ++c) {
-        dw[c] += dyr[c] * math::layernorm_xhat(xr[c], mean[n], rstd[n]);
-        db[c] += dyr[c];
-      }
-    }
+    k_.layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
   }
-  void add_bias(float* out, const float* bias, int N, int C) override {
-    for_each(N, [=](size_t n) {
-      float* o = out + n * C;
-      for (int c = 0; c < C; ++c) o[c] += bias[c];
-    });
+  void add_bias(float* out, const float* bias, int N, int C) override { k_.add_bias(out, bias, N, C); }
+  void bias_backward(float* dbias, const float* dout, int N, int C) override { k_.bias_backward(dbias, dout, N, C); }
+  void gelu_forward(float* out, const float* x, size_t n) override { k_.gelu_forward(out, x, n); }
+  void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) override {
+    k_.gelu_backward(dx, dbias, x, dout, N, C);
   }
-  void bias_backward(float* dbias, const float* dout, int N, int C) override {
-    for (int n = 0; n < N; ++n) {
-      const float* d = dout + static_cast<size_t>(n) * C;
-      for (int c = 0; c < C; ++c) dbias[c] += d[c];
-    }
+  void add(float* out, const float* a, const float* b, size_t n) override { k_.add(out, a, b, n); }
+  void accumulate(float* out, const float* a, size_t n) override { k_.accumulate(out, a, n); }
+
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A) override {
+    k_.attention_forward(out, lse, qkv, B, T, H, A, attention_work(T, A / H));
   }
-  void gelu_forward(float* out, const float* x, size_t n) override {
-    for_each(n, [=](size_t i) { out[i] = math::gelu_forward(x[i]); });
+  void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
+                          int T, int H, int A) override {
+    k_.attention_backward(dqkv, dout, out, lse, qkv, B, T, H, A, attention_work(T, A / H));
   }
-  void gelu_backward(float* dx, const float* x, const float* dout, size_t n) override {
-    for_each(n, [=](size_t i) { dx[i] = math::gelu_backward(x[i], dout[i]); });
-  }
-  void add(float* out, const float* a, const float* b, size_t n) override {
-    for_each(n, [=](size_t i) { out[i] = a[i] + b[i]; });
-  }
-  void accumulate(float* out, const float* a, size_t n) override {
-    for_each(n, [=](size_t i) { out[i] += a[i]; });
-  }
-  void softmax_causal_forward(float* p, const float* pre, int rows, int T) override {
-    for_each(rows, [=](size_t r) { math::softmax_causal_row_forward(p + r * T, pre + r * T, r % T, T); });
-  }
-  void softmax_causal_backward(float* dpre, const float* dp, const float* p, int rows, int T) override {
-    for_each(rows, [=](size_t r) {
-      math::softmax_causal_row_backward(dpre + r * T, dp + r * T, p + r * T, r % T, T);
-    });
-  }
+
   void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                     float dloss) override {
-    for_each(N, [=](size_t n) {
-      const float* z = logits + n * V;
-      losses[n] = dlogits ? math::crossentropy_row_forward_backward(dlogits + n * V, z, targets[n], V, dloss)
-                          : math::crossentropy_row_forward(z, targets[n], V);
-    });
+    k_.crossentropy(losses, dlogits, logits, targets, N, V, dloss);
   }
   void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
-    for_each(N, [=](size_t n) { row_max[n] = math::row_max(logits + n * V, V); });
+    k_.vocab_row_max(row_max, logits, N, V);
   }
   void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
                     const int32_t* targets, int vocab_start, int N, int V) override {
-    for_each(N, [=](size_t n) {
-      const float* z = logits + n * V;
-      sumexp[n] = math::row_sumexp(z, V, row_max[n]);
-      const int t = targets[n] - vocab_start;
-      target_logit[n] = t >= 0 && t < V ? z[t] : 0.0f;
-    });
+    k_.vocab_sumexp(sumexp, target_logit, logits, row_max, targets, vocab_start, N, V);
   }
   void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
                                const int32_t* targets, int vocab_start, int N, int V, float dloss) override {
-    for_each(N, [=](size_t n) {
-      const int t = targets[n] - vocab_start;
-      math::crossentropy_row_grad(dlogits + n * V, logits + n * V, V, row_max[n], sumexp[n], t >= 0 && t < V ? t : -1,
-                                  dloss);
-    });
+    k_.vocab_crossentropy_grad(dlogits, logits, row_max, sumexp, targets, vocab_start, N, V, dloss);
   }
   void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) override {
-    math::AdamParams params = a;
-    for_each(n, [=](size_t i) { math::adam_element(p + i, m + i, v + i, g[i], params); });
+    k_.adam_step(p, m, v, g, n, a);
   }
-  void scale(float* x, float s, size_t n) override {
-    for_each(n, [=](size_t i) { x[i] *= s; });
-  }
-  void cast_to_bf16(uint16_t* out, const float* x, size_t n) override {
-    for_each(n, [=](size_t i) { out[i] = math::bf16_from_float(x[i]); });
-  }
-  void cast_from_bf16(float* out, const uint16_t* x, size_t n) override {
-    for_each(n, [=](size_t i) { out[i] = math::float_from_bf16(x[i]); });
-  }
-  void cast_to_fp16(uint16_t* out, const float* x, size_t n) override {
-    for_each(n, [=](size_t i) { out[i] = math::fp16_from_float(x[i]); });
-  }
-  void cast_from_fp16(float* out, const uint16_t* x, size_t n) override {
-    for_each(n, [=](size_t i) { out[i] = math::float_from_fp16(x[i]); });
+  void scale(float* x, float s, size_t n) override { k_.scale(x, s, n); }
+  void cast_to_bf16(uint16_t* out, const float* x, size_t n) override { k_.cast_to_bf16(out, x, n); }
+  void cast_from_bf16(float* out, const uint16_t* x, size_t n) override { k_.cast_from_bf16(out, x, n); }
+  void cast_to_fp16(uint16_t* out, const float* x, size_t n) override { k_.cast_to_fp16(out, x, n); }
+  void cast_from_fp16(float* out, const uint16_t* x, size_t n) override { k_.cast_from_fp16(out, x, n); }
+  void accumulate_bf16(uint16_t* acc, const float* x, size_t n) override { k_.accumulate_bf16(acc, x, n); }
+  void accumulate_fp16(uint16_t* acc, const float* x, size_t n) override { k_.accumulate_fp16(acc, x, n); }
+
+  double sum_squares(const float* x, size_t n) override { return k_.sum_squares(x, n); }
+  size_t count_nonfinite(const float* x, size_t n) override { return k_.count_nonfinite(x, n); }
+  double sum(const float* x, size_t n) override { return k_.sum(x, n); }
+
+ private:
+  // Attention's per-thread panels: one buffer, grown to the largest shape seen (the first step's).
+  float* attention_work(int T, int head_dim) {
+    const size_t need = cpu::attention_work_floats(T, head_dim) * static_cast<size_t>(cpu::threads());
+    if (attn_work_.size() < need) attn_work_ = DeviceBuffer<float>(*this, need);
+    return attn_work_.data();
   }
 
-  void accumulate_bf16(uint16_t* acc, const float* x, size_t n) override {
-    for_each(n, [=](size_t i) { acc[i] = math::bf16_from_float(math::float_from_bf16(acc[i]) + x[i]); });
-  }
-  void accumulate_fp16(uint16_t* acc, const float* x, size_t n) override {
-    for_each(n, [=](size_t i) { acc[i] = math::fp16_from_float(math::float_from_fp16(acc[i]) + x[i]); });
-  }
-
-  double sum_squares(const float* x, size_t n) override {
-    double s = 0.0;
-    Kokkos::parallel_reduce("zero3d_sumsq", Range(0, n), [=](size_t i, double& acc) {
-      acc += static_cast<double>(x[i]) * x[i];
-    }, s);
-    return s;
-  }
-  size_t count_nonfinite(const float* x, size_t n) override {
-    size_t c = 0;
-    Kokkos::parallel_reduce("zero3d_nonfinite", Range(0, n), [=](size_t i, size_t& acc) {
-      acc += std::isfinite(x[i]) ? 0 : 1;
-    }, c);
-    return c;
-  }
-  double sum(const float* x, size_t n) override {
-    double s = 0.0;
-    Kokkos::parallel_reduce("zero3d_sum", Range(0, n), [=](size_t i, double& acc) { acc += x[i]; }, s);
-    return s;
-  }
+  const cpu::Kernels& k_;
+  HostGemm gemm_;
+  size_t allocs_ = 0;
+  DeviceBuffer<float> attn_work_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_host_backend() { return std::make_unique<HostBackend>(); }
+std::unique_ptr<Backend> make_host_backend(const HostOptions& options) {
+  const cpu::Kernels* k = options.isa.empty() ? &cpu::select() : cpu::by_name(options.isa);
+  if (!k) throw UserError(strprintf("host kernels for ISA level '%s' are not built in or do not run on this CPU",
+                                    options.isa.c_str()));
+  return std::make_unique<HostBackend>(options, *k);
+}
 
 }  // namespace zero3d

@@ -206,6 +206,12 @@ const std::vector<Key>& schema() {
              "wall-time budget from start: checkpoint and exit 6 at the last step boundary where another step and "
              "a checkpoint still fit; 0 = none (under Slurm the job's end time is a budget too)"),
       string("checkpoint.dir", "", "checkpoint directory; \"\" = <run dir>/checkpoints"),
+      choice("compute.gemm", "auto", {"auto", "onednn", "cblas"},
+             "host GEMM library: oneDNN (ISA picked at run time), the CBLAS linked in (a site's tuned BLAS), or "
+             "auto (oneDNN; weight gradients on an OpenBLAS that runs its own kernels for this CPU)"),
+      choice("compute.bf16_gemm", "auto", {"auto", "on", "off"},
+             "with bf16.enabled: GEMMs in bf16 with fp32 accumulation (on), in fp32 on the 16-bit weights "
+             "widened (off), or auto (bf16 where oneDNN has native bf16 and measures it faster at start)"),
       integer("checkpoint.save_interval", 0, 0, kIntMax,
               "steps between checkpoints (and one at the last step); 0 = none"),
       integer("checkpoint.keep_last", 0, 0, kIntMax, "newest checkpoints kept; 0 = all"),
@@ -852,6 +858,8 @@ class Resolver {
     c.checkpoint.save_interval = geti("checkpoint.save_interval");
     c.checkpoint.keep_last = geti("checkpoint.keep_last");
     c.checkpoint.load = gets("checkpoint.load");
+    c.compute.gemm = gets("compute.gemm");
+    c.compute.bf16_gemm = gets("compute.bf16_gemm");
   }
 
   const ConfigSources& src_;

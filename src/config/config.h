@@ -84,6 +84,12 @@ struct CheckpointConfig {
   std::string load = "none";
 };
 
+// compute.*: how the host computes (ours).
+struct ComputeConfig {
+  std::string gemm = "auto";       // "auto", "onednn", "cblas" (kernels/host/gemm.h)
+  std::string bf16_gemm = "auto";  // with bf16: "auto", "on", "off"
+};
+
 struct Config {
   // batch: train_batch_size = micro * gradient_accumulation_steps * dp (validated)
   int train_batch_size = 0;
@@ -107,6 +113,7 @@ struct Config {
   bool activation_checkpointing = false;  // activation_checkpointing.enabled (ours)
   std::string precision = "fp32";  // "fp32", "fp16" or "bf16", from fp16.enabled / bf16.enabled
   CheckpointConfig checkpoint;
+  ComputeConfig compute;
 
   nlohmann::json resolved;  // every key with its value after defaults: written to the run dir
 };

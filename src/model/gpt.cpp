@@ -164,12 +164,13 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
   Z3D_ASSERT(layout_.tensors[0].tp == tp_size_ && layout_.tensors[0].tp_rank == tp_rank_,
              "parameter layout is for another tensor-parallel rank");
 
-  const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_, att = static_cast<size_t>(B_) * H_ * T_ * T_;
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_, lse = static_cast<size_t>(B_) * H_ * T_;
   // Activation plan. A block's activations: ln1, res2, ln2 (N*C each), qkv (3 N*A), atty (N*A),
-  // fch and fch_gelu (N*F each), 4 N LayerNorm statistics and one B*H*T*T attention matrix (this
-  // rank's heads); one set per layer, or a single shared set with activation checkpointing. Plus
-  // the residual stream x_0..x_L, the final LayerNorm, this rank's logits and the losses.
-  const size_t per_set = N * C * 3 + N * A * 4 + N * F * 2 + N * 4 + att;
+  // fch and fch_gelu (N*F each), 4 N LayerNorm statistics and the attention's B*H*T row
+  // log-sum-exps (this rank's heads; the T x T probabilities are recomputed in backward, never
+  // stored); one set per layer, or a single shared set with activation checkpointing. Plus the
+  // residual stream x_0..x_L, the final LayerNorm, this rank's logits and the losses.
+  const size_t per_set = N * C * 3 + N * A * 4 + N * F * 2 + N * 4 + lse;
   const size_t sets = opt_.checkpoint_activations ? 1 : static_cast<size_t>(L_);
   const size_t total = per_set * sets + N * C * (L_ + 2) + N * 3 + N * static_cast<size_t>(V_);
   acts_ = DeviceBuffer<float>(be_, total);
@@ -183,7 +184,7 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
     a.ln1_mean = take(N);
     a.ln1_rstd = take(N);
     a.qkv = take(3 * N * A);
-    a.att = take(att);
+    a.lse = take(lse);
     a.atty = take(N * A);
     a.res2 = take(N * C);
     a.ln2 = take(N * C);
@@ -207,16 +208,14 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
   losses_ = take(N);
   Z3D_ASSERT(p <= acts_.data() + total, "activation plan overflows its allocation");
 
-  // Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradient, and
-  // the attention-probability gradient of one batch row (reused across the batch).
-  const size_t scratch = N * C * 2 + 3 * N * A + N * F + att / B_;
+  // Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradient.
+  const size_t scratch = N * C * 2 + 3 * N * A + N * F;
   scratch_ = DeviceBuffer<float>(be_, scratch);
   float* s = scratch_.data();
   dres_ = s; s += N * C;
   dbuf_c_ = s; s += N * C;
   dqkv_ = s; s += 3 * N * A;
-  dfch_ = s; s += N * F;
-  datt_ = s;
+  dfch_ = s;
   activation_bytes_ += scratch_.bytes();
 
   inputs_ = DeviceBuffer<int32_t>(be_, N);
@@ -263,102 +262,27 @@ void GPT::tp_all_reduce(float* x, size_t n) {
   }
 }
 
-// Attention for every (batch, head) with batched GEMMs on the packed qkv rows [q | k | v]:
-// head h of batch b is the column block h*hd of each third, row stride 3C. Causality is used at
-// block granularity: query rows [r0, r1) only meet keys [0, r1), so the score and value GEMMs
-// skip the upper triangle of blocks (about 40% of the attention FLOPs at T = 1024). Score entries
-// right of the diagonal inside a block are computed and then zeroed by the causal softmax.
-void GPT::attention_forward(const LayerActs& a) {
-  const int hd = A_ / H_, C3 = 3 * A_;
-  const float alpha = 1.0f / std::sqrt(static_cast<float>(hd));
-  const long TT = static_cast<long>(T_) * T_;
-  for (int b = 0; b < B_; ++b) {
-    const float* q = a.qkv + static_cast<size_t>(b) * T_ * C3;
-    const float* k = q + A_;
-    float* s = a.att + static_cast<size_t>(b) * H_ * TT;
-    for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
-      const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
-      // S_h[r0:r1, 0:r1] = alpha * Q_h[r0:r1] K_h[0:r1]^T
-      be_.gemm_strided_batched(false, true, rows, keys, hd, alpha, q + static_cast<size_t>(r0) * C3, C3, hd, k, C3,
-                               hd, 0.0f, s + static_cast<size_t>(r0) * T_, T_, TT, H_);
-    }
-  }
-  be_.softmax_causal_forward(a.att, a.att, B_ * H_ * T_, T_);
-  for (int b = 0; b < B_; ++b) {
-    const float* v = a.qkv + static_cast<size_t>(b) * T_ * C3 + 2 * A_;
-    const float* p = a.att + static_cast<size_t>(b) * H_ * TT;
-    float* y = a.atty + static_cast<size_t>(b) * T_ * A_;
-    for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
-      const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
-      // Y_h[r0:r1] = P_h[r0:r1, 0:r1] V_h[0:r1], into columns h*hd of the (T x C) output
-      be_.gemm_strided_batched(false, false, rows, hd, keys, 1.0f, p + static_cast<size_t>(r0) * T_, T_, TT, v, C3,
-                               hd, 0.0f, y + static_cast<size_t>(r0) * A_, A_, hd, H_);
-    }
-  }
-}
-
-void GPT::attention_backward(float* dqkv, const float* datty, const LayerActs& a) {
-  const int hd = A_ / H_, C3 = 3 * A_;
-  const float alpha = 1.0f / std::sqrt(static_cast<float>(hd));
-  const long TT = static_cast<long>(T_) * T_;
-  be_.zero(dqkv, sizeof(float) * static_cast<size_t>(B_) * T_ * C3);  // dK, dV accumulate over row blocks
-  for (int b = 0; b < B_; ++b) {
-    const float* q = a.qkv + static_cast<size_t>(b) * T_ * C3;
-    const float* k = q + A_;
-    const float* v = q + 2 * A_;
-    const float* p = a.att + static_cast<size_t>(b) * H_ * TT;
-    const float* dy = datty + static_cast<size_t>(b) * T_ * A_;
-    float* dq = dqkv + static_cast<size_t>(b) * T_ * C3;
-    float* dk = dq + A_;
-    float* dv = dq + 2 * A_;
-    float* dp = datt_;  // one batch row's dP / dS, reused
-    for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
-      const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
-      const float* dy_r = dy + static_cast<size_t>(r0) * A_;
-      const float* p_r = p + static_cast<size_t>(r0) * T_;
-      float* dp_r = dp + static_cast<size_t>(r0) * T_;
-      // dP[r] = dY[r] V[0:r1]^T;  dV[0:r1] += P[r]^T dY[r]
-      be_.gemm_strided_batched(false, true, rows, keys, hd, 1.0f, dy_r, A_, hd, v, C3, hd, 0.0f, dp_r, T_, TT, H_);
-      be_.gemm_strided_batched(true, false, keys, hd, rows, 1.0f, p_r, T_, TT, dy_r, A_, hd, 1.0f, dv, C3, hd, H_);
-    }
-    be_.softmax_causal_backward(dp, dp, p, H_ * T_, T_);  // dS, in place
-    for (int r0 = 0; r0 < T_; r0 += opt_.attention_block) {
-      const int rows = std::min(opt_.attention_block, T_ - r0), keys = r0 + rows;
-      const float* ds_r = dp + static_cast<size_t>(r0) * T_;
-      // dQ[r] = alpha dS[r] K[0:r1];  dK[0:r1] += alpha dS[r]^T Q[r]
-      be_.gemm_strided_batched(false, false, rows, hd, keys, alpha, ds_r, T_, TT, k, C3, hd, 0.0f,
-                               dq + static_cast<size_t>(r0) * C3, C3, hd, H_);
-      be_.gemm_strided_batched(true, false, keys, hd, rows, alpha, ds_r, T_, TT, q + static_cast<size_t>(r0) * C3, C3,
-                               hd, 1.0f, dk, C3, hd, H_);
-    }
-  }
-}
-
 // Megatron's block: column-parallel qkv and fc (each rank computes its heads / its quarter of the
-// MLP), row-parallel proj and fc_proj (each rank's partial product, then one all-reduce, then the
-// replicated bias): two all-reduces per block forward, two in backward.
+// MLP), row-parallel proj and fc_proj (each rank's partial product, then one all-reduce): two
+// all-reduces per block forward, two in backward. The biases and the residual adds ride in the
+// GEMMs' epilogues; with tp > 1 tp rank 0 adds them to its partial product before the sum.
 void GPT::block_forward(const LayerActs& a, const LayerTensors<const float>& w, float* x_next) {
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
-  auto column_parallel = [&](float* y, const float* x, const float* wt, const float* bias, int out) {
-    be_.gemm(false, true, N, out, C, 1.0f, x, C, wt, C, 0.0f, y, out);
-    be_.add_bias(y, bias, N, out);
-  };
-  auto row_parallel = [&](float* y, const float* x, const float* wt, const float* bias, int in) {
-    be_.gemm(false, true, N, C, in, 1.0f, x, in, wt, in, 0.0f, y, C);
+  const bool adds = tp_rank_ == 0;
+  auto row_parallel = [&](float* y, const float* x, const float* wt, const float* bias, const float* residual,
+                          int in) {
+    be_.linear_forward(y, x, wt, adds ? bias : nullptr, adds ? residual : nullptr, N, in, C);
     tp_all_reduce(y, NC);
-    be_.add_bias(y, bias, N, C);
   };
   be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b, N, C);
-  column_parallel(a.qkv, a.ln1, w.qkv_w, w.qkv_b, 3 * A_);
-  attention_forward(a);
-  row_parallel(a.res2, a.atty, w.proj_w, w.proj_b, A_);
-  be_.accumulate(a.res2, a.x, NC);  // res2 = x + attn
+  be_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, nullptr, N, C, 3 * A_);
+  be_.attention_forward(a.atty, a.lse, a.qkv, B_, T_, H_, A_);
+  row_parallel(a.res2, a.atty, w.proj_w, w.proj_b, a.x, A_);  // res2 = x + attn
   be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
-  column_parallel(a.fch, a.ln2, w.fc_w, w.fc_b, F_);
+  be_.linear_forward(a.fch, a.ln2, w.fc_w, w.fc_b, nullptr, N, C, F_);
   be_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * F_);
-  row_parallel(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, F_);
-  be_.accumulate(x_next, a.res2, NC);  // x_next = res2 + mlp
+  row_parallel(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, a.res2, F_);  // x_next = res2 + mlp
 }
 
 // Mean cross-entropy of the logits, preparing dlogits (in place) when dloss > 0. With tensor
@@ -446,12 +370,13 @@ void GPT::backward() {
     store_.release_params(final_unit_);
   }
 
-  // linear backward: dx = dy W (overwrites), dW += dy^T x, db += sum dy
+  // linear backward: dx = dy W (overwrites), dW += dy^T x, db += sum dy (unless the caller
+  // summed it already: nullptr)
   auto linear_backward = [&](float* dx, float* dw, float* db, const float* dy, const float* x, const float* w, int in,
                              int out) {
     be_.gemm(false, false, N, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
     be_.gemm(true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
-    be_.bias_backward(db, dy, N, out);
+    if (db) be_.bias_backward(db, dy, N, out);
   };
   for (int l = L_ - 1; l >= 0; --l) {
     const LayerActs& a = layers_[l];
@@ -468,13 +393,13 @@ void GPT::backward() {
     // MLP: dres holds d x_{l+1}; it flows unchanged into d res2 through the residual.
     // Row-parallel layers need no communication backward; column-parallel ones all-reduce dx.
     linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, F_, C);
-    be_.gelu_backward(dfch_, a.fch, dfch_, static_cast<size_t>(N) * F_);
-    linear_backward(dbuf_c_, g.fc_w, g.fc_b, dfch_, a.ln2, w.fc_w, C, F_);
+    be_.gelu_backward(dfch_, g.fc_b, a.fch, dfch_, N, F_);  // with fc's bias gradient, in one pass
+    linear_backward(dbuf_c_, g.fc_w, nullptr, dfch_, a.ln2, w.fc_w, C, F_);
     tp_all_reduce(dbuf_c_, NC);
     be_.layernorm_backward(dres_, g.ln2_w, g.ln2_b, dbuf_c_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
     // Attention: dres now holds d res2, which flows unchanged into d x_l.
     linear_backward(dbuf_c_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, A_, C);
-    attention_backward(dqkv_, dbuf_c_, a);
+    be_.attention_backward(dqkv_, dbuf_c_, a.atty, a.lse, a.qkv, B_, T_, H_, A_);
     linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, 3 * A_);
     tp_all_reduce(dbuf_c_, NC);
     be_.layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_c_, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);

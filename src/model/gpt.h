@@ -86,9 +86,6 @@ void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_la
 double gpt_flops_per_token(const ModelConfig& m);
 
 struct GPTOptions {
-  // Query rows per causal block in attention (a speed knob; results agree to rounding for any
-  // value, and tests use small ones to cover partial blocks).
-  int attention_block = 256;
   // Activation checkpointing: keep only each block's input; recompute the block's forward just
   // before its backward (one set of block activations instead of n_layer; same results bitwise).
   bool checkpoint_activations = false;
@@ -125,7 +122,7 @@ class GPT {
 
  private:
   struct LayerActs {
-    float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+    float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *lse, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
   };
   template <typename F>
   struct LayerTensors {
@@ -136,9 +133,7 @@ class GPT {
   F* tensor(F* unit_base, size_t i) const;
   template <typename F>
   LayerTensors<F> layer_tensors(F* unit_base, int l) const;
-  void attention_forward(const LayerActs& a);
   void block_forward(const LayerActs& a, const LayerTensors<const float>& w, float* x_next);
-  void attention_backward(float* dqkv, const float* datty, const LayerActs& a);
   void tp_all_reduce(float* x, size_t n);  // sum over the tensor-parallel group (no-op without)
   float crossentropy(float dloss);         // over the (vocab-parallel) logits; returns the mean loss
 
@@ -162,7 +157,7 @@ class GPT {
   std::vector<LayerActs> layers_;
   float *enc_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
         *losses_ = nullptr, *xfinal_ = nullptr;
-  float *dres_ = nullptr, *dbuf_c_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr, *datt_ = nullptr;
+  float *dres_ = nullptr, *dbuf_c_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr;
   size_t activation_bytes_ = 0;
   std::vector<float> host_losses_, host_ce_;
   double recompute_s_ = 0;

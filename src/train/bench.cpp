@@ -6,17 +6,11 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/host/gemm.h"
 
 namespace zero3d {
 
-GemmRate measure_gemm(Backend& be, int m, int n, int k, double min_seconds) {
-  DeviceBuffer<float> a(be, static_cast<size_t>(m) * k), b(be, static_cast<size_t>(n) * k),
-      c(be, static_cast<size_t>(m) * n);
-  std::vector<float> host(std::max(a.size(), b.size()));
-  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
-  be.copy_from_host(a.data(), host.data(), a.bytes());
-  be.copy_from_host(b.data(), host.data(), b.bytes());
-  auto call = [&] { be.gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n); };
+double time_calls(Backend& be, const std::function<void()>& call, double min_seconds) {
   call();
   be.synchronize();
   using clock = std::chrono::steady_clock;
@@ -29,9 +23,49 @@ GemmRate measure_gemm(Backend& be, int m, int n, int k, double min_seconds) {
     be.synchronize();
     elapsed = std::chrono::duration<double>(clock::now() - t0).count();
   } while (elapsed < min_seconds);
-  GemmRate r{m, n, k, elapsed / calls, 0};
+  return elapsed / calls;
+}
+
+GemmRate measure_gemm(Backend& be, int m, int n, int k, double min_seconds) {
+  DeviceBuffer<float> a(be, static_cast<size_t>(m) * k), b(be, static_cast<size_t>(n) * k),
+      c(be, static_cast<size_t>(m) * n);
+  std::vector<float> host(std::max(a.size(), b.size()));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  be.copy_from_host(a.data(), host.data(), a.bytes());
+  be.copy_from_host(b.data(), host.data(), b.bytes());
+  GemmRate r{m, n, k, 0, 0};
+  r.seconds_per_call = time_calls(
+      be, [&] { be.gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n); }, min_seconds);
   r.flops_per_s = 2.0 * m * n * k / r.seconds_per_call;
   return r;
+}
+
+std::vector<GemmShape> model_gemm_shapes(const ModelConfig& m, int micro, int tp) {
+  const int N = micro * m.seq_len, C = m.d_model, A = C / tp, F = 4 * C / tp, V = m.vocab_size / tp;
+  struct Layer {
+    const char* name;
+    int in, out;
+  };
+  const Layer layers[] = {{"qkv", C, 3 * A}, {"attn proj", A, C}, {"mlp fc", C, F}, {"mlp proj", F, C}, {"lm head", C, V}};
+  std::vector<GemmShape> shapes;
+  for (const Layer& l : layers) {
+    shapes.push_back({std::string(l.name) + " fwd", false, true, N, l.out, l.in, 0});
+    shapes.push_back({std::string(l.name) + " dx", false, false, N, l.in, l.out, 0});
+    shapes.push_back({std::string(l.name) + " dW", true, false, l.out, l.in, N, 1});
+  }
+  return shapes;
+}
+
+double measure_bf16_gemm_ratio() {
+  if (!onednn_has_bf16()) return 0;
+  HostOptions o;
+  o.gemm = "onednn";
+  auto fp32 = make_host_backend(o);
+  o.bf16_gemm = true;
+  auto bf16 = make_host_backend(o);
+  const double t32 = measure_gemm(*fp32, 1024, 1024, 1024, 0.15).seconds_per_call;
+  const double t16 = measure_gemm(*bf16, 1024, 1024, 1024, 0.15).seconds_per_call;
+  return t16 / t32;
 }
 
 double known_accelerator_peak(const std::string& name) {

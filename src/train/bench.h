@@ -6,7 +6,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
+
+#include "config/config.h"
 
 #include "kernels/backend.h"
 
@@ -21,6 +25,24 @@ struct GemmRate {
 // Times C = A B^T (the layout of the model's linear layers) for at least `min_seconds` after
 // one warm-up call.
 GemmRate measure_gemm(Backend& be, int m, int n, int k, double min_seconds);
+
+// One GEMM of a training step: C (m x n) = op(A) op(B), named as the layer and pass it serves.
+struct GemmShape {
+  std::string name;
+  bool ta = false, tb = false;
+  int m = 0, n = 0, k = 0;
+  double beta = 0;  // weight gradients accumulate
+};
+// The GEMMs of one micro-batch of `micro` sequences on one tensor-parallel rank of `tp`: each
+// linear layer's forward (x W^T), input gradient (dy W) and weight gradient (dy^T x).
+std::vector<GemmShape> model_gemm_shapes(const ModelConfig& m, int micro, int tp);
+// Times `call` (after one warm-up) for at least min_seconds; seconds per call.
+double time_calls(Backend& be, const std::function<void()>& call, double min_seconds);
+
+// bf16.enabled with compute.bf16_gemm "auto": does a bf16 GEMM (inputs rounded from fp32, fp32
+// accumulation: what the trainer runs) beat fp32 here? Measured on 1024^3 on the calling rank:
+// bf16 time / fp32 time. 0 when oneDNN has no native bf16 on this CPU (then it is not measured).
+double measure_bf16_gemm_ratio();
 
 // Peak FLOP/s of a known accelerator from its name (dense bf16 tensor-core peaks from the vendor
 // data sheets), or 0 when unknown.

@@ -12,11 +12,14 @@
 #include "data/loader.h"
 #include "io/ckpt_tools.h"
 #include "train/bench.h"
+#include "kernels/host/cpu_kernels.h"
+#include "kernels/host/gemm.h"
 #include "train/job.h"
 #include "train/stop_signal.h"
 #include "train/trainer.h"
 #include "parallel/groups.h"
 #include <algorithm>
+#include <optional>
 
 namespace zero3d {
 
@@ -38,10 +41,17 @@ const char* kDataUsage =
     "  Tokenize text files byte by byte (vocabulary 256) into one llm.c token file.\n";
 
 const char* kBenchUsage =
-    "usage: zero3d bench gemm [--sizes N,N,...] [--seconds S] [--backend NAME]\n"
+    "usage: zero3d bench gemm [--sizes N,N,...] [--seconds S] [--config FILE] [--backend NAME]\n"
     "       zero3d bench io [--dir DIR] [--bytes N]\n"
-    "  gemm: GEMM rate (C = A B^T, fp32) through the BLAS the trainer uses, per square size N.\n"
-    "        Default sizes 512,1024,2048,4096; at least S seconds (default 1) per size.\n"
+    "  gemm: the GEMM rates a training run gets. Names the CPU, the ISA level of the host loops, the\n"
+    "        GEMM libraries and the ISA they run, measures one thread's FMA peak, then GFLOP/s per\n"
+    "        square size N (C = A B^T; default 512,1024,2048,4096; at least S seconds each, default 1)\n"
+    "        and per GEMM of one training micro-batch of the model in FILE (default\n"
+    "        input/bench-cpu.json when it exists): every linear layer's forward (fwd), input\n"
+    "        gradient (dx) and weight gradient (dW), and the fused causal attention. Columns: zero3d\n"
+    "        (what training runs: compute.gemm=auto), onednn, cblas (the CBLAS linked in) and bf16\n"
+    "        (oneDNN; inputs rounded to bf16, fp32 accumulation). Under mpirun every rank measures at\n"
+    "        once (a node's load) and rank 0 prints its own rates.\n"
     "  io:   collective MPI-IO write rate of N bytes (default 1 GiB) over all ranks into a new file in\n"
     "        DIR (default .), synced to disk: the raw baseline for the checkpoint bandwidth.\n";
 
@@ -77,7 +87,7 @@ double parse_double(const std::string& s, const char* what) {
 }
 
 // local_rank: among the ranks of this node; it picks the GPU (round robin over the visible ones).
-std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, const HostOptions& host = {}) {
   if (name != "auto" && name != "host" && name != "cuda")
     throw UserError(strprintf("--backend must be host, cuda or auto, got '%s'", name.c_str()));
 #if defined(ZERO3D_HAVE_CUDA)
@@ -89,7 +99,24 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank) {
   (void)local_rank;
   if (name == "cuda") throw UserError("--backend cuda: this zero3d was built without the CUDA backend (ZERO3D_CUDA=OFF or no toolkit found)");
 #endif
-  return make_host_backend();
+  return make_host_backend(host);
+}
+
+// bf16.enabled: GEMMs in bf16 (compute.bf16_gemm on), in fp32 (off), or (auto) in bf16 where
+// oneDNN runs it natively and rank 0 measures it at least 1.2x faster than fp32 here (2x on
+// avx512_bf16 AMD Zen 4/5 and 4x with AMX; about 0.5x on Intel avx512_bf16 without AMX, where
+// oneDNN 2.6 converts to fp32). Every rank takes rank 0's verdict. Returns the reason.
+std::string choose_bf16_gemm(const Config& cfg, ProcessGroup& world, bool& bf16) {
+  bf16 = false;
+  if (cfg.precision != "bf16") return "fp32 GEMMs (precision " + cfg.precision + ")";
+  if (cfg.compute.bf16_gemm == "on") return (bf16 = true), "bf16 GEMMs (compute.bf16_gemm=on)";
+  if (cfg.compute.bf16_gemm == "off") return "fp32 GEMMs on the widened 16-bit weights (compute.bf16_gemm=off)";
+  double ratio = world.rank() == 0 ? measure_bf16_gemm_ratio() : 0;
+  world.broadcast(&ratio, sizeof ratio, 0);
+  if (ratio <= 0) return "fp32 GEMMs on the widened 16-bit weights (oneDNN has no native bf16 GEMM on this CPU)";
+  bf16 = ratio < 1 / 1.2;
+  return strprintf("%s GEMMs (compute.bf16_gemm=auto: bf16 measured %.2fx the fp32 rate at start)",
+                   bf16 ? "bf16" : "fp32", 1 / ratio);
 }
 
 }  // namespace
@@ -146,7 +173,10 @@ int cmd_train(const Args& a) {
     groups.world->broadcast(buf.data(), buf.size(), 0);
     opt.run_dir = buf.data();
   }
-  std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank);
+  HostOptions host;
+  host.gemm = cfg.compute.gemm;
+  opt.compute_choice = choose_bf16_gemm(cfg, *groups.world, host.bf16_gemm);
+  std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank, host);
   if (opt.peak_flops <= 0 && be->kind() == BackendKind::cuda) {
     opt.peak_flops = known_accelerator_peak(be->describe());
     opt.peak_source = "known bf16 peak of " + be->describe();
@@ -178,6 +208,92 @@ int cmd_data(const Args& a) {
   return 0;
 }
 
+// zero3d bench gemm on the host: the same GEMMs through each library, side by side.
+void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config* cfg, const std::string& config,
+                     const JobInfo& job, int ranks) {
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  HostOptions o;
+  std::unique_ptr<Backend> zero3d = make_host_backend(o);
+  o.gemm = "onednn";
+  std::unique_ptr<Backend> onednn = make_host_backend(o);
+  o.gemm = "cblas";
+  std::unique_ptr<Backend> cblas = make_host_backend(o);
+  o.gemm = "onednn";
+  o.bf16_gemm = true;
+  std::unique_ptr<Backend> bf16 = make_host_backend(o);
+  const bool native_bf16 = onednn_has_bf16();
+  log_info("# CPU: %s (%s family %d model %d): %s%s%s; host loops: %s; %d thread(s) per rank (%s), %d rank(s) "
+           "measuring at once",
+           f.model.c_str(), f.vendor.c_str(), f.family, f.model_number, f.level().c_str(),
+           f.avx512_bf16 ? ", avx512_bf16" : "", f.amx_bf16 ? ", amx_bf16" : "", cpu::select().isa, job.threads,
+           job.threads_source.c_str(), ranks);
+  log_info("# GEMM libraries: %s (%s); CBLAS: %s", onednn_version().c_str(), onednn_isa().c_str(),
+           cblas_name().c_str());
+  log_info("# zero3d's plan (compute.gemm=auto): %s", zero3d->describe_gemm().c_str());
+  if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("# note: %s", w.c_str());
+  if (!native_bf16) log_info("# note: oneDNN has no native bf16 GEMM on this CPU: the bf16 column is emulated");
+  double peak = 0;
+#pragma omp parallel reduction(+ : peak)
+  peak += cpu::select().fma_peak(std::max(0.3, seconds / 2));
+  log_info("# FMA peak (%s, %d thread(s)): %.1f GFLOP/s", cpu::select().isa, job.threads, peak / 1e9);
+  log_info("%8s %12s %12s %9s %9s %9s %7s", "n", "ms/call", "GFLOP/s", "onednn", "cblas", "bf16", "%peak");
+  for (int n : sizes) {
+    const GemmRate z = measure_gemm(*zero3d, n, n, n, seconds);
+    const double r1 = measure_gemm(*onednn, n, n, n, seconds / 2).flops_per_s;
+    const double r2 = measure_gemm(*cblas, n, n, n, seconds / 2).flops_per_s;
+    const double r3 = measure_gemm(*bf16, n, n, n, seconds / 2).flops_per_s;
+    log_info("%8d %12.3f %12.1f %9.1f %9.1f %9.1f %6.1f%%", n, z.seconds_per_call * 1e3, z.flops_per_s / 1e9, r1 / 1e9,
+             r2 / 1e9, r3 / 1e9, 100 * z.flops_per_s / peak);
+  }
+  if (!cfg) return;
+  const ModelConfig& m = cfg->model;
+  const int micro = cfg->train_micro_batch_size_per_gpu, tp = cfg->tp_size, N = micro * m.seq_len;
+  log_info("# one micro-batch of %s: micro-batch %d x seq %d = %d tokens, d_model %d, vocab %d, tp %d (GFLOP/s)",
+           config.c_str(), micro, m.seq_len, N, m.d_model, m.vocab_size, tp);
+  log_info("%-14s %6s %6s %6s %9s %9s %9s %9s", "gemm", "m", "n", "k", "zero3d", "onednn", "cblas", "bf16");
+  const double t = std::max(0.1, seconds / 4);
+  double flops = 0, secs[4] = {0, 0, 0, 0};
+  for (const GemmShape& s : model_gemm_shapes(m, micro, tp)) {
+    const size_t sa = static_cast<size_t>(s.m) * s.k, sb = static_cast<size_t>(s.k) * s.n;
+    DeviceBuffer<float> A(*zero3d, sa), B(*zero3d, sb), C(*zero3d, static_cast<size_t>(s.m) * s.n);
+    std::vector<float> h(std::max(sa, sb));
+    for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    zero3d->copy_from_host(A.data(), h.data(), A.bytes());
+    zero3d->copy_from_host(B.data(), h.data(), B.bytes());
+    const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+    double rate[4];
+    Backend* bes[4] = {zero3d.get(), onednn.get(), cblas.get(), bf16.get()};
+    for (int b = 0; b < 4; ++b) {
+      const double sec = time_calls(*bes[b], [&] {
+        bes[b]->gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, A.data(), lda, B.data(), ldb, static_cast<float>(s.beta),
+                     C.data(), s.n);
+      }, t);
+      rate[b] = 2.0 * s.m * s.n * s.k / sec;
+      secs[b] += sec;
+    }
+    flops += 2.0 * s.m * s.n * s.k;
+    log_info("%-14s %6d %6d %6d %9.1f %9.1f %9.1f %9.1f", s.name.c_str(), s.m, s.n, s.k, rate[0] / 1e9, rate[1] / 1e9,
+             rate[2] / 1e9, rate[3] / 1e9);
+  }
+  log_info("%-14s %20s %9.1f %9.1f %9.1f %9.1f", "all (by time)", "", flops / secs[0] / 1e9, flops / secs[1] / 1e9,
+           flops / secs[2] / 1e9, flops / secs[3] / 1e9);
+  // The fused attention of one layer: model FLOPs (q k^T and p v over the causal half) per second.
+  const int H = m.n_head / tp, A = m.d_model / tp, T = m.seq_len;
+  DeviceBuffer<float> qkv(*zero3d, static_cast<size_t>(N) * 3 * A), out(*zero3d, static_cast<size_t>(N) * A),
+      lse(*zero3d, static_cast<size_t>(micro) * H * T), dqkv(*zero3d, static_cast<size_t>(N) * 3 * A);
+  std::vector<float> h(qkv.size());
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  zero3d->copy_from_host(qkv.data(), h.data(), qkv.bytes());
+  const double fwd_flops = 4.0 * micro * m.d_model / tp * (T * (T + 1.0) / 2);
+  const double tf = time_calls(*zero3d, [&] { zero3d->attention_forward(out.data(), lse.data(), qkv.data(), micro, T, H, A); }, t);
+  const double tb = time_calls(*zero3d, [&] {
+    zero3d->attention_backward(dqkv.data(), out.data(), out.data(), lse.data(), qkv.data(), micro, T, H, A);
+  }, t);
+  log_info("%-14s %20s %9.1f  (fused, causal: %.2f ms)", "attention fwd", "", fwd_flops / tf / 1e9, tf * 1e3);
+  log_info("%-14s %20s %9.1f  (fused, causal, model FLOPs = 2x forward: %.2f ms)", "attention bwd", "",
+           2 * fwd_flops / tb / 1e9, tb * 1e3);
+}
+
 int cmd_bench(const Args& a) {
   if (a.empty() || wants_help(a)) {
     log_info("%s", kBenchUsage);
@@ -200,10 +316,15 @@ int cmd_bench(const Args& a) {
   if (a[0] != "gemm") throw UserError(strprintf("unknown bench '%s'\n%s", a[0].c_str(), kBenchUsage));
   std::vector<int> sizes = {512, 1024, 2048, 4096};
   double seconds = 1.0;
-  std::string backend = "auto";
+  std::string backend = "auto", config;
+  if (FILE* f = std::fopen("input/bench-cpu.json", "r")) {
+    std::fclose(f);
+    config = "input/bench-cpu.json";
+  }
   for (size_t i = 1; i < a.size(); ++i) {
     if (a[i] == "--seconds") seconds = parse_double(option_value(a, i, kBenchUsage), "--seconds");
     else if (a[i] == "--backend") backend = option_value(a, i, kBenchUsage);
+    else if (a[i] == "--config") config = option_value(a, i, kBenchUsage);
     else if (a[i] == "--sizes") {
       sizes.clear();
       std::string list = option_value(a, i, kBenchUsage);
@@ -217,14 +338,21 @@ int cmd_bench(const Args& a) {
       }
     } else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
-  std::unique_ptr<Backend> be = make_backend(backend, job_info(*ProcessGroup::world()).local_rank);
-  const char* threads = std::getenv("OPENBLAS_NUM_THREADS");
-  log_info("# GEMM C = A B^T, fp32, %s, OPENBLAS_NUM_THREADS=%s", be->describe().c_str(), threads ? threads : "unset");
-  log_info("%8s %12s %12s", "n", "ms/call", "GFLOP/s");
-  for (int n : sizes) {
-    GemmRate r = measure_gemm(*be, n, n, n, seconds);
-    log_info("%8d %12.3f %12.1f", n, r.seconds_per_call * 1e3, r.flops_per_s / 1e9);
+  auto world = ProcessGroup::world();
+  const JobInfo job = job_info(*world);
+  std::optional<Config> cfg;
+  if (!config.empty()) cfg = load_config({config, "", {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"}}, 1);
+  std::unique_ptr<Backend> be = make_backend(backend, job.local_rank);
+  if (be->kind() != BackendKind::host) {
+    log_info("# GEMM C = A B^T, fp32, %s", be->describe().c_str());
+    log_info("%8s %12s %12s", "n", "ms/call", "GFLOP/s");
+    for (int n : sizes) {
+      GemmRate r = measure_gemm(*be, n, n, n, seconds);
+      log_info("%8d %12.3f %12.1f", n, r.seconds_per_call * 1e3, r.flops_per_s / 1e9);
+    }
+    return 0;
   }
+  bench_host_gemm(sizes, seconds, cfg ? &*cfg : nullptr, config, job, world->size());
   return 0;
 }
 

@@ -1,11 +1,16 @@
 #include "train/job.h"
 
 #include <mpi.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <vector>
+
+#include "core/check.h"
+#include "kernels/host/cpu_kernels.h"
 
 namespace zero3d {
 
@@ -32,6 +37,26 @@ double slurm_end_time() {
   return static_cast<double>(std::mktime(&tm));
 }
 
+// Threads per rank: OMP_NUM_THREADS when set (OpenMP reads it itself; srun --cpus-per-task users set
+// it, or get an affinity mask), else the CPUs this rank may run on, divided among the node's ranks
+// when they all share one mask (mpirun without binding, e.g. oversubscribed): one thread per core.
+int rank_threads(int local_size, std::string& source) {
+  if (const std::string omp = env("OMP_NUM_THREADS"); !omp.empty() && std::atoi(omp.c_str()) > 0) {
+    source = "OMP_NUM_THREADS";
+    return std::atoi(omp.c_str());
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int mask = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (mask >= online && local_size > 1) {
+    source = strprintf("%d CPUs shared by %d ranks on the node", mask, local_size);
+    return std::max(1, mask / local_size);
+  }
+  source = strprintf("affinity mask of %d CPUs", mask);
+  return std::max(1, mask);
+}
+
 }  // namespace
 
 JobInfo job_info(ProcessGroup& world) {
@@ -43,6 +68,8 @@ JobInfo job_info(ProcessGroup& world) {
   MPI_Comm_free(&node);
   j.omp_threads = env("OMP_NUM_THREADS");
   j.blas_threads = env("OPENBLAS_NUM_THREADS");
+  j.threads = rank_threads(j.local_size, j.threads_source);
+  cpu::set_threads(j.threads);
   j.slurm_job = env("SLURM_ARRAY_JOB_ID").empty() ? env("SLURM_JOB_ID")
                                                    : env("SLURM_ARRAY_JOB_ID") + "_" + env("SLURM_ARRAY_TASK_ID");
   // Rank 0 decides what every rank must agree on.

@@ -19,9 +19,13 @@ struct JobInfo {
   // infinity outside Slurm or without a time limit.
   double seconds_left = std::numeric_limits<double>::infinity();
   std::string omp_threads, blas_threads;  // OMP_NUM_THREADS, OPENBLAS_NUM_THREADS as given ("" = unset)
+  // Threads this rank computes with (host kernels and GEMM), and why: see rank_threads in job.cpp.
+  // Ranks of a node may differ (their affinity masks), so it is this rank's value.
+  int threads = 1;
+  std::string threads_source;
 };
 
-// Collective over `world`.
+// Collective over `world`. Also sets this rank's thread count (cpu::set_threads).
 JobInfo job_info(ProcessGroup& world);
 
 // runs/<slurm job> under Slurm, else runs/<date-time> (rank 0's clock; broadcast by the caller).

@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <sys/resource.h>
+
 #include <cerrno>
 #include <csignal>
 #include <nlohmann/json.hpp>
@@ -37,6 +39,13 @@ static double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Minor page faults of this process so far: first touches of fresh memory (1-2.5 GB/s in a VM).
+static int64_t minor_page_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
 static std::string format_eta(double seconds) {
   long s = std::lround(std::max(0.0, seconds));
   return strprintf("%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
@@ -63,7 +72,7 @@ struct Trainer::State {
     // 1F1B keeps at most pp - stage micro-batches in flight: one set of activations each.
     const int slots = g.topo.pp == 1 ? 1 : std::min(g.topo.pp - g.coord.pp, c.gradient_accumulation_steps);
     for (int k = 0; k < slots; ++k)
-      models.push_back(std::make_unique<GPT>(b, c.model, micro, engine, GPTOptions{256, c.activation_checkpointing},
+      models.push_back(std::make_unique<GPT>(b, c.model, micro, engine, GPTOptions{c.activation_checkpointing},
                                              g.tp.get(), stage));
     sends.resize(slots);
     schedule = one_f_one_b(g.coord.pp, g.topo.pp, c.gradient_accumulation_steps);
@@ -361,6 +370,10 @@ int Trainer::run() {
                          .add("slurm_job", s.opt.job.slurm_job)
                          .add("omp_num_threads", s.opt.job.omp_threads)
                          .add("openblas_num_threads", s.opt.job.blas_threads)
+                         .add("threads", s.opt.job.threads)
+                         .add("threads_source", s.opt.job.threads_source)
+                         .add("gemm", s.be.describe_gemm())
+                         .add("compute", s.opt.compute_choice)
                          .add("time_budget_s", s.time_budget_s)
                          .add("mem_params_bytes", static_cast<int64_t>(mem.params))
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
@@ -390,6 +403,7 @@ int Trainer::run() {
     s.groups.pp->reset_bytes_sent();
     if (s.groups.embedding) s.groups.embedding->reset_bytes_sent();
     auto t0 = Clock::now();
+    const int64_t faults0 = minor_page_faults();
     s.engine.begin_step();
     const double loss_scale = s.scaler.scale();
     const float dloss = static_cast<float>(inv_tokens * loss_scale);
@@ -432,6 +446,7 @@ int Trainer::run() {
     if (!skipped) s.engine.gather_updated_params();
     const double t_gather = seconds_since(tg);
     const double step_time = world.all_reduce_max(seconds_since(t0));
+    const int64_t faults = minor_page_faults() - faults0;  // this rank's, during the step
     const double tokens_per_s = tokens_per_step / step_time;
     const double model_flops = tokens_per_s * s.flops_per_token;
     const int64_t comm_bytes =
@@ -448,7 +463,8 @@ int Trainer::run() {
           .add("skipped", skipped).add("tokens", static_cast<int64_t>(step * tokens_per_step))
           .add("tokens_per_s", tokens_per_s).add("step_time_s", step_time)
           .add("model_flops_per_s", model_flops).add("mfu", model_flops / (s.opt.peak_flops * s.groups.topo.world))
-          .add("mem_model_states_bytes", mem_bytes).add("comm_bytes", comm_bytes);
+          .add("mem_model_states_bytes", mem_bytes).add("comm_bytes", comm_bytes)
+          .add("backend_allocs", static_cast<int64_t>(s.be.alloc_count())).add("page_faults", faults);
       if (c.wall_clock_breakdown)
         r.add("forward_s", t_fwd).add("backward_s", t_bwd).add("reduce_s", t_reduce).add("optimizer_s", t_opt)
             .add("allgather_s", t_gather).add("recompute_s", recompute)

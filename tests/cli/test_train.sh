@@ -3,7 +3,8 @@
 # carry every required field with 17 significant digits, the resolved config is written, and the
 # same config twice gives bitwise-identical metrics (timings aside), and micro 4 x accumulation 2
 # matches micro 8 x accumulation 1 within 1e-5, and activation checkpointing gives the same losses
-# bit for bit with less activation memory.
+# bit for bit with less activation memory; no step allocates backend memory after the first (one
+# rank, and two pipeline stages of ZeRO-3 with validation passes in between).
 # usage: test_train.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
@@ -16,6 +17,9 @@ grep -q "step    200/200" "$tmp/full.log"
   --set activation_checkpointing.enabled=true --set wall_clock_breakdown=true > /dev/null
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/acc" --peak-flops 1e11 --set train_steps=15 --set data.val_interval=5 \
   --set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=2 > /dev/null
+timeout 300 $MPIRUN -np 2 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/pp" --peak-flops 1e11 --set train_steps=6 \
+  --set data.val_interval=2 --set pipeline_parallel.pp_size=2 --set zero_optimization.stage=3 \
+  --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=4 > /dev/null
 
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys, re
@@ -43,7 +47,7 @@ cfg = json.load(open(f"{tmp}/full/config.json"))
 assert cfg["model"]["d_model"] == 128 and cfg["train_batch_size"] == 8, cfg
 # determinism: same config twice -> identical losses, lrs, norms
 timing = {"tokens_per_s", "step_time_s", "model_flops_per_s", "mfu", "forward_s", "backward_s", "optimizer_s",
-          "peak_flops", "peak_source"}
+          "peak_flops", "peak_source", "page_faults"}
 strip = lambda rs: [{k: v for k, v in r.items() if k not in timing} for r in rs]
 a, b = strip(records("a")), strip(records("b"))
 assert a == b, "two identical runs differ"
@@ -58,5 +62,10 @@ assert [r["loss"] for r in ck if r["kind"] == "train"] == [r["loss"] for r in re
 assert ck[0]["mem_activations_bytes"] < records("a")[0]["mem_activations_bytes"], "checkpointing saved no memory"
 assert all(r["recompute_s"] > 0 for r in ck if r["kind"] == "train")
 print(f"activation checkpointing: {ck[0]['mem_activations_bytes']} vs {records('a')[0]['mem_activations_bytes']} activation bytes")
-print("train: 6 passed, 0 failed")
+# an allocation-free step: the backend's allocation count is flat after step 1
+for run in ("a", "pp"):
+    allocs = [r["backend_allocs"] for r in records(run) if r["kind"] == "train"]
+    assert len(set(allocs[1:])) == 1, (run, allocs)
+    print(f"{run}: backend allocations per step after the first: 0 (total {allocs[-1]})")
+print("train: 7 passed, 0 failed")
 PY

@@ -4,7 +4,6 @@
 // usage: mpirun -np N test_collectives
 #include <mpi.h>
 
-#include <Kokkos_Core.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -179,7 +178,6 @@ static void test_group(const ProcessGroup& g_const, const std::vector<int>& memb
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   {
-    Kokkos::ScopeGuard kokkos(argc, argv);
     int world = 1, me = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);

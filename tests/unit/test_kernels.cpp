@@ -1,8 +1,9 @@
 // test_kernels: every op of the Backend interface (kernels/backend.h) against a plain
 // double-precision reference written here with naive loops, and every backward op by central
 // finite differences (ggml test-backend-ops style). Tests touch backend memory only through
-// copy_from_host / copy_to_host and run on every backend of the build (host; CUDA too in CUDA
-// builds on a machine with a GPU).
+// copy_from_host / copy_to_host and run on every backend of the build: the host at every ISA level
+// of its loops this CPU runs (avx512, avx2, sse2), the host with its GEMMs through the CBLAS, and
+// CUDA in CUDA builds on a machine with a GPU.
 //
 // Two finite-difference checks per backward op:
 //   * through the float op itself (h = 1e-3): proves the backward is the derivative of the forward
@@ -23,10 +24,14 @@
 #include <numbers>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/host/cpu_kernels.h"
+#include "kernels/host/simd.h"
+#include "kernels/math/dtype.h"
 
 namespace {
 
@@ -174,19 +179,6 @@ double ref_gelu(double x) {
   return 0.5 * x * (1.0 + std::tanh(s * (x + 0.044715 * x * x * x)));
 }
 
-Vec ref_softmax_causal(const Vec& pre, int rows, int T) {
-  Vec p(pre.size(), 0.0);
-  for (int r = 0; r < rows; ++r) {
-    const int t = r % T;
-    double mx = -std::numeric_limits<double>::infinity();
-    for (int j = 0; j <= t; ++j) mx = std::max(mx, pre[r * T + j]);
-    double s = 0.0;
-    for (int j = 0; j <= t; ++j) s += std::exp(pre[r * T + j] - mx);
-    for (int j = 0; j <= t; ++j) p[r * T + j] = std::exp(pre[r * T + j] - mx) / s;
-  }
-  return p;
-}
-
 // loss_n = logsumexp(z_n) - z_n[target_n]
 Vec ref_crossentropy(const Vec& z, const std::vector<int32_t>& targets, int N, int V) {
   Vec loss(N);
@@ -219,32 +211,43 @@ void ref_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const float* 
     }
 }
 
-// Every test runs on the host backend, and on the CUDA backend too in CUDA builds on a machine
-// with a GPU: the same references hold for both.
-std::vector<zero3d::BackendKind> backends_to_test() {
-  std::vector<zero3d::BackendKind> kinds = {zero3d::BackendKind::host};
+// Every test runs on each host variant (every ISA level of the host loops this CPU runs, and the
+// best level with GEMM through the CBLAS), and on the CUDA backend too in CUDA builds on a machine
+// with a GPU: the same references hold for all.
+struct Variant {
+  zero3d::BackendKind kind;
+  std::string isa, gemm;  // host only
+  std::string name;
+};
+
+std::vector<Variant> backends_to_test() {
+  std::vector<Variant> v;
+  for (const zero3d::cpu::Kernels* k : zero3d::cpu::runnable())
+    v.push_back({zero3d::BackendKind::host, k->isa, "auto", std::string("host_") + k->isa});
+  v.push_back({zero3d::BackendKind::host, "", "cblas", "host_cblas"});
 #if defined(ZERO3D_HAVE_CUDA)
-  if (zero3d::cuda_device_count() > 0) kinds.push_back(zero3d::BackendKind::cuda);
+  if (zero3d::cuda_device_count() > 0) v.push_back({zero3d::BackendKind::cuda, "", "", "cuda"});
 #endif
-  return kinds;
+  return v;
 }
 
-std::unique_ptr<Backend> make_backend(zero3d::BackendKind kind) {
+std::unique_ptr<Backend> make_backend(const Variant& v) {
 #if defined(ZERO3D_HAVE_CUDA)
-  if (kind == zero3d::BackendKind::cuda) return zero3d::make_cuda_backend(0);
+  if (v.kind == zero3d::BackendKind::cuda) return zero3d::make_cuda_backend(0);
 #endif
-  return zero3d::make_host_backend();
+  zero3d::HostOptions o;
+  o.isa = v.isa;
+  o.gemm = v.gemm;
+  return zero3d::make_host_backend(o);
 }
 
-class Kernels : public ::testing::TestWithParam<zero3d::BackendKind> {
+class Kernels : public ::testing::TestWithParam<Variant> {
  protected:
   std::unique_ptr<Backend> be = make_backend(GetParam());
   std::mt19937 rng{20240607u};
 };
 
-std::string backend_name(const ::testing::TestParamInfo<zero3d::BackendKind>& p) {
-  return p.param == zero3d::BackendKind::host ? "host" : "cuda";
-}
+std::string backend_name(const ::testing::TestParamInfo<Variant>& p) { return p.param.name; }
 INSTANTIATE_TEST_SUITE_P(Backends, Kernels, ::testing::ValuesIn(backends_to_test()), backend_name);
 
 // ---------------------------------------------------------------------------------------------
@@ -252,7 +255,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, Kernels, ::testing::ValuesIn(backends_to_test
 // ---------------------------------------------------------------------------------------------
 
 TEST_P(Kernels, MemoryAllocIsZeroedAndCopiesRoundTrip) {
-  EXPECT_EQ(be->kind(), GetParam());
+  EXPECT_EQ(be->kind(), GetParam().kind);
   EXPECT_FALSE(be->describe().empty());
 
   for (size_t bytes : {size_t{1}, size_t{13}, size_t{64}, size_t{1000}}) {
@@ -319,11 +322,8 @@ void check_gemm(Backend& be, std::mt19937& rng, bool ta, bool tb, int batch, flo
       for (int j = 0; j < n; ++j) C[b * sC + i * ldc + j] = beta == 0.0f ? kNaN : dist(rng);
 
   auto dA = to_device(be, A.data), dB = to_device(be, B.data), dC = to_device(be, C);
-  if (batch == 1)
-    be.gemm(ta, tb, m, n, k, alpha, dA.data(), A.ld, dB.data(), B.ld, beta, dC.data(), ldc);
-  else
-    be.gemm_strided_batched(ta, tb, m, n, k, alpha, dA.data(), A.ld, sA, dB.data(), B.ld, sB, beta, dC.data(), ldc,
-                            sC, batch);
+  for (int b = 0; b < batch; ++b)
+    be.gemm(ta, tb, m, n, k, alpha, dA.data() + b * sA, A.ld, dB.data() + b * sB, B.ld, beta, dC.data() + b * sC, ldc);
   const std::vector<float> got = to_host(be, dC);
 
   std::vector<double> want(static_cast<size_t>(m) * n), mag(want.size());
@@ -355,11 +355,54 @@ TEST_P(Kernels, GemmAllTransposesPaddedLeadingDims) {
     }
 }
 
-TEST_P(Kernels, GemmStridedBatchedAllTransposes) {
+// Larger than the library's blocking and not multiples of any vector width, so packing tails run.
+TEST_P(Kernels, GemmLargeOddShapes) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
-      check_gemm(*be, rng, ta, tb, 3, 0.5f, 1.25f);
-      check_gemm(*be, rng, ta, tb, 3, 1.0f, 0.0f);
+      const int m = 67, n = 45, k = 131;
+      long sA = 0, sB = 0;
+      Operand A = make_operand(rng, ta, m, k, 1, 1, &sA), B = make_operand(rng, tb, k, n, 0, 1, &sB);
+      auto dA = to_device(*be, A.data), dB = to_device(*be, B.data);
+      auto dC = to_device(*be, std::vector<float>(static_cast<size_t>(m) * n, kNaN));
+      be->gemm(ta, tb, m, n, k, 1.0f, dA.data(), A.ld, dB.data(), B.ld, 0.0f, dC.data(), n);
+      std::vector<double> want(static_cast<size_t>(m) * n), mag(want.size());
+      ref_gemm(ta, tb, m, n, k, 1.0, A.data.data(), A.ld, B.data.data(), B.ld, 0.0, nullptr, n, want.data(), mag.data());
+      const std::vector<float> got = to_host(*be, dC);
+      int misses = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        if (!(std::fabs(got[i] - want[i]) <= 1e-5 * mag[i] + 1e-7) && ++misses <= 8)
+          ADD_FAILURE() << "ta=" << ta << " tb=" << tb << " C[" << i << "] = " << got[i] << ", want " << want[i];
+      EXPECT_EQ(misses, 0);
+    }
+}
+
+// y = x W^T + bias + residual: every combination of the optional terms, y pre-filled with NaN
+// (written, never read).
+TEST_P(Kernels, LinearForwardFoldsBiasAndResidual) {
+  const int N = 37, in = 21, out = 19;
+  const std::vector<float> x = uniform(rng, N * in, -1, 1), w = uniform(rng, out * in, -1, 1),
+                           bias = uniform(rng, out, -1, 1), res = uniform(rng, N * out, -1, 1);
+  auto dx = to_device(*be, x), dw = to_device(*be, w), db = to_device(*be, bias), dr = to_device(*be, res);
+  for (bool with_bias : {false, true})
+    for (bool with_res : {false, true}) {
+      auto dy = to_device(*be, std::vector<float>(static_cast<size_t>(N) * out, kNaN));
+      be->linear_forward(dy.data(), dx.data(), dw.data(), with_bias ? db.data() : nullptr,
+                         with_res ? dr.data() : nullptr, N, in, out);
+      std::vector<double> want(static_cast<size_t>(N) * out), mag(want.size());
+      ref_gemm(false, true, N, out, in, 1.0, x.data(), in, w.data(), in, 0.0, nullptr, out, want.data(), mag.data());
+      for (int n = 0; n < N; ++n)
+        for (int o = 0; o < out; ++o) {
+          const size_t i = static_cast<size_t>(n) * out + o;
+          if (with_bias) want[i] += bias[o], mag[i] += std::fabs(bias[o]);
+          if (with_res) want[i] += res[i], mag[i] += std::fabs(res[i]);
+        }
+      const std::vector<float> got = to_host(*be, dy);
+      int misses = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        if (!(std::fabs(got[i] - want[i]) <= 1e-5 * mag[i] + 1e-7) && ++misses <= 8)
+          ADD_FAILURE() << "bias=" << with_bias << " residual=" << with_res << " y[" << i << "] = " << got[i]
+                        << ", want " << want[i];
+      EXPECT_EQ(misses, 0) << "bias=" << with_bias << " residual=" << with_res;
     }
 }
 
@@ -526,9 +569,25 @@ TEST_P(Kernels, GeluForwardBackward) {
   expect_close(forward(), want, kFwdRtol, kFwdAtol, "gelu");
 
   // dx = gelu'(x) * dout overwrites dx (not +=): pre-fill it with NaN
+  const int N = 3, C = static_cast<int>(n) / N;
+  ASSERT_EQ(static_cast<size_t>(N * C), n);
   auto dx = to_device(*be, std::vector<float>(n, kNaN)), xd = to_device(*be, x), dout = to_device(*be, r);
-  be->gelu_backward(dx.data(), xd.data(), dout.data(), n);
+  be->gelu_backward(dx.data(), nullptr, xd.data(), dout.data(), N, C);
   const std::vector<float> g = to_host(*be, dx);
+
+  // with the bias gradient fused: the same dx, and dbias += its column sums
+  const std::vector<float> pre = uniform(rng, C, -1, 1);
+  auto dx2 = to_device(*be, std::vector<float>(n, kNaN)), db = to_device(*be, pre);
+  be->gelu_backward(dx2.data(), db.data(), xd.data(), dout.data(), N, C);
+  expect_bits_equal(to_host(*be, dx2), g, "gelu dx with the bias gradient fused");
+  Vec colsum(C);
+  for (int c = 0; c < C; ++c) {
+    colsum[c] = pre[c];
+    for (int k = 0; k < N; ++k) colsum[c] += g[k * C + c];
+  }
+  expect_close(to_host(*be, db), colsum, 1e-6, 1e-6, "dbias += column sums of dx");
+  be->gelu_backward(dout.data(), nullptr, xd.data(), dout.data(), N, C);  // in place: dx aliases dout
+  expect_bits_equal(to_host(*be, dout), g, "gelu dx in place");
 
   expect_close(g, finite_diff(x, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
                "gelu dx vs fd(op)");
@@ -542,67 +601,133 @@ TEST_P(Kernels, GeluForwardBackward) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// causal softmax
+// causal attention
 // ---------------------------------------------------------------------------------------------
 
-TEST_P(Kernels, SoftmaxCausalForwardBackward) {
-  const int BH = 2, T = 6, rows = BH * T;
-  std::vector<float> pre = uniform(rng, rows * T, -3, 3);
-  const std::vector<float> r = uniform(rng, rows * T, -1, 1);
-
-  auto forward = [&] {
-    auto dpre = to_device(*be, pre);
-    auto p = to_device(*be, std::vector<float>(rows * T, kNaN));
-    be->softmax_causal_forward(p.data(), dpre.data(), rows, T);
-    return to_host(*be, p);
-  };
-  const std::vector<float> p = forward();
-  expect_close(p, ref_softmax_causal(to_double(pre), rows, T), kFwdRtol, kFwdAtol, "softmax");
-  for (int row = 0; row < rows; ++row) {
-    const int t = row % T;
-    double s = 0.0;
-    for (int j = 0; j < T; ++j) {
-      if (j > t) {
-        EXPECT_EQ(p[row * T + j], 0.0f) << "row " << row << " key " << j << " above the diagonal";
-      }
-      s += p[row * T + j];
-    }
-    EXPECT_NEAR(s, 1.0, 1e-6) << "row " << row;
+// Double reference on packed rows [q | k | v] (B*T rows of 3A): out, lse and, given dout, dqkv.
+struct RefAttention {
+  int B, T, H, A;
+  int hd() const { return A / H; }
+  void forward(const Vec& qkv, Vec& out, Vec& lse) const {
+    out.assign(static_cast<size_t>(B) * T * A, 0.0);
+    lse.assign(static_cast<size_t>(B) * H * T, 0.0);
+    const double alpha = 1.0 / std::sqrt(static_cast<double>(hd()));
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < T; ++i) {
+          std::vector<double> s(i + 1);
+          double mx = -1e300;
+          for (int j = 0; j <= i; ++j) {
+            s[j] = alpha * dot_qk(qkv, b, h, i, j);
+            mx = std::max(mx, s[j]);
+          }
+          double z = 0;
+          for (int j = 0; j <= i; ++j) z += std::exp(s[j] - mx);
+          for (int j = 0; j <= i; ++j)
+            for (int d = 0; d < hd(); ++d)
+              out[(static_cast<size_t>(b) * T + i) * A + h * hd() + d] += std::exp(s[j] - mx) / z * v(qkv, b, h, j, d);
+          lse[(static_cast<size_t>(b) * H + h) * T + i] = mx + std::log(z);
+        }
   }
+  Vec backward(const Vec& qkv, const Vec& dout) const {
+    Vec out, lse, g(qkv.size(), 0.0);
+    forward(qkv, out, lse);
+    const double alpha = 1.0 / std::sqrt(static_cast<double>(hd()));
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int i = 0; i < T; ++i) {
+          const size_t o = (static_cast<size_t>(b) * T + i) * A + h * hd();
+          double Di = 0;
+          for (int d = 0; d < hd(); ++d) Di += dout[o + d] * out[o + d];
+          for (int j = 0; j <= i; ++j) {
+            const double p = std::exp(alpha * dot_qk(qkv, b, h, i, j) - lse[(static_cast<size_t>(b) * H + h) * T + i]);
+            double dp = 0;
+            for (int d = 0; d < hd(); ++d) dp += dout[o + d] * v(qkv, b, h, j, d);
+            const double ds = p * (dp - Di);
+            for (int d = 0; d < hd(); ++d) {
+              g[row(b, i) + h * hd() + d] += alpha * ds * qkv[row(b, j) + A + h * hd() + d];      // dq_i
+              g[row(b, j) + A + h * hd() + d] += alpha * ds * qkv[row(b, i) + h * hd() + d];      // dk_j
+              g[row(b, j) + 2 * A + h * hd() + d] += p * dout[o + d];                             // dv_j
+            }
+          }
+        }
+    return g;
+  }
+  size_t row(int b, int t) const { return (static_cast<size_t>(b) * T + t) * 3 * A; }
+  double dot_qk(const Vec& qkv, int b, int h, int i, int j) const {
+    double s = 0;
+    for (int d = 0; d < hd(); ++d) s += qkv[row(b, i) + h * hd() + d] * qkv[row(b, j) + A + h * hd() + d];
+    return s;
+  }
+  double v(const Vec& qkv, int b, int h, int j, int d) const { return qkv[row(b, j) + 2 * A + h * hd() + d]; }
+};
 
-  // backward overwrites dpre (pre-filled with NaN); the gradient above the diagonal is exactly 0
-  auto dp = to_device(*be, r), pd = to_device(*be, p);
-  auto dpre = to_device(*be, std::vector<float>(rows * T, kNaN));
-  be->softmax_causal_backward(dpre.data(), dp.data(), pd.data(), rows, T);
-  const std::vector<float> g = to_host(*be, dpre);
-  for (int row = 0; row < rows; ++row)
-    for (int j = row % T + 1; j < T; ++j) EXPECT_EQ(g[row * T + j], 0.0f) << "dpre row " << row << " key " << j;
-
-  expect_close(g, finite_diff(pre, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
-               "dpre vs fd(op)");
-  Vec pred = to_double(pre);
-  auto L_ref = [&] { return dot(r, ref_softmax_causal(pred, rows, T)); };
-  expect_close(g, finite_diff(pred, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dpre vs fd(ref)");
-
-  // dpre may alias dp (math/softmax.h): same result in place
-  be->softmax_causal_backward(dp.data(), dp.data(), pd.data(), rows, T);
-  expect_bits_equal(to_host(*be, dp), g, "dpre aliasing dp");
+struct AttentionRun {
+  std::vector<float> out, lse, dqkv;
+};
+AttentionRun run_attention(Backend& be, const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T,
+                           int H, int A) {
+  auto dq = to_device(be, qkv), dO = to_device(be, dout);
+  auto out = to_device(be, std::vector<float>(static_cast<size_t>(B) * T * A, kNaN));
+  auto lse = to_device(be, std::vector<float>(static_cast<size_t>(B) * H * T, kNaN));
+  auto g = to_device(be, std::vector<float>(qkv.size(), kNaN));  // written, not accumulated
+  be.attention_forward(out.data(), lse.data(), dq.data(), B, T, H, A);
+  be.attention_backward(g.data(), dO.data(), out.data(), lse.data(), dq.data(), B, T, H, A);
+  return {to_host(be, out), to_host(be, lse), to_host(be, g)};
 }
 
-// The masked half of the score matrix is never read: NaN (first head) or a huge score (second
-// head, which would underflow every exp if it entered the row maximum) above the diagonal does
-// not leak into the probabilities.
-TEST_P(Kernels, SoftmaxCausalIgnoresMaskedScores) {
-  const int T = 5, rows = 2 * T;
-  std::vector<float> pre = uniform(rng, rows * T, -2, 2);
-  for (int row = 0; row < rows; ++row)
-    for (int j = row % T + 1; j < T; ++j) pre[row * T + j] = row < T ? kNaN : 1e30f;
-  auto dpre = to_device(*be, pre);
-  auto p = to_device(*be, std::vector<float>(rows * T, kNaN));
-  be->softmax_causal_forward(p.data(), dpre.data(), rows, T);
-  const std::vector<float> got = to_host(*be, p);
-  expect_close(got, ref_softmax_causal(to_double(pre), rows, T), kFwdRtol, kFwdAtol, "softmax with masked NaN");
-  EXPECT_EQ(got[0], 1.0f);  // query 0 sees only key 0
+// Random qkv (entries in [-range, range]) and output weights r; the op's out, lse and dqkv (for
+// dout = r) against the double reference: forward within (rtol, atol), dqkv within 10x that.
+AttentionRun check_attention(Backend& be, std::mt19937& rng, int B, int T, int H, int A, float range, double rtol,
+                             double atol, std::vector<float>& qkv, std::vector<float>& r) {
+  qkv = uniform(rng, static_cast<size_t>(B) * T * 3 * A, -range, range);
+  r = uniform(rng, static_cast<size_t>(B) * T * A, -1, 1);
+  const RefAttention ref{B, T, H, A};
+  Vec out, lse;
+  ref.forward(to_double(qkv), out, lse);
+  const AttentionRun got = run_attention(be, qkv, r, B, T, H, A);
+  const std::string tag = " (T=" + std::to_string(T) + " hd=" + std::to_string(A / H) + ")";
+  expect_close(got.out, out, rtol, atol, ("attention out" + tag).c_str());
+  expect_close(got.lse, lse, rtol, atol, ("attention lse" + tag).c_str());
+  expect_close(got.dqkv, ref.backward(to_double(qkv), to_double(r)), 10 * rtol, 10 * atol, ("dqkv" + tag).c_str());
+  return got;
+}
+
+// Small enough for finite differences through every input: a head width that is no multiple of the
+// vector width, a sequence shorter than one tile.
+TEST_P(Kernels, AttentionForwardBackwardFiniteDifferences) {
+  const int B = 2, T = 5, H = 2, A = 6;
+  std::vector<float> qkv, r;
+  const AttentionRun got = check_attention(*be, rng, B, T, H, A, 1.5f, kFwdRtol, kFwdAtol, qkv, r);
+  const RefAttention ref{B, T, H, A};
+
+  auto forward = [&] { return run_attention(*be, qkv, r, B, T, H, A).out; };
+  expect_close(got.dqkv, finite_diff(qkv, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
+               "dqkv vs fd(op)");
+  Vec qd = to_double(qkv);
+  auto L_ref = [&] {
+    Vec o, l;
+    ref.forward(qd, o, l);
+    return dot(r, o);
+  };
+  expect_close(got.dqkv, finite_diff(qd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dqkv vs fd(ref)");
+}
+
+// Several tiles (T over 2 x 64, the last partial) and head widths on and off the vector width:
+// against the double reference, and causal (a later position's k and v change no earlier output).
+TEST_P(Kernels, AttentionTiledMatchesReference) {
+  for (auto [B, T, H, hd] : {std::tuple{1, 150, 2, 16}, std::tuple{2, 67, 3, 24}}) {
+    const int A = H * hd;
+    std::vector<float> qkv, r;
+    const AttentionRun got = check_attention(*be, rng, B, T, H, A, 2.0f, 1e-5, 1e-6, qkv, r);
+    const std::string tag = "T=" + std::to_string(T) + " hd=" + std::to_string(hd);
+
+    for (int c = 3 * A / 3; c < 3 * A; ++c) qkv[(static_cast<size_t>(T) - 1) * 3 * A + c] = 1e4f;  // last k, v
+    const AttentionRun changed = run_attention(*be, qkv, r, B, T, H, A);
+    std::vector<float> before(got.out.begin(), got.out.begin() + static_cast<size_t>(T - 1) * A);
+    std::vector<float> after(changed.out.begin(), changed.out.begin() + static_cast<size_t>(T - 1) * A);
+    expect_bits_equal(after, before, ("causal: earlier rows unchanged " + tag).c_str());
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1064,6 +1189,112 @@ TEST_P(Kernels, Reductions) {
   auto dy = to_device(*be, x);
   EXPECT_EQ(be->count_nonfinite(dy.data(), n), 4u);
   EXPECT_EQ(be->count_nonfinite(dy.data(), 10), 0u);  // a prefix without them
+}
+
+// ---------------------------------------------------------------------------------------------
+// host only: the vector exp, thread-count independence, bf16 GEMM
+// ---------------------------------------------------------------------------------------------
+
+// simd::vexp within 2 ulp of exp over its range (every 997th float from -87 to 88), exactly 0
+// below it and for -inf, finite (saturated) above, NaN for NaN.
+TEST(HostKernels, VectorExpIsAccurate) {
+  namespace simd = zero3d::cpu::simd;
+  int worst = 0;
+  for (uint32_t u = 0; u < 0xffffffffu - 997; u += 997) {
+    const float x = bits_to_float(u);
+    if (!(x >= -87.0f && x <= 88.0f)) continue;
+    const float got = simd::sexp(x), want = static_cast<float>(std::exp(static_cast<double>(x)));
+    const int ulps = std::abs(static_cast<int>(float_to_bits(got)) - static_cast<int>(float_to_bits(want)));
+    worst = std::max(worst, ulps);
+  }
+  EXPECT_LE(worst, 2) << "worst error in ulp";
+  EXPECT_EQ(simd::sexp(0.0f), 1.0f);
+  EXPECT_EQ(simd::sexp(-100.0f), 0.0f);
+  EXPECT_EQ(simd::sexp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_TRUE(std::isfinite(simd::sexp(1000.0f)));
+  EXPECT_TRUE(std::isnan(simd::sexp(kNaN)));
+}
+
+// The host loops give the same bits with 1 and 2 threads: threads split rows and column blocks,
+// never the terms of one sum.
+TEST(HostKernels, ThreadCountDoesNotChangeBits) {
+  std::mt19937 rng(7);
+  const int B = 3, T = 70, H = 2, A = 32, N = B * T, C = 96;
+  const std::vector<float> qkv = uniform(rng, static_cast<size_t>(N) * 3 * A, -2, 2),
+                           dout = uniform(rng, static_cast<size_t>(N) * A, -1, 1),
+                           x = uniform(rng, static_cast<size_t>(N) * C, -3, 3),
+                           big = uniform(rng, size_t{1} << 20, -1, 1);
+  const std::vector<int32_t> tokens = random_ints(rng, N, 50);
+  auto run = [&](int threads) {
+    zero3d::cpu::set_threads(threads);
+    auto be = zero3d::make_host_backend();
+    std::vector<std::vector<float>> r;
+    const AttentionRun a = run_attention(*be, qkv, dout, B, T, H, A);
+    r.push_back(a.out), r.push_back(a.lse), r.push_back(a.dqkv);
+    auto dx = to_device(*be, x), w = to_device(*be, std::vector<float>(C, 1.5f)), b = to_device(*be, std::vector<float>(C, 0.25f));
+    DeviceBuffer<float> y(*be, x.size()), mean(*be, N), rstd(*be, N), g(*be, x.size()), dw(*be, C), db(*be, C);
+    be->layernorm_forward(y.data(), mean.data(), rstd.data(), dx.data(), w.data(), b.data(), N, C);
+    be->layernorm_backward(g.data(), dw.data(), db.data(), dx.data(), dx.data(), w.data(), mean.data(), rstd.data(), N, C);
+    be->gelu_backward(y.data(), db.data(), dx.data(), y.data(), N, C);
+    auto tok = to_device(*be, tokens);
+    DeviceBuffer<float> dwte(*be, 50 * C), dwpe(*be, static_cast<size_t>(T) * C);
+    be->embedding_backward(dwte.data(), dwpe.data(), dx.data(), tok.data(), N, T, C, 0, 50);
+    for (auto* buf : {&y, &g, &dw, &db, &dwte, &dwpe}) r.push_back(to_host(*be, *buf));
+    auto dbig = to_device(*be, big);
+    const double sums[2] = {be->sum_squares(dbig.data(), big.size()), be->sum(dbig.data(), big.size())};
+    r.push_back({static_cast<float>(sums[0]), static_cast<float>(sums[0] - static_cast<float>(sums[0])),
+                 static_cast<float>(sums[1])});
+    return r;
+  };
+  const auto one = run(1), two = run(2);
+  zero3d::cpu::set_threads(1);
+  ASSERT_EQ(one.size(), two.size());
+  for (size_t i = 0; i < one.size(); ++i) expect_bits_equal(two[i], one[i], ("output " + std::to_string(i)).c_str());
+}
+
+// bf16 compute: A and B rounded to bf16, products accumulated in fp32: against the double
+// reference on the rounded inputs, within fp32 accumulation error; the bias and residual in fp32.
+TEST(HostKernels, Bf16GemmRoundsInputsAndAccumulatesInFp32) {
+  zero3d::HostOptions o;
+  o.bf16_gemm = true;
+  auto be = zero3d::make_host_backend(o);
+  std::mt19937 rng(11);
+  auto round16 = [](std::vector<float> v) {
+    for (float& f : v) f = bits_to_float(static_cast<uint32_t>(zero3d::math::bf16_from_float(f)) << 16);
+    return v;
+  };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int m = 33, n = 47, k = 70;
+      long sA = 0, sB = 0;
+      Operand A = make_operand(rng, ta, m, k, 2, 1, &sA), B = make_operand(rng, tb, k, n, 3, 1, &sB);
+      std::vector<float> C = uniform(rng, static_cast<size_t>(m) * n, -1, 1);
+      auto dA = to_device(*be, A.data), dB = to_device(*be, B.data), dC = to_device(*be, C);
+      be->gemm(ta, tb, m, n, k, 0.5f, dA.data(), A.ld, dB.data(), B.ld, 1.0f, dC.data(), n);
+      const std::vector<float> ra = round16(A.data), rb = round16(B.data);
+      std::vector<double> want(C.size()), mag(C.size());
+      ref_gemm(ta, tb, m, n, k, 0.5, ra.data(), A.ld, rb.data(), B.ld, 1.0, C.data(), n, want.data(), mag.data());
+      const std::vector<float> got = to_host(*be, dC);
+      int misses = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        if (!(std::fabs(got[i] - want[i]) <= 1e-5 * mag[i] + 1e-7) && ++misses <= 8)
+          ADD_FAILURE() << "ta=" << ta << " tb=" << tb << " C[" << i << "] = " << got[i] << ", want " << want[i];
+      EXPECT_EQ(misses, 0) << "ta=" << ta << " tb=" << tb;
+    }
+  const int N = 9, in = 40, out = 17;
+  const std::vector<float> x = uniform(rng, N * in, -1, 1), w = uniform(rng, out * in, -1, 1),
+                           bias = uniform(rng, out, -1, 1), res = uniform(rng, N * out, -1, 1);
+  auto dx = to_device(*be, x), dw = to_device(*be, w), db = to_device(*be, bias), dr = to_device(*be, res);
+  auto dy = to_device(*be, std::vector<float>(static_cast<size_t>(N) * out, kNaN));
+  be->linear_forward(dy.data(), dx.data(), dw.data(), db.data(), dr.data(), N, in, out);
+  const std::vector<float> rx = round16(x), rw = round16(w);
+  std::vector<double> want(static_cast<size_t>(N) * out), mag(want.size());
+  ref_gemm(false, true, N, out, in, 1.0, rx.data(), in, rw.data(), in, 0.0, nullptr, out, want.data(), mag.data());
+  const std::vector<float> got = to_host(*be, dy);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double wi = want[i] + bias[i % out] + res[i];
+    EXPECT_NEAR(got[i], wi, 1e-5 * (mag[i] + 2) + 1e-7) << "y[" << i << "]";
+  }
 }
 
 }  // namespace

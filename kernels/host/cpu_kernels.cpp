@@ -1,0 +1,115 @@
+// kernels/host/cpu_kernels.cpp: which compiled ISA level of the host loops this CPU runs, what the
+// CPU is, and the thread count of a rank.
+#include "kernels/host/cpu_kernels.h"
+
+#include <omp.h>
+
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+// The levels CMakeLists.txt compiled (ZERO3D_ISA_LIST), each a namespace with its table.
+#define Z3D_DECLARE_LEVEL(isa) \
+  namespace zero3d::cpu::isa { \
+  extern const Kernels kernels; \
+  }
+#if defined(__x86_64__)
+Z3D_DECLARE_LEVEL(sse2)
+Z3D_DECLARE_LEVEL(avx2)
+Z3D_DECLARE_LEVEL(avx512)
+#else
+Z3D_DECLARE_LEVEL(generic)
+#endif
+
+// OpenBLAS's own thread pool, when the CBLAS is OpenBLAS (weak: absent from other BLAS libraries).
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+
+namespace zero3d::cpu {
+
+namespace {
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  char vendor[13] = {};
+  __get_cpuid(0, &a, &b, &c, &d);
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  f.vendor = vendor;
+  if (__get_cpuid(1, &a, &b, &c, &d)) {
+    const unsigned base = (a >> 8) & 0xf, ext = (a >> 20) & 0xff;
+    f.family = static_cast<int>(base == 0xf ? base + ext : base);
+    f.model_number = static_cast<int>(((a >> 4) & 0xf) | ((base == 0x6 || base == 0xf) ? ((a >> 12) & 0xf0) : 0));
+  }
+  char brand[49] = {};
+  if (__get_cpuid(0x80000000, &a, &b, &c, &d) && a >= 0x80000004)
+    for (unsigned leaf = 0; leaf < 3; ++leaf) {
+      __get_cpuid(0x80000002 + leaf, &a, &b, &c, &d);
+      unsigned regs[4] = {a, b, c, d};
+      std::memcpy(brand + 16 * leaf, regs, 16);
+    }
+  f.model = brand;
+  while (!f.model.empty() && f.model.back() == ' ') f.model.pop_back();
+  f.avx2 = __builtin_cpu_supports("x86-64-v3");  // AVX2, FMA, F16C, BMI (and the OS saves ymm)
+  f.fma = f.avx2;
+  f.avx512 = __builtin_cpu_supports("x86-64-v4");  // AVX-512 F, BW, CD, DQ, VL (and the OS saves zmm)
+  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) f.amx_bf16 = f.avx512 && ((d >> 22) & 1) && ((d >> 24) & 1);
+#else
+  f.vendor = "unknown";
+#endif
+  return f;
+}
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+std::vector<const Kernels*> runnable() {
+#if defined(__x86_64__)
+  const CpuFeatures& f = cpu_features();
+  std::vector<const Kernels*> k;
+  if (f.avx512) k.push_back(&avx512::kernels);
+  if (f.avx2) k.push_back(&avx2::kernels);
+  k.push_back(&sse2::kernels);
+  return k;
+#else
+  return {&generic::kernels};
+#endif
+}
+
+const Kernels& select() {
+  static const Kernels* best = runnable().front();
+  return *best;
+}
+
+const Kernels* by_name(const std::string& isa) {
+  for (const Kernels* k : runnable())
+    if (isa == k->isa) return k;
+  return nullptr;
+}
+
+// Per thread: the packed Q, K, K^T, V^T, dO and dQ panels (T padded to the 64-row tile, the head
+// width to 16 lanes), two 64 x 64 tiles, the dK and dV tile accumulators and D (backward's set,
+// which covers forward's).
+size_t attention_work_floats(int T, int head_dim) {
+  const size_t Tp = (static_cast<size_t>(T) + 63) / 64 * 64, hp = (static_cast<size_t>(head_dim) + 15) / 16 * 16;
+  return 6 * Tp * hp + 2 * 64 * 64 + 2 * 64 * hp + Tp + 16;
+}
+
+void set_threads(int n) {
+  omp_set_num_threads(n);
+  if (openblas_set_num_threads) openblas_set_num_threads(n);
+}
+
+int threads() { return omp_get_max_threads(); }
+
+}  // namespace zero3d::cpu

@@ -1,0 +1,727 @@
+// kernels/host/cpu_kernels_isa.cpp: the host loops, compiled once per ISA level (CMakeLists.txt
+// passes ZERO3D_ISA and the level's -march), each copy in namespace zero3d::cpu::<level>.
+//
+// How they run fast:
+//  - vector math on simd::vf (simd.h): exp by polynomial, GELU through the sigmoid form
+//    x * sigmoid(2u) (the tanh form's 1 + tanh(u) loses digits for x << 0), row reductions in
+//    16 lanes; plain loops (Adam's sqrt, casts, adds) vectorize because the flags drop errno;
+//  - threads (OpenMP) over rows, column blocks or fixed element blocks, only when the work is big
+//    enough to pay for a parallel region; sums over threads' parts add in block order, so the bits
+//    do not depend on the thread count;
+//  - attention is one fused, blocked kernel per (batch, head) (flash-attention style): scores live
+//    in a 64 x 64 tile, softmax is online, the T x T matrix is never stored; backward recomputes
+//    the tile from the saved log-sum-exp. Causality skips every tile above the diagonal.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "kernels/host/cpu_kernels.h"
+#include "kernels/host/simd.h"
+#include "kernels/math/adamw.h"
+#include "kernels/math/dtype.h"
+#include "kernels/math/layernorm.h"
+
+#ifndef ZERO3D_ISA
+#error "compile this file with -DZERO3D_ISA=<level> (see CMakeLists.txt)"
+#endif
+
+namespace zero3d::cpu::ZERO3D_ISA {
+namespace {
+
+using namespace simd;
+
+#define Z3D_STR2(x) #x
+#define Z3D_STR(x) Z3D_STR2(x)
+
+// Below this many elements of work a parallel region costs more than it saves.
+constexpr size_t kMinParallel = size_t{1} << 15;
+
+template <typename F>
+void for_rows(int rows, size_t per_row, F&& f) {
+  const bool par = rows > 1 && static_cast<size_t>(rows) * per_row >= kMinParallel;
+#pragma omp parallel for schedule(static) if (par)
+  for (int r = 0; r < rows; ++r) f(r);
+}
+
+// f(begin, end) over fixed blocks of n: the blocks, not the threads, define any partial sums.
+constexpr size_t kBlock = size_t{1} << 14;
+template <typename F>
+void for_blocks(size_t n, F&& f) {
+  const long blocks = static_cast<long>((n + kBlock - 1) / kBlock);
+#pragma omp parallel for schedule(static) if (n >= kMinParallel)
+  for (long b = 0; b < blocks; ++b) f(static_cast<size_t>(b) * kBlock, std::min(n, static_cast<size_t>(b + 1) * kBlock));
+}
+
+// Column sums over N rows: threads take blocks of 64 columns; each column adds rows in order.
+constexpr int kColBlock = 64;
+template <typename F>
+void for_column_blocks(int N, int C, F&& f) {
+  const int blocks = (C + kColBlock - 1) / kColBlock;
+  const bool par = blocks > 1 && static_cast<size_t>(N) * C >= kMinParallel;
+#pragma omp parallel for schedule(static) if (par)
+  for (int b = 0; b < blocks; ++b) f(b * kColBlock, std::min(C, (b + 1) * kColBlock));
+}
+
+// A vf computation over n elements, the tail through a zero-padded vector.
+template <typename F>
+void map_vf(size_t begin, size_t end, F&& f) {
+  size_t i = begin;
+  for (; i + W <= end; i += W) f(i, W);
+  if (i < end) f(i, static_cast<int>(end - i));
+}
+inline vf load_n(const float* p, int n) {
+  if (n == W) return load(p);
+  float t[W] = {};
+  std::memcpy(t, p, sizeof(float) * n);
+  return load(t);
+}
+inline void store_n(float* p, vf v, int n) {
+  if (n == W) return store(p, v);
+  float t[W];
+  store(t, v);
+  std::memcpy(p, t, sizeof(float) * n);
+}
+
+float row_sum(const float* x, int n) {
+  vf s{};
+  int i = 0;
+  for (; i + W <= n; i += W) s += load(x + i);
+  float t = reduce_add(s);
+  for (; i < n; ++i) t += x[i];
+  return t;
+}
+float row_max(const float* x, int n) {
+  vf m = splat(-std::numeric_limits<float>::infinity());
+  int i = 0;
+  for (; i + W <= n; i += W) m = vmax(m, load(x + i));
+  float t = reduce_max(m);
+  for (; i < n; ++i) t = x[i] > t ? x[i] : t;
+  return t;
+}
+// sum exp(x - mx); with e != nullptr the exponentials are stored there (may alias x).
+float row_sumexp(float* e, const float* x, int n, float mx) {
+  vf s{};
+  int i = 0;
+  for (; i + W <= n; i += W) {
+    const vf v = vexp(load(x + i) - mx);
+    if (e) store(e + i, v);
+    s += v;
+  }
+  float t = reduce_add(s);
+  for (; i < n; ++i) {
+    const float v = sexp(x[i] - mx);
+    if (e) e[i] = v;
+    t += v;
+  }
+  return t;
+}
+
+// ---- embedding, LayerNorm, bias, GELU, elementwise ----
+
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
+                       int vocab_start, int vocab_rows) {
+  for_rows(N, C, [=](int n) {
+    const int row = tokens[n] - vocab_start;
+    float* o = out + static_cast<size_t>(n) * C;
+    const float* p = wpe ? wpe + static_cast<size_t>(n % T) * C : nullptr;
+    if (row >= 0 && row < vocab_rows) {
+      const float* e = wte + static_cast<size_t>(row) * C;
+      if (p)
+        for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      else
+        std::memcpy(o, e, sizeof(float) * C);
+    } else if (p) {
+      std::memcpy(o, p, sizeof(float) * C);
+    } else {
+      std::memset(o, 0, sizeof(float) * C);
+    }
+  });
+}
+
+// Two rows may share a token (and every T-th row a position): threads split the columns, and each
+// column adds the rows in order.
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
+                        int vocab_start, int vocab_rows) {
+  for_column_blocks(N, C, [=](int c0, int c1) {
+    for (int n = 0; n < N; ++n) {
+      const float* d = dout + static_cast<size_t>(n) * C;
+      float* p = dwpe + static_cast<size_t>(n % T) * C;
+      for (int c = c0; c < c1; ++c) p[c] += d[c];
+      const int row = tokens[n] - vocab_start;
+      if (row < 0 || row >= vocab_rows) continue;
+      float* e = dwte + static_cast<size_t>(row) * C;
+      for (int c = c0; c < c1; ++c) e[c] += d[c];
+    }
+  });
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+                       int C) {
+  for_rows(N, C, [=](int n) {
+    const float* xr = x + static_cast<size_t>(n) * C;
+    float* o = out + static_cast<size_t>(n) * C;
+    const float mu = row_sum(xr, C) / C;
+    vf s{};
+    int i = 0;
+    for (; i + W <= C; i += W) {
+      const vf d = load(xr + i) - mu;
+      s += d * d;
+    }
+    float var = reduce_add(s);
+    for (; i < C; ++i) var += (xr[i] - mu) * (xr[i] - mu);
+    const float rs = 1.0f / std::sqrt(var / C + math::kLayerNormEps);
+    for (int c = 0; c < C; ++c) o[c] = (xr[c] - mu) * rs * w[c] + b[c];
+    mean[n] = mu;
+    rstd[n] = rs;
+  });
+}
+
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                        const float* mean, const float* rstd, int N, int C) {
+  for_rows(N, C, [=](int n) {
+    const size_t o = static_cast<size_t>(n) * C;
+    const float mu = mean[n], rs = rstd[n];
+    vf sg{}, sgx{};
+    int i = 0;
+    for (; i + W <= C; i += W) {
+      const vf g = load(dy + o + i) * load(w + i);
+      sg += g;
+      sgx += g * ((load(x + o + i) - mu) * rs);
+    }
+    float mg = reduce_add(sg), mgx = reduce_add(sgx);
+    for (; i < C; ++i) {
+      const float g = dy[o + i] * w[i];
+      mg += g;
+      mgx += g * ((x[o + i] - mu) * rs);
+    }
+    mg /= C;
+    mgx /= C;
+    for (int c = 0; c < C; ++c) {
+      const float g = dy[o + c] * w[c], xh = (x[o + c] - mu) * rs;
+      dx[o + c] += rs * (g - mg - xh * mgx);
+    }
+  });
+  for_column_blocks(N, C, [=](int c0, int c1) {
+    for (int n = 0; n < N; ++n) {
+      const size_t o = static_cast<size_t>(n) * C;
+      const float mu = mean[n], rs = rstd[n];
+      for (int c = c0; c < c1; ++c) {
+        dw[c] += dy[o + c] * ((x[o + c] - mu) * rs);
+        db[c] += dy[o + c];
+      }
+    }
+  });
+}
+
+void add_bias(float* out, const float* bias, int N, int C) {
+  for_rows(N, C, [=](int n) {
+    float* o = out + static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c) o[c] += bias[c];
+  });
+}
+
+void bias_backward(float* dbias, const float* dout, int N, int C) {
+  for_column_blocks(N, C, [=](int c0, int c1) {
+    for (int n = 0; n < N; ++n) {
+      const float* d = dout + static_cast<size_t>(n) * C;
+      for (int c = c0; c < c1; ++c) dbias[c] += d[c];
+    }
+  });
+}
+
+// gelu(x) = x/2 (1 + tanh u) = x sigmoid(2u), u = s (x + 0.044715 x^3);
+// gelu'(x) = sig + 2 x sig (1 - sig) s (1 + 3 * 0.044715 x^2).
+constexpr float kS = 0.7978845608028654f, kK = 0.044715f;
+inline vf gelu_vf(vf x) {
+  const vf u = kS * (x + kK * x * x * x);
+  return x / (1.0f + vexp(-2.0f * u));
+}
+inline vf gelu_grad_vf(vf x, vf dout) {
+  const vf u = kS * (x + kK * x * x * x);
+  const vf sig = 1.0f / (1.0f + vexp(-2.0f * u));
+  const vf du = kS * (1.0f + 3.0f * kK * x * x);
+  return dout * (sig + 2.0f * x * sig * (1.0f - sig) * du);
+}
+
+void gelu_forward(float* out, const float* x, size_t n) {
+  for_blocks(n, [=](size_t b, size_t e) {
+    map_vf(b, e, [=](size_t i, int k) { store_n(out + i, gelu_vf(load_n(x + i, k)), k); });
+  });
+}
+
+void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) {
+  const size_t n = static_cast<size_t>(N) * C;
+  if (!dbias) {
+    for_blocks(n, [=](size_t b, size_t e) {
+      map_vf(b, e, [=](size_t i, int k) { store_n(dx + i, gelu_grad_vf(load_n(x + i, k), load_n(dout + i, k)), k); });
+    });
+    return;
+  }
+  // Fused with the bias gradient: a thread owns a column block, so dbias needs no second pass.
+  for_column_blocks(N, C, [=](int c0, int c1) {
+    float acc[kColBlock] = {};
+    for (int r = 0; r < N; ++r) {
+      const size_t o = static_cast<size_t>(r) * C;
+      for (int c = c0; c < c1; c += W) {
+        const int k = std::min(W, c1 - c);
+        const vf g = gelu_grad_vf(load_n(x + o + c, k), load_n(dout + o + c, k));
+        store_n(dx + o + c, g, k);
+        store(acc + (c - c0), load(acc + (c - c0)) + g);
+      }
+    }
+    for (int c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
+  });
+}
+
+void add(float* out, const float* a, const float* b, size_t n) {
+  for_blocks(n, [=](size_t s, size_t e) {
+    for (size_t i = s; i < e; ++i) out[i] = a[i] + b[i];
+  });
+}
+void accumulate(float* out, const float* a, size_t n) {
+  for_blocks(n, [=](size_t s, size_t e) {
+    for (size_t i = s; i < e; ++i) out[i] += a[i];
+  });
+}
+void scale(float* x, float s, size_t n) {
+  for_blocks(n, [=](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) x[i] *= s;
+  });
+}
+
+// ---- attention ----
+
+// Register tiles for the small products inside attention: kMR rows x kNV vectors of 16 columns
+// (16 zmm accumulators with AVX-512; fewer where vf spans several narrower registers).
+#if defined(__AVX512F__)
+constexpr int kMR = 4, kNV = 4;
+#elif defined(__AVX2__)
+constexpr int kMR = 2, kNV = 2;
+#else
+constexpr int kMR = 2, kNV = 1;
+#endif
+
+// C[i, 0:NV*W] (+)= sum_k A(i, k) B[k, 0:NV*W] for MR rows: A(i, k) at A[i*sa + k*sk] (any
+// strides: it is broadcast), B rows at B + k*ldb, C rows at C + i*ldc.
+template <int MR, int NV>
+void tile(float* C, long ldc, const float* A, long sa, long sk, const float* B, long ldb, int K, bool acc) {
+  vf c[MR][NV];
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) c[r][v] = acc ? load(C + r * ldc + v * W) : vf{};
+  for (int k = 0; k < K; ++k) {
+    vf b[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) b[v] = load(B + k * ldb + v * W);
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r) {
+      const vf a = splat(A[r * sa + k * sk]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) store(C + r * ldc + v * W, c[r][v]);
+}
+
+using TileFn = void (*)(float*, long, const float*, long, long, const float*, long, int, bool);
+template <int MR, int... NV>
+constexpr auto tile_row(std::integer_sequence<int, NV...>) {
+  return std::array<TileFn, sizeof...(NV)>{&tile<MR, NV + 1>...};
+}
+template <int... MR>
+constexpr auto tile_table(std::integer_sequence<int, MR...>) {
+  return std::array<std::array<TileFn, kNV>, sizeof...(MR)>{tile_row<MR + 1>(std::make_integer_sequence<int, kNV>())...};
+}
+constexpr auto kTiles = tile_table(std::make_integer_sequence<int, kMR>());
+
+// C[M x N] (+)= A[M x K] B[K x N], N a multiple of W (the packed head width and key blocks are).
+void small_gemm(float* C, long ldc, const float* A, long sa, long sk, const float* B, long ldb, int M, int N, int K,
+                bool acc) {
+  for (int i = 0; i < M; i += kMR) {
+    const int mr = std::min(kMR, M - i);
+    for (int j = 0; j < N; j += kNV * W) {
+      const int nv = std::min(kNV, (N - j) / W);
+      kTiles[mr - 1][nv - 1](C + i * ldc + j, ldc, A + i * sa, sa, sk, B + j, ldb, K, acc);
+    }
+  }
+}
+
+constexpr int kTileT = 64;  // query rows and key columns per attention tile
+int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+struct AttnDims {
+  int T, H, A, hd, hp, Tp;  // hp: head width padded to W; Tp: T padded to the tile
+  AttnDims(int T_, int H_, int A_) : T(T_), H(H_), A(A_), hd(A_ / H_), hp(round_up(hd, W)), Tp(round_up(T_, kTileT)) {}
+  size_t panel() const { return static_cast<size_t>(Tp) * hp; }
+};
+
+// Copy head h of the rows [b*T, (b+1)*T) of X (row stride ld, column offset col) into a Tp x hp
+// panel (zeros in the padding), times s; or transposed into hp x Tp.
+void pack(float* dst, const float* X, long ld, int col, const AttnDims& d, float s, bool transpose) {
+  std::memset(dst, 0, sizeof(float) * d.panel());
+  for (int t = 0; t < d.T; ++t) {
+    const float* x = X + t * ld + col;
+    if (transpose)
+      for (int k = 0; k < d.hd; ++k) dst[static_cast<size_t>(k) * d.Tp + t] = s * x[k];
+    else
+      for (int k = 0; k < d.hd; ++k) dst[static_cast<size_t>(t) * d.hp + k] = s * x[k];
+  }
+}
+
+// f(b, h, w) for every (batch, head), spread over the threads; w: the thread's workspace. One
+// thread computes all of a head, so its bits do not depend on the thread count.
+template <typename F>
+void for_each_head(const AttnDims& d, int B, float* work, F&& f) {
+  const size_t per_thread = attention_work_floats(d.T, d.hd);
+  const bool par = B * d.H > 1 && static_cast<size_t>(d.T) * d.T * d.hd >= kMinParallel / 8;
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+  for (int bh = 0; bh < B * d.H; ++bh) f(bh / d.H, bh % d.H, work + per_thread * static_cast<size_t>(omp_get_thread_num()));
+}
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A, float* work) {
+  const AttnDims d(T, H, A);
+  const float alpha = 1.0f / std::sqrt(static_cast<float>(d.hd));
+  const long ld = 3L * A;
+  for_each_head(d, B, work, [&](int b, int h, float* w) {
+    const int bh = b * H + h;
+    float *Q = w, *Kt = Q + d.panel(), *V = Kt + d.panel(), *S = V + d.panel(), *O = S + kTileT * kTileT;
+    float *m = O + static_cast<size_t>(kTileT) * d.hp, *l = m + kTileT;
+    const float* rows = qkv + static_cast<size_t>(b) * T * ld;
+    pack(Q, rows, ld, h * d.hd, d, alpha, false);  // scores = (alpha q) . k
+    pack(Kt, rows, ld, A + h * d.hd, d, 1.0f, true);
+    pack(V, rows, ld, 2 * A + h * d.hd, d, 1.0f, false);
+    for (int i0 = 0; i0 < T; i0 += kTileT) {
+      const int nq = std::min(kTileT, T - i0);
+      std::fill(m, m + kTileT, -std::numeric_limits<float>::infinity());
+      std::fill(l, l + kTileT, 0.0f);
+      std::memset(O, 0, sizeof(float) * kTileT * d.hp);
+      for (int j0 = 0; j0 < i0 + nq; j0 += kTileT) {  // key tiles up to the diagonal
+        const int nk = std::min(kTileT, i0 + nq - j0), nkp = round_up(nk, W);
+        small_gemm(S, kTileT, Q + static_cast<size_t>(i0) * d.hp, d.hp, 1, Kt + j0, d.Tp, nq, nkp, d.hp, false);
+        for (int r = 0; r < nq; ++r) {  // online softmax over this tile's keys j <= i
+          float* s = S + r * kTileT;
+          const int valid = std::min(nk, i0 + r - j0 + 1);
+          const float mx = std::max(m[r], row_max(s, valid));
+          float sum = row_sumexp(s, s, valid, mx);
+          std::fill(s + valid, s + nkp, 0.0f);
+          const float corr = sexp(m[r] - mx);  // 0 on the first tile (m = -inf)
+          l[r] = l[r] * corr + sum;
+          m[r] = mx;
+          if (corr != 1.0f)
+            for (int k = 0; k < d.hp; ++k) O[r * d.hp + k] *= corr;
+        }
+        small_gemm(O, d.hp, S, kTileT, 1, V + static_cast<size_t>(j0) * d.hp, d.hp, nq, d.hp, nkp, true);
+      }
+      for (int r = 0; r < nq; ++r) {
+        const int t = i0 + r;
+        const float inv = 1.0f / l[r];
+        float* o = out + (static_cast<size_t>(b) * T + t) * A + h * d.hd;
+        for (int k = 0; k < d.hd; ++k) o[k] = O[r * d.hp + k] * inv;
+        lse[static_cast<size_t>(bh) * T + t] = m[r] + std::log(l[r]);
+      }
+    }
+  });
+}
+
+// FlashAttention-2's backward: per key tile j, over the query tiles i >= j: P = exp(S - lse),
+// dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D_i) with D_i = dO_i . O_i, dQ_i += dS K_j,
+// dK_j += dS^T (alpha Q_i); dq = alpha dQ.
+void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
+                        int T, int H, int A, float* work) {
+  const AttnDims d(T, H, A);
+  const float alpha = 1.0f / std::sqrt(static_cast<float>(d.hd));
+  const long ld = 3L * A;
+  for_each_head(d, B, work, [&](int b, int h, float* w) {
+    float *Q = w, *K = Q + d.panel(), *dO = K + d.panel(), *dQ = dO + d.panel(), *Kt = dQ + d.panel(),
+          *Vt = Kt + d.panel();
+    float *P = Vt + d.panel(), *dP = P + kTileT * kTileT, *dK = dP + kTileT * kTileT,
+          *dV = dK + static_cast<size_t>(kTileT) * d.hp, *D = dV + static_cast<size_t>(kTileT) * d.hp;
+    const float* rows = qkv + static_cast<size_t>(b) * T * ld;
+    const float* row_lse = lse + (static_cast<size_t>(b) * H + h) * T;
+    pack(Q, rows, ld, h * d.hd, d, alpha, false);
+    pack(K, rows, ld, A + h * d.hd, d, 1.0f, false);
+    pack(Kt, rows, ld, A + h * d.hd, d, 1.0f, true);
+    pack(Vt, rows, ld, 2 * A + h * d.hd, d, 1.0f, true);
+    pack(dO, dout + static_cast<size_t>(b) * T * A, A, h * d.hd, d, 1.0f, false);
+    std::memset(dQ, 0, sizeof(float) * d.panel());
+    for (int t = 0; t < T; ++t) {
+      const float* o = out + (static_cast<size_t>(b) * T + t) * A + h * d.hd;
+      float s = 0;
+      for (int k = 0; k < d.hd; ++k) s += dO[static_cast<size_t>(t) * d.hp + k] * o[k];
+      D[t] = s;
+    }
+    for (int j0 = 0; j0 < T; j0 += kTileT) {
+      const int nk = std::min(kTileT, T - j0), nkp = round_up(nk, W);
+      std::memset(dK, 0, sizeof(float) * kTileT * d.hp);
+      std::memset(dV, 0, sizeof(float) * kTileT * d.hp);
+      for (int i0 = j0; i0 < T; i0 += kTileT) {
+        const int nq = std::min(kTileT, T - i0);
+        const float* Qi = Q + static_cast<size_t>(i0) * d.hp;
+        const float* dOi = dO + static_cast<size_t>(i0) * d.hp;
+        small_gemm(P, kTileT, Qi, d.hp, 1, Kt + j0, d.Tp, nq, nkp, d.hp, false);
+        small_gemm(dP, kTileT, dOi, d.hp, 1, Vt + j0, d.Tp, nq, nkp, d.hp, false);
+        for (int r = 0; r < nq; ++r) {
+          float *p = P + r * kTileT, *dp = dP + r * kTileT;
+          const int valid = std::min(nk, i0 + r - j0 + 1);
+          const float lr = row_lse[i0 + r], Dr = D[i0 + r];
+          map_vf(0, valid, [=](size_t c, int k) {
+            const vf pv = vexp(load_n(p + c, k) - lr);
+            store_n(p + c, pv, k);
+            store_n(dp + c, pv * (load_n(dp + c, k) - Dr), k);
+          });
+          std::fill(p + valid, p + nkp, 0.0f);
+          std::fill(dp + valid, dp + nkp, 0.0f);
+        }
+        small_gemm(dV, d.hp, P, 1, kTileT, dOi, d.hp, nkp, d.hp, nq, true);  // P^T dO
+        small_gemm(dQ + static_cast<size_t>(i0) * d.hp, d.hp, dP, kTileT, 1, K + static_cast<size_t>(j0) * d.hp, d.hp,
+                   nq, d.hp, nkp, true);
+        small_gemm(dK, d.hp, dP, 1, kTileT, Qi, d.hp, nkp, d.hp, nq, true);  // dS^T (alpha Q)
+      }
+      for (int c = 0; c < nk; ++c) {
+        float* g = dqkv + (static_cast<size_t>(b) * T + j0 + c) * ld + h * d.hd;
+        for (int k = 0; k < d.hd; ++k) {
+          g[A + k] = dK[c * d.hp + k];
+          g[2 * A + k] = dV[c * d.hp + k];
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      float* g = dqkv + (static_cast<size_t>(b) * T + t) * ld + h * d.hd;
+      for (int k = 0; k < d.hd; ++k) g[k] = alpha * dQ[static_cast<size_t>(t) * d.hp + k];
+    }
+  });
+}
+
+// ---- cross-entropy ----
+
+void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                  float dloss) {
+  for_rows(N, V, [=](int n) {
+    const float* z = logits + static_cast<size_t>(n) * V;
+    const float mx = row_max(z, V), zt = z[targets[n]];  // read before dz (may alias z) is written
+    float* dz = dlogits ? dlogits + static_cast<size_t>(n) * V : nullptr;
+    const float sum = row_sumexp(dz, z, V, mx);
+    if (dz) {
+      const float s = dloss / sum;
+      for (int i = 0; i < V; ++i) dz[i] *= s;
+      dz[targets[n]] -= dloss;
+    }
+    losses[n] = std::log(sum) + (mx - zt);
+  });
+}
+
+void vocab_row_max(float* rmax, const float* logits, int N, int V) {
+  for_rows(N, V, [=](int n) { rmax[n] = row_max(logits + static_cast<size_t>(n) * V, V); });
+}
+
+void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* rmax, const int32_t* targets,
+                  int vocab_start, int N, int V) {
+  for_rows(N, V, [=](int n) {
+    const float* z = logits + static_cast<size_t>(n) * V;
+    sumexp[n] = row_sumexp(nullptr, z, V, rmax[n]);
+    const int t = targets[n] - vocab_start;
+    target_logit[n] = t >= 0 && t < V ? z[t] : 0.0f;
+  });
+}
+
+void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* rmax, const float* sumexp,
+                             const int32_t* targets, int vocab_start, int N, int V, float dloss) {
+  for_rows(N, V, [=](int n) {
+    const size_t o = static_cast<size_t>(n) * V;
+    const float s = dloss / sumexp[n], mx = rmax[n];
+    map_vf(0, V, [=](size_t i, int k) { store_n(dlogits + o + i, vexp(load_n(logits + o + i, k) - mx) * s, k); });
+    const int t = targets[n] - vocab_start;
+    if (t >= 0 && t < V) dlogits[o + t] -= dloss;
+  });
+}
+
+// ---- optimizer, 16-bit casts ----
+
+void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) {
+  const math::AdamParams prm = a;
+  for_blocks(n, [=, &prm](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) math::adam_element(p + i, m + i, v + i, g[i], prm);
+  });
+}
+
+typedef uint32_t vu __attribute__((vector_size(64)));
+inline vu bits_of(vf v) {
+  vu u;
+  std::memcpy(&u, &v, sizeof u);
+  return u;
+}
+inline vf from_bits(vu u) {
+  vf v;
+  std::memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+// math::bf16_from_float / fp16_from_float / float_from_fp16 (dtype.h), lane-wise and branch-free:
+// every branch of the scalar code is computed and the lanes pick theirs.
+inline vu bf16_bits(vu u) {
+  const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const vu nan = (u >> 16) | 0x40u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+}
+inline vu fp16_bits(vu u) {
+  const vu sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  // subnormal in fp16: |f| * 2^24 rounded half to even
+  const vf v = from_bits(a) * 16777216.0f;
+  vu q = __builtin_convertvector(__builtin_convertvector(v, vi), vu);
+  const vf rem = v - __builtin_convertvector(__builtin_convertvector(q, vi), vf);
+  q += (rem > 0.5f) | ((rem == 0.5f) & ((q & 1u) != 0)) ? vu{} + 1u : vu{};
+  const vu normal = (a + 0xfffu + ((a >> 13) & 1u) - ((127u - 15u) << 23)) >> 13;
+  vu r = a < 0x38800000u ? q : normal;
+  r = a >= 0x477ff000u ? vu{} + 0x7c00u : r;
+  r = a > 0x7f800000u ? vu{} + 0x7e00u : r;
+  return sign | r;
+}
+inline vf fp16_value(vu h) {
+  const vu sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  const vu normal = sign | ((e + (127u - 15u)) << 23) | (m << 13);
+  const vu special = sign | 0x7f800000u | (m << 13);
+  const vu sub = sign | bits_of(__builtin_convertvector(__builtin_convertvector(m, vi), vf) * 5.9604644775390625e-8f);
+  return from_bits(e == 0u ? sub : e == 31u ? special : normal);
+}
+
+template <typename F>
+void cast_loop(size_t n, F&& f) {  // f(i, k): lanes [i, i + k)
+  for_blocks(n, [&f](size_t b, size_t e) { map_vf(b, e, f); });
+}
+inline vu load_u16(const uint16_t* p, int k) {
+  uint16_t t[W] = {};
+  std::memcpy(t, p, sizeof(uint16_t) * k);
+  vu v;
+  for (int i = 0; i < W; ++i) v[i] = t[i];
+  return v;
+}
+inline void store_u16(uint16_t* p, vu v, int k) {
+  uint16_t t[W];
+  for (int i = 0; i < W; ++i) t[i] = static_cast<uint16_t>(v[i]);
+  std::memcpy(p, t, sizeof(uint16_t) * k);
+}
+
+void cast_to_bf16(uint16_t* out, const float* x, size_t n) {
+  cast_loop(n, [=](size_t i, int k) { store_u16(out + i, bf16_bits(bits_of(load_n(x + i, k))), k); });
+}
+void cast_from_bf16(float* out, const uint16_t* x, size_t n) {
+  cast_loop(n, [=](size_t i, int k) { store_n(out + i, from_bits(load_u16(x + i, k) << 16), k); });
+}
+void cast_to_fp16(uint16_t* out, const float* x, size_t n) {
+  cast_loop(n, [=](size_t i, int k) { store_u16(out + i, fp16_bits(bits_of(load_n(x + i, k))), k); });
+}
+void cast_from_fp16(float* out, const uint16_t* x, size_t n) {
+  cast_loop(n, [=](size_t i, int k) { store_n(out + i, fp16_value(load_u16(x + i, k)), k); });
+}
+void accumulate_bf16(uint16_t* acc, const float* x, size_t n) {
+  cast_loop(n, [=](size_t i, int k) {
+    const vf sum = from_bits(load_u16(acc + i, k) << 16) + load_n(x + i, k);
+    store_u16(acc + i, bf16_bits(bits_of(sum)), k);
+  });
+}
+void accumulate_fp16(uint16_t* acc, const float* x, size_t n) {
+  cast_loop(n, [=](size_t i, int k) {
+    const vf sum = fp16_value(load_u16(acc + i, k)) + load_n(x + i, k);
+    store_u16(acc + i, fp16_bits(bits_of(sum)), k);
+  });
+}
+
+// ---- reductions: per fixed block, then the blocks in order ----
+
+typedef double vd __attribute__((vector_size(64)));
+typedef float vf8 __attribute__((vector_size(32)));
+
+template <typename F>
+double block_sum(size_t n, F&& f) {  // f(begin, end) -> double
+  const size_t blocks = (n + kBlock - 1) / kBlock;
+  double partial_stack[4096];  // 64 Mi elements; beyond, a heap array
+  std::vector<double> partial_heap;
+  double* partial = blocks <= 4096 ? partial_stack : (partial_heap.resize(blocks), partial_heap.data());
+#pragma omp parallel for schedule(static) if (n >= kMinParallel)
+  for (long b = 0; b < static_cast<long>(blocks); ++b)
+    partial[b] = f(static_cast<size_t>(b) * kBlock, std::min(n, static_cast<size_t>(b + 1) * kBlock));
+  double s = 0;
+  for (size_t b = 0; b < blocks; ++b) s += partial[b];
+  return s;
+}
+
+template <bool Square>
+double sum_impl(const float* x, size_t n) {
+  return block_sum(n, [=](size_t b, size_t e) {
+    vd acc{};
+    size_t i = b;
+    for (; i + 8 <= e; i += 8) {
+      vf8 f;
+      std::memcpy(&f, x + i, sizeof f);
+      const vd v = __builtin_convertvector(f, vd);
+      acc += Square ? v * v : v;
+    }
+    double t[8];
+    std::memcpy(t, &acc, sizeof t);
+    double s = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    for (; i < e; ++i) s += Square ? static_cast<double>(x[i]) * x[i] : x[i];
+    return s;
+  });
+}
+double sum_squares(const float* x, size_t n) { return sum_impl<true>(x, n); }
+double sum(const float* x, size_t n) { return sum_impl<false>(x, n); }
+
+size_t count_nonfinite(const float* x, size_t n) {
+  return static_cast<size_t>(block_sum(n, [=](size_t b, size_t e) {
+    size_t c = 0;
+    for (size_t i = b; i < e; ++i) {
+      uint32_t u;
+      std::memcpy(&u, x + i, sizeof u);
+      c += (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return static_cast<double>(c);
+  }));
+}
+
+// ---- the FMA ceiling ----
+
+double fma_peak(double seconds) {
+  constexpr int kChains = 12;  // independent accumulators: enough to cover FMA latency x ports
+  vf acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = splat(1.0f + c * 1e-3f);
+  const vf a = splat(0.999999f), b = splat(1e-7f);
+  const double t0 = omp_get_wtime();
+  long iters = 0;
+  double elapsed = 0;
+  do {
+    for (int r = 0; r < 4096; ++r) {
+#pragma GCC unroll 12
+      for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * a + b;  // a dependency chain each: no shortcut
+    }
+    iters += 4096;
+    elapsed = omp_get_wtime() - t0;
+  } while (elapsed < seconds);
+  vf s{};
+  for (int c = 0; c < kChains; ++c) s += acc[c];
+  volatile float sink = reduce_add(s);
+  (void)sink;
+  return 2.0 * W * kChains * static_cast<double>(iters) / elapsed;
+}
+
+}  // namespace
+
+extern const Kernels kernels;  // found by cpu_kernels.cpp
+const Kernels kernels = {
+    Z3D_STR(ZERO3D_ISA),
+    embedding_forward, embedding_backward, layernorm_forward, layernorm_backward, add_bias, bias_backward,
+    gelu_forward, gelu_backward, add, accumulate, scale, attention_forward, attention_backward, crossentropy,
+    vocab_row_max, vocab_sumexp, vocab_crossentropy_grad, adam_step, cast_to_bf16, cast_from_bf16, cast_to_fp16,
+    cast_from_fp16, accumulate_bf16, accumulate_fp16, sum_squares, count_nonfinite, sum, fma_peak,
+};
+
+}  // namespace zero3d::cpu::ZERO3D_ISA

@@ -1,0 +1,64 @@
+// kernels/host/gemm.h: the host GEMMs. oneDNN picks its kernels from the ISA bits the CPU
+// reports (AVX2, AVX-512, avx512_bf16, AMX), so it runs at full speed on CPUs newer than any table;
+// a CBLAS (OpenBLAS here; MKL, NVPL, ArmPL, BLIS on sites) stays selectable. Debian's OpenBLAS
+// 0.3.21 picks its kernels from a table of CPU models and silently falls back to old ones on CPUs
+// it does not know (Prescott on Intel model 207, Haswell on AMD Zen 5): core_fallback() says so.
+//
+// Which library runs a GEMM is decided per role, once (GemmPlan): forward (x W^T), input gradient
+// (dy W) and weight gradient (dy^T x). In bf16 compute, A and B are rounded to bf16 and multiplied
+// with fp32 accumulation by oneDNN (AMX or avx512_bf16), C stays fp32.
+// Linear layers fold bias and residual into oneDNN's epilogue (post-ops), so neither costs a pass.
+#pragma once
+#include <memory>
+#include <string>
+
+namespace zero3d {
+
+enum class GemmLibrary { onednn, cblas };
+enum class GemmRole { forward, input_grad, weight_grad };  // by transposes: (N,T), (N,N), (T,N)
+
+struct GemmPlan {
+  GemmLibrary forward = GemmLibrary::onednn, input_grad = GemmLibrary::onednn, weight_grad = GemmLibrary::onednn;
+  bool bf16 = false;  // compute in bf16 (oneDNN only)
+  GemmLibrary for_role(GemmRole r) const {
+    return r == GemmRole::forward ? forward : r == GemmRole::input_grad ? input_grad : weight_grad;
+  }
+  std::string describe() const;  // "onednn fp32" / "onednn bf16" / "onednn fp32, weight gradients cblas"
+};
+
+// "auto": oneDNN for every role, except the weight gradients on an OpenBLAS that runs its own
+// kernels for this CPU's ISA (not a fallback): OpenBLAS beats oneDNN 2.6 on those shapes there
+// (measured on Intel with AVX-512: 142-146 against 110-113 GFLOP/s). "onednn", "cblas": one library
+// for everything. bf16 compute always goes through oneDNN.
+GemmPlan make_gemm_plan(const std::string& library, bool bf16);
+
+class HostGemm {
+ public:
+  explicit HostGemm(GemmPlan plan);
+  ~HostGemm();
+  const GemmPlan& plan() const { return plan_; }
+
+  // C = alpha op(A) op(B) + beta C, row-major; beta = 0 never reads C.
+  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+            float beta, float* C, int ldc);
+  // y = x W^T (+ bias) (+ residual); x: N x in, W: out x in, y and residual: N x out.
+  void linear(float* y, const float* x, const float* w, const float* bias, const float* residual, int N, int in,
+              int out);
+
+ private:
+  struct Impl;
+  GemmPlan plan_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// What runs, for messages: oneDNN's version and the ISA it dispatched to ("avx512_core_bf16"), and
+// the CBLAS's name and core ("OpenBLAS 0.3.21 Haswell", or "CBLAS" when it is not OpenBLAS).
+std::string onednn_version();
+std::string onednn_isa();
+bool onednn_has_bf16();  // oneDNN runs bf16 GEMM natively here (avx512_bf16 or AMX)
+std::string cblas_name();
+// When the CBLAS is OpenBLAS running kernels below the CPU's ISA (a model it does not know): the
+// warning with the fix; "" otherwise.
+std::string cblas_core_fallback();
+
+}  // namespace zero3d

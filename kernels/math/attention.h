@@ -1,0 +1,71 @@
+// Causal self-attention of one (batch, head), row by row, on packed rows [q | k | v] of stride ld
+// (q_i at qkv + i*ld, k_j at + A, v_j at + 2A, each hd wide), scores s_ij = alpha q_i . k_j for
+// keys j <= i, alpha = 1/sqrt(hd). Forward keeps the row's log-sum-exp for backward:
+//   out_i = sum_j p_ij v_j,  p_ij = exp(s_ij - lse_i);
+//   D_i = dout_i . out_i,  ds_ij = p_ij (dout_i . v_j - D_i);
+//   dq_i = alpha sum_{j<=i} ds_ij k_j;  dk_j = alpha sum_{i>=j} ds_ij q_i;  dv_j = sum_{i>=j} p_ij dout_i.
+// These are the CUDA launchers' per-row functions (one thread per row: simple, not fast). The host
+// computes the same in 64 x 64 tiles (kernels/host/cpu_kernels_isa.cpp).
+#pragma once
+#include <cmath>
+#include "kernels/common.h"
+
+namespace zero3d::math {
+
+Z3D_HD float attention_dot(const float* a, const float* b, int n) {
+  float s = 0.0f;
+  for (int d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+// Online softmax over the keys (one pass); out_i (hd wide) is written, the row's lse returned.
+Z3D_HD float attention_row_forward(float* out, const float* qkv, long ld, int A, int i, int hd, float alpha) {
+  const float* q = qkv + i * ld;
+  float m = -INFINITY, l = 0.0f;
+  for (int d = 0; d < hd; ++d) out[d] = 0.0f;
+  for (int j = 0; j <= i; ++j) {
+    const float* kv = qkv + j * ld + A;
+    const float s = alpha * attention_dot(q, kv, hd);
+    const float mn = s > m ? s : m;
+    const float corr = expf(m - mn), p = expf(s - mn);
+    l = l * corr + p;
+    for (int d = 0; d < hd; ++d) out[d] = out[d] * corr + p * kv[A + d];
+    m = mn;
+  }
+  for (int d = 0; d < hd; ++d) out[d] /= l;
+  return m + logf(l);
+}
+
+// dq_i (written), from dout rows of stride ldo and out rows of stride ldo.
+Z3D_HD void attention_row_backward_q(float* dq, const float* qkv, long ld, int A, const float* dout,
+                                     const float* out, long ldo, const float* lse, int i, int hd, float alpha) {
+  const float* q = qkv + i * ld;
+  const float Di = attention_dot(dout + i * ldo, out + i * ldo, hd);
+  for (int d = 0; d < hd; ++d) dq[d] = 0.0f;
+  for (int j = 0; j <= i; ++j) {
+    const float* k = qkv + j * ld + A;
+    const float p = expf(alpha * attention_dot(q, k, hd) - lse[i]);
+    const float ds = p * (attention_dot(dout + i * ldo, k + A, hd) - Di);
+    for (int d = 0; d < hd; ++d) dq[d] += alpha * ds * k[d];
+  }
+}
+
+// dk_j and dv_j (written) over the T queries i >= j.
+Z3D_HD void attention_row_backward_kv(float* dk, float* dv, const float* qkv, long ld, int A, const float* dout,
+                                      const float* out, long ldo, const float* lse, int j, int T, int hd,
+                                      float alpha) {
+  const float* k = qkv + j * ld + A;
+  for (int d = 0; d < hd; ++d) dk[d] = dv[d] = 0.0f;
+  for (int i = j; i < T; ++i) {
+    const float* q = qkv + i * ld;
+    const float* g = dout + i * ldo;
+    const float p = expf(alpha * attention_dot(q, k, hd) - lse[i]);
+    const float ds = p * (attention_dot(g, k + A, hd) - attention_dot(g, out + i * ldo, hd));
+    for (int d = 0; d < hd; ++d) {
+      dv[d] += p * g[d];
+      dk[d] += alpha * ds * q[d];
+    }
+  }
+}
+
+}  // namespace zero3d::math
