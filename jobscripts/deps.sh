@@ -5,8 +5,8 @@ zero3d_packages=(
   build-essential cmake pkg-config       # compiler, CMake
   libopenmpi-dev openmpi-bin             # MPI
   libhdf5-openmpi-dev hdf5-tools         # parallel HDF5 (checkpoints), h5dump
-  libtrilinos-kokkos-dev                 # Kokkos (host kernel launchers)
-  libopenblas-dev                        # CBLAS GEMM
+  libdnnl-dev                            # oneDNN: host GEMM (fp32, bf16), ISA picked at run time
+  libopenblas-dev                        # a CBLAS (compute.gemm=cblas; a site's tuned BLAS instead)
   nlohmann-json3-dev                     # config and metrics JSON
   libgtest-dev                           # unit tests
   python3 python3-matplotlib python3-pandas python3-h5py  # postprocess/ and test checks
