@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernels/math/adamw.h"
+#include "kernels/profile.h"
 
 namespace zero3d {
 
@@ -31,6 +32,8 @@ class Backend {
   // in the metrics; page faults and allocator calls inside the step cost more than the math).
   virtual void* alloc_bytes(size_t bytes) = 0;
   virtual size_t alloc_count() const = 0;
+  // Per-op timers (wall_clock_breakdown), or nullptr where the backend has none (CUDA: future work).
+  virtual OpProfile* profile() { return nullptr; }
   virtual void free_bytes(void* p) = 0;
   virtual void copy_from_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_to_host(void* dst, const void* src, size_t bytes) = 0;

@@ -37,84 +37,150 @@ class HostBackend final : public Backend {
     return p;
   }
   size_t alloc_count() const override { return allocs_; }
+  OpProfile* profile() override { return &prof_; }
   void free_bytes(void* p) override { std::free(p); }
   void copy_from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-  void copy(void* dst, const void* src, size_t bytes) override { std::memmove(dst, src, bytes); }
-  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    OpProfile::Scope op(&prof_, "copy", 2.0 * bytes, 0);
+    std::memmove(dst, src, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    OpProfile::Scope op(&prof_, "zero", 1.0 * bytes, 0);
+    std::memset(p, 0, bytes);
+  }
   void synchronize() override {}
 
   void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc) override {
+    OpProfile::Scope op(&prof_, ta ? "gemm_weight_grad" : tb ? "gemm_forward" : "gemm_input_grad", 4.0 * (double(m) * k + double(k) * n + double(m) * n * (beta != 0 ? 2 : 1)), 2.0 * m * n * k);
     gemm_.gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
                       int in, int out) override {
+    OpProfile::Scope op(&prof_, "linear_forward", 4.0 * (double(N) * in + double(in) * out + double(N) * out * (residual ? 2 : 1)), 2.0 * N * in * out);
     gemm_.linear(y, x, w, bias, residual, N, in, out);
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                          int vocab_start, int vocab_rows) override {
+    OpProfile::Scope op(&prof_, "embedding_forward", 12.0 * N * C, 0);
     k_.embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, vocab_rows);
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
                           int vocab_start, int vocab_rows) override {
+    OpProfile::Scope op(&prof_, "embedding_backward", 20.0 * N * C, 0);
     k_.embedding_backward(dwte, dwpe, dout, tokens, N, T, C, vocab_start, vocab_rows);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                          int C) override {
+    OpProfile::Scope op(&prof_, "layernorm_forward", 8.0 * N * C, 0);
     k_.layernorm_forward(out, mean, rstd, x, w, b, N, C);
   }
   void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                           const float* mean, const float* rstd, int N, int C) override {
+    OpProfile::Scope op(&prof_, "layernorm_backward", 24.0 * N * C, 0);
     k_.layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
   }
-  void add_bias(float* out, const float* bias, int N, int C) override { k_.add_bias(out, bias, N, C); }
-  void bias_backward(float* dbias, const float* dout, int N, int C) override { k_.bias_backward(dbias, dout, N, C); }
-  void gelu_forward(float* out, const float* x, size_t n) override { k_.gelu_forward(out, x, n); }
+  void add_bias(float* out, const float* bias, int N, int C) override {
+    OpProfile::Scope op(&prof_, "add_bias", 8.0 * N * C, 0);
+    k_.add_bias(out, bias, N, C);
+  }
+  void bias_backward(float* dbias, const float* dout, int N, int C) override {
+    OpProfile::Scope op(&prof_, "bias_backward", 4.0 * N * C, 0);
+    k_.bias_backward(dbias, dout, N, C);
+  }
+  void gelu_forward(float* out, const float* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "gelu_forward", 8.0 * n, 0);
+    k_.gelu_forward(out, x, n);
+  }
   void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) override {
+    OpProfile::Scope op(&prof_, "gelu_backward", 12.0 * N * C, 0);
     k_.gelu_backward(dx, dbias, x, dout, N, C);
   }
-  void add(float* out, const float* a, const float* b, size_t n) override { k_.add(out, a, b, n); }
-  void accumulate(float* out, const float* a, size_t n) override { k_.accumulate(out, a, n); }
+  void add(float* out, const float* a, const float* b, size_t n) override {
+    OpProfile::Scope op(&prof_, "add", 12.0 * n, 0);
+    k_.add(out, a, b, n);
+  }
+  void accumulate(float* out, const float* a, size_t n) override {
+    OpProfile::Scope op(&prof_, "accumulate", 12.0 * n, 0);
+    k_.accumulate(out, a, n);
+  }
 
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A) override {
+    OpProfile::Scope op(&prof_, "attention_forward", 16.0 * B * T * A, 4.0 * B * A * (T * (T + 1.0) / 2));
     k_.attention_forward(out, lse, qkv, B, T, H, A, attention_work(T, A / H));
   }
   void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
                           int T, int H, int A) override {
+    OpProfile::Scope op(&prof_, "attention_backward", 36.0 * B * T * A, 8.0 * B * A * (T * (T + 1.0) / 2));
     k_.attention_backward(dqkv, dout, out, lse, qkv, B, T, H, A, attention_work(T, A / H));
   }
 
   void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                     float dloss) override {
+    OpProfile::Scope op(&prof_, "crossentropy", (dlogits ? 8.0 : 4.0) * N * V, 0);
     k_.crossentropy(losses, dlogits, logits, targets, N, V, dloss);
   }
   void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
+    OpProfile::Scope op(&prof_, "vocab_row_max", 4.0 * N * V, 0);
     k_.vocab_row_max(row_max, logits, N, V);
   }
   void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
                     const int32_t* targets, int vocab_start, int N, int V) override {
+    OpProfile::Scope op(&prof_, "vocab_sumexp", 4.0 * N * V, 0);
     k_.vocab_sumexp(sumexp, target_logit, logits, row_max, targets, vocab_start, N, V);
   }
   void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
                                const int32_t* targets, int vocab_start, int N, int V, float dloss) override {
+    OpProfile::Scope op(&prof_, "vocab_crossentropy_grad", 8.0 * N * V, 0);
     k_.vocab_crossentropy_grad(dlogits, logits, row_max, sumexp, targets, vocab_start, N, V, dloss);
   }
   void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) override {
+    OpProfile::Scope op(&prof_, "adam_step", 28.0 * n, 0);
     k_.adam_step(p, m, v, g, n, a);
   }
-  void scale(float* x, float s, size_t n) override { k_.scale(x, s, n); }
-  void cast_to_bf16(uint16_t* out, const float* x, size_t n) override { k_.cast_to_bf16(out, x, n); }
-  void cast_from_bf16(float* out, const uint16_t* x, size_t n) override { k_.cast_from_bf16(out, x, n); }
-  void cast_to_fp16(uint16_t* out, const float* x, size_t n) override { k_.cast_to_fp16(out, x, n); }
-  void cast_from_fp16(float* out, const uint16_t* x, size_t n) override { k_.cast_from_fp16(out, x, n); }
-  void accumulate_bf16(uint16_t* acc, const float* x, size_t n) override { k_.accumulate_bf16(acc, x, n); }
-  void accumulate_fp16(uint16_t* acc, const float* x, size_t n) override { k_.accumulate_fp16(acc, x, n); }
+  void scale(float* x, float s, size_t n) override {
+    OpProfile::Scope op(&prof_, "scale", 8.0 * n, 0);
+    k_.scale(x, s, n);
+  }
+  void cast_to_bf16(uint16_t* out, const float* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "cast_16", 6.0 * n, 0);
+    k_.cast_to_bf16(out, x, n);
+  }
+  void cast_from_bf16(float* out, const uint16_t* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "cast_16", 6.0 * n, 0);
+    k_.cast_from_bf16(out, x, n);
+  }
+  void cast_to_fp16(uint16_t* out, const float* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "cast_16", 6.0 * n, 0);
+    k_.cast_to_fp16(out, x, n);
+  }
+  void cast_from_fp16(float* out, const uint16_t* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "cast_16", 6.0 * n, 0);
+    k_.cast_from_fp16(out, x, n);
+  }
+  void accumulate_bf16(uint16_t* acc, const float* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "accumulate_16", 8.0 * n, 0);
+    k_.accumulate_bf16(acc, x, n);
+  }
+  void accumulate_fp16(uint16_t* acc, const float* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "accumulate_16", 8.0 * n, 0);
+    k_.accumulate_fp16(acc, x, n);
+  }
 
-  double sum_squares(const float* x, size_t n) override { return k_.sum_squares(x, n); }
-  size_t count_nonfinite(const float* x, size_t n) override { return k_.count_nonfinite(x, n); }
-  double sum(const float* x, size_t n) override { return k_.sum(x, n); }
+  double sum_squares(const float* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "reductions", 4.0 * n, 0);
+    return k_.sum_squares(x, n);
+  }
+  size_t count_nonfinite(const float* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "reductions", 4.0 * n, 0);
+    return k_.count_nonfinite(x, n);
+  }
+  double sum(const float* x, size_t n) override {
+    OpProfile::Scope op(&prof_, "reductions", 4.0 * n, 0);
+    return k_.sum(x, n);
+  }
 
  private:
   // Attention's per-thread panels: one buffer, grown to the largest shape seen (the first step's).
@@ -127,6 +193,7 @@ class HostBackend final : public Backend {
   const cpu::Kernels& k_;
   HostGemm gemm_;
   size_t allocs_ = 0;
+  OpProfile prof_;
   DeviceBuffer<float> attn_work_;
 };
 

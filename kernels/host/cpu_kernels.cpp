@@ -97,9 +97,9 @@ const Kernels* by_name(const std::string& isa) {
   return nullptr;
 }
 
-// Per thread: the packed Q, K, K^T, V^T, dO and dQ panels (T padded to the 64-row tile, the head
-// width to 16 lanes), two 64 x 64 tiles, the dK and dV tile accumulators and D (backward's set,
-// which covers forward's).
+// Per thread: six panels of T x head width (padded to the 64-row tile and 16 lanes: K^T, V^T, dQ,
+// and the Q, K, dO copies when the head width is no whole number of vectors), two 64 x 64 tiles,
+// the dK and dV tile accumulators and D (backward's set, which covers forward's).
 size_t attention_work_floats(int T, int head_dim) {
   const size_t Tp = (static_cast<size_t>(T) + 63) / 64 * 64, hp = (static_cast<size_t>(head_dim) + 15) / 16 * 16;
   return 6 * Tp * hp + 2 * 64 * 64 + 2 * 64 * hp + Tp + 16;

@@ -58,14 +58,29 @@ void for_blocks(size_t n, F&& f) {
   for (long b = 0; b < blocks; ++b) f(static_cast<size_t>(b) * kBlock, std::min(n, static_cast<size_t>(b + 1) * kBlock));
 }
 
-// Column sums over N rows: threads take blocks of 64 columns; each column adds rows in order.
-constexpr int kColBlock = 64;
+// Row sweeps that also sum columns (bias and LayerNorm weight gradients): f(r, acc) handles row r
+// and adds its contributions to acc[0, cols). Rows go in blocks of kSumRows, each block summed in
+// row order into a partial of its own, and the partials are added in block order: one pass over
+// the data, row-major, and the same bits for any thread count. Returns the column sums (valid
+// until the next call).
+constexpr int kSumRows = 128;
 template <typename F>
-void for_column_blocks(int N, int C, F&& f) {
-  const int blocks = (C + kColBlock - 1) / kColBlock;
-  const bool par = blocks > 1 && static_cast<size_t>(N) * C >= kMinParallel;
+const float* column_sums(int N, int cols, F&& f) {
+  const int blocks = std::max(1, (N + kSumRows - 1) / kSumRows);
+  const size_t stride = (static_cast<size_t>(cols) + W - 1) / W * W;
+  static thread_local std::vector<float> partial;  // grown once, to the largest call
+  if (partial.size() < blocks * stride) partial.resize(blocks * stride);
+  float* part = partial.data();
+  const bool par = blocks > 1 && static_cast<size_t>(N) * cols >= kMinParallel;
 #pragma omp parallel for schedule(static) if (par)
-  for (int b = 0; b < blocks; ++b) f(b * kColBlock, std::min(C, (b + 1) * kColBlock));
+  for (int b = 0; b < blocks; ++b) {
+    float* acc = part + b * stride;
+    std::fill(acc, acc + stride, 0.0f);
+    for (int r = b * kSumRows; r < std::min(N, (b + 1) * kSumRows); ++r) f(r, acc);
+  }
+  for (int b = 1; b < blocks; ++b)
+    for (size_t c = 0; c < stride; ++c) part[c] += part[b * stride + c];
+  return part;
 }
 
 // A vf computation over n elements, the tail through a zero-padded vector.
@@ -144,11 +159,14 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
   });
 }
 
-// Two rows may share a token (and every T-th row a position): threads split the columns, and each
-// column adds the rows in order.
+// Two rows may share a token (and every T-th row a position): threads split the columns (blocks of
+// 64), and each column adds the rows in order.
 void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
                         int vocab_start, int vocab_rows) {
-  for_column_blocks(N, C, [=](int c0, int c1) {
+  const int blocks = (C + 63) / 64;
+#pragma omp parallel for schedule(static) if (blocks > 1 && static_cast<size_t>(N) * C >= kMinParallel)
+  for (int blk = 0; blk < blocks; ++blk) {
+    const int c0 = blk * 64, c1 = std::min(C, c0 + 64);
     for (int n = 0; n < N; ++n) {
       const float* d = dout + static_cast<size_t>(n) * C;
       float* p = dwpe + static_cast<size_t>(n % T) * C;
@@ -158,7 +176,7 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
       float* e = dwte + static_cast<size_t>(row) * C;
       for (int c = c0; c < c1; ++c) e[c] += d[c];
     }
-  });
+  }
 }
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
@@ -182,9 +200,10 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
   });
 }
 
+// One pass per row: the row's two means, then dx, and dw, db summed per column (column_sums).
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                         const float* mean, const float* rstd, int N, int C) {
-  for_rows(N, C, [=](int n) {
+  const float* sums = column_sums(N, 2 * C, [=](int n, float* acc) {
     const size_t o = static_cast<size_t>(n) * C;
     const float mu = mean[n], rs = rstd[n];
     vf sg{}, sgx{};
@@ -202,21 +221,18 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const 
     }
     mg /= C;
     mgx /= C;
-    for (int c = 0; c < C; ++c) {
-      const float g = dy[o + c] * w[c], xh = (x[o + c] - mu) * rs;
-      dx[o + c] += rs * (g - mg - xh * mgx);
-    }
+    float *aw = acc, *ab = acc + C;
+    map_vf(0, C, [&](size_t c, int k) {
+      const vf d = load_n(dy + o + c, k), xh = (load_n(x + o + c, k) - mu) * rs;
+      store_n(dx + o + c, load_n(dx + o + c, k) + rs * (d * load_n(w + c, k) - mg - xh * mgx), k);
+      store_n(aw + c, load_n(aw + c, k) + d * xh, k);
+      store_n(ab + c, load_n(ab + c, k) + d, k);
+    });
   });
-  for_column_blocks(N, C, [=](int c0, int c1) {
-    for (int n = 0; n < N; ++n) {
-      const size_t o = static_cast<size_t>(n) * C;
-      const float mu = mean[n], rs = rstd[n];
-      for (int c = c0; c < c1; ++c) {
-        dw[c] += dy[o + c] * ((x[o + c] - mu) * rs);
-        db[c] += dy[o + c];
-      }
-    }
-  });
+  for (int c = 0; c < C; ++c) {
+    dw[c] += sums[c];
+    db[c] += sums[C + c];
+  }
 }
 
 void add_bias(float* out, const float* bias, int N, int C) {
@@ -227,12 +243,11 @@ void add_bias(float* out, const float* bias, int N, int C) {
 }
 
 void bias_backward(float* dbias, const float* dout, int N, int C) {
-  for_column_blocks(N, C, [=](int c0, int c1) {
-    for (int n = 0; n < N; ++n) {
-      const float* d = dout + static_cast<size_t>(n) * C;
-      for (int c = c0; c < c1; ++c) dbias[c] += d[c];
-    }
+  const float* sums = column_sums(N, C, [=](int n, float* acc) {
+    const float* d = dout + static_cast<size_t>(n) * C;
+    for (int c = 0; c < C; ++c) acc[c] += d[c];
   });
+  for (int c = 0; c < C; ++c) dbias[c] += sums[c];
 }
 
 // gelu(x) = x/2 (1 + tanh u) = x sigmoid(2u), u = s (x + 0.044715 x^3);
@@ -263,20 +278,17 @@ void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, i
     });
     return;
   }
-  // Fused with the bias gradient: a thread owns a column block, so dbias needs no second pass.
-  for_column_blocks(N, C, [=](int c0, int c1) {
-    float acc[kColBlock] = {};
-    for (int r = 0; r < N; ++r) {
-      const size_t o = static_cast<size_t>(r) * C;
-      for (int c = c0; c < c1; c += W) {
-        const int k = std::min(W, c1 - c);
-        const vf g = gelu_grad_vf(load_n(x + o + c, k), load_n(dout + o + c, k));
-        store_n(dx + o + c, g, k);
-        store(acc + (c - c0), load(acc + (c - c0)) + g);
-      }
+  // Fused with the bias gradient: dbias needs no second pass over dx.
+  const float* sums = column_sums(N, C, [=](int r, float* acc) {
+    const size_t o = static_cast<size_t>(r) * C;
+    for (int c = 0; c < C; c += W) {
+      const int k = std::min(W, C - c);
+      const vf g = gelu_grad_vf(load_n(x + o + c, k), load_n(dout + o + c, k));
+      store_n(dx + o + c, g, k);
+      store(acc + c, load(acc + c) + g);  // acc is padded to whole vectors; padded lanes add 0
     }
-    for (int c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
   });
+  for (int c = 0; c < C; ++c) dbias[c] += sums[c];
 }
 
 void add(float* out, const float* a, const float* b, size_t n) {
@@ -363,19 +375,43 @@ struct AttnDims {
   int T, H, A, hd, hp, Tp;  // hp: head width padded to W; Tp: T padded to the tile
   AttnDims(int T_, int H_, int A_) : T(T_), H(H_), A(A_), hd(A_ / H_), hp(round_up(hd, W)), Tp(round_up(T_, kTileT)) {}
   size_t panel() const { return static_cast<size_t>(Tp) * hp; }
+  bool direct() const { return hd % W == 0; }  // head rows are whole vectors: tiles read them in place
 };
 
-// Copy head h of the rows [b*T, (b+1)*T) of X (row stride ld, column offset col) into a Tp x hp
-// panel (zeros in the padding), times s; or transposed into hp x Tp.
-void pack(float* dst, const float* X, long ld, int col, const AttnDims& d, float s, bool transpose) {
-  std::memset(dst, 0, sizeof(float) * d.panel());
+// A head's rows as a tile operand: where row t starts, and the stride between rows.
+struct Rows {
+  const float* p;
+  long ld;
+  const float* row(int t) const { return p + t * ld; }
+};
+
+// Head h (columns col.. of rows of stride ld) as rows of hp floats. A tile's broadcast operand
+// (4 rows at a time) is read in place when hd is a whole number of vectors; a streamed operand
+// (64 rows of vectors per tile) is copied into `panel`, contiguous: rows 3A floats apart fall into
+// a few L1 sets and evict each other. The padding of a copy is zero (the tiles read it).
+Rows head_rows(const float* X, long ld, int col, const AttnDims& d, float* panel, bool streamed) {
+  if (d.direct() && !streamed) return {X + col, ld};
   for (int t = 0; t < d.T; ++t) {
-    const float* x = X + t * ld + col;
-    if (transpose)
-      for (int k = 0; k < d.hd; ++k) dst[static_cast<size_t>(k) * d.Tp + t] = s * x[k];
-    else
-      for (int k = 0; k < d.hd; ++k) dst[static_cast<size_t>(t) * d.hp + k] = s * x[k];
+    float* row = panel + static_cast<size_t>(t) * d.hp;
+    std::memcpy(row, X + t * ld + col, sizeof(float) * d.hd);
+    std::fill(row + d.hd, row + d.hp, 0.0f);
   }
+  std::fill(panel + static_cast<size_t>(d.T) * d.hp, panel + d.panel(), 0.0f);
+  return {panel, d.hp};
+}
+
+// Head h transposed into hp x Tp (K^T, V^T: the tiles broadcast along the other operand and need
+// keys contiguous), zeros in the padding. 16 rows at a time, so the reads stay in L1.
+void pack_transposed(float* dst, const float* X, long ld, int col, const AttnDims& d) {
+  for (int t0 = 0; t0 < d.T; t0 += W) {
+    const int nt = std::min(W, d.T - t0);
+    for (int k = 0; k < d.hd; ++k) {
+      float* o = dst + static_cast<size_t>(k) * d.Tp + t0;
+      for (int t = 0; t < nt; ++t) o[t] = X[(t0 + t) * ld + col + k];
+    }
+  }
+  for (int k = 0; k < d.hd; ++k) std::fill(dst + static_cast<size_t>(k) * d.Tp + d.T, dst + static_cast<size_t>(k + 1) * d.Tp, 0.0f);
+  std::fill(dst + static_cast<size_t>(d.hd) * d.Tp, dst + d.panel(), 0.0f);
 }
 
 // f(b, h, w) for every (batch, head), spread over the threads; w: the thread's workspace. One
@@ -388,18 +424,46 @@ void for_each_head(const AttnDims& d, int B, float* work, F&& f) {
   for (int bh = 0; bh < B * d.H; ++bh) f(bh / d.H, bh % d.H, work + per_thread * static_cast<size_t>(omp_get_thread_num()));
 }
 
+// One row of a score tile: s[0, valid) *= alpha, then p = exp(s - m_new) with the running max m
+// and sum l updated (online softmax); s[valid, width) = 0. Returns exp(m_old - m_new), the factor
+// that rescales the row's output so far.
+float online_softmax_row(float* s, int valid, int width, float alpha, float& m, float& l) {
+  vf mx = splat(-std::numeric_limits<float>::infinity());
+  for (int c = 0; c < valid; c += W) {
+    const int k = std::min(W, valid - c);
+    vf v = load_n(s + c, k) * alpha;
+    if (k < W) {
+      const vi live = vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < k;
+      v = live ? v : mx;
+    }
+    store(s + c, v);
+    mx = vmax(mx, v);
+  }
+  const float m_new = std::max(m, reduce_max(mx));
+  vf sum{};
+  for (int c = 0; c < width; c += W) {
+    vf e = vexp(load(s + c) - m_new);
+    if (c + W > valid) e = vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + c < valid ? e : vf{};
+    store(s + c, e);
+    sum += e;
+  }
+  const float corr = sexp(m - m_new);  // 0 on the first tile (m = -inf)
+  l = l * corr + reduce_add(sum);
+  m = m_new;
+  return corr;
+}
+
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A, float* work) {
   const AttnDims d(T, H, A);
   const float alpha = 1.0f / std::sqrt(static_cast<float>(d.hd));
   const long ld = 3L * A;
   for_each_head(d, B, work, [&](int b, int h, float* w) {
-    const int bh = b * H + h;
-    float *Q = w, *Kt = Q + d.panel(), *V = Kt + d.panel(), *S = V + d.panel(), *O = S + kTileT * kTileT;
-    float *m = O + static_cast<size_t>(kTileT) * d.hp, *l = m + kTileT;
+    float *Kt = w, *panel_q = Kt + d.panel(), *panel_v = panel_q + d.panel(), *S = panel_v + d.panel();
+    float *O = S + kTileT * kTileT, *m = O + static_cast<size_t>(kTileT) * d.hp, *l = m + kTileT;
     const float* rows = qkv + static_cast<size_t>(b) * T * ld;
-    pack(Q, rows, ld, h * d.hd, d, alpha, false);  // scores = (alpha q) . k
-    pack(Kt, rows, ld, A + h * d.hd, d, 1.0f, true);
-    pack(V, rows, ld, 2 * A + h * d.hd, d, 1.0f, false);
+    const Rows Q = head_rows(rows, ld, h * d.hd, d, panel_q, false),
+               V = head_rows(rows, ld, 2 * A + h * d.hd, d, panel_v, true);
+    pack_transposed(Kt, rows, ld, A + h * d.hd, d);
     for (int i0 = 0; i0 < T; i0 += kTileT) {
       const int nq = std::min(kTileT, T - i0);
       std::fill(m, m + kTileT, -std::numeric_limits<float>::infinity());
@@ -407,27 +471,20 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       std::memset(O, 0, sizeof(float) * kTileT * d.hp);
       for (int j0 = 0; j0 < i0 + nq; j0 += kTileT) {  // key tiles up to the diagonal
         const int nk = std::min(kTileT, i0 + nq - j0), nkp = round_up(nk, W);
-        small_gemm(S, kTileT, Q + static_cast<size_t>(i0) * d.hp, d.hp, 1, Kt + j0, d.Tp, nq, nkp, d.hp, false);
-        for (int r = 0; r < nq; ++r) {  // online softmax over this tile's keys j <= i
-          float* s = S + r * kTileT;
-          const int valid = std::min(nk, i0 + r - j0 + 1);
-          const float mx = std::max(m[r], row_max(s, valid));
-          float sum = row_sumexp(s, s, valid, mx);
-          std::fill(s + valid, s + nkp, 0.0f);
-          const float corr = sexp(m[r] - mx);  // 0 on the first tile (m = -inf)
-          l[r] = l[r] * corr + sum;
-          m[r] = mx;
+        small_gemm(S, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.Tp, nq, nkp, d.hd, false);  // q . k
+        for (int r = 0; r < nq; ++r) {  // keys j <= i only
+          const float corr = online_softmax_row(S + r * kTileT, std::min(nk, i0 + r - j0 + 1), nkp, alpha, m[r], l[r]);
           if (corr != 1.0f)
             for (int k = 0; k < d.hp; ++k) O[r * d.hp + k] *= corr;
         }
-        small_gemm(O, d.hp, S, kTileT, 1, V + static_cast<size_t>(j0) * d.hp, d.hp, nq, d.hp, nkp, true);
+        small_gemm(O, d.hp, S, kTileT, 1, V.row(j0), V.ld, nq, d.hp, nk, true);  // += p v
       }
       for (int r = 0; r < nq; ++r) {
         const int t = i0 + r;
         const float inv = 1.0f / l[r];
         float* o = out + (static_cast<size_t>(b) * T + t) * A + h * d.hd;
         for (int k = 0; k < d.hd; ++k) o[k] = O[r * d.hp + k] * inv;
-        lse[static_cast<size_t>(bh) * T + t] = m[r] + std::log(l[r]);
+        lse[(static_cast<size_t>(b) * H + h) * T + t] = m[r] + std::log(l[r]);
       }
     }
   });
@@ -435,29 +492,29 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 // FlashAttention-2's backward: per key tile j, over the query tiles i >= j: P = exp(S - lse),
 // dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D_i) with D_i = dO_i . O_i, dQ_i += dS K_j,
-// dK_j += dS^T (alpha Q_i); dq = alpha dQ.
+// dK_j += dS^T Q_i; then dq = alpha dQ, dk = alpha dK.
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
                         int T, int H, int A, float* work) {
   const AttnDims d(T, H, A);
   const float alpha = 1.0f / std::sqrt(static_cast<float>(d.hd));
   const long ld = 3L * A;
   for_each_head(d, B, work, [&](int b, int h, float* w) {
-    float *Q = w, *K = Q + d.panel(), *dO = K + d.panel(), *dQ = dO + d.panel(), *Kt = dQ + d.panel(),
-          *Vt = Kt + d.panel();
-    float *P = Vt + d.panel(), *dP = P + kTileT * kTileT, *dK = dP + kTileT * kTileT,
+    float *Kt = w, *Vt = Kt + d.panel(), *dQ = Vt + d.panel(), *panel_q = dQ + d.panel(), *panel_k = panel_q + d.panel(),
+          *panel_do = panel_k + d.panel();
+    float *P = panel_do + d.panel(), *dP = P + kTileT * kTileT, *dK = dP + kTileT * kTileT,
           *dV = dK + static_cast<size_t>(kTileT) * d.hp, *D = dV + static_cast<size_t>(kTileT) * d.hp;
     const float* rows = qkv + static_cast<size_t>(b) * T * ld;
     const float* row_lse = lse + (static_cast<size_t>(b) * H + h) * T;
-    pack(Q, rows, ld, h * d.hd, d, alpha, false);
-    pack(K, rows, ld, A + h * d.hd, d, 1.0f, false);
-    pack(Kt, rows, ld, A + h * d.hd, d, 1.0f, true);
-    pack(Vt, rows, ld, 2 * A + h * d.hd, d, 1.0f, true);
-    pack(dO, dout + static_cast<size_t>(b) * T * A, A, h * d.hd, d, 1.0f, false);
+    const Rows Q = head_rows(rows, ld, h * d.hd, d, panel_q, true), K = head_rows(rows, ld, A + h * d.hd, d, panel_k, true),
+               dO = head_rows(dout + static_cast<size_t>(b) * T * A, A, h * d.hd, d, panel_do, true);
+    pack_transposed(Kt, rows, ld, A + h * d.hd, d);
+    pack_transposed(Vt, rows, ld, 2 * A + h * d.hd, d);
     std::memset(dQ, 0, sizeof(float) * d.panel());
     for (int t = 0; t < T; ++t) {
       const float* o = out + (static_cast<size_t>(b) * T + t) * A + h * d.hd;
+      const float* g = dO.row(t);
       float s = 0;
-      for (int k = 0; k < d.hd; ++k) s += dO[static_cast<size_t>(t) * d.hp + k] * o[k];
+      for (int k = 0; k < d.hd; ++k) s += g[k] * o[k];
       D[t] = s;
     }
     for (int j0 = 0; j0 < T; j0 += kTileT) {
@@ -466,31 +523,27 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
       std::memset(dV, 0, sizeof(float) * kTileT * d.hp);
       for (int i0 = j0; i0 < T; i0 += kTileT) {
         const int nq = std::min(kTileT, T - i0);
-        const float* Qi = Q + static_cast<size_t>(i0) * d.hp;
-        const float* dOi = dO + static_cast<size_t>(i0) * d.hp;
-        small_gemm(P, kTileT, Qi, d.hp, 1, Kt + j0, d.Tp, nq, nkp, d.hp, false);
-        small_gemm(dP, kTileT, dOi, d.hp, 1, Vt + j0, d.Tp, nq, nkp, d.hp, false);
+        small_gemm(P, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.Tp, nq, nkp, d.hd, false);    // q . k
+        small_gemm(dP, kTileT, dO.row(i0), dO.ld, 1, Vt + j0, d.Tp, nq, nkp, d.hd, false);  // do . v
         for (int r = 0; r < nq; ++r) {
           float *p = P + r * kTileT, *dp = dP + r * kTileT;
           const int valid = std::min(nk, i0 + r - j0 + 1);
           const float lr = row_lse[i0 + r], Dr = D[i0 + r];
-          map_vf(0, valid, [=](size_t c, int k) {
-            const vf pv = vexp(load_n(p + c, k) - lr);
-            store_n(p + c, pv, k);
-            store_n(dp + c, pv * (load_n(dp + c, k) - Dr), k);
-          });
-          std::fill(p + valid, p + nkp, 0.0f);
-          std::fill(dp + valid, dp + nkp, 0.0f);
+          for (int c = 0; c < nkp; c += W) {
+            const vi live = vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + c < valid;
+            const vf pv = live ? vexp(load(p + c) * alpha - lr) : vf{};
+            store(p + c, pv);
+            store(dp + c, pv * (load(dp + c) - Dr));
+          }
         }
-        small_gemm(dV, d.hp, P, 1, kTileT, dOi, d.hp, nkp, d.hp, nq, true);  // P^T dO
-        small_gemm(dQ + static_cast<size_t>(i0) * d.hp, d.hp, dP, kTileT, 1, K + static_cast<size_t>(j0) * d.hp, d.hp,
-                   nq, d.hp, nkp, true);
-        small_gemm(dK, d.hp, dP, 1, kTileT, Qi, d.hp, nkp, d.hp, nq, true);  // dS^T (alpha Q)
+        small_gemm(dV, d.hp, P, 1, kTileT, dO.row(i0), dO.ld, nkp, d.hp, nq, true);  // P^T dO
+        small_gemm(dQ + static_cast<size_t>(i0) * d.hp, d.hp, dP, kTileT, 1, K.row(j0), K.ld, nq, d.hp, nk, true);
+        small_gemm(dK, d.hp, dP, 1, kTileT, Q.row(i0), Q.ld, nkp, d.hp, nq, true);  // dS^T Q
       }
       for (int c = 0; c < nk; ++c) {
         float* g = dqkv + (static_cast<size_t>(b) * T + j0 + c) * ld + h * d.hd;
         for (int k = 0; k < d.hd; ++k) {
-          g[A + k] = dK[c * d.hp + k];
+          g[A + k] = alpha * dK[c * d.hp + k];
           g[2 * A + k] = dV[c * d.hp + k];
         }
       }

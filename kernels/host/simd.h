@@ -25,24 +25,30 @@ inline vf load(const float* p) {
   return v;
 }
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-inline vf splat(float x) { return vf{} + x; }
+inline vf splat(float x) {  // a broadcast (vf{} + x would add 0.0: not foldable, -0 + 0 = +0)
+  return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 
-// Lane sums and maxima in a fixed pairwise order (8+8, 4+4, 2+2, 1+1).
+// Lane sums and maxima in a fixed pairwise order (lane i with i+8, then i+4, i+2, i+1), in
+// registers.
+template <typename Op>
+inline float reduce(vf v, Op op) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
+  typedef float v2 __attribute__((vector_size(8)));
+  const v8 a = op(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
+  const v4 b = op(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
+  const v2 c = op(__builtin_shufflevector(b, b, 0, 1), __builtin_shufflevector(b, b, 2, 3));
+  return op(c[0], c[1]);
+}
 inline float reduce_add(vf v) {
-  float t[W];
-  store(t, v);
-  for (int w = W / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) t[i] += t[i + w];
-  return t[0];
+  return reduce(v, [](auto x, auto y) { return x + y; });
 }
 inline float reduce_max(vf v) {
-  float t[W];
-  store(t, v);
-  for (int w = W / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) t[i] = t[i] > t[i + w] ? t[i] : t[i + w];
-  return t[0];
+  return reduce(v, [](auto x, auto y) { return x > y ? x : y; });
 }
 
 inline vf vexp(vf x) {

@@ -40,6 +40,12 @@ GemmRate measure_gemm(Backend& be, int m, int n, int k, double min_seconds) {
   return r;
 }
 
+double measure_copy_bandwidth(Backend& be, double min_seconds) {
+  const size_t n = size_t{64} << 20;
+  DeviceBuffer<char> a(be, n), b(be, n);
+  return 2.0 * n / time_calls(be, [&] { be.copy(b.data(), a.data(), n); }, min_seconds);
+}
+
 std::vector<GemmShape> model_gemm_shapes(const ModelConfig& m, int micro, int tp) {
   const int N = micro * m.seq_len, C = m.d_model, A = C / tp, F = 4 * C / tp, V = m.vocab_size / tp;
   struct Layer {

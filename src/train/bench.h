@@ -39,6 +39,10 @@ std::vector<GemmShape> model_gemm_shapes(const ModelConfig& m, int micro, int tp
 // Times `call` (after one warm-up) for at least min_seconds; seconds per call.
 double time_calls(Backend& be, const std::function<void()>& call, double min_seconds);
 
+// Memory bandwidth through the backend: bytes read + written per second by copies of a 64 MiB
+// buffer (the bound of the elementwise kernels in the wall_clock_breakdown profile).
+double measure_copy_bandwidth(Backend& be, double min_seconds);
+
 // bf16.enabled with compute.bf16_gemm "auto": does a bf16 GEMM (inputs rounded from fp32, fp32
 // accumulation: what the trainer runs) beat fp32 here? Measured on 1024^3 on the calling rank:
 // bf16 time / fp32 time. 0 when oneDNN has no native bf16 on this CPU (then it is not measured).

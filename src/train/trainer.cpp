@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "model/gpt.h"
 #include "optim/lr_schedule.h"
 #include "train/bench.h"
+#include "kernels/host/cpu_kernels.h"
 #include "train/metrics.h"
 #include "train/fault.h"
 #include "train/stop_signal.h"  // the flag; cmd_train installs the handlers
@@ -107,6 +109,10 @@ struct Trainer::State {
   Clock::time_point t_start = Clock::now();
   double time_budget_s = std::numeric_limits<double>::infinity();
   double max_step_s = 0;    // slowest step so far
+  // wall_clock_breakdown: the backend's per-op timers from step 2 on, and their bounds.
+  int profiled_steps = 0;
+  double profiled_s = 0, mem_bandwidth = 0, compute_peak = 0;
+  void report_kernels();
   double last_save_s = 0;   // the last checkpoint's save time (before the first: an estimate)
 
   bool is_root() const { return groups.world_rank == 0; }
@@ -330,6 +336,39 @@ double Trainer::State::train_micro_batches(float dloss, double& t_fwd, double& t
   return loss_sum;
 }
 
+// The per-op profile of this rank (wall_clock_breakdown), per step: each op's time, its share of
+// the step, the rate it reached, and that rate against its bound: FLOPs / the FMA peak for
+// GEMMs and attention, bytes / the copy bandwidth for everything else. Rank 0 prints it and
+// writes a "kernels" record.
+void Trainer::State::report_kernels() {
+  OpProfile* prof = be.profile();
+  if (!prof || profiled_steps == 0 || !is_root()) return;
+  std::vector<std::pair<std::string, OpStat>> ops(prof->ops.begin(), prof->ops.end());
+  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+  const double n = profiled_steps;
+  double total = 0;
+  for (const auto& [name, st] : ops) total += st.seconds;
+  std::string table = strprintf("%-22s %8s %9s %6s %16s %8s\n", "op (rank 0)", "calls", "ms/step", "share",
+                                "reached", "of bound");
+  MetricsRecord rec("kernels");
+  rec.add("steps", profiled_steps).add("step_s", profiled_s / n).add("ops_s", total / n)
+      .add("memory_bandwidth", mem_bandwidth).add("compute_peak", compute_peak);
+  for (const auto& [name, st] : ops) {
+    const bool compute = st.flops > 0;
+    const double rate = (compute ? st.flops : st.bytes) / st.seconds;
+    const double bound = compute ? compute_peak : mem_bandwidth;
+    table += strprintf("%-22s %8.0f %9.2f %5.1f%% %9.1f %s %7.0f%%\n", name.c_str(), st.calls / n,
+                       1e3 * st.seconds / n, 100 * st.seconds / profiled_s, rate / 1e9, compute ? "GFLOP/s" : "GB/s   ",
+                       100 * rate / bound);
+    rec.add((name + "_s").c_str(), st.seconds / n).add((name + "_of_bound").c_str(), rate / bound);
+  }
+  log_info("zero3d: kernel profile over %d steps: step %.1f ms, ops %.1f ms (%.0f%%; the rest: communication, "
+           "waits, the host loop); bounds: FMA peak %.1f GFLOP/s, copy %.1f GB/s\n%s",
+           profiled_steps, 1e3 * profiled_s / n, 1e3 * total / n, 100 * total / profiled_s, compute_peak / 1e9,
+           mem_bandwidth / 1e9, table.c_str());
+  if (metrics) metrics->write(rec);
+}
+
 int Trainer::run() {
   State& s = *s_;
   const Config& c = s.cfg;
@@ -393,6 +432,10 @@ int Trainer::run() {
   const bool validating = s.val_data != nullptr && c.data.val_batches > 0;
   if (validating && s.start_step == 0) s.validate(0);
 
+  if (c.wall_clock_breakdown && s.be.profile()) {
+    s.mem_bandwidth = measure_copy_bandwidth(s.be, 0.2);
+    if (s.be.kind() == BackendKind::host) s.compute_peak = cpu::select().fma_peak(0.1) * cpu::threads();
+  }
   const Fault fault = Fault::from_env();
   auto run_start = Clock::now();
   const int first_step = static_cast<int>(s.start_step) + 1;
@@ -489,11 +532,16 @@ int Trainer::run() {
     // another step and a checkpoint, stops every rank after a checkpoint. Stop reason: the signal
     // number, or 1 for the budget.
     s.max_step_s = std::max(s.max_step_s, step_time);
+    if (OpProfile* prof = s.be.profile(); prof && c.wall_clock_breakdown) {  // from step 2: warm
+      if (prof->on) ++s.profiled_steps, s.profiled_s += step_time;
+      prof->on = true;
+    }
     int64_t stop = stop_signal();
     if (s.is_root() && step < c.train_steps && s.out_of_time()) stop = std::max<int64_t>(stop, 1);
     stop = world.all_reduce_max(stop);
     const int interval = c.checkpoint.save_interval;
     if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) s.save(step, fault);
+    if (stop != 0 || step == c.train_steps) s.report_kernels();
     if (stop == 1) {
       log_info("stopping after step %d: another step (%.1f s) and a checkpoint (%.1f s) would overrun the time budget "
                "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed; run again with "
