@@ -169,10 +169,12 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
   // fch and fch_gelu (N*F each), 4 N LayerNorm statistics and the attention's B*H*T row
   // log-sum-exps (this rank's heads; the T x T probabilities are recomputed in backward, never
   // stored); one set per layer, or a single shared set with activation checkpointing. Plus the
-  // residual stream x_0..x_L, the final LayerNorm, this rank's logits and the losses.
+  // residual stream x_0..x_L, the final LayerNorm, one row block of this rank's logits (the LM
+  // head runs in blocks of at most 2^25 logits, 128 MiB) and the losses.
   const size_t per_set = N * C * 3 + N * A * 4 + N * F * 2 + N * 4 + lse;
   const size_t sets = opt_.checkpoint_activations ? 1 : static_cast<size_t>(L_);
-  const size_t total = per_set * sets + N * C * (L_ + 2) + N * 3 + N * static_cast<size_t>(V_);
+  head_rows_ = static_cast<int>(std::min<size_t>(N, std::max<size_t>(256, (size_t{1} << 25) / V_)));
+  const size_t total = per_set * sets + N * C * (L_ + 2) + N * 3 + static_cast<size_t>(head_rows_) * V_;
   acts_ = DeviceBuffer<float>(be_, total);
   activation_bytes_ = acts_.bytes();
   float* p = acts_.data();
@@ -204,7 +206,7 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
   lnf_ = take(N * C);
   lnf_mean_ = take(N);
   lnf_rstd_ = take(N);
-  logits_ = take(N * static_cast<size_t>(V_));
+  logits_ = take(static_cast<size_t>(head_rows_) * V_);
   losses_ = take(N);
   Z3D_ASSERT(p <= acts_.data() + total, "activation plan overflows its allocation");
 
@@ -285,28 +287,46 @@ void GPT::block_forward(const LayerActs& a, const LayerTensors<const float>& w, 
   row_parallel(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, a.res2, F_);  // x_next = res2 + mlp
 }
 
-// Mean cross-entropy of the logits, preparing dlogits (in place) when dloss > 0. With tensor
-// parallelism each rank holds V/tp of the logits: the row maxima, the sums of exponentials and
-// the target logits are all-reduced; the whole logits never exist on one rank.
-float GPT::crossentropy(float dloss) {
-  const int N = B_ * T_;
+// Cross-entropy of the logits of rows [r0, r0 + rows) (in logits_), their losses into
+// host_losses_, and with dloss > 0 dlogits in place. With tensor parallelism each rank holds V/tp
+// of the logits: the row maxima, the sums of exponentials and the target logits are all-reduced;
+// the whole logits never exist on one rank.
+void GPT::crossentropy(int r0, int rows, float dloss) {
   const bool grad = dloss > 0.0f;
+  const int32_t* targets = targets_.data() + r0;
   if (tp_size_ == 1) {
-    be_.crossentropy(losses_, grad ? logits_ : nullptr, logits_, targets_.data(), N, V_, dloss);
-    be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
-  } else {
-    float *row_max = ce_.data(), *sumexp = row_max + N, *target = sumexp + N;
-    be_.vocab_row_max(row_max, logits_, N, V_);
-    be_.synchronize();
-    tp_->all_reduce_max(row_max, N);
-    be_.vocab_sumexp(sumexp, target, logits_, row_max, targets_.data(), vocab_start_, N, V_);
-    be_.synchronize();
-    tp_->all_reduce_sum(sumexp, 2 * static_cast<size_t>(N));  // sums and target logits together
-    if (grad) be_.vocab_crossentropy_grad(logits_, logits_, row_max, sumexp, targets_.data(), vocab_start_, N, V_, dloss);
-    be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * N);
-    for (int n = 0; n < N; ++n)
-      host_losses_[n] = std::log(host_ce_[N + n]) + (host_ce_[n] - host_ce_[2 * N + n]);
+    be_.crossentropy(losses_, grad ? logits_ : nullptr, logits_, targets, rows, V_, dloss);
+    be_.copy_to_host(host_losses_.data() + r0, losses_, sizeof(float) * rows);
+    return;
   }
+  float *row_max = ce_.data(), *sumexp = row_max + rows, *target = sumexp + rows;
+  be_.vocab_row_max(row_max, logits_, rows, V_);
+  be_.synchronize();
+  tp_->all_reduce_max(row_max, rows);
+  be_.vocab_sumexp(sumexp, target, logits_, row_max, targets, vocab_start_, rows, V_);
+  be_.synchronize();
+  tp_->all_reduce_sum(sumexp, 2 * static_cast<size_t>(rows));  // sums and target logits together
+  if (grad) be_.vocab_crossentropy_grad(logits_, logits_, row_max, sumexp, targets, vocab_start_, rows, V_, dloss);
+  be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * rows);
+  for (int n = 0; n < rows; ++n)
+    host_losses_[r0 + n] = std::log(host_ce_[rows + n]) + (host_ce_[n] - host_ce_[2 * rows + n]);
+}
+
+// The tied LM head and the loss, in row blocks of head_rows_ so that at most one block of logits
+// (or probabilities) exists at a time. With dloss > 0 each block's gradient goes through the head
+// at once: dlnf (into dbuf_c_, for backward's final LayerNorm) and dwte. Returns the mean loss.
+float GPT::lm_head(const float* wte, float* dwte, float dloss) {
+  const int N = B_ * T_, C = C_;
+  for (int r0 = 0; r0 < N; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, N - r0);
+    const float* x = lnf_ + static_cast<size_t>(r0) * C;
+    be_.gemm(false, true, rows, V_, C, 1.0f, x, C, wte, C, 0.0f, logits_, V_);  // logits = x wte^T
+    crossentropy(r0, rows, dloss);
+    if (dloss <= 0.0f) continue;
+    be_.gemm(false, false, rows, C, V_, 1.0f, logits_, V_, wte, C, 0.0f, dbuf_c_ + static_cast<size_t>(r0) * C, C);
+    be_.gemm(true, false, V_, C, rows, 1.0f, logits_, V_, x, C, 1.0f, dwte, C);  // dwte += dlogits^T x
+  }
+  if (dloss > 0.0f) tp_all_reduce(dbuf_c_, static_cast<size_t>(N) * C);  // dlnf: summed over the vocab slices
   double sum = 0.0;
   for (float v : host_losses_) sum += v;
   return static_cast<float>(sum / N);
@@ -334,37 +354,33 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const float* fin = store_.acquire_params(final_unit_);
   const float* wte = tensor(head_unit_ == emb_unit_ ? emb : fin, head_wte_index_);
   be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf_index_), tensor(fin, lnf_index_ + 1), N, C);
-  be_.gemm(false, true, N, V_, C, 1.0f, lnf_, C, wte, C, 0.0f, logits_, V_);  // tied LM head
+  // Training: the head's backward runs here, block by block, so its gradients are taken now; the
+  // final unit's is handed over by backward() (after the final LayerNorm's), the tied
+  // embedding's (one stage) after the embedding's.
+  float* dwte = nullptr;
+  head_grads_done_ = dloss > 0.0f;
+  if (head_grads_done_) {
+    dfinal_ = store_.acquire_grads(final_unit_);
+    if (stage_.first()) demb_ = store_.acquire_grads(emb_unit_);
+    dwte = tensor(head_unit_ == emb_unit_ ? demb_ : dfinal_, head_wte_index_);
+  }
+  const float loss = lm_head(wte, dwte, dloss);
   store_.release_params(final_unit_);
   if (stage_.first()) store_.release_params(emb_unit_);
-  have_dlogits_ = dloss > 0.0f;
-  return crossentropy(dloss);
+  return loss;
 }
 
 void GPT::backward() {
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
-  const float* emb = nullptr;
   float* demb = nullptr;
-  if (stage_.last()) {
-    Z3D_ASSERT(have_dlogits_, "GPT::backward() needs a forward() with dloss > 0 first");
-    have_dlogits_ = false;
-    // With one stage, unit 0 (tied embedding) is held through the whole backward: the LM head and
-    // the embedding both add to its gradient.
-    if (stage_.first()) {
-      emb = store_.acquire_params(emb_unit_);
-      demb = store_.acquire_grads(emb_unit_);
-    }
+  if (stage_.last()) {  // the LM head ran its backward in forward(): dlnf is in dbuf_c_
+    Z3D_ASSERT(head_grads_done_, "GPT::backward() needs a forward() with dloss > 0 first");
+    head_grads_done_ = false;
+    demb = demb_;
     const float* fin = store_.acquire_params(final_unit_);
-    float* dfin = store_.acquire_grads(final_unit_);
-    const float* wte = tensor(head_unit_ == emb_unit_ ? emb : fin, head_wte_index_);
-    float* dwte = tensor(head_unit_ == emb_unit_ ? demb : dfin, head_wte_index_);
-    // LM head: dlnf = dlogits wte (summed over the vocab-parallel ranks); dwte += dlogits^T lnf
-    be_.gemm(false, false, N, C, V_, 1.0f, logits_, V_, wte, C, 0.0f, dbuf_c_, C);
-    tp_all_reduce(dbuf_c_, NC);
-    be_.gemm(true, false, V_, C, N, 1.0f, logits_, V_, lnf_, C, 1.0f, dwte, C);
     be_.zero(dres_, NC * sizeof(float));
-    be_.layernorm_backward(dres_, tensor(dfin, lnf_index_), tensor(dfin, lnf_index_ + 1), dbuf_c_, xfinal_,
+    be_.layernorm_backward(dres_, tensor(dfinal_, lnf_index_), tensor(dfinal_, lnf_index_ + 1), dbuf_c_, xfinal_,
                            tensor(fin, lnf_index_), lnf_mean_, lnf_rstd_, N, C);
     store_.grads_done(final_unit_);
     store_.release_params(final_unit_);
@@ -410,7 +426,6 @@ void GPT::backward() {
   if (!stage_.last()) demb = store_.acquire_grads(emb_unit_);  // the lookup's gradient needs no weights
   be_.embedding_backward(tensor(demb, 0), tensor(demb, 1), dres_, inputs_.data(), N, T_, C, vocab_start_, V_);
   store_.grads_done(emb_unit_);
-  if (stage_.last()) store_.release_params(emb_unit_);
 }
 
 }  // namespace zero3d

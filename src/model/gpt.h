@@ -135,7 +135,8 @@ class GPT {
   LayerTensors<F> layer_tensors(F* unit_base, int l) const;
   void block_forward(const LayerActs& a, const LayerTensors<const float>& w, float* x_next);
   void tp_all_reduce(float* x, size_t n);  // sum over the tensor-parallel group (no-op without)
-  float crossentropy(float dloss);         // over the (vocab-parallel) logits; returns the mean loss
+  void crossentropy(int r0, int rows, float dloss);  // of one row block of (vocab-parallel) logits
+  float lm_head(const float* wte, float* dwte, float dloss);  // returns the mean loss
 
   Backend& be_;
   ModelConfig cfg_;
@@ -154,6 +155,7 @@ class GPT {
   DeviceBuffer<float> scratch_;  // backward scratch, one allocation
   DeviceBuffer<int32_t> inputs_, targets_;
   DeviceBuffer<float> ce_;  // vocab-parallel cross-entropy: row max, sum of exp, target logit
+  int head_rows_ = 0;       // rows per LM-head block (logits_ holds one block)
   std::vector<LayerActs> layers_;
   float *enc_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
         *losses_ = nullptr, *xfinal_ = nullptr;
@@ -161,7 +163,8 @@ class GPT {
   size_t activation_bytes_ = 0;
   std::vector<float> host_losses_, host_ce_;
   double recompute_s_ = 0;
-  bool have_dlogits_ = false;
+  bool head_grads_done_ = false;  // forward ran the head's backward; backward() owes the rest
+  float *dfinal_ = nullptr, *demb_ = nullptr;  // the gradients forward() took for the head
 };
 
 }  // namespace zero3d

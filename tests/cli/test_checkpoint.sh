@@ -177,7 +177,7 @@ def fail(msg):
 def records(run):
     return [json.loads(l) for l in open(f"{tmp}/{run}/metrics.jsonl")]
 # Everything but timings (and the fields that derive from them) must be equal.
-timing = {"tokens_per_s", "step_time_s", "model_flops_per_s", "mfu"}
+timing = {"tokens_per_s", "step_time_s", "model_flops_per_s", "mfu", "page_faults"}  # measured, not state
 def steps(run, kind="train"):
     return {r["step"]: {k: v for k, v in r.items() if k not in timing} for r in records(run) if r["kind"] == kind}
 for name in configs:

@@ -92,7 +92,7 @@ hasnt() { ! grep -qE -- "$2" "$1" || fail "$1 has /$2/"; }
 same_metrics() {
   "$py" - "$@" <<'EOF'
 import json, sys
-timing = {"tokens_per_s", "step_time_s", "model_flops_per_s", "mfu"}
+timing = {"tokens_per_s", "step_time_s", "model_flops_per_s", "mfu", "page_faults"}  # measured, not state
 def train(path):
     return [{k: v for k, v in r.items() if k not in timing}
             for r in map(json.loads, open(path)) if r["kind"] == "train"]
