@@ -17,7 +17,6 @@ config=${3:-input/gpt2-124m.json}
 rounds=${4:-3}
 z3d=${ZERO3D_BIN:-build/bin/zero3d}
 MPIRUN=${MPIRUN:-mpirun --oversubscribe}
-export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 rm -rf "$dir"
 mkdir -p "$dir"
 train() {  # train NAME ARGS...: one step of CONFIG on RANKS ranks, micro-batch 1, no validation

@@ -13,10 +13,12 @@
 # cost nothing before.
 
 # ---- threads per rank ----
-# One BLAS and OpenMP thread per core Slurm gave the rank (--cpus-per-task, default 1): more
-# threads than cores oversubscribe them and every rank waits for the slowest.
+# One thread per core Slurm gave the rank (--cpus-per-task, default 1) for zero3d's host loops and
+# GEMMs (OpenMP; zero3d would take the CPUs of its affinity mask anyway, this makes it explicit):
+# more threads than cores oversubscribe them and every rank waits for the slowest.
+# OPENBLAS_NUM_THREADS only matters with compute.gemm="cblas" (zero3d sets OpenBLAS's pool to the
+# same count itself).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
-export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
 
 # ---- OpenMPI and UCX ----
 # More ranks than cores (sbatch -O / --overcommit): an MPI rank waiting in a collective must give its

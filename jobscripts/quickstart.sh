@@ -14,7 +14,6 @@ zero3d_install_deps
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target zero3d
-export OPENBLAS_NUM_THREADS=1   # one BLAS thread per rank: the fastest layout on this class of machine
 run=runs/quickstart
 resumed=runs/quickstart-resumed
 rm -rf "$run" "$resumed"

@@ -13,6 +13,6 @@ build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DZERO3D_CUDA="${ZERO3D_CUDA:-AUTO}"
 cmake --build "$build" -j "$jobs"
-# One BLAS thread per process: ctest runs tests side by side and MPI tests oversubscribe cores.
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+# One thread per process: ctest runs tests side by side and MPI tests oversubscribe cores.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 ctest --test-dir "$build" --output-on-failure -j "$jobs" --timeout 900

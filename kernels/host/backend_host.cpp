@@ -3,6 +3,7 @@
 // 64-byte aligned RAM, zeroed (so touched) on allocation, and counted.
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/backend.h"
@@ -21,10 +22,14 @@ class HostBackend final : public Backend {
   std::string describe() const override {
     return strprintf("host (%s loops, %d threads; GEMM %s)", k_.isa, cpu::threads(), describe_gemm().c_str());
   }
-  std::string describe_gemm() const override {
-    std::string s = gemm_.plan().describe() + " (" + onednn_version() + " " + onednn_isa();
-    if (gemm_.plan().forward == GemmLibrary::cblas || gemm_.plan().weight_grad == GemmLibrary::cblas)
-      s += "; " + cblas_name();
+  std::string describe_gemm() const override {  // the plan and the libraries it uses
+    const GemmPlan& p = gemm_.plan();
+    std::vector<std::string> libs;
+    for (GemmLibrary l : {GemmLibrary::onednn, GemmLibrary::cblas})
+      if (p.bf16 ? l == GemmLibrary::onednn : p.forward == l || p.input_grad == l || p.weight_grad == l)
+        libs.push_back(l == GemmLibrary::onednn ? onednn_version() + " " + onednn_isa() : cblas_name());
+    std::string s = p.describe() + " (" + libs[0];
+    if (libs.size() > 1) s += "; " + libs[1];
     return s + ")";
   }
 

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <dnnl.hpp>
 #include <map>
@@ -99,12 +100,14 @@ std::string cblas_core_fallback() {
   const std::string core = openblas_core();
   if (core.empty() || openblas_core_level(core) >= cpu_level()) return "";
   const cpu::CpuFeatures& f = cpu::cpu_features();
-  return strprintf("%s runs its %s kernels on this CPU (%s, family %d model %d, %s): it does not know this model "
-                   "and falls back to slower ones. zero3d's GEMMs use oneDNN unless compute.gemm=\"cblas\"; for "
-                   "OpenBLAS itself set OPENBLAS_CORETYPE=%s before the program starts, or use a BLAS that knows "
-                   "this CPU",
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  const std::string why = forced ? strprintf("OPENBLAS_CORETYPE=%s is set", forced)
+                                 : std::string("this OpenBLAS does not know the model and falls back");
+  return strprintf("%s runs its %s kernels, below what this CPU does (%s, family %d model %d, %s): %s. zero3d's "
+                   "GEMMs use oneDNN unless compute.gemm=\"cblas\"; for OpenBLAS set OPENBLAS_CORETYPE=%s before "
+                   "the program starts, or use a BLAS that knows this CPU",
                    cblas_name().c_str(), core.c_str(), f.model.c_str(), f.family, f.model_number,
-                   f.level().c_str(), cpu_level() == 2 ? "SKYLAKEX" : "HASWELL");
+                   f.level().c_str(), why.c_str(), cpu_level() == 2 ? "SKYLAKEX" : "HASWELL");
 }
 
 // ---- oneDNN matmul primitives, created once per shape and reused ----

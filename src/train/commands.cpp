@@ -109,7 +109,13 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, c
 std::string choose_bf16_gemm(const Config& cfg, ProcessGroup& world, bool& bf16) {
   bf16 = false;
   if (cfg.precision != "bf16") return "fp32 GEMMs (precision " + cfg.precision + ")";
-  if (cfg.compute.bf16_gemm == "on") return (bf16 = true), "bf16 GEMMs (compute.bf16_gemm=on)";
+  if (cfg.compute.bf16_gemm == "on") {
+    if (!onednn_has_bf16())
+      throw UserError(strprintf("compute.bf16_gemm=\"on\" needs a CPU where oneDNN runs bf16 GEMMs natively "
+                                "(avx512_bf16 or AMX); oneDNN runs %s here: use \"auto\" or \"off\"",
+                                onednn_isa().c_str()));
+    return (bf16 = true), "bf16 GEMMs (compute.bf16_gemm=on)";
+  }
   if (cfg.compute.bf16_gemm == "off") return "fp32 GEMMs on the widened 16-bit weights (compute.bf16_gemm=off)";
   double ratio = world.rank() == 0 ? measure_bf16_gemm_ratio() : 0;
   world.broadcast(&ratio, sizeof ratio, 0);
@@ -177,6 +183,8 @@ int cmd_train(const Args& a) {
   host.gemm = cfg.compute.gemm;
   opt.compute_choice = choose_bf16_gemm(cfg, *groups.world, host.bf16_gemm);
   std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank, host);
+  if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)
+    if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("zero3d: warning: %s", w.c_str());
   if (opt.peak_flops <= 0 && be->kind() == BackendKind::cuda) {
     opt.peak_flops = known_accelerator_peak(be->describe());
     opt.peak_source = "known bf16 peak of " + be->describe();

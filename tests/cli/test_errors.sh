@@ -73,6 +73,17 @@ assert bytes(struct.unpack('<12H', b[1024:])) == b'hello world\\n'
 if out=$($MPIRUN -np 2 "$z3d" bench io --dir "$tmp" --bytes 4e6 2>&1) && grep -qE "^4000000 bytes in [0-9.]+ s: [0-9.]+ MB/s" <<< "$out" &&
    [[ ! -e "$tmp/zero3d-bench-io.tmp" ]]; then passes=$((passes+1)); else echo "FAIL bench io: $out"; fails=$((fails+1)); fi
 expect bench-io-option    "unknown option '--size'"               "$z3d" bench io --size 3
+# bench gemm: names the CPU, the libraries and their ISA, the FMA peak, and rates for a square size,
+# each GEMM of a gpt-tiny micro-batch and the fused attention (every rate a positive number)
+if out=$(timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config $tiny 2>&1) &&
+   grep -qE "^# CPU: .*host loops: (avx512|avx2|sse2|generic)" <<< "$out" &&
+   grep -qE "^# GEMM libraries: oneDNN [0-9.]+ \([a-z0-9_]+\); CBLAS: " <<< "$out" &&
+   grep -qE "^# FMA peak .*: [0-9.]+ GFLOP/s" <<< "$out" &&
+   grep -qE "^ +64 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+%" <<< "$out" &&
+   [[ $(grep -cE "^(qkv|attn proj|mlp fc|mlp proj|lm head) (fwd|dx|dW) +[0-9]+ +[0-9]+ +[0-9]+( +[0-9.]+){4}$" <<< "$out") == 15 ]] &&
+   grep -qE "^attention fwd +[0-9.]+ " <<< "$out" && grep -qE "^attention bwd +[0-9.]+ " <<< "$out"; then
+  passes=$((passes+1)); else echo "FAIL bench gemm:"; echo "$out"; fails=$((fails+1)); fi
+expect compute-gemm       'compute.gemm'                          train $tiny --set 'compute.gemm="mkl"'
 
 echo "cli errors: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]

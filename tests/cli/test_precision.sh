@@ -4,7 +4,8 @@
 # gpt-tiny; measured 7e-4 and 4e-5), the 16-bit model-state memory formula (2 Psi + 2 Psi + 12 Psi,
 # divided by N where the stage shards it), half the fp32 traffic, an injected inf skipping the step
 # on every rank and halving the scale, the stop at the minimum scale (exit code 5) and the option
-# to keep going, and bf16 training gpt-tiny for 200 steps to within 2% of fp32's validation loss.
+# to keep going, and bf16 training gpt-tiny for 200 steps to within 2% of fp32's validation loss;
+# bf16 with its GEMMs in fp32 and (where oneDNN runs bf16 natively) in bf16, each within tolerance.
 # usage: test_precision.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
@@ -24,6 +25,18 @@ for p in bf16 fp16; do
       --set zero_optimization.reduce_bucket_size=50000
   done
 done
+# both bf16 compute paths: GEMMs in bf16 (where oneDNN runs bf16 natively; refused with exit 2
+# elsewhere) and fp32 GEMMs on the widened weights, whatever "auto" picks on this CPU
+run bf16_1_gemm_off 1 --set bf16.enabled=true --set compute.bf16_gemm='"off"'
+bf16_on=skipped
+if timeout 120 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/bf16_1_gemm_on" --peak-flops 1e11 --set train_steps=20 \
+     --set data.val="" --set bf16.enabled=true --set compute.bf16_gemm='"on"' > "$tmp/bf16_on.log" 2>&1; then
+  bf16_on=ran
+elif grep -q "needs a CPU where oneDNN runs bf16 GEMMs natively" "$tmp/bf16_on.log"; then
+  echo "bf16 GEMMs: not native on this CPU, refused as documented"
+else
+  cat "$tmp/bf16_on.log"; exit 1
+fi
 run bf16_4_s3_again 4 --set bf16.enabled=true --set zero_optimization.stage=3 "${strict3[@]}" \
   --set zero_optimization.reduce_bucket_size=50000
 run bf16_2_s2_overlap 2 --set bf16.enabled=true --set zero_optimization.stage=2 --set zero_optimization.overlap_comm=true \
@@ -45,9 +58,9 @@ set -e
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/long_fp32" --peak-flops 1e11 > /dev/null
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/long_bf16" --peak-flops 1e11 --set bf16.enabled=true > /dev/null
 
-/usr/bin/python3 - "$tmp" "$min_rc" <<'PY'
+/usr/bin/python3 - "$tmp" "$min_rc" "$bf16_on" <<'PY'
 import json, sys
-tmp, min_rc = sys.argv[1], int(sys.argv[2])
+tmp, min_rc, bf16_on = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 passed = failed = 0
 def check(ok, what):
     global passed, failed
@@ -77,6 +90,13 @@ for p in ("bf16", "fp16"):
         if n > 1:  # ring traffic at 2 bytes per element: stage 0-2 2(N-1)/N, stage 3 3(N-1)/N
             vol = (3 if stage == 3 else 2) * (n - 1) / n * 2 * psi
             check(abs(tr[-1]["comm_bytes"] - vol) <= 0.01 * vol, f"{name}: comm {tr[-1]['comm_bytes']} vs {vol:.0f}")
+for name in ["bf16_1_gemm_off"] + (["bf16_1_gemm_on"] if bf16_on == "ran" else []):
+    run, tr, _ = load(name)
+    want = "bf16 GEMMs" if name.endswith("on") else "fp32 GEMMs"
+    check(run["compute"].startswith(want), f"{name}: run record says '{run['compute']}'")
+    err = worst(tr, ref)
+    check(err <= tol["bf16"], f"{name}: loss vs fp32 {err:.2e} > {tol['bf16']}")
+    print(f"{name}: worst loss difference from fp32 {err:.1e} ({run['compute']})")
 _, f32s2, _ = load("fp32_4_s2"); _, b16s2, _ = load("bf16_4_s2")
 check(abs(b16s2[-1]["comm_bytes"] * 2 - f32s2[-1]["comm_bytes"]) <= 64, "16-bit traffic is half of fp32")
 _, a, _ = load("bf16_4_s3"); _, b, _ = load("bf16_4_s3_again")
