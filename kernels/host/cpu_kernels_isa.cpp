@@ -371,6 +371,24 @@ void small_gemm(float* C, long ldc, const float* A, long sa, long sk, const floa
 constexpr int kTileT = 64;  // query rows and key columns per attention tile
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+// The causal triangle inside a diagonal tile: small_gemm in groups of kMR rows, each group with
+// its own extent, so nothing right of the diagonal is computed beyond one 16-lane vector.
+// extent(r0, r1) for the group's rows [r0, r1) gives {n, kb, ke}: its column count (a multiple of
+// W) and its range [kb, ke) of the summed index. A group with an empty range is left as it is.
+struct Extent {
+  int n, kb, ke;
+};
+template <typename F>
+void causal_gemm(float* C, long ldc, const float* A, long sa, long sk, const float* B, long ldb, int M, bool acc,
+                 F&& extent) {
+  for (int i = 0; i < M; i += kMR) {
+    const int mr = std::min(kMR, M - i);
+    const Extent e = extent(i, i + mr);
+    if (e.ke > e.kb && e.n > 0)
+      small_gemm(C + i * ldc, ldc, A + i * sa + e.kb * sk, sa, sk, B + e.kb * ldb, ldb, mr, e.n, e.ke - e.kb, acc);
+  }
+}
+
 struct AttnDims {
   int T, H, A, hd, hp, Tp;  // hp: head width padded to W; Tp: T padded to the tile
   AttnDims(int T_, int H_, int A_) : T(T_), H(H_), A(A_), hd(A_ / H_), hp(round_up(hd, W)), Tp(round_up(T_, kTileT)) {}
@@ -471,13 +489,17 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       std::memset(O, 0, sizeof(float) * kTileT * d.hp);
       for (int j0 = 0; j0 < i0 + nq; j0 += kTileT) {  // key tiles up to the diagonal
         const int nk = std::min(kTileT, i0 + nq - j0), nkp = round_up(nk, W);
-        small_gemm(S, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.Tp, nq, nkp, d.hd, false);  // q . k
+        // rows [r0, r1) meet keys j < i0 + r1 (tile columns below i0 + r1 - j0)
+        auto keys = [&](int r1) { return std::min(nk, i0 + r1 - j0); };
+        causal_gemm(S, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.Tp, nq, false,  // q . k
+                    [&](int, int r1) { return Extent{round_up(keys(r1), W), 0, d.hd}; });
         for (int r = 0; r < nq; ++r) {  // keys j <= i only
           const float corr = online_softmax_row(S + r * kTileT, std::min(nk, i0 + r - j0 + 1), nkp, alpha, m[r], l[r]);
           if (corr != 1.0f)
             for (int k = 0; k < d.hp; ++k) O[r * d.hp + k] *= corr;
         }
-        small_gemm(O, d.hp, S, kTileT, 1, V.row(j0), V.ld, nq, d.hp, nk, true);  // += p v
+        causal_gemm(O, d.hp, S, kTileT, 1, V.row(j0), V.ld, nq, true,  // += p v
+                    [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });
       }
       for (int r = 0; r < nq; ++r) {
         const int t = i0 + r;
@@ -523,22 +545,27 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
       std::memset(dV, 0, sizeof(float) * kTileT * d.hp);
       for (int i0 = j0; i0 < T; i0 += kTileT) {
         const int nq = std::min(kTileT, T - i0);
-        small_gemm(P, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.Tp, nq, nkp, d.hd, false);    // q . k
-        small_gemm(dP, kTileT, dO.row(i0), dO.ld, 1, Vt + j0, d.Tp, nq, nkp, d.hd, false);  // do . v
+        auto keys = [&](int r1) { return std::min(nk, i0 + r1 - j0); };  // of query rows [.., r1)
+        auto scores = [&](int, int r1) { return Extent{round_up(keys(r1), W), 0, d.hd}; };
+        causal_gemm(P, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.Tp, nq, false, scores);     // q . k
+        causal_gemm(dP, kTileT, dO.row(i0), dO.ld, 1, Vt + j0, d.Tp, nq, false, scores);  // do . v
         for (int r = 0; r < nq; ++r) {
           float *p = P + r * kTileT, *dp = dP + r * kTileT;
           const int valid = std::min(nk, i0 + r - j0 + 1);
           const float lr = row_lse[i0 + r], Dr = D[i0 + r];
           for (int c = 0; c < nkp; c += W) {
             const vi live = vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + c < valid;
-            const vf pv = live ? vexp(load(p + c) * alpha - lr) : vf{};
+            const vf pv = live ? vexp(load(p + c) * alpha - lr) : vf{};  // masked lanes: never-written memory
             store(p + c, pv);
-            store(dp + c, pv * (load(dp + c) - Dr));
+            store(dp + c, live ? pv * (load(dp + c) - Dr) : vf{});
           }
         }
-        small_gemm(dV, d.hp, P, 1, kTileT, dO.row(i0), dO.ld, nkp, d.hp, nq, true);  // P^T dO
-        small_gemm(dQ + static_cast<size_t>(i0) * d.hp, d.hp, dP, kTileT, 1, K.row(j0), K.ld, nq, d.hp, nk, true);
-        small_gemm(dK, d.hp, dP, 1, kTileT, Q.row(i0), Q.ld, nkp, d.hp, nq, true);  // dS^T Q
+        // key rows [c0, ..) meet queries i >= j0 + c0 (tile rows from j0 + c0 - i0)
+        auto queries = [&](int c0, int) { return Extent{d.hp, std::max(0, j0 + c0 - i0), nq}; };
+        causal_gemm(dV, d.hp, P, 1, kTileT, dO.row(i0), dO.ld, nkp, true, queries);  // P^T dO
+        causal_gemm(dQ + static_cast<size_t>(i0) * d.hp, d.hp, dP, kTileT, 1, K.row(j0), K.ld, nq, true,
+                    [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });           // dS K
+        causal_gemm(dK, d.hp, dP, 1, kTileT, Q.row(i0), Q.ld, nkp, true, queries);  // dS^T Q
       }
       for (int c = 0; c < nk; ++c) {
         float* g = dqkv + (static_cast<size_t>(b) * T + j0 + c) * ld + h * d.hd;
