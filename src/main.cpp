@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "train/commands.h"
+#include "train/stop_signal.h"
 
 using namespace zero3d;
 
@@ -41,6 +42,7 @@ static int dispatch(const Args& args) {
 }
 
 int main(int argc, char** argv) {
+  block_stop_signals();  // before any thread exists: SIGUSR1/SIGTERM go to one waiting thread only
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0, world = 1;
