@@ -1,8 +1,11 @@
 // config/config.h: one run's configuration, resolved from a JSON file (+ a DeepSpeed config
 // overlay, + --set overrides) into typed values. DeepSpeed's key names and code defaults wherever
-// DeepSpeed has the concept; our own sections are model, data, checkpoint, train_steps, seed.
-// Invariant: every key a user can write is in one schema table; an unknown key is an error naming
-// the nearest valid key, and a key we know but do not yet honour is an error too, never ignored.
+// DeepSpeed has the concept; our own sections are model, data, checkpoint, compute, run.
+// Invariant: a member's initializer here is its key's default, and the key's one schema entry
+// (config/schema.cpp) holds everything else (path, range, doc, where it applies, this member).
+// Every DeepSpeed key is in the schema: honoured, accepted at the one value we implement, accepted
+// without effect (listed at start), or refused naming what to use; an unknown key is an error
+// naming the nearest valid key. Nothing is silently ignored.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -25,12 +28,22 @@ struct ModelConfig {
 struct DataConfig {
   std::string train;      // llm.c token file
   std::string val;        // optional ("" = no validation)
-  int val_interval = 0;   // steps between validation passes; 0 = only at the end when val is set
-  int val_batches = 0;    // micro-batches per validation pass
+  int val_interval = 0;   // steps between validation passes; 0 = only at step 0 and the last step
+  int val_batches = 8;    // micro-batches per validation pass
 };
 
+enum class Precision { fp32, fp16, bf16 };
+enum class OptimizerType { AdamW, Adam };  // Adam: decoupled decay unless adam_w_mode=false
+enum class SchedulerType { none, WarmupLR, WarmupDecayLR, WarmupCosineLR };
+enum class WarmupType { log, linear };
+enum class LoadMode { none, latest, path };  // checkpoint.load: "none", "auto", a file or directory
+
+const char* name_of(Precision p);
+const char* name_of(OptimizerType t);
+const char* name_of(SchedulerType t);  // "" for none
+
 struct OptimizerConfig {
-  std::string type = "AdamW";  // "AdamW" or "Adam" (Adam: decoupled decay unless adam_w_mode=false)
+  OptimizerType type = OptimizerType::AdamW;
   double lr = 1e-3;
   std::array<double, 2> betas = {0.9, 0.999};
   double eps = 1e-8;
@@ -40,11 +53,11 @@ struct OptimizerConfig {
 };
 
 struct SchedulerConfig {
-  std::string type;  // "" (constant lr), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"
+  SchedulerType type = SchedulerType::none;  // none: constant lr
   double warmup_min_lr = 0.0;
   double warmup_max_lr = 0.001;
   int warmup_num_steps = 1000;
-  std::string warmup_type = "log";  // "log" or "linear"
+  WarmupType warmup_type = WarmupType::log;
   int total_num_steps = 0;          // WarmupDecayLR, WarmupCosineLR
   double warmup_min_ratio = 0.0;    // WarmupCosineLR
   double cos_min_ratio = 0.0001;    // WarmupCosineLR
@@ -81,7 +94,8 @@ struct CheckpointConfig {
   std::string dir;  // "" = <run dir>/checkpoints
   int save_interval = 0;
   int keep_last = 0;
-  std::string load = "none";
+  LoadMode load = LoadMode::none;
+  std::string load_path;  // LoadMode::path: a checkpoint file, or a directory meaning its 'latest' 
 };
 
 // compute.*: how the host computes (ours).
@@ -110,12 +124,15 @@ struct Config {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   Fp16Config fp16;
+  bool bf16_enabled = false;
   bool activation_checkpointing = false;  // activation_checkpointing.enabled (ours)
-  std::string precision = "fp32";  // "fp32", "fp16" or "bf16", from fp16.enabled / bf16.enabled
+  Precision precision = Precision::fp32;  // from fp16.enabled / bf16.enabled
   CheckpointConfig checkpoint;
   ComputeConfig compute;
 
-  nlohmann::json resolved;  // every key with its value after defaults: written to the run dir
+  nlohmann::json resolved;    // every key with its value after defaults: written to the run dir
+  nlohmann::json provenance;  // key -> where its value came from (a file, --set, default, derived, auto)
+  std::vector<std::string> notices;  // one line each, printed at start (keys accepted without effect)
 };
 
 struct ConfigSources {
@@ -128,8 +145,12 @@ struct ConfigSources {
 // batch-size and layout checks. Throws UserError with one line naming the file/key and what is valid.
 Config load_config(const ConfigSources& sources, int world_size);
 
-// The schema as text, one key a line: key, what it accepts, default, and "(not yet)" for keys that
-// are recognised but only accept their default in this version. For `--help-config`.
+// The schema as text, one key a line: key, what it accepts, default, its status (honoured, only
+// one value, no effect here, refused) and meaning. For `--help-config`.
 std::string describe_config_keys();
+
+// A resolved config as text, one key a line: key = value (where it came from). For
+// `zero3d train CONFIG --help-config`.
+std::string describe_resolved(const Config& c);
 
 }  // namespace zero3d

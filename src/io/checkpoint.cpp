@@ -278,7 +278,7 @@ CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, c
     write_attr(f, "pp", static_cast<int64_t>(topo.pp));
     write_attr(f, "dp", static_cast<int64_t>(topo.dp));
     write_attr(f, "zero_stage", static_cast<int64_t>(engine.stage()));
-    write_attr(f, "precision", c.precision);
+    write_attr(f, "precision", std::string(name_of(c.precision)));
     write_attr(f, "n_layer", static_cast<int64_t>(c.model.n_layer));
     write_attr(f, "n_head", static_cast<int64_t>(c.model.n_head));
     write_attr(f, "d_model", static_cast<int64_t>(c.model.d_model));
@@ -291,7 +291,7 @@ CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, c
                              {"last_overflow_iter", st.loss_scaler.last_overflow_iter},
                              {"cur_hysteresis", st.loss_scaler.cur_hysteresis}};
     write_attr(f, "loss_scaler", scaler.dump());
-    nlohmann::json sched = {{"type", c.scheduler.type},
+    nlohmann::json sched = {{"type", name_of(c.scheduler.type)},
                             {"applied_steps", st.optimizer_steps},
                             {"next_lr", lr_for_step(c.scheduler, c.optimizer.lr, st.optimizer_steps + 1)}};
     write_attr(f, "lr_scheduler", sched.dump());
@@ -553,12 +553,12 @@ std::optional<LoadedCheckpoint> try_load(const CheckpointRun& run, const std::st
 
 }  // namespace
 
-std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, const std::string& spec,
+std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMode mode, const std::string& path,
                                                 const std::string& dir) {
-  if (spec == "none") return std::nullopt;
+  if (mode == LoadMode::none) return std::nullopt;
   std::string error;
-  if (spec != "auto") {
-    auto loaded = try_load(run, checkpoint_file(spec), error);
+  if (mode == LoadMode::path) {
+    auto loaded = try_load(run, checkpoint_file(path), error);
     if (!loaded) throw UserError(error);
     return loaded;
   }

@@ -84,12 +84,12 @@ struct LoadedCheckpoint {
   std::string saved_layout;  // "world 8 = tp 1 x pp 1 x dp 8, ZeRO-3, fp32"
 };
 
-// Collective over the world. spec: "none" (nothing), "auto" (DIR/latest if there is any
-// checkpoint in DIR; when it fails verification, warns and falls back to the newest older one that
-// loads), or a path (a checkpoint file, or a directory meaning its latest; no fallback). Throws
+// Collective over the world. mode: none (nothing), latest (checkpoint.load "auto": DIR/latest if
+// there is any checkpoint in DIR; when it fails verification, warns and falls back to the newest
+// older one that loads), or path (a checkpoint file, or a directory meaning its latest; no fallback). Throws
 // UserError naming the file and the dataset (corrupt, truncated, checksum mismatch, missing tensor,
 // other model shape) on every rank alike.
-std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, const std::string& spec,
+std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMode mode, const std::string& path,
                                                 const std::string& dir);
 
 // ---- shared with `zero3d ckpt` ----

@@ -42,7 +42,7 @@ class AdamW {
   void step(const std::vector<AdamSegment>& segments, double lr);
 
   int64_t step_count() const { return step_; }  // applied updates so far
-  bool decoupled() const { return cfg_.type == "AdamW" || cfg_.adam_w_mode; }
+  bool decoupled() const { return cfg_.type == OptimizerType::AdamW || cfg_.adam_w_mode; }
   void set_step_count(int64_t s) { step_ = s; }
   float* exp_avg() { return m_.data(); }
   float* exp_avg_sq() { return v_.data(); }

@@ -16,50 +16,44 @@ namespace {
 //   log:    ln(it + 1) / ln(W)      (reaches 1 at it = W - 1)
 //   linear: it / W                  (reaches (W-1)/W at it = W - 1, then jumps to 1)
 double warmup_fraction(const SchedulerConfig& s, int64_t it, int64_t W) {
-  if (s.warmup_type == "linear") return static_cast<double>(it) / static_cast<double>(W);
-  if (s.warmup_type == "log") return std::log(static_cast<double>(it + 1)) / std::log(static_cast<double>(W));
-  throw UserError(strprintf("scheduler.params.warmup_type: '%s' is not valid (use \"log\" or \"linear\")",
-                            s.warmup_type.c_str()));
+  if (s.warmup_type == WarmupType::linear) return static_cast<double>(it) / static_cast<double>(W);
+  return std::log(static_cast<double>(it + 1)) / std::log(static_cast<double>(W));
 }
 
 }  // namespace
 
 double lr_at(const SchedulerConfig& s, double base_lr, int64_t it) {
-  if (s.type.empty()) return base_lr;
+  if (s.type == SchedulerType::none) return base_lr;
   const int64_t W = std::max<int64_t>(2, s.warmup_num_steps);
   const int64_t T = s.total_num_steps;
 
-  if (s.type == "WarmupLR" || s.type == "WarmupDecayLR") {
+  if (s.type == SchedulerType::WarmupLR || s.type == SchedulerType::WarmupDecayLR) {
     // lr = min + (max - min) * gamma; before the first scheduler step, min.
     if (it < 0) return s.warmup_min_lr;
     double gamma = 1.0;
     if (it < W) {
       gamma = warmup_fraction(s, it, W);
-    } else if (s.type == "WarmupDecayLR") {
+    } else if (s.type == SchedulerType::WarmupDecayLR) {
       // linear decay from max at it = W to min at it = T, then held at min
       gamma = std::max(0.0, static_cast<double>(T - it) / std::max(1.0, static_cast<double>(T - W)));
     }
     return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
   }
 
-  if (s.type == "WarmupCosineLR") {
-    // lr = base_lr * ratio; before the first scheduler step the ratio is 0.
-    if (it < 0) return 0.0;
-    if (it < W) {
-      const double f = warmup_fraction(s, it, W);
-      return base_lr * (s.warmup_min_ratio + f * (1.0 - s.warmup_min_ratio));
-    }
-    // cosine from 1 to cos_min_ratio over (W, T]; progress clamped to 1 so the lr stays at the floor
-    // past T (current DeepSpeed; releases without the clamp let the cosine climb back up).
-    const double real_last_step = static_cast<double>(it - W + 1);
-    const double real_total_steps = static_cast<double>(std::max<int64_t>(1, T - W));
-    const double progress = std::min(1.0, real_last_step / real_total_steps);
-    const double cosine = (1.0 + std::cos(std::numbers::pi * progress)) / 2.0;
-    return base_lr * std::max(0.0, s.cos_min_ratio + (1.0 - s.cos_min_ratio) * cosine);
+  // WarmupCosineLR
+  // lr = base_lr * ratio; before the first scheduler step the ratio is 0.
+  if (it < 0) return 0.0;
+  if (it < W) {
+    const double f = warmup_fraction(s, it, W);
+    return base_lr * (s.warmup_min_ratio + f * (1.0 - s.warmup_min_ratio));
   }
-
-  throw UserError(strprintf("scheduler.type: '%s' is not valid (use WarmupLR, WarmupDecayLR or "
-                            "WarmupCosineLR, or omit the scheduler)", s.type.c_str()));
+  // cosine from 1 to cos_min_ratio over (W, T]; progress clamped to 1 so the lr stays at the floor
+  // past T (current DeepSpeed; releases without the clamp let the cosine climb back up).
+  const double real_last_step = static_cast<double>(it - W + 1);
+  const double real_total_steps = static_cast<double>(std::max<int64_t>(1, T - W));
+  const double progress = std::min(1.0, real_last_step / real_total_steps);
+  const double cosine = (1.0 + std::cos(std::numbers::pi * progress)) / 2.0;
+  return base_lr * std::max(0.0, s.cos_min_ratio + (1.0 - s.cos_min_ratio) * cosine);
 }
 
 double lr_for_step(const SchedulerConfig& sched, double base_lr, int64_t step) {

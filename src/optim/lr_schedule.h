@@ -20,8 +20,7 @@ namespace zero3d {
 // Learning rate at 0-based schedule iteration `it` (DeepSpeed's last_batch_iteration); it < 0 is
 // the value a fresh scheduler writes at construction. `base_lr` is optimizer.params.lr:
 // WarmupCosineLR scales it; WarmupLR/WarmupDecayLR use warmup_min_lr/warmup_max_lr; no scheduler
-// (type "") returns base_lr. warmup_num_steps is raised to 2 as DeepSpeed does (max(2, W)).
-// Throws UserError for an unknown scheduler type or warmup_type.
+// (SchedulerType::none) returns base_lr. warmup_num_steps is raised to 2 as DeepSpeed does (max(2, W)).
 double lr_at(const SchedulerConfig& sched, double base_lr, int64_t it);
 
 // The lr DeepSpeed applies at optimizer step `step` (1-based count of *applied* steps, i.e.

@@ -62,18 +62,6 @@ std::vector<GemmShape> model_gemm_shapes(const ModelConfig& m, int micro, int tp
   return shapes;
 }
 
-double measure_bf16_gemm_ratio() {
-  if (!onednn_has_bf16()) return 0;
-  HostOptions o;
-  o.gemm = "onednn";
-  auto fp32 = make_host_backend(o);
-  o.bf16_gemm = true;
-  auto bf16 = make_host_backend(o);
-  const double t32 = measure_gemm(*fp32, 1024, 1024, 1024, 0.15).seconds_per_call;
-  const double t16 = measure_gemm(*bf16, 1024, 1024, 1024, 0.15).seconds_per_call;
-  return t16 / t32;
-}
-
 double known_accelerator_peak(const std::string& name) {
   struct Peak {
     const char* match;

@@ -43,11 +43,6 @@ double time_calls(Backend& be, const std::function<void()>& call, double min_sec
 // buffer (the bound of the elementwise kernels in the wall_clock_breakdown profile).
 double measure_copy_bandwidth(Backend& be, double min_seconds);
 
-// bf16.enabled with compute.bf16_gemm "auto": does a bf16 GEMM (inputs rounded from fp32, fp32
-// accumulation: what the trainer runs) beat fp32 here? Measured on 1024^3 on the calling rank:
-// bf16 time / fp32 time. 0 when oneDNN has no native bf16 on this CPU (then it is not measured).
-double measure_bf16_gemm_ratio();
-
 // Peak FLOP/s of a known accelerator from its name (dense bf16 tensor-core peaks from the vendor
 // data sheets), or 0 when unknown.
 double known_accelerator_peak(const std::string& device_name);

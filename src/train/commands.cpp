@@ -34,7 +34,8 @@ const char* kTrainUsage =
     "  --run-dir DIR        where config.json and metrics.jsonl go (default runs/<date-time>)\n"
     "  --backend NAME       host, cuda or auto (default auto: cuda when built and a GPU is present)\n"
     "  --peak-flops X       peak FLOP/s for MFU (default: known GPU peak, else measured sgemm rate)\n"
-    "  --help-config        list every config key with its type, default and meaning\n";
+    "  --help-config        alone: every config key with its type, default, status and meaning; after\n"
+    "                       CONFIG (and --deepspeed, --set): every resolved value and where it came from\n";
 
 const char* kDataUsage =
     "usage: zero3d data prepare TEXT... --out FILE.bin\n"
@@ -73,9 +74,11 @@ bool wants_help(const Args& a) {
   return false;
 }
 
-// Value of option `name` at a[i]; advances i. Throws when the value is missing.
+// Value of option `name` at a[i]; advances i. Throws when the value is missing (the next argument
+// is another option: `--set --deepspeed x.json` must not set a key named "--deepspeed").
 std::string option_value(const Args& a, size_t& i, const char* usage) {
-  if (i + 1 >= a.size()) throw UserError(strprintf("option %s needs a value\n%s", a[i].c_str(), usage));
+  if (i + 1 >= a.size() || a[i + 1].starts_with("--"))
+    throw UserError(strprintf("option %s needs a value\n%s", a[i].c_str(), usage));
   return a[++i];
 }
 
@@ -103,12 +106,13 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, c
 }
 
 // bf16.enabled: GEMMs in bf16 (compute.bf16_gemm on), in fp32 (off), or (auto) in bf16 where
-// oneDNN runs it natively and rank 0 measures it at least 1.2x faster than fp32 here (2x on
-// avx512_bf16 AMD Zen 4/5 and 4x with AMX; about 0.5x on Intel avx512_bf16 without AMX, where
-// oneDNN 2.6 converts to fp32). Every rank takes rank 0's verdict. Returns the reason.
-std::string choose_bf16_gemm(const Config& cfg, ProcessGroup& world, bool& bf16) {
+// oneDNN's bf16 GEMM is measured faster than fp32: with AMX (about 4x) and on AMD's avx512_bf16
+// (Zen 4/5, about 2x); not on Intel's avx512_bf16 without AMX (about 0.5x: oneDNN 2.6 converts).
+// A rule on the CPU's features, not a measurement at start: a verdict that flips with the load
+// would break "same config, same layout, same bits". Returns the reason.
+std::string choose_bf16_gemm(const Config& cfg, bool& bf16) {
   bf16 = false;
-  if (cfg.precision != "bf16") return "fp32 GEMMs (precision " + cfg.precision + ")";
+  if (cfg.precision != Precision::bf16) return std::string("fp32 GEMMs (precision ") + name_of(cfg.precision) + ")";
   if (cfg.compute.bf16_gemm == "on") {
     if (!onednn_has_bf16())
       throw UserError(strprintf("compute.bf16_gemm=\"on\" needs a CPU where oneDNN runs bf16 GEMMs natively "
@@ -117,12 +121,13 @@ std::string choose_bf16_gemm(const Config& cfg, ProcessGroup& world, bool& bf16)
     return (bf16 = true), "bf16 GEMMs (compute.bf16_gemm=on)";
   }
   if (cfg.compute.bf16_gemm == "off") return "fp32 GEMMs on the widened 16-bit weights (compute.bf16_gemm=off)";
-  double ratio = world.rank() == 0 ? measure_bf16_gemm_ratio() : 0;
-  world.broadcast(&ratio, sizeof ratio, 0);
-  if (ratio <= 0) return "fp32 GEMMs on the widened 16-bit weights (oneDNN has no native bf16 GEMM on this CPU)";
-  bf16 = ratio < 1 / 1.2;
-  return strprintf("%s GEMMs (compute.bf16_gemm=auto: bf16 measured %.2fx the fp32 rate at start)",
-                   bf16 ? "bf16" : "fp32", 1 / ratio);
+  if (!onednn_has_bf16())
+    return "fp32 GEMMs on the widened 16-bit weights (compute.bf16_gemm=auto: oneDNN has no native bf16 GEMM here)";
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  bf16 = f.amx_bf16 || f.vendor == "AuthenticAMD";
+  return bf16 ? std::string("bf16 GEMMs (compute.bf16_gemm=auto: ") + (f.amx_bf16 ? "AMX" : "AMD avx512_bf16") + ")"
+              : "fp32 GEMMs on the widened 16-bit weights (compute.bf16_gemm=auto: Intel avx512_bf16 without AMX "
+                "runs bf16 GEMMs at about half the fp32 rate)";
 }
 
 }  // namespace
@@ -149,8 +154,10 @@ int cmd_train(const Args& a) {
   ConfigSources src;
   RunOptions opt;
   std::string backend = "auto";
+  bool help_config = false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kTrainUsage));
+    if (a[i] == "--help-config") help_config = true;
+    else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kTrainUsage));
     else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kTrainUsage);
     else if (a[i] == "--run-dir") opt.run_dir = option_value(a, i, kTrainUsage);
     else if (a[i] == "--backend") backend = option_value(a, i, kTrainUsage);
@@ -162,14 +169,20 @@ int cmd_train(const Args& a) {
     else throw UserError(strprintf("zero3d train takes one CONFIG file, got a second: '%s'", a[i].c_str()));
   }
   if (src.config_file.empty()) throw UserError(strprintf("zero3d train needs a CONFIG file\n%s", kTrainUsage));
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (help_config) {
+    log_info("# %s resolved for %d rank(s): key = value (where it came from)\n%s", src.config_file.c_str(), world,
+             describe_resolved(load_config(src, world)).c_str());
+    return 0;
+  }
   // From here on SIGUSR1/SIGTERM only ask for a checkpoint and a stop (at the first step boundary),
   // also when they arrive during start-up or a checkpoint load.
   install_stop_handlers();
 
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
   // Every rank reads the same files and arguments, so every rank reaches the same verdict here.
   Config cfg = load_config(src, world);
+  for (const std::string& n : cfg.notices) log_info("zero3d: notice: %s", n.c_str());
   ProcessGroups groups = ProcessGroups::create(cfg.tp_size, cfg.pp_size);
   opt.job = job_info(*groups.world);
   if (opt.run_dir.empty()) {
@@ -181,7 +194,7 @@ int cmd_train(const Args& a) {
   }
   HostOptions host;
   host.gemm = cfg.compute.gemm;
-  opt.compute_choice = choose_bf16_gemm(cfg, *groups.world, host.bf16_gemm);
+  opt.compute_choice = choose_bf16_gemm(cfg, host.bf16_gemm);
   std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank, host);
   if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)
     if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("zero3d: warning: %s", w.c_str());

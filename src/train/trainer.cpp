@@ -178,7 +178,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   // 16-bit copy and the master in mixed precision).
   double elems = 0;
   for (const ParamInfo& p : gpt_param_table(config.model)) elems += static_cast<double>(p.size);
-  s.last_save_s = elems * (config.precision == "fp32" ? 12 : 18) / 1e8;
+  s.last_save_s = elems * (config.precision == Precision::fp32 ? 12 : 18) / 1e8;
   s.engine.init_weights(config.seed);
   s.flops_per_token = gpt_flops_per_token(config.model);
   if (s.opt.peak_flops <= 0) {
@@ -189,7 +189,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   }
   // Resume before anything is written: a checkpoint that does not load is an input error too.
   s.ckpt_dir = config.checkpoint.dir.empty() ? s.opt.run_dir + "/checkpoints" : config.checkpoint.dir;
-  s.resumed = load_checkpoint({config, groups, s.engine}, config.checkpoint.load, s.ckpt_dir);
+  s.resumed = load_checkpoint({config, groups, s.engine}, config.checkpoint.load, config.checkpoint.load_path, s.ckpt_dir);
   if (s.resumed) {
     const TrainingState& st = s.resumed->state;
     s.start_step = st.step;
@@ -201,7 +201,9 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     if (!s.is_root()) return;
     create_directory(s.opt.run_dir, "run directory");
     if (config.checkpoint.save_interval > 0) create_directory(s.ckpt_dir, "checkpoint directory (checkpoint.dir)");
-    write_file_atomic(s.opt.run_dir + "/config.json", config.resolved.dump(2) + "\n");
+    nlohmann::json written = config.resolved;  // every value, and where it came from (read back: ignored)
+    written["provenance"] = config.provenance;
+    write_file_atomic(s.opt.run_dir + "/config.json", written.dump(2) + "\n");
     // A fresh start into a run dir that has metrics (a run that died before its first
     // checkpoint) starts its steps over too.
     drop_metrics_after(s.opt.run_dir + "/metrics.jsonl", s.resumed ? s.start_step : -1);
@@ -390,7 +392,7 @@ int Trainer::run() {
                          .add("tp", s.groups.topo.tp)
                          .add("pp", s.groups.topo.pp)
                          .add("zero_stage", c.zero.stage)
-                         .add("precision", c.precision)
+                         .add("precision", name_of(c.precision))
                          .add("activation_checkpointing", c.activation_checkpointing)
                          .add("mem_activations_bytes", static_cast<int64_t>(s.models.size() * s.models[0]->activation_bytes()))
                          .add("num_params", static_cast<int64_t>(s.engine.layout().num_params))
@@ -422,7 +424,7 @@ int Trainer::run() {
            "%lld x %d tokens, %d steps, run dir %s",
            s.engine.layout().num_params, s.be.describe().c_str(), s.groups.topo.world, s.dp, s.groups.topo.tp,
            s.groups.topo.pp, c.zero.stage,
-           c.precision.c_str(), static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
+           name_of(c.precision), static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
   if (s.resumed) {
     s.write_io_record("load", s.start_step, s.resumed->io);
     log_info("zero3d: resumed from %s at step %lld (saved on %s), read %.1f MB in %.2f s", s.resumed->io.file.c_str(),

@@ -31,11 +31,11 @@ struct ZeroEngine::ParamSlot {
 };
 
 ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
-                       const OptimizerConfig& optimizer, const std::string& precision, int tp_size, int tp_rank,
+                       const OptimizerConfig& optimizer, Precision precision, int tp_size, int tp_rank,
                        int pp_size, int pp_rank)
     : be_(be), dp_(dp), cfg_(zero), n_layer_(model.n_layer) {
-  mixed_ = precision != "fp32";
-  dt_ = precision == "fp16" ? Dtype16::fp16 : Dtype16::bf16;
+  mixed_ = precision != Precision::fp32;
+  dt_ = precision == Precision::fp16 ? Dtype16::fp16 : Dtype16::bf16;
   pooled_ = cfg_.stage == 3 || mixed_;
   const size_t bucket = static_cast<size_t>(std::min(zero.reduce_bucket_size, zero.allgather_bucket_size));
   const size_t persist = cfg_.stage == 3 ? static_cast<size_t>(zero.stage3_param_persistence_threshold) : 0;

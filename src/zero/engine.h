@@ -51,10 +51,10 @@ struct MemoryAccount {
 
 class ZeroEngine final : public ParamStore {
  public:
-  // precision: "fp32", "fp16" or "bf16". The engine holds this tensor-parallel rank's share of the
+  // precision: fp32, or fp16/bf16 (mixed). The engine holds this tensor-parallel rank's share of the
   // model (gpt_param_table(model, tp_size, tp_rank)).
   ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
-             const OptimizerConfig& optimizer, const std::string& precision = "fp32", int tp_size = 1,
+             const OptimizerConfig& optimizer, Precision precision = Precision::fp32, int tp_size = 1,
              int tp_rank = 0, int pp_size = 1, int pp_rank = 0);
   ~ZeroEngine() override;
 

@@ -84,6 +84,21 @@ if out=$(timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config $tiny 
    grep -qE "^attention fwd +[0-9.]+ " <<< "$out" && grep -qE "^attention bwd +[0-9.]+ " <<< "$out"; then
   passes=$((passes+1)); else echo "FAIL bench gemm:"; echo "$out"; fails=$((fails+1)); fi
 expect compute-gemm       'compute.gemm'                          train $tiny --set 'compute.gemm="mkl"'
+# found by a hostile probe (issue #11)
+printf '{"train_steps": 3, "gradient_clipping": 1e400}' > "$tmp/huge.json"
+printf '{"train_steps": 3, "train_steps": 4}' > "$tmp/dup.json"
+expect set-overflow       "--set train_steps=1e400: number overflow" train $tiny --set train_steps=1e400
+expect file-overflow      "huge.json: invalid JSON: number overflow" train "$tmp/huge.json"
+expect duplicate-key      "key 'train_steps' appears twice"        train "$tmp/dup.json"
+expect set-swallows       "option --set needs a value"             train $tiny --set --deepspeed "$tmp/dup.json"
+expect old-cpu-offload    "('zero_optimization.cpu_offload')"      train $tiny --set zero_optimization.cpu_offload=true
+# --help-config: the schema alone; after CONFIG every resolved value with its source
+if out=$("$z3d" train --help-config 2>&1) && grep -q "^zero_optimization.contiguous_gradients .*\[only the value zero3d implements\]" <<< "$out" &&
+   grep -q "^data.val_interval .*0 = only at step 0 and at the last step" <<< "$out" &&
+   grep -q "^activation_checkpointing.number_checkpoints .*no default" <<< "$out" &&
+   out=$("$z3d" train $tiny --set optimizer.params.lr=1e-3 --help-config 2>&1) &&
+   grep -qE "^optimizer.params.lr +=  ?0.001 +\(--set optimizer.params.lr=1e-3\)" <<< "$out" &&
+   grep -qE "^comm_timeout_s +.*\(default\)" <<< "$out" && [[ ! -e runs ]]; then passes=$((passes+1)); else echo "FAIL --help-config:"; echo "$out" | head; fails=$((fails+1)); fi
 
 echo "cli errors: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]

@@ -74,7 +74,7 @@ TEST(Config, DefaultsFollowDeepSpeed) {
   EXPECT_EQ(c.gradient_clipping, 0.0);
   EXPECT_FALSE(c.wall_clock_breakdown);
   EXPECT_EQ(c.seed, 1234u);
-  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_EQ(c.optimizer.type, OptimizerType::AdamW);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_DOUBLE_EQ(c.optimizer.betas[0], 0.9);
   EXPECT_DOUBLE_EQ(c.optimizer.betas[1], 0.999);
@@ -82,7 +82,7 @@ TEST(Config, DefaultsFollowDeepSpeed) {
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.01);
   EXPECT_TRUE(c.optimizer.adam_w_mode);
   EXPECT_TRUE(c.optimizer.bias_correction);
-  EXPECT_EQ(c.scheduler.type, "");
+  EXPECT_EQ(c.scheduler.type, SchedulerType::none);
   EXPECT_EQ(c.zero.stage, 0);
   EXPECT_EQ(c.tp_size, 1);
   EXPECT_EQ(c.pp_size, 1);
@@ -90,7 +90,7 @@ TEST(Config, DefaultsFollowDeepSpeed) {
   EXPECT_EQ(c.data.val_interval, 0);
   EXPECT_EQ(c.data.val_batches, 8);
   EXPECT_EQ(c.checkpoint.dir, "");
-  EXPECT_EQ(c.checkpoint.load, "none");
+  EXPECT_EQ(c.checkpoint.load, LoadMode::none);
 
   // The resolved JSON holds every key with its value, derived batch values included.
   const nlohmann::json& r = c.resolved;
@@ -109,7 +109,7 @@ TEST(Config, DefaultsFollowDeepSpeed) {
   EXPECT_EQ(r["zero_optimization"]["stage3_max_reuse_distance"], 1000000000);
   EXPECT_EQ(r["zero_optimization"]["stage3_param_persistence_threshold"], 100000);
   EXPECT_EQ(r["zero_optimization"]["overlap_comm"], false);  // DeepSpeed: true only for stage 3
-  EXPECT_EQ(r["zero_optimization"]["contiguous_gradients"], true);
+  EXPECT_FALSE(r["zero_optimization"].contains("contiguous_gradients"));  // DeepSpeed keys we only accept: when given
   EXPECT_EQ(r["tensor_parallel"]["tp_size"], 1);
   EXPECT_EQ(r["model"]["d_model"], 64);
   EXPECT_EQ(r["optimizer"]["params"]["betas"], nlohmann::json::array({0.9, 0.999}));
@@ -190,10 +190,10 @@ TEST(Config, OverridesSetNumbersBoolsStringsArrays) {
   EXPECT_DOUBLE_EQ(c.optimizer.betas[0], 0.8);
   EXPECT_DOUBLE_EQ(c.optimizer.betas[1], 0.9);
   EXPECT_EQ(c.data.val, "input/data/val.bin");  // not JSON: taken as a raw string
-  EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
+  EXPECT_EQ(c.scheduler.type, SchedulerType::WarmupCosineLR);
   EXPECT_EQ(c.scheduler.total_num_steps, 77);
-  EXPECT_EQ(c.scheduler.warmup_type, "linear");  // quoted JSON string
-  EXPECT_EQ(c.optimizer.type, "Adam");
+  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::linear);  // quoted JSON string
+  EXPECT_EQ(c.optimizer.type, OptimizerType::Adam);
   EXPECT_FALSE(c.optimizer.adam_w_mode);
   EXPECT_EQ(c.seed, 7u);
   EXPECT_EQ(c.resolved["optimizer"]["params"]["lr"], 5e-4);
@@ -238,9 +238,141 @@ TEST(Config, DeepSpeedFileOverlaysRunConfig) {
 
   // errors in the overlay name the DeepSpeed file
   std::string bad = dir.write("ds_bad.json", R"({"zero_optimization": {"allgather_partitions": false}})");
-  EXPECT_THAT(load_error(run, {}, 1, bad), HasSubstr("ds_bad.json: config key 'zero_optimization.allgather_partitions'"));
+  EXPECT_THAT(load_error(run, {}, 1, bad), HasSubstr("ds_bad.json: 'zero_optimization.allgather_partitions' = false is a DeepSpeed setting"));
   EXPECT_THAT(load_error(run, {}, 1, dir.path + "/nope.json"),
               HasSubstr("cannot read DeepSpeed config file '" + dir.path + "/nope.json': No such file"));
+}
+
+// The seed shapes of issue #11: DeepSpeed's older names, and a ds_config naming another type.
+TEST(Config, DeepSpeedOldNamesMapToTheCurrentOnes) {
+  TempDir dir;
+  std::string run = dir.write("run.json", minimal());
+  std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2, "cpu_offload": false}})");
+  Config c = load_config({run, ds, {}}, 2);
+  EXPECT_EQ(c.zero.stage, 2);
+  ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})");
+  EXPECT_THAT(load_error(run, {}, 1, ds),
+              HasSubstr("ds.json: 'zero_optimization.offload_optimizer.device' ('zero_optimization.cpu_offload') = "
+                        "\"cpu\" is a DeepSpeed setting zero3d does not implement (zero3d: offload to host memory or "
+                        "NVMe is not implemented yet"));
+  // both names, different values
+  ds = dir.write("ds.json", R"({"zero_optimization": {"stage3_prefetch_bucket_size": 5, "prefetch_bucket_size": 6}})");
+  EXPECT_THAT(load_error(run, {}, 1, ds), HasSubstr("contradicts"));
+  ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 3, "max_live_parameters": 1e6}})");
+  c = load_config({run, ds, {}}, 1);
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 1000000);
+  EXPECT_EQ(c.provenance["zero_optimization.stage3_max_live_parameters"],
+            ds + " (as zero_optimization.max_live_parameters)");
+  EXPECT_EQ(load_config({run, "", {"zero_optimization.cpu_offload=false"}}, 1).zero.stage, 0);
+  ds = dir.write("ds.json", R"({"bfloat16": {"enabled": true}})");
+  EXPECT_EQ(load_config({run, ds, {}}, 1).precision, Precision::bf16);
+}
+
+TEST(Config, OverlayReplacesSectionsOfAnotherTypeAndTheBatchGroup) {
+  TempDir dir;
+  std::string run = dir.write("run.json", minimal(R"("gradient_accumulation_steps": 2,
+    "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}})"));
+  // DeepSpeed's ZeRO-1 tutorial shape: WarmupLR with its three params
+  std::string ds = dir.write("ds.json", R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
+    "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.001, "warmup_num_steps": 1000}}})");
+  Config c = load_config({run, ds, {}}, 2);
+  EXPECT_EQ(c.scheduler.type, SchedulerType::WarmupLR);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 1000);
+  EXPECT_EQ(c.train_batch_size, 8);  // the run config's micro 4 and gas 2 are replaced: gas derived as 1
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_THAT(c.provenance["gradient_accumulation_steps"].get<std::string>(), HasSubstr("derived"));
+  // the same type merges key by key
+  ds = dir.write("ds.json", R"({"scheduler": {"type": "warmupcosinelr", "params": {"warmup_num_steps": 5}}})");
+  c = load_config({run, ds, {}}, 1);
+  EXPECT_EQ(c.scheduler.total_num_steps, 100);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 5);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);  // no batch key in the overlay: the run config's stay
+  // Megatron-DeepSpeed's shape: train_batch_size and the micro-batch only
+  ds = dir.write("ds.json", R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2})");
+  c = load_config({run, ds, {}}, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+}
+
+TEST(Config, AutoTakesTheRunConfigsValueOrADerivedOne) {
+  TempDir dir;
+  std::string run = dir.write("run.json", minimal(R"("gradient_accumulation_steps": 2, "gradient_clipping": 0.5,
+    "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "weight_decay": 0.1}})"));
+  // the Hugging Face integration's ZeRO-3 shape
+  std::string ds = dir.write("ds.json", R"({
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto", "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                  "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                          "stage3_param_persistence_threshold": "auto", "stage3_gather_16bit_weights_on_model_save": true}
+  })");
+  Config c = load_config({run, ds, {}}, 2);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 0.5);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 6e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);  // default
+  EXPECT_EQ(c.precision, Precision::fp32);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 6e-4);  // from optimizer.params.lr
+  EXPECT_EQ(c.scheduler.total_num_steps, 10);         // from train_steps
+  EXPECT_EQ(c.zero.reduce_bucket_size, 64 * 64);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, static_cast<int64_t>(0.9 * 64 * 64));
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 640);
+  EXPECT_EQ(c.provenance["optimizer.params.lr"], "auto: the value in " + run);
+  EXPECT_EQ(c.provenance["scheduler.params.total_num_steps"], "auto: train_steps");
+  EXPECT_THAT(c.provenance["zero_optimization.reduce_bucket_size"].get<std::string>(), HasSubstr("d_model^2"));
+  EXPECT_EQ(c.provenance["optimizer.params.eps"], "auto: the default");
+  EXPECT_EQ(c.provenance["zero_optimization.stage"], ds);
+  EXPECT_EQ(c.provenance["model.d_model"], run);
+  EXPECT_EQ(c.provenance["seed"], "default");
+  EXPECT_THAT(describe_resolved(c), HasSubstr("auto: the value in"));
+  // "auto" where a key has no value to take
+  std::string no_data = dir.write("r2.json", R"({"train_micro_batch_size_per_gpu": 4, "train_steps": 1,
+    "model": {"vocab_size": 256, "seq_len": 32, "n_layer": 2, "n_head": 4, "d_model": 64}, "data": {"train": "auto"}})");
+  EXPECT_THAT(load_error(no_data), HasSubstr("r2.json: data.train is \"auto\" but the run config has no value for it"));
+  // a real value named "auto" is not the placeholder
+  EXPECT_EQ(load_config({run, "", {"checkpoint.load=auto"}}, 1).checkpoint.load, LoadMode::latest);
+}
+
+TEST(Config, KeysWithoutEffectAreListedOnce) {
+  TempDir dir;
+  std::string run = dir.write("run.json", minimal());
+  std::string ds = dir.write("ds.json", R"({"wandb": {"enabled": true, "project": "x"},
+    "aio": {"block_size": 1048576, "queue_depth": 8}, "elasticity": {"enabled": false, "max_train_batch_size": 8}})");
+  Config c = load_config({run, ds, {}}, 1);
+  ASSERT_EQ(c.notices.size(), 1u);
+  EXPECT_THAT(c.notices[0], HasSubstr("wandb.enabled, wandb.project"));
+  EXPECT_THAT(c.notices[0], HasSubstr("aio.block_size"));
+  ds = dir.write("ds.json", R"({"elasticity": {"enabled": true}})");
+  EXPECT_THAT(load_error(run, {}, 1, ds), HasSubstr("'elasticity.enabled' = true: a DeepSpeed feature zero3d does not "
+                                                    "implement: no elastic training"));
+  ds = dir.write("ds.json", R"({"sparse_attention": {"mode": "fixed"}})");
+  EXPECT_THAT(load_error(run, {}, 1, ds), HasSubstr("'sparse_attention' is a DeepSpeed key zero3d does not implement"));
+  // another optimizer: said before its params are called unknown
+  ds = dir.write("ds.json", R"({"optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 400}}})");
+  EXPECT_THAT(load_error(run, {}, 1, ds), HasSubstr("optimizer.type \"OneBitAdam\" is a DeepSpeed choice zero3d does "
+                                                    "not implement: zero3d implements Adam and AdamW"));
+  // DeepSpeed matches the optimizer's name ignoring case
+  ds = dir.write("ds.json", R"({"optimizer": {"type": "adamw", "params": {"lr": 1e-4}}})");
+  EXPECT_EQ(load_config({run, ds, {}}, 1).optimizer.type, OptimizerType::AdamW);
+}
+
+// Found by a hostile probe (issue #11): each is one line and exit 2, never a crash.
+TEST(Config, HostileInputsAreOneLineErrors) {
+  TempDir dir;
+  std::string run = dir.write("run.json", minimal());
+  EXPECT_THAT(load_error(run, {"train_steps=1e400"}), HasSubstr("--set train_steps=1e400: number overflow"));
+  EXPECT_THAT(load_error(dir.write("big.json", minimal(R"("gradient_clipping": 1e400)"))),
+              HasSubstr("big.json: invalid JSON: number overflow"));
+  EXPECT_THAT(load_error(dir.write("dup.json", minimal(R"("optimizer": {"params": {"lr": 1, "lr": 2}})"))),
+              HasSubstr("dup.json: key 'optimizer.params.lr' appears twice in one object"));
+  EXPECT_THAT(load_error(dir.write("dup.json", minimal(R"("train_steps": 3)"))),
+              HasSubstr("key 'train_steps' appears twice"));
+  EXPECT_THAT(load_error(run, {R"(optimizer={"type": "Adam", "type": "AdamW"})"}), HasSubstr("appears twice"));
 }
 
 TEST(Config, UnknownKeySuggestsNearest) {
@@ -263,23 +395,24 @@ TEST(Config, UnknownKeySuggestsNearest) {
   EXPECT_THAT(load_error(f), HasSubstr("'zero_optimization' must be an object"));
 }
 
-TEST(Config, RecognisedButNotYetSupported) {
+TEST(Config, DeepSpeedSettingsZero3dDoesNotImplement) {
   TempDir dir;
   std::string f = dir.write("run.json", minimal(R"("zero_optimization": {"contiguous_gradients": false})"));
-  EXPECT_THAT(load_error(f), HasSubstr("run.json: config key 'zero_optimization.contiguous_gradients' = false is "
-                                       "recognised but not supported yet in this version of zero3d"));
+  EXPECT_THAT(load_error(f), HasSubstr("run.json: 'zero_optimization.contiguous_gradients' = false is a DeepSpeed "
+                                       "setting zero3d does not implement (zero3d: gradients always live in one "
+                                       "contiguous buffer); remove it or set it to true"));
   // explicit defaults are fine
   f = dir.write("run.json", minimal(R"("fp16": {"enabled": false, "loss_scale": 0}, "bf16": {"enabled": false},
     "zero_optimization": {"stage": 0, "overlap_comm": false}, "tensor_parallel": {"tp_size": 1},
     "checkpoint": {"dir": "checkpoints"})"));
   EXPECT_NO_THROW(load_config({f, "", {}}, 1));
   EXPECT_THAT(load_error(f, {"zero_optimization.allgather_partitions=false"}),
-              HasSubstr("config key 'zero_optimization.allgather_partitions' = false is recognised but not supported yet"));
+              HasSubstr("'zero_optimization.allgather_partitions' = false is a DeepSpeed setting zero3d does not"));
   EXPECT_NO_THROW(load_config({f, "", {"zero_optimization.stage=2", "zero_optimization.overlap_comm=true"}}, 1));
   EXPECT_NO_THROW(load_config({f, "", {"zero_optimization.stage=3", "zero_optimization.stage3_max_live_parameters=5"}}, 1));
   EXPECT_THAT(load_error(f, {"bf16.enabled=true", "fp16.enabled=true"}),
               HasSubstr("fp16.enabled and bf16.enabled are both true; choose one precision"));
-  EXPECT_EQ(load_config({f, "", {"bf16.enabled=true"}}, 1).precision, "bf16");
+  EXPECT_EQ(load_config({f, "", {"bf16.enabled=true"}}, 1).precision, Precision::bf16);
   EXPECT_EQ(load_config({f, "", {"fp16.enabled=true", "fp16.hysteresis=1"}}, 1).fp16.hysteresis, 1);
   EXPECT_EQ(load_config({f, "", {"pipeline_parallel.pp_size=2"}}, 2).pp_size, 2);
   EXPECT_THAT(load_error(f, {"pipeline_parallel.pp_size=4"}, 4),
@@ -292,7 +425,7 @@ TEST(Config, RecognisedButNotYetSupported) {
   EXPECT_EQ(load_config({f, "", {"checkpoint.save_interval=100"}}, 1).checkpoint.save_interval, 100);
   EXPECT_THAT(load_error(f, {"checkpoint.load=\"\""}), HasSubstr("checkpoint.load"));
   EXPECT_THAT(load_error(f, {"zero_optimization.contiguous_gradients=false"}),
-              HasSubstr("'zero_optimization.contiguous_gradients' = false is recognised"));
+              HasSubstr("'zero_optimization.contiguous_gradients' = false is a DeepSpeed setting"));
   // world_size > 1 is data parallelism
   EXPECT_NO_THROW(load_config({f, "", {}}, 4));
 }
@@ -307,6 +440,9 @@ TEST(Config, SchedulerParamsBelongToTheirType) {
   EXPECT_THAT(load_error(f), HasSubstr("missing required config key 'scheduler.params.total_num_steps' for "
                                        "scheduler.type \"WarmupDecayLR\""));
   f = dir.write("run.json", minimal(R"("scheduler": {"type": "OneCycle"})"));
+  EXPECT_THAT(load_error(f), HasSubstr("scheduler.type \"OneCycle\" is a DeepSpeed choice zero3d does not implement: "
+                                       "zero3d implements WarmupLR, WarmupDecayLR and WarmupCosineLR"));
+  f = dir.write("run.json", minimal(R"("scheduler": {"type": "StepLR"})"));
   EXPECT_THAT(load_error(f), HasSubstr("scheduler.type must be one of \"WarmupLR\", \"WarmupDecayLR\", "
                                        "\"WarmupCosineLR\""));
   f = dir.write("run.json", minimal(R"("optimizer": {"type": "SGD"})"));
@@ -320,7 +456,7 @@ TEST(Config, SchedulerParamsBelongToTheirType) {
   Config c = load_config({f, "", {}}, 1);
   EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 0.01);
   EXPECT_EQ(c.scheduler.warmup_num_steps, 1000);
-  EXPECT_EQ(c.scheduler.warmup_type, "log");
+  EXPECT_EQ(c.scheduler.warmup_type, WarmupType::log);
   EXPECT_FALSE(c.resolved["scheduler"]["params"].contains("cos_min_ratio"));
 }
 
@@ -371,7 +507,7 @@ TEST(Config, ShippedInputsLoad) {
   EXPECT_EQ(tiny.model.d_model, 128);
   EXPECT_EQ(tiny.train_batch_size, 8);
   EXPECT_EQ(tiny.train_steps, 200);
-  EXPECT_EQ(tiny.scheduler.type, "WarmupCosineLR");
+  EXPECT_EQ(tiny.scheduler.type, SchedulerType::WarmupCosineLR);
   EXPECT_EQ(tiny.scheduler.total_num_steps, 200);
   EXPECT_DOUBLE_EQ(tiny.scheduler.cos_min_ratio, 0.1);
   EXPECT_DOUBLE_EQ(tiny.optimizer.betas[1], 0.95);
@@ -390,7 +526,11 @@ TEST(Config, DescribeListsEveryKey) {
   std::string text = describe_config_keys();
   EXPECT_THAT(text, HasSubstr("optimizer.params.betas"));
   EXPECT_THAT(text, HasSubstr("zero_optimization.stage3_max_live_parameters"));
-  EXPECT_THAT(text, HasSubstr("(not yet: only the default)"));
+  EXPECT_THAT(text, HasSubstr("zero_optimization.contiguous_gradients"));
+  EXPECT_THAT(text, HasSubstr("[only the value zero3d implements]"));
+  EXPECT_THAT(text, HasSubstr("[accepted, no effect here]"));
+  EXPECT_THAT(text, HasSubstr("[refused]"));
+  EXPECT_THAT(text, HasSubstr("zero_optimization.cpu_offload"));  // old names too
   EXPECT_THAT(text, HasSubstr("model.n_head"));
 }
 

@@ -25,10 +25,12 @@ namespace {
 // warmup_num_steps W = 10, total_num_steps T = 30; WarmupCosineLR: base lr 2e-3,
 // warmup_min_ratio 0.1, cos_min_ratio 0.01.
 
-SchedulerConfig sched(const char* type, const char* warmup_type) {
+SchedulerConfig sched(const std::string& type, const std::string& warmup_type) {
   SchedulerConfig s;
-  s.type = type;
-  s.warmup_type = warmup_type;
+  s.type = type == "WarmupLR"        ? SchedulerType::WarmupLR
+           : type == "WarmupDecayLR" ? SchedulerType::WarmupDecayLR
+                                     : SchedulerType::WarmupCosineLR;
+  s.warmup_type = warmup_type == "log" ? WarmupType::log : WarmupType::linear;
   s.warmup_min_lr = 1e-4;
   s.warmup_max_lr = 1e-3;
   s.warmup_num_steps = 10;
@@ -133,7 +135,7 @@ TEST(LrSchedule, WarmupNumStepsRaisedToTwo) {
   expect_lr(lr_at(s, 5.0, 0), 1e-4, 0);
   expect_lr(lr_at(s, 5.0, 1), 5.5e-4, 1);  // 1 / 2
   expect_lr(lr_at(s, 5.0, 2), 1e-3, 2);
-  s.warmup_type = "log";
+  s.warmup_type = WarmupType::log;
   expect_lr(lr_at(s, 5.0, 1), 1e-3, 1);    // ln 2 / ln 2
 }
 
@@ -149,13 +151,6 @@ TEST(LrSchedule, LrForStepLagsTwoIterations) {
   expect_lr(lr_for_step(cosine, 2e-3, 2), 2e-4, 2);
   SchedulerConfig none;
   expect_lr(lr_for_step(none, 7e-4, 1), 7e-4, 1);
-}
-
-TEST(LrSchedule, UnknownNamesAreUserErrors) {
-  SchedulerConfig s = sched("OneCycle", "log");
-  EXPECT_THROW(lr_at(s, 1e-3, 0), UserError);
-  s = sched("WarmupLR", "exp");
-  EXPECT_THROW(lr_at(s, 1e-3, 0), UserError);
 }
 
 TEST(ClipCoefficient, Cases) {
@@ -293,7 +288,7 @@ void expect_matches_reference(const AdamRun& r) {
 
 OptimizerConfig adamw_config() {
   OptimizerConfig c;
-  c.type = "AdamW";
+  c.type = OptimizerType::AdamW;
   c.betas = {0.9, 0.95};
   c.eps = 1e-8;
   c.weight_decay = 0.1;
@@ -329,14 +324,14 @@ TEST(AdamW, NoBiasCorrectionMatchesReference) {
 
 TEST(AdamW, AdamWithoutAdamWModeIsL2) {
   OptimizerConfig c = adamw_config();
-  c.type = "Adam";
+  c.type = OptimizerType::Adam;
   c.adam_w_mode = false;
   expect_matches_reference(run_three_steps(c, mixed_segments(), /*decoupled=*/false));
 }
 
 TEST(AdamW, AdamWithAdamWModeIsDecoupled) {
   OptimizerConfig c = adamw_config();
-  c.type = "Adam";
+  c.type = OptimizerType::Adam;
   c.adam_w_mode = true;
   expect_matches_reference(run_three_steps(c, mixed_segments(), true));
 }

@@ -1,0 +1,47 @@
+// config/json_tree.h: the JSON side of the config: reading a file strictly (a position for every
+// syntax error, a duplicate key or an out-of-range number is an error, as in DeepSpeed), dotted
+// paths into a tree, and the "did you mean" for a mistyped key.
+// Invariant: nothing here knows the schema; callers pass the candidate keys in.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace zero3d::config_json {
+
+using json = nlohmann::json;
+
+// The object in `path`; throws UserError naming the file with line and column, a duplicate key's
+// dotted path, or a non-object top level. `what` names the file's role ("config file").
+json read_file(const std::string& path, const char* what);
+
+// `text` as JSON for --set; a text that is not JSON is a string (paths, names like WarmupLR).
+// Throws UserError for a number that does not fit a double (1e400). `label` starts the error.
+json parse_value(const std::string& text, const std::string& label);
+
+// The node at "a.b.c", or nullptr.
+const json* find(const json& root, const std::string& dotted);
+json* find(json& root, const std::string& dotted);
+// Sets "a.b.c" = v, creating objects on the way; false when a node on the way is not an object.
+bool set(json& root, const std::string& dotted, json v);
+// Removes "a.b.c"; true when it was there.
+bool erase(json& root, const std::string& dotted);
+// Every leaf path under `root` (an empty object counts as a leaf).
+std::vector<std::string> leaf_paths(const json& root, const std::string& prefix = "");
+
+std::string leaf_of(const std::string& dotted);
+std::string parent_of(const std::string& dotted);
+std::string join(const std::string& prefix, const std::string& key);
+
+// The best of `candidates` for a mistyped `path`: same leaf elsewhere, a dropped or added word,
+// or the smallest edit distance within a third of the name; "" when none is close.
+std::string nearest(const std::string& path, const std::vector<std::string>& candidates);
+
+// A value for an error message: compact, one line, at most 60 characters.
+std::string show(const json& v);
+std::string one_line(std::string s);
+std::string quoted_list(const std::vector<std::string>& v);
+std::string fmt_num(double x);
+
+}  // namespace zero3d::config_json

@@ -1,0 +1,558 @@
+// config/schema.cpp: the key table. Sections follow DeepSpeed's config documentation and code
+// (deepspeed/runtime/config.py, zero/config.py, zero/offload_config.py, precision_config.py,
+// profiling/config.py, monitor/config.py, comm/config.py, activation_checkpointing/config.py,
+// swap_tensor/aio_config.py); defaults are DeepSpeed's code defaults.
+#include "config/schema.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <type_traits>
+
+#include "config/json_tree.h"
+#include "core/check.h"
+
+namespace zero3d {
+
+const char* name_of(Precision p) {
+  static const char* n[] = {"fp32", "fp16", "bf16"};
+  return n[static_cast<int>(p)];
+}
+const char* name_of(OptimizerType t) {
+  static const char* n[] = {"AdamW", "Adam"};
+  return n[static_cast<int>(t)];
+}
+const char* name_of(SchedulerType t) {
+  static const char* n[] = {"", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+  return n[static_cast<int>(t)];
+}
+
+namespace config_schema {
+namespace {
+
+using config_json::fmt_num;
+using config_json::quoted_list;
+
+// Names of the values of each enum stored by a Choice key, in enum order.
+std::vector<std::string> names(OptimizerType*) { return {"AdamW", "Adam"}; }
+std::vector<std::string> names(SchedulerType*) { return {"", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}; }
+std::vector<std::string> names(WarmupType*) { return {"log", "linear"}; }
+
+template <class T>
+using Ref = std::function<T&(Config&)>;
+template <class T>
+Ref<T> at(T Config::*m) {
+  return [m](Config& c) -> T& { return c.*m; };
+}
+template <class S, class T>
+Ref<T> at(S Config::*s, T S::*m) {
+  return [s, m](Config& c) -> T& { return (c.*s).*m; };
+}
+
+// An honoured key stored in the member `ref` points to; kind and default come from the member.
+template <class T>
+Key field(std::string path, Ref<T> ref, std::string doc) {
+  Key k;
+  k.path = std::move(path), k.doc = std::move(doc);
+  Config defaults;
+  const T& d = ref(defaults);
+  if constexpr (std::is_same_v<T, bool>) {
+    k.kind = Kind::Bool, k.def = d;
+    k.store = [ref](Config& c, const json& v) { ref(c) = v.get<bool>(); };
+  } else if constexpr (std::is_integral_v<T>) {
+    k.kind = Kind::Integer, k.def = static_cast<int64_t>(d);
+    k.lo = std::is_signed_v<T> ? -kInf : 0, k.hi = std::is_same_v<T, int> ? kIntMax : kInf;
+    k.store = [ref](Config& c, const json& v) { ref(c) = static_cast<T>(v.get<int64_t>()); };
+  } else if constexpr (std::is_same_v<T, double>) {
+    k.kind = Kind::Number, k.def = d;
+    k.store = [ref](Config& c, const json& v) { ref(c) = v.get<double>(); };
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    k.kind = Kind::String, k.def = d;
+    k.store = [ref](Config& c, const json& v) { ref(c) = v.get<std::string>(); };
+  } else if constexpr (std::is_same_v<T, std::array<double, 2>>) {
+    k.kind = Kind::Betas, k.def = json::array({d[0], d[1]});
+    k.store = [ref](Config& c, const json& v) { ref(c) = {v[0].get<double>(), v[1].get<double>()}; };
+  } else {
+    static_assert(std::is_enum_v<T>);
+    k.kind = Kind::Choice, k.choices = names(static_cast<T*>(nullptr));
+    k.def = k.choices[static_cast<size_t>(d)];
+    k.store = [ref, choices = k.choices](Config& c, const json& v) {
+      ref(c) = static_cast<T>(std::find(choices.begin(), choices.end(), v.get<std::string>()) - choices.begin());
+    };
+  }
+  return k;
+}
+
+// A string member restricted to a closed set (kept a string: passed through to the backend).
+Key choice(std::string path, Ref<std::string> ref, std::vector<std::string> choices, std::string doc) {
+  Key k = field(std::move(path), std::move(ref), std::move(doc));
+  k.kind = Kind::Choice, k.choices = std::move(choices);
+  return k;
+}
+
+const std::vector<std::string> kWarmupSchedulers = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+
+int64_t d_model_of(const Lookup& get) { return get("model.d_model").get<int64_t>(); }
+
+std::vector<Key> build() {
+  using OC = OptimizerConfig;
+  using SC = SchedulerConfig;
+  using ZC = ZeroConfig;
+  using FC = Fp16Config;
+  using MC = ModelConfig;
+  using DC = DataConfig;
+  using CC = CheckpointConfig;
+  using XC = ComputeConfig;
+  std::vector<Key> keys = {
+      // Batch (DeepSpeed rule: any two determine the third; train = micro * gas * dp).
+      field("train_batch_size", at(&Config::train_batch_size), "sequences per optimizer step over all data-parallel ranks")
+          .range(1, kIntMax).no_default(),
+      field("train_micro_batch_size_per_gpu", at(&Config::train_micro_batch_size_per_gpu),
+            "sequences per rank per forward/backward").range(1, kIntMax).no_default(),
+      field("gradient_accumulation_steps", at(&Config::gradient_accumulation_steps),
+            "micro-batches accumulated per optimizer step").range(1, kIntMax).no_default(),
+      field("steps_per_print", at(&Config::steps_per_print), "optimizer steps between progress lines").range(1, kIntMax),
+      field("gradient_clipping", at(&Config::gradient_clipping), "max global gradient norm; 0 disables clipping")
+          .range(0, kInf),
+      field("comm_timeout_s", at(&Config::comm_timeout_s),
+            "ours: watchdog: abort when a collective has not completed after this many seconds").range(0, kInf, true),
+      field("wall_clock_breakdown", at(&Config::wall_clock_breakdown),
+            "forward/backward/step timings in the step records, and a per-op profile"),
+      field("train_steps", at(&Config::train_steps), "ours: optimizer steps to run").range(1, kIntMax).need(),
+      field("seed", at(&Config::seed), "ours: seed for parameter init and data order"),
+
+      // Optimizer (DeepSpeed "optimizer" section; FusedAdam defaults). DeepSpeed matches the type
+      // ignoring case.
+      field("optimizer.type", at(&Config::optimizer, &OC::type),
+            "AdamW, or Adam (decoupled decay unless adam_w_mode=false)").ignore_case()
+          .refuse_values({"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Adagrad", "Lion", "MuAdam", "MuAdamW",
+                          "MuSGD", "Muon"},
+                         "zero3d implements Adam and AdamW (DeepSpeed's FusedAdam)"),
+      field("optimizer.params.lr", at(&Config::optimizer, &OC::lr), "base learning rate").range(0, kInf),
+      field("optimizer.params.betas", at(&Config::optimizer, &OC::betas), "Adam moment decay rates [beta1, beta2]"),
+      field("optimizer.params.eps", at(&Config::optimizer, &OC::eps), "Adam denominator epsilon").range(0, kInf, true),
+      field("optimizer.params.weight_decay", at(&Config::optimizer, &OC::weight_decay),
+            "weight decay (decoupled in AdamW mode)").range(0, kInf),
+      field("optimizer.params.adam_w_mode", at(&Config::optimizer, &OC::adam_w_mode),
+            "Adam only: true = decoupled decay (AdamW), false = L2 in the gradient"),
+      field("optimizer.params.bias_correction", at(&Config::optimizer, &OC::bias_correction),
+            "Adam bias correction of the moments"),
+
+      // Scheduler (deepspeed/runtime/lr_schedules.py; params belong to the chosen type).
+      field("scheduler.type", at(&Config::scheduler, &SC::type), "LR schedule; \"\" = constant lr").ignore_case()
+          .refuse_values({"LRRangeTest", "OneCycle"}, "zero3d implements WarmupLR, WarmupDecayLR and WarmupCosineLR"),
+      field("scheduler.params.warmup_min_lr", at(&Config::scheduler, &SC::warmup_min_lr), "lr at the start of warmup")
+          .range(0, kInf).only_when("scheduler.type", {"WarmupLR", "WarmupDecayLR"}),
+      field("scheduler.params.warmup_max_lr", at(&Config::scheduler, &SC::warmup_max_lr), "lr at the end of warmup")
+          .range(0, kInf).only_when("scheduler.type", {"WarmupLR", "WarmupDecayLR"})
+          .auto_from("optimizer.params.lr", [](const Lookup& get) { return get("optimizer.params.lr"); }),
+      field("scheduler.params.warmup_num_steps", at(&Config::scheduler, &SC::warmup_num_steps),
+            "warmup length in optimizer steps").range(0, kIntMax).only_when("scheduler.type", kWarmupSchedulers),
+      field("scheduler.params.warmup_type", at(&Config::scheduler, &SC::warmup_type), "warmup curve")
+          .only_when("scheduler.type", kWarmupSchedulers),
+      field("scheduler.params.total_num_steps", at(&Config::scheduler, &SC::total_num_steps),
+            "schedule length in optimizer steps").range(1, kIntMax).no_default().need()
+          .only_when("scheduler.type", {"WarmupDecayLR", "WarmupCosineLR"})
+          .auto_from("train_steps", [](const Lookup& get) { return get("train_steps"); }),
+      field("scheduler.params.warmup_min_ratio", at(&Config::scheduler, &SC::warmup_min_ratio),
+            "lr ratio at the start of warmup").range(0, 1).only_when("scheduler.type", {"WarmupCosineLR"}),
+      field("scheduler.params.cos_min_ratio", at(&Config::scheduler, &SC::cos_min_ratio),
+            "lr ratio at the end of the cosine decay").range(0, 1).only_when("scheduler.type", {"WarmupCosineLR"}),
+
+      // Mixed precision (deepspeed/runtime/precision_config.py).
+      field("fp16.enabled", at(&Config::fp16, &FC::enabled),
+            "fp16 mixed precision (16-bit weights and gradients, fp32 master and Adam)"),
+      field("fp16.loss_scale", at(&Config::fp16, &FC::loss_scale), "static loss scale; 0 = dynamic").range(0, kInf),
+      field("fp16.initial_scale_power", at(&Config::fp16, &FC::initial_scale_power), "initial dynamic scale 2^power")
+          .range(0, 1000),
+      field("fp16.loss_scale_window", at(&Config::fp16, &FC::loss_scale_window),
+            "steps without overflow before raising the scale").range(1, kIntMax),
+      field("fp16.hysteresis", at(&Config::fp16, &FC::hysteresis), "overflows tolerated before lowering the scale")
+          .range(1, kIntMax),
+      field("fp16.consecutive_hysteresis", at(&Config::fp16, &FC::consecutive_hysteresis),
+            "refill hysteresis after a good step"),
+      field("fp16.min_loss_scale", at(&Config::fp16, &FC::min_loss_scale), "lower bound of the dynamic scale")
+          .range(0, kInf, true),
+      field("fp16.continue_at_min_scale", at(&Config::fp16, &FC::continue_at_min_scale),
+            "ours: on an overflow at min_loss_scale skip the step and go on instead of stopping (DeepSpeed stops)"),
+      field("bf16.enabled", at(&Config::bf16_enabled),
+            "bf16 mixed precision (16-bit weights and gradients, fp32 master and Adam)"),
+
+      // ZeRO (deepspeed/runtime/zero/config.py DeepSpeedZeroConfig).
+      field("zero_optimization.stage", at(&Config::zero, &ZC::stage),
+            "0 off, 1 optimizer states, 2 +gradients, 3 +parameters").range(0, 3),
+      field("zero_optimization.overlap_comm", at(&Config::zero, &ZC::overlap_comm),
+            "overlap gradient reduction with backward; default: stage == 3 (DeepSpeed's rule)")
+          .derived_default([](const Lookup& get) { return json(get("zero_optimization.stage") == 3); }),
+      field("zero_optimization.reduce_bucket_size", at(&Config::zero, &ZC::reduce_bucket_size),
+            "elements reduced at a time").range(1, kInf)
+          .auto_from("model.d_model^2 (as the Hugging Face integration)",
+                     [](const Lookup& get) { return json(d_model_of(get) * d_model_of(get)); }),
+      field("zero_optimization.allgather_bucket_size", at(&Config::zero, &ZC::allgather_bucket_size),
+            "elements allgathered at a time").range(1, kInf),
+      field("zero_optimization.reduce_scatter", at(&Config::zero, &ZC::reduce_scatter),
+            "reduce-scatter instead of allreduce for gradients"),
+      field("zero_optimization.consistency_check_interval", at(&Config::zero, &ZC::consistency_check_interval),
+            "ours: every N steps compare a hash of every replicated parameter across the dp group; 0 = off")
+          .range(0, kIntMax),
+      field("zero_optimization.stage3_prefetch_bucket_size", at(&Config::zero, &ZC::stage3_prefetch_bucket_size),
+            "parameter elements gathered ahead of use (the next unit, when it fits)").range(0, kInf)
+          .auto_from("0.9 * model.d_model^2 (as the Hugging Face integration)",
+                     [](const Lookup& get) {
+                       return json(static_cast<int64_t>(0.9 * double(d_model_of(get)) * double(d_model_of(get))));
+                     }),
+      field("zero_optimization.stage3_max_live_parameters", at(&Config::zero, &ZC::stage3_max_live_parameters),
+            "gathered parameter elements kept at once (at least what one step needs)").range(0, kInf),
+      field("zero_optimization.stage3_max_reuse_distance", at(&Config::zero, &ZC::stage3_max_reuse_distance),
+            "keep a gathered unit if its next use is fewer than this many elements away").range(0, kInf),
+      field("zero_optimization.stage3_param_persistence_threshold",
+            at(&Config::zero, &ZC::stage3_param_persistence_threshold),
+            "tensors smaller than this stay whole on every rank").range(0, kInf)
+          .auto_from("10 * model.d_model (as the Hugging Face integration)",
+                     [](const Lookup& get) { return json(10 * d_model_of(get)); }),
+
+      // Activation checkpointing: DeepSpeed's section (deepspeed/runtime/activation_checkpointing/
+      // config.py); `enabled` is ours (in DeepSpeed the model calls checkpoint() itself).
+      field("activation_checkpointing.enabled", at(&Config::activation_checkpointing),
+            "ours: recompute each block's forward in backward"),
+
+      // Layout: dp = world_size / (tp_size * pp_size).
+      field("tensor_parallel.tp_size", at(&Config::tp_size), "tensor-parallel group size (Megatron-style)")
+          .range(1, kIntMax),
+      field("pipeline_parallel.pp_size", at(&Config::pp_size), "pipeline stages (1F1B schedule)").range(1, kIntMax),
+
+      // zero3d's own sections.
+      field("model.vocab_size", at(&Config::model, &MC::vocab_size), "vocabulary size (embedding rows)")
+          .range(1, kIntMax).no_default().need(),
+      field("model.seq_len", at(&Config::model, &MC::seq_len), "context length in tokens").range(1, kIntMax)
+          .no_default().need(),
+      field("model.n_layer", at(&Config::model, &MC::n_layer), "transformer blocks").range(1, kIntMax)
+          .no_default().need(),
+      field("model.n_head", at(&Config::model, &MC::n_head), "attention heads (must divide d_model)")
+          .range(1, kIntMax).no_default().need(),
+      field("model.d_model", at(&Config::model, &MC::d_model), "residual stream width").range(1, kIntMax)
+          .no_default().need(),
+      field("data.train", at(&Config::data, &DC::train), "llm.c token file for training").non_empty().no_default().need(),
+      field("data.val", at(&Config::data, &DC::val), "llm.c token file for validation; \"\" = none"),
+      field("data.val_interval", at(&Config::data, &DC::val_interval),
+            "steps between validation passes; 0 = only at step 0 and at the last step").range(0, kIntMax),
+      field("data.val_batches", at(&Config::data, &DC::val_batches), "micro-batches per validation pass")
+          .range(1, kIntMax),
+      field("run.max_minutes", at(&Config::max_minutes),
+            "wall-time budget from start: checkpoint and exit 6 at the last step boundary where another step and "
+            "a checkpoint still fit; 0 = none (under Slurm the job's end time is a budget too)").range(0, kInf),
+      field("checkpoint.dir", at(&Config::checkpoint, &CC::dir), "checkpoint directory; \"\" = <run dir>/checkpoints"),
+      field("checkpoint.save_interval", at(&Config::checkpoint, &CC::save_interval),
+            "steps between checkpoints (and one at the last step); 0 = none").range(0, kIntMax),
+      field("checkpoint.keep_last", at(&Config::checkpoint, &CC::keep_last), "newest checkpoints kept; 0 = all")
+          .range(0, kIntMax),
+      choice("compute.gemm", at(&Config::compute, &XC::gemm), {"auto", "onednn", "cblas"},
+             "host GEMM library: oneDNN (ISA picked at run time), the CBLAS linked in (a site's tuned BLAS), or "
+             "auto (oneDNN; weight gradients on an OpenBLAS that runs its own kernels for this CPU)"),
+      choice("compute.bf16_gemm", at(&Config::compute, &XC::bf16_gemm), {"auto", "on", "off"},
+             "with bf16.enabled: GEMMs in bf16 with fp32 accumulation (on), in fp32 on the 16-bit weights "
+             "widened (off), or auto (bf16 where oneDNN has native bf16 and measures it faster at start)"),
+  };
+
+  // checkpoint.load: one string, two members (the mode and the path).
+  Key load;
+  load.path = "checkpoint.load", load.kind = Kind::String, load.def = "none", load.nonempty = true;
+  load.auto_is_value = true;
+  load.doc = "\"none\", \"auto\" (the directory's latest, falling back to older valid ones) or a checkpoint file "
+             "or directory";
+  load.store = [](Config& c, const json& v) {
+    const std::string s = v.get<std::string>();
+    c.checkpoint.load = s == "none" ? LoadMode::none : s == "auto" ? LoadMode::latest : LoadMode::path;
+    c.checkpoint.load_path = c.checkpoint.load == LoadMode::path ? s : "";
+  };
+  keys.push_back(load);
+
+  Key provenance;  // config.json read back as a run config: its provenance is not an input
+  provenance.path = "provenance", provenance.kind = Kind::Object, provenance.status = Status::no_effect;
+  provenance.doc = "written by zero3d into config.json: where each value came from; ignored when read";
+  keys.push_back(provenance);
+  for (Key& k : deepspeed_keys()) keys.push_back(std::move(k));
+
+  // Keys that never apply: DeepSpeed's activation-checkpointing knobs that we have not built yet.
+  for (Key k : {only("activation_checkpointing.partition_activations", false, "activations are not sharded across tp"),
+                only("activation_checkpointing.cpu_checkpointing", false, "checkpointed activations stay in memory"),
+                only("activation_checkpointing.contiguous_memory_optimization", false,
+                     "checkpointed activations are kept per block"),
+                only("activation_checkpointing.number_checkpoints", nullptr,
+                     "one checkpoint per transformer block (activation_checkpointing.enabled)"),
+                only("activation_checkpointing.synchronize_checkpoint_boundary", false, "no synchronisation at "
+                     "checkpoints"),
+                only("activation_checkpointing.profile", false, "use wall_clock_breakdown for recompute timings")})
+    keys.push_back(k);
+  return keys;
+}
+
+Kind kind_of(const json& def) {
+  if (def.is_boolean()) return Kind::Bool;
+  if (def.is_number_integer()) return Kind::Integer;
+  if (def.is_number()) return Kind::Number;
+  if (def.is_string()) return Kind::String;
+  if (def.is_object()) return Kind::Object;
+  return Kind::Any;
+}
+
+}  // namespace
+
+// A DeepSpeed key zero3d accepts only at `def` (and `also`): the one behaviour it has.
+Key only(std::string path, json def, std::string instead, std::vector<json> also) {
+  Key k;
+  k.path = std::move(path), k.kind = kind_of(def), k.def = std::move(def), k.status = Status::fixed;
+  k.instead = std::move(instead), k.accepted = std::move(also);
+  return k;
+}
+// A DeepSpeed key that cannot change the result here: accepted at any value of its type.
+Key inert(std::string path, json def, std::string why) {
+  Key k;
+  k.path = std::move(path), k.kind = kind_of(def), k.def = std::move(def), k.status = Status::no_effect;
+  k.instead = std::move(why);
+  if (k.kind == Kind::Integer) k.kind = Kind::Number;  // DeepSpeed takes 1e6 for sizes
+  return k;
+}
+// A DeepSpeed key or section zero3d does not implement: present at all is an error.
+Key refuse(std::string path, std::string instead) {
+  Key k;
+  k.path = std::move(path), k.kind = Kind::Any, k.status = Status::refused, k.instead = std::move(instead);
+  return k;
+}
+
+Key switched_off(std::string path, std::string instead) {
+  Key k;
+  k.path = std::move(path), k.kind = Kind::Object, k.status = Status::fixed, k.instead = std::move(instead);
+  return k;
+}
+
+Key Key::range(double l, double h, bool open) const {
+  Key k = *this;
+  k.lo = l, k.hi = h, k.lo_open = open;
+  return k;
+}
+Key Key::need() const {
+  Key k = *this;
+  k.required = true;
+  return k;
+}
+Key Key::no_default() const {
+  Key k = *this;
+  k.def = nullptr;
+  return k;
+}
+Key Key::only_when(std::string key, std::vector<std::string> values) const {
+  Key k = *this;
+  k.when_key = std::move(key), k.when_values = std::move(values);
+  return k;
+}
+Key Key::ignore_case() const {
+  Key k = *this;
+  k.nocase = true;
+  return k;
+}
+Key Key::non_empty() const {
+  Key k = *this;
+  k.nonempty = true;
+  return k;
+}
+Key Key::derived_default(std::function<json(const Lookup&)> f) const {
+  Key k = *this;
+  k.def = nullptr, k.def_fn = std::move(f);
+  return k;
+}
+Key Key::auto_from(std::string how, std::function<json(const Lookup&)> f) const {
+  Key k = *this;
+  k.auto_doc = std::move(how), k.auto_fn = std::move(f);
+  return k;
+}
+Key Key::also_accept(std::vector<json> values) const {
+  Key k = *this;
+  k.accepted.insert(k.accepted.end(), values.begin(), values.end());
+  return k;
+}
+
+Key Key::refuse_values(std::vector<std::string> values, std::string what_instead) const {
+  Key k = *this;
+  k.refused_choices = std::move(values), k.instead = std::move(what_instead);
+  return k;
+}
+
+const std::vector<Key>& schema() {
+  static const std::vector<Key> keys = build();
+  return keys;
+}
+
+const Key* find_key(const std::string& path) {
+  for (const Key& k : schema())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+const std::set<std::string>& sections() {
+  static const std::set<std::string> s = [] {
+    std::set<std::string> out;
+    for (const Key& k : schema())
+      for (size_t i = k.path.find('.'); i != std::string::npos; i = k.path.find('.', i + 1))
+        out.insert(k.path.substr(0, i));
+    return out;
+  }();
+  return s;
+}
+
+const std::vector<std::string>& all_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out(sections().begin(), sections().end());
+    for (const Key& k : schema()) out.push_back(k.path);
+    return out;
+  }();
+  return names;
+}
+
+// zero/config.py: the deprecated booleans become offload devices; the stage-3 fields are named
+// without "stage3_" in DeepSpeed's model and with it in its JSON aliases (both are accepted there).
+const std::vector<Alias>& aliases() {
+  auto same = [](const json& v) { return v; };
+  auto cpu_if_true = [](const json& v) { return v == true ? json("cpu") : json(nullptr); };
+  static const std::vector<Alias> a = {
+      {"zero_optimization.cpu_offload", "zero_optimization.offload_optimizer.device", cpu_if_true},
+      {"zero_optimization.cpu_offload_params", "zero_optimization.offload_param.device", cpu_if_true},
+      {"zero_optimization.cpu_offload_use_pin_memory", "zero_optimization.offload_optimizer.pin_memory", same},
+      {"zero_optimization.cpu_offload_use_pin_memory", "zero_optimization.offload_param.pin_memory", same},
+      {"zero_optimization.stage3_gather_fp16_weights_on_model_save",
+       "zero_optimization.stage3_gather_16bit_weights_on_model_save", same},
+      {"zero_optimization.gather_16bit_weights_on_model_save",
+       "zero_optimization.stage3_gather_16bit_weights_on_model_save", same},
+      {"zero_optimization.prefetch_bucket_size", "zero_optimization.stage3_prefetch_bucket_size", same},
+      {"zero_optimization.param_persistence_threshold", "zero_optimization.stage3_param_persistence_threshold", same},
+      {"zero_optimization.model_persistence_threshold", "zero_optimization.stage3_model_persistence_threshold", same},
+      {"zero_optimization.max_live_parameters", "zero_optimization.stage3_max_live_parameters", same},
+      {"zero_optimization.max_reuse_distance", "zero_optimization.stage3_max_reuse_distance", same},
+      {"zero_optimization.use_all_reduce_for_fetch_params", "zero_optimization.stage3_use_all_reduce_for_fetch_params",
+       same},
+      {"zero_optimization.offload_optimizer.pipeline", "zero_optimization.offload_optimizer.pipeline_read", same},
+      {"zero_optimization.offload_optimizer.pipeline", "zero_optimization.offload_optimizer.pipeline_write", same},
+      {"bfloat16", "bf16", same},
+  };
+  return a;
+}
+
+namespace {
+// Integer value of a JSON number that is mathematically an integer (5e8 counts, as in pydantic).
+bool as_integer(const json& v, int64_t& out) {
+  if (v.is_number_integer() && !v.is_number_unsigned()) return out = v.get<int64_t>(), true;
+  if (v.is_number_unsigned()) {
+    uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    return out = static_cast<int64_t>(u), true;
+  }
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) >= 9.2e18) return false;
+    return out = static_cast<int64_t>(d), true;
+  }
+  return false;
+}
+
+bool same_nocase(const std::string& a, const std::string& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return std::tolower(x) == std::tolower(y); });
+}
+}  // namespace
+
+json normalise(const Key& k, const json& v) {
+  switch (k.kind) {
+    case Kind::Integer: {
+      int64_t i = 0;
+      if (!as_integer(v, i) || double(i) < k.lo || double(i) > k.hi) return nullptr;
+      return i;
+    }
+    case Kind::Number: {
+      if (!v.is_number()) return nullptr;
+      double d = v.get<double>();
+      if (!std::isfinite(d) || d < k.lo || (k.lo_open && d == k.lo) || d > k.hi) return nullptr;
+      return d;
+    }
+    case Kind::Bool:
+      return v.is_boolean() ? v : json(nullptr);
+    case Kind::String:
+      if (!v.is_string() || (k.nonempty && v.get<std::string>().empty())) return nullptr;
+      return v;
+    case Kind::Choice:
+      if (!v.is_string()) return nullptr;
+      for (const std::string& c : k.choices)
+        if (c == v.get<std::string>() || (k.nocase && same_nocase(c, v.get<std::string>()))) return c;
+      return nullptr;
+    case Kind::Betas: {
+      if (!v.is_array() || v.size() != 2) return nullptr;
+      json out = json::array();
+      for (const json& b : v) {
+        if (!b.is_number()) return nullptr;
+        double d = b.get<double>();
+        if (!(d >= 0.0 && d < 1.0)) return nullptr;
+        out.push_back(d);
+      }
+      return out;
+    }
+    case Kind::Object:
+      return v.is_object() ? v : json(nullptr);
+    case Kind::Any:
+      return v;
+  }
+  return nullptr;
+}
+
+std::string valid_text(const Key& k) {
+  switch (k.kind) {
+    case Kind::Integer:
+      if (k.lo == 1 && (k.hi == kIntMax || k.hi == kInf)) return "a positive integer";
+      if (k.lo == 0 && (k.hi == kIntMax || k.hi == kInf)) return "a non-negative integer";
+      if (k.lo == -kInf && k.hi == kInf) return "an integer";
+      return strprintf("an integer in [%s, %s]", fmt_num(k.lo).c_str(), fmt_num(k.hi).c_str());
+    case Kind::Number:
+      if (k.lo == -kInf && k.hi == kInf) return "a number";
+      if (k.lo == 0 && k.hi == kInf) return k.lo_open ? "a number > 0" : "a number >= 0";
+      return strprintf("a number in %s%s, %s]", k.lo_open ? "(" : "[", fmt_num(k.lo).c_str(), fmt_num(k.hi).c_str());
+    case Kind::Bool:
+      return "true or false";
+    case Kind::String:
+      return k.nonempty ? "a non-empty string" : "a string";
+    case Kind::Choice: {
+      std::vector<std::string> named;
+      bool empty_ok = false;
+      for (const auto& c : k.choices) {
+        if (c.empty())
+          empty_ok = true;
+        else
+          named.push_back(c);
+      }
+      std::string s = "one of " + quoted_list(named);
+      if (empty_ok) s += " (or \"\" for none)";
+      return s;
+    }
+    case Kind::Betas:
+      return "a pair of numbers [beta1, beta2], each in [0, 1)";
+    case Kind::Object:
+      return "an object {...}";
+    case Kind::Any:
+      return "any value";
+  }
+  return "?";
+}
+
+const char* status_text(Status s) {
+  switch (s) {
+    case Status::honoured:
+      return "honoured";
+    case Status::fixed:
+      return "only the value zero3d implements";
+    case Status::no_effect:
+      return "accepted, no effect here";
+    case Status::refused:
+      return "refused";
+  }
+  return "?";
+}
+
+}  // namespace config_schema
+}  // namespace zero3d
