@@ -104,6 +104,29 @@ struct ComputeConfig {
   std::string bf16_gemm = "auto";  // with bf16: "auto", "on", "off"
 };
 
+// DeepSpeed's monitors and logs (monitor/config.py, comm/config.py).
+struct MonitorConfig {  // csv_monitor.*: one CSV per metric under output_path/job_name/
+  bool enabled = false;
+  std::string output_path;  // "" = the run dir
+  std::string job_name = "DeepSpeedJobName";
+};
+struct FlopsProfilerConfig {  // flops_profiler.* (profiling/config.py), DeepSpeed's defaults
+  bool enabled = false;
+  int profile_step = 1;               // steps done before the profiled one (DeepSpeed's count); -1 none
+  int module_depth = -1;              // deepest module level shown; -1: all
+  int top_modules = 1;                // modules per depth in the aggregated profile
+  bool detailed = true;               // the per-module tree
+  std::string output_file;            // "" = printed only
+  double recompute_fwd_factor = 0.0;  // forwards recomputed in backward (activation checkpointing: 1)
+};
+struct CommsLoggerConfig {  // comms_logger.*
+  bool enabled = false;
+  bool verbose = false;  // print every collective as it completes
+  bool prof_all = true;  // every collective; false: only prof_ops
+  bool debug = false;    // DeepSpeed: the caller's name with each op (no effect here)
+  std::vector<std::string> prof_ops;
+};
+
 struct Config {
   // batch: train_batch_size = micro * gradient_accumulation_steps * dp (validated)
   int train_batch_size = 0;
@@ -129,6 +152,10 @@ struct Config {
   Precision precision = Precision::fp32;  // from fp16.enabled / bf16.enabled
   CheckpointConfig checkpoint;
   ComputeConfig compute;
+  MonitorConfig csv_monitor;
+  CommsLoggerConfig comms_logger;
+  FlopsProfilerConfig flops_profiler;
+  bool memory_breakdown = false;  // per-rank memory every steps_per_print
 
   nlohmann::json resolved;    // every key with its value after defaults: written to the run dir
   nlohmann::json provenance;  // key -> where its value came from (a file, --set, default, derived, auto)

@@ -140,8 +140,7 @@ class Resolver {
       throw UserError(one_line(strprintf(
           "malformed override '--set %s': expected KEY=VALUE, e.g. --set optimizer.params.lr=3e-4", o.c_str())));
     std::string key = o.substr(0, eq);
-    if (!find_key(key) && !sections().count(key) && !alias_of(key))
-      throw UserError(one_line(label + ": " + unknown_key_message(key)));
+    if (!settable(key)) throw UserError(one_line(label + ": " + unknown_key_message(key)));
     json value = parse_value(o.substr(eq + 1), label);
     if (!set(user_, key, value)) {
       std::string blocked = key;
@@ -157,6 +156,17 @@ class Resolver {
     record_origin(value, key, sources_.size() - 1, origin_);
   }
 
+  // A key --set may name: a schema key or section, a key inside a whole-section key (a switched-off
+  // DeepSpeed feature such as tensorboard.enabled), or an old name or a key under one (bfloat16.enabled).
+  static bool settable(const std::string& key) {
+    if (find_key(key) || sections().count(key)) return true;
+    for (std::string p = key; !p.empty(); p = parent_of(p)) {
+      if (alias_of(p)) return true;
+      if (const Key* k = find_key(p); k && k->kind == Kind::Object) return true;
+    }
+    return false;
+  }
+
   static const Alias* alias_of(const std::string& path) {
     for (const Alias& a : aliases())
       if (a.old_path == path) return &a;
@@ -165,24 +175,27 @@ class Resolver {
 
   // Old name -> new name, as DeepSpeed maps it; both given and different is an error.
   void apply_aliases() {
-    std::set<std::string> old_paths;
-    for (const Alias& a : aliases()) {
-      const json* old = find(user_, a.old_path);
-      if (!old) continue;
-      old_paths.insert(a.old_path);
-      const json now = a.value(*old);
+    struct Renamed {
+      const Alias* alias;
+      json old, now;
+    };
+    std::vector<Renamed> found;  // all read first: one old name may feed two new ones
+    for (const Alias& a : aliases())
+      if (const json* old = find(user_, a.old_path); old && !(old->is_object() && a.new_path.starts_with(a.old_path)))
+        found.push_back({&a, *old, a.value(*old)});
+    for (const Renamed& r : found) erase(user_, r.alias->old_path);
+    for (const Renamed& r : found) {
+      const Alias& a = *r.alias;
+      if (r.now.is_null()) continue;
+      if (const json* cur = find(user_, a.new_path); cur && *cur != r.now)
+        fail({a.old_path, a.new_path},
+             strprintf("'%s' (DeepSpeed's old name for '%s') = %s contradicts '%s' = %s; keep one", a.old_path.c_str(),
+                       a.new_path.c_str(), show(r.old).c_str(), a.new_path.c_str(), show(*cur).c_str()));
       const int source = source_of(a.old_path);
-      if (!now.is_null()) {
-        if (const json* cur = find(user_, a.new_path); cur && *cur != now)
-          fail({a.old_path, a.new_path},
-               strprintf("'%s' (DeepSpeed's old name for '%s') = %s contradicts '%s' = %s; keep one", a.old_path.c_str(),
-                         a.new_path.c_str(), show(*old).c_str(), a.new_path.c_str(), show(*cur).c_str()));
-        set(user_, a.new_path, now);
-        origin_[a.new_path] = static_cast<size_t>(std::max(source, 0));
-        renamed_[a.new_path] = a.old_path;
-      }
+      set(user_, a.new_path, r.now);
+      origin_[a.new_path] = static_cast<size_t>(std::max(source, 0));
+      renamed_[a.new_path] = a.old_path;
     }
-    for (const std::string& p : old_paths) erase(user_, p);
   }
 
   // DeepSpeed's optimizers and schedulers zero3d does not implement: said before their params
@@ -234,7 +247,9 @@ class Resolver {
   void normalise_present() {
     for (const Key& k : schema()) {
       const json* v = find(user_, k.path);
-      if (!v || (v->is_null() && k.def.is_null() && !k.def_fn)) continue;  // null: unset (DeepSpeed's None)
+      // null: unset (DeepSpeed's None), where the default is none too: no value, or no path ("")
+      if (!v || (v->is_null() && ((k.def.is_null() && !k.def_fn) || (k.kind == Kind::String && k.def == ""))))
+        continue;
       const bool value_auto = k.auto_is_value || std::find(k.choices.begin(), k.choices.end(), "auto") != k.choices.end();
       if (is_auto(*v) && !value_auto) {
         auto_.insert(k.path);
@@ -309,6 +324,26 @@ class Resolver {
       fail({k.path, k.when_key},
            strprintf("config key '%s' does not apply to %s \"%s\" (it applies to %s; \"%s\" takes: %s)", k.path.c_str(),
                      k.when_key.c_str(), sel.c_str(), quoted_list(k.when_values).c_str(), sel.c_str(), takes.c_str()));
+    }
+    for (const json& op : value("comms_logger.prof_ops"))
+      if (!std::set<std::string>{"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv"}.count(
+              op.get<std::string>()))
+        fail("comms_logger.prof_ops",
+             strprintf("comms_logger.prof_ops: unknown collective %s (zero3d's: all_reduce, reduce_scatter, "
+                       "all_gather, broadcast, send, recv)", show(op).c_str()));
+    // DeepSpeed's communication_data_type: zero3d reduces in the training precision, so only that one.
+    if (present("communication_data_type")) {
+      const std::string want = value("fp16.enabled") == true   ? "fp16"
+                               : value("bf16.enabled") == true ? "bf16"
+                                                               : "fp32";
+      std::string got = value_.at("communication_data_type").is_string()
+                            ? value_.at("communication_data_type").get<std::string>() : "";
+      if (got == "bfp16") got = "bf16";
+      if (got != want)
+        fail("communication_data_type",
+             strprintf("communication_data_type %s: zero3d reduces gradients in the training precision (%s here); "
+                       "remove it or set it to \"%s\"", show(value_.at("communication_data_type")).c_str(),
+                       want.c_str(), want.c_str()));
     }
     if (value("fp16.enabled") == true && value("bf16.enabled") == true)
       fail({"fp16.enabled", "bf16.enabled"}, "fp16.enabled and bf16.enabled are both true; choose one precision");

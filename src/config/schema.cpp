@@ -69,6 +69,9 @@ Key field(std::string path, Ref<T> ref, std::string doc) {
   } else if constexpr (std::is_same_v<T, std::string>) {
     k.kind = Kind::String, k.def = d;
     k.store = [ref](Config& c, const json& v) { ref(c) = v.get<std::string>(); };
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    k.kind = Kind::StringList, k.def = d;
+    k.store = [ref](Config& c, const json& v) { ref(c) = v.get<std::vector<std::string>>(); };
   } else if constexpr (std::is_same_v<T, std::array<double, 2>>) {
     k.kind = Kind::Betas, k.def = json::array({d[0], d[1]});
     k.store = [ref](Config& c, const json& v) { ref(c) = {v[0].get<double>(), v[1].get<double>()}; };
@@ -185,11 +188,11 @@ std::vector<Key> build() {
             "overlap gradient reduction with backward; default: stage == 3 (DeepSpeed's rule)")
           .derived_default([](const Lookup& get) { return json(get("zero_optimization.stage") == 3); }),
       field("zero_optimization.reduce_bucket_size", at(&Config::zero, &ZC::reduce_bucket_size),
-            "elements reduced at a time").range(1, kInf)
+            "elements reduced at a time; 0: one tensor at a time").range(0, kInf)
           .auto_from("model.d_model^2 (as the Hugging Face integration)",
                      [](const Lookup& get) { return json(d_model_of(get) * d_model_of(get)); }),
       field("zero_optimization.allgather_bucket_size", at(&Config::zero, &ZC::allgather_bucket_size),
-            "elements allgathered at a time").range(1, kInf),
+            "elements allgathered at a time; 0: one tensor at a time").range(0, kInf),
       field("zero_optimization.reduce_scatter", at(&Config::zero, &ZC::reduce_scatter),
             "reduce-scatter instead of allreduce for gradients"),
       field("zero_optimization.consistency_check_interval", at(&Config::zero, &ZC::consistency_check_interval),
@@ -254,6 +257,52 @@ std::vector<Key> build() {
              "widened (off), or auto (bf16 where oneDNN has native bf16 and measures it faster at start)"),
   };
 
+  using MO = MonitorConfig;
+  using CL = CommsLoggerConfig;
+  using FP = FlopsProfilerConfig;
+  for (Key k : {
+           // DeepSpeed's flops profiler (profiling/config.py), measured per module (train/flops_profiler.h).
+           field("flops_profiler.enabled", at(&Config::flops_profiler, &FP::enabled),
+                 "at profile_step print params, MACs, FLOPs and measured latencies per module (DeepSpeed's "
+                 "profile summary), and write them as \"profile\" records"),
+           field("flops_profiler.profile_step", at(&Config::flops_profiler, &FP::profile_step),
+                 "the step profiled, counted as DeepSpeed counts it: steps already done (1 profiles the second "
+                 "step); -1 none").range(-1, kIntMax),
+           field("flops_profiler.module_depth", at(&Config::flops_profiler, &FP::module_depth),
+                 "deepest level of the module tree shown (0 model, 1 embedding/h/ln_f/lm_head, 2 blocks, 3 "
+                 "ln_1/attn/ln_2/mlp); -1 all").range(-1, kIntMax),
+           field("flops_profiler.top_modules", at(&Config::flops_profiler, &FP::top_modules),
+                 "modules per depth in the aggregated profile").range(1, kIntMax),
+           field("flops_profiler.detailed", at(&Config::flops_profiler, &FP::detailed), "print the per-module tree"),
+           field("flops_profiler.output_file", at(&Config::flops_profiler, &FP::output_file),
+                 "also write the profile to this file (rank 0); \"\" = printed only"),
+           field("flops_profiler.recompute_fwd_factor", at(&Config::flops_profiler, &FP::recompute_fwd_factor),
+                 "forwards recomputed per backward, counted in fwd+bwd FLOPS (1 with activation checkpointing)")
+               .range(0, kInf),
+
+           // Monitors and logs (DeepSpeed's monitor/config.py, comm/config.py, runtime/config.py).
+           field("csv_monitor.enabled", at(&Config::csv_monitor, &MO::enabled),
+                 "one CSV per metric (step,value) under output_path/job_name/, as DeepSpeed's csv_monitor"),
+           field("csv_monitor.output_path", at(&Config::csv_monitor, &MO::output_path),
+                 "directory of the CSV files; \"\" = the run dir"),
+           field("csv_monitor.job_name", at(&Config::csv_monitor, &MO::job_name), "subdirectory of output_path"),
+           field("comms_logger.enabled", at(&Config::comms_logger, &CL::enabled),
+                 "per group and collective: calls, bytes, latency, algorithmic and bus bandwidth, printed at the end "
+                 "and as \"comms\" records"),
+           field("comms_logger.verbose", at(&Config::comms_logger, &CL::verbose),
+                 "print every collective of rank 0 as it completes"),
+           field("comms_logger.prof_all", at(&Config::comms_logger, &CL::prof_all),
+                 "log every collective; false: only those in prof_ops"),
+           field("comms_logger.prof_ops", at(&Config::comms_logger, &CL::prof_ops),
+                 "collectives logged when prof_all is false: all_reduce, reduce_scatter, all_gather, broadcast, "
+                 "send, recv"),
+           field("comms_logger.debug", at(&Config::comms_logger, &CL::debug),
+                 "DeepSpeed: the caller's name with each op; no effect here"),
+           field("memory_breakdown", at(&Config::memory_breakdown),
+                 "every steps_per_print: each rank's model states, buffers, activations and resident memory"),
+       })
+    keys.push_back(k);
+
   // checkpoint.load: one string, two members (the mode and the path).
   Key load;
   load.path = "checkpoint.load", load.kind = Kind::String, load.def = "none", load.nonempty = true;
@@ -273,16 +322,17 @@ std::vector<Key> build() {
   keys.push_back(provenance);
   for (Key& k : deepspeed_keys()) keys.push_back(std::move(k));
 
-  // Keys that never apply: DeepSpeed's activation-checkpointing knobs that we have not built yet.
-  for (Key k : {only("activation_checkpointing.partition_activations", false, "activations are not sharded across tp"),
-                only("activation_checkpointing.cpu_checkpointing", false, "checkpointed activations stay in memory"),
-                only("activation_checkpointing.contiguous_memory_optimization", false,
-                     "checkpointed activations are kept per block"),
-                only("activation_checkpointing.number_checkpoints", nullptr,
-                     "one checkpoint per transformer block (activation_checkpointing.enabled)"),
-                only("activation_checkpointing.synchronize_checkpoint_boundary", false, "no synchronisation at "
-                     "checkpoints"),
-                only("activation_checkpointing.profile", false, "use wall_clock_breakdown for recompute timings")})
+  // DeepSpeed's activation-checkpointing knobs place checkpoints, never change a result: no effect here.
+  for (Key k : {inert("activation_checkpointing.partition_activations", false,
+                      "checkpointed activations are not sharded across tp (memory only)"),
+                inert("activation_checkpointing.cpu_checkpointing", false, "checkpointed activations stay in memory"),
+                inert("activation_checkpointing.contiguous_memory_optimization", false,
+                      "checkpointed activations are kept per block"),
+                inert("activation_checkpointing.number_checkpoints", nullptr,
+                      "one checkpoint per transformer block (activation_checkpointing.enabled)"),
+                inert("activation_checkpointing.synchronize_checkpoint_boundary", false,
+                      "no synchronisation at checkpoints"),
+                inert("activation_checkpointing.profile", false, "use wall_clock_breakdown for recompute timings")})
     keys.push_back(k);
   return keys;
 }
@@ -433,6 +483,8 @@ const std::vector<Alias>& aliases() {
       {"zero_optimization.offload_optimizer.pipeline", "zero_optimization.offload_optimizer.pipeline_read", same},
       {"zero_optimization.offload_optimizer.pipeline", "zero_optimization.offload_optimizer.pipeline_write", same},
       {"bfloat16", "bf16", same},
+      // runtime/zero/config.py read_zero_config_deprecated: a boolean means stage 1 (true) or 0
+      {"zero_optimization", "zero_optimization.stage", [](const json& v) { return json(v == true ? 1 : 0); }},
   };
   return a;
 }
@@ -494,6 +546,11 @@ json normalise(const Key& k, const json& v) {
       }
       return out;
     }
+    case Kind::StringList:
+      if (!v.is_array()) return nullptr;
+      for (const json& s : v)
+        if (!s.is_string()) return nullptr;
+      return v;
     case Kind::Object:
       return v.is_object() ? v : json(nullptr);
     case Kind::Any:
@@ -532,6 +589,8 @@ std::string valid_text(const Key& k) {
     }
     case Kind::Betas:
       return "a pair of numbers [beta1, beta2], each in [0, 1)";
+    case Kind::StringList:
+      return "a list of strings";
     case Kind::Object:
       return "an object {...}";
     case Kind::Any:

@@ -26,7 +26,7 @@ namespace zero3d::config_schema {
 
 using json = nlohmann::json;
 
-enum class Kind { Integer, Number, Bool, String, Choice, Betas, Object, Any };
+enum class Kind { Integer, Number, Bool, String, Choice, Betas, StringList, Object, Any };
 enum class Status { honoured, fixed, no_effect, refused };
 
 constexpr double kIntMax = INT_MAX;

@@ -10,8 +10,7 @@
 namespace zero3d::config_schema {
 
 namespace {
-const char* kOffload =
-    "offload to host memory or NVMe is not implemented yet (issue #14); remove it or set device \"none\"";
+const char* kOffload = "offload to host memory or NVMe is not implemented yet (issue #14)";
 const char* kNoNvme = "no NVMe offload yet (issue #14): asynchronous I/O settings are unused";
 const char* kNoGpu = "a GPU/kernel detail of DeepSpeed's implementation; zero3d's result does not depend on it";
 const char* kNoPipeline =
@@ -22,8 +21,8 @@ const char* kNoPipeline =
 std::vector<Key> deepspeed_keys() {
   return {
       // Top level (runtime/config.py, constants.py).
-      only("communication_data_type", nullptr,
-           "gradients are reduced in the training precision (fp32, or 16 bits in fp16/bf16 runs)"),
+      inert("communication_data_type", nullptr,
+            "gradients are reduced in the training precision; another type is refused"),
       inert("seq_parallel_communication_data_type", "fp32", "no sequence parallelism in zero3d"),
       only("prescale_gradients", false, "gradients are averaged over the data-parallel group after the sum"),
       only("gradient_predivide_factor", 1.0, "no pre-division: the sum is divided by the dp size once"),
@@ -42,6 +41,8 @@ std::vector<Key> deepspeed_keys() {
       only("fp16.fp16_master_weights_and_grads", false, "fp32 master weights and Adam state"),
       only("bf16.immediate_grad_update", false, "gradients are accumulated, then reduced once per step"),
       only("bf16.check_grad_overflow", false, "bf16 needs no loss scale: no overflow check"),
+      // Megatron-DeepSpeed's configs carry bfloat16.loss_scale 1.0; DeepSpeed never read it.
+      only("bf16.loss_scale", 1.0, "bf16 needs no loss scale (1.0, or 0, means none)", {0}),
       switched_off("amp", "NVIDIA apex AMP is not available: use fp16.enabled or bf16.enabled"),
 
       // ZeRO (zero/config.py DeepSpeedZeroConfig).
@@ -86,6 +87,8 @@ std::vector<Key> deepspeed_keys() {
       inert("zero_optimization.offload_optimizer.ratio", 1.0, kOffload),
 
       // Optimizer and scheduler params zero3d's Adam and schedules do not take.
+      refuse("optimizer.params.max_grad_norm",
+             "apex's in-optimizer clipping, which DeepSpeed refuses too: set the top-level gradient_clipping"),
       only("optimizer.params.amsgrad", false, "Adam without AMSGrad (DeepSpeed's FusedAdam refuses it too)"),
       inert("optimizer.params.torch_adam", false, "zero3d's own Adam kernel, bitwise the same update"),
       inert("optimizer.params.fused", true, "zero3d's own Adam kernel"),
@@ -129,6 +132,10 @@ std::vector<Key> deepspeed_keys() {
       inert("nebula.num_of_version_in_retention", 2, "no Nebula service"),
       inert("nebula.enable_nebula_load", true, "no Nebula service"),
       inert("nebula.load_path", nullptr, "no Nebula service"),
+
+      switched_off("tensorboard",
+                   "zero3d writes no TensorBoard event files: use csv_monitor (DeepSpeed's CSV layout) or "
+                   "metrics.jsonl"),
 
       // Whole features zero3d does not have: accepted while disabled, refused when enabled.
       switched_off("elasticity", "no elastic training: fix the batch keys for the layout you run"),

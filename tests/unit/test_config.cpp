@@ -391,8 +391,10 @@ TEST(Config, UnknownKeySuggestsNearest) {
   f = dir.write("run.json", minimal(R"("fp16": {"zzzzzzzz": 1})"));
   EXPECT_THAT(load_error(f), HasSubstr("unknown config key 'fp16.zzzzzzzz' (valid keys in 'fp16': "));
   // a section must be an object
-  f = dir.write("run.json", minimal(R"("zero_optimization": true)"));
-  EXPECT_THAT(load_error(f), HasSubstr("'zero_optimization' must be an object"));
+  f = dir.write("run.json", minimal(R"("fp16": true)"));
+  EXPECT_THAT(load_error(f), HasSubstr("'fp16' must be an object"));
+  // ...except DeepSpeed's old boolean zero_optimization: stage 1 or 0
+  EXPECT_EQ(load_config({dir.write("run.json", minimal(R"("zero_optimization": true)")), "", {}}, 1).zero.stage, 1);
 }
 
 TEST(Config, DeepSpeedSettingsZero3dDoesNotImplement) {
@@ -428,6 +430,48 @@ TEST(Config, DeepSpeedSettingsZero3dDoesNotImplement) {
               HasSubstr("'zero_optimization.contiguous_gradients' = false is a DeepSpeed setting"));
   // world_size > 1 is data parallelism
   EXPECT_NO_THROW(load_config({f, "", {}}, 4));
+}
+
+// DeepSpeed's monitors and profiler: defaults, DeepSpeed's "never" (-1) and None (null), and the
+// legacy keys the ds_config corpus (tests/ds_configs) carries.
+TEST(Config, MonitorsProfilerAndLegacyKeys) {
+  TempDir dir;
+  const std::string f = dir.write("run.json", minimal());
+  Config c = load_config({f, "", {}}, 1);
+  EXPECT_FALSE(c.flops_profiler.enabled);
+  EXPECT_EQ(c.flops_profiler.profile_step, 1);
+  EXPECT_EQ(c.flops_profiler.module_depth, -1);
+  EXPECT_EQ(c.flops_profiler.top_modules, 1);
+  EXPECT_TRUE(c.flops_profiler.detailed);
+  EXPECT_EQ(c.flops_profiler.output_file, "");
+  const std::string ds = dir.write("ds.json", R"({"flops_profiler": {"enabled": true, "profile_step": -1,
+    "module_depth": 2, "top_modules": 3, "detailed": false, "output_file": null, "recompute_fwd_factor": 1.0},
+    "csv_monitor": {"enabled": true, "output_path": "logs", "job_name": "j"},
+    "comms_logger": {"enabled": true, "prof_all": false, "prof_ops": ["all_reduce"]}, "memory_breakdown": true})");
+  c = load_config({f, ds, {}}, 1);
+  EXPECT_TRUE(c.flops_profiler.enabled);
+  EXPECT_EQ(c.flops_profiler.profile_step, -1);
+  EXPECT_EQ(c.flops_profiler.module_depth, 2);
+  EXPECT_EQ(c.flops_profiler.top_modules, 3);
+  EXPECT_FALSE(c.flops_profiler.detailed);
+  EXPECT_EQ(c.flops_profiler.output_file, "");
+  EXPECT_DOUBLE_EQ(c.flops_profiler.recompute_fwd_factor, 1.0);
+  EXPECT_EQ(c.csv_monitor.output_path, "logs");
+  EXPECT_EQ(c.comms_logger.prof_ops, std::vector<std::string>{"all_reduce"});
+  EXPECT_TRUE(c.memory_breakdown);
+  EXPECT_THAT(load_error(f, {"flops_profiler.profile_step=-2"}), HasSubstr("flops_profiler.profile_step"));
+  EXPECT_THAT(load_error(f, {"comms_logger.prof_ops=[\"alltoall\"]"}),
+              HasSubstr("comms_logger.prof_ops: unknown collective \"alltoall\""));
+  EXPECT_THAT(load_error(f, {"tensorboard.enabled=true"}), HasSubstr("use csv_monitor"));
+  // apex's in-optimizer clipping: refused as DeepSpeed refuses it, pointing at gradient_clipping
+  EXPECT_THAT(load_error(f, {"optimizer.params.max_grad_norm=1.0"}),
+              HasSubstr("'optimizer.params.max_grad_norm' is a DeepSpeed key zero3d does not implement"));
+  // Megatron-DeepSpeed's bfloat16.loss_scale: only the no-op values
+  EXPECT_EQ(load_config({f, "", {"bfloat16.enabled=true", "bfloat16.loss_scale=1.0"}}, 1).precision,
+            Precision::bf16);
+  EXPECT_THAT(load_error(f, {"bf16.enabled=true", "bf16.loss_scale=128"}), HasSubstr("'bf16.loss_scale' = 128.0"));
+  // DeepSpeed allows bucket sizes of 0 (one tensor at a time)
+  EXPECT_EQ(load_config({f, "", {"zero_optimization.reduce_bucket_size=0"}}, 1).zero.reduce_bucket_size, 0);
 }
 
 TEST(Config, SchedulerParamsBelongToTheirType) {
