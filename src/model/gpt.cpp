@@ -143,6 +143,35 @@ double gpt_flops_per_token(const ModelConfig& m) {  // the whole model's, whatev
   return 6.0 * n + 6.0 * m.n_layer * static_cast<double>(m.d_model) * (m.seq_len + 1);
 }
 
+std::vector<ModuleStat> gpt_modules(const ModelConfig& m, int micro_batch, int tp, int tp_rank, int pp, int pp_rank) {
+  const PipelineStage stage = pipeline_stage(m, pp, pp_rank);
+  const double N = static_cast<double>(micro_batch) * m.seq_len, C = m.d_model, T = m.seq_len;
+  std::vector<ModuleStat> mods;
+  if (stage.first()) mods.push_back({"embedding"});
+  for (int l = stage.first_layer; l < stage.first_layer + stage.num_layers; ++l)
+    for (const char* part : {"ln_1", "attn", "ln_2", "mlp"}) mods.push_back({"h." + std::to_string(l) + "." + part});
+  if (stage.last()) mods.push_back({"ln_f"}), mods.push_back({"lm_head"});
+  auto module_of = [&](const ParamInfo& p) -> ModuleStat& {
+    if (p.tied_copy) return mods.back();  // the last stage's copy of wte serves the LM head
+    if (p.name == "wte" || p.name == "wpe") return mods.front();
+    const std::string name = p.name.substr(0, p.name.rfind('.'));  // "h.3.attn.c_attn" or "ln_f"
+    for (ModuleStat& s : mods)
+      if (name == s.name || name.starts_with(s.name + ".")) return s;
+    Z3D_ASSERT(false, "tensor " + p.name + " belongs to no module");
+    return mods.front();
+  };
+  for (const ParamInfo& p : gpt_param_table(m, tp, tp_rank, pp, pp_rank)) {
+    ModuleStat& s = module_of(p);
+    s.params += static_cast<double>(p.size);
+    if (p.name != "wte" && p.name != "wpe") s.macs += N * static_cast<double>(p.size);
+  }
+  for (ModuleStat& s : mods) {
+    if (s.name.ends_with(".attn")) s.macs += micro_batch * (C / tp) * T * (T + 1);  // QK^T and AV, causal
+    if (s.name == "lm_head") s.macs = N * static_cast<double>(m.vocab_size / tp) * C;  // logits = x wte^T
+  }
+  return mods;
+}
+
 GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options,
          ProcessGroup* tp, PipelineStage stage)
     : be_(backend), cfg_(config), opt_(options), tp_(tp), tp_size_(tp ? tp->size() : 1), tp_rank_(tp ? tp->rank() : 0),
@@ -163,6 +192,10 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
   }
   Z3D_ASSERT(layout_.tensors[0].tp == tp_size_ && layout_.tensors[0].tp_rank == tp_rank_,
              "parameter layout is for another tensor-parallel rank");
+  // Modules (gpt_modules' order): [embedding] 4 per block [ln_f lm_head].
+  block_module0_ = stage_.first() ? 1 : 0;
+  lnf_module_ = block_module(L_, 0);
+  head_module_ = lnf_module_ + 1;
 
   const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_, lse = static_cast<size_t>(B_) * H_ * T_;
   // Activation plan. A block's activations: ln1, res2, ln2 (N*C each), qkv (3 N*A), atty (N*A),
@@ -268,7 +301,7 @@ void GPT::tp_all_reduce(float* x, size_t n) {
 // MLP), row-parallel proj and fc_proj (each rank's partial product, then one all-reduce): two
 // all-reduces per block forward, two in backward. The biases and the residual adds ride in the
 // GEMMs' epilogues; with tp > 1 tp rank 0 adds them to its partial product before the sum.
-void GPT::block_forward(const LayerActs& a, const LayerTensors<const float>& w, float* x_next) {
+void GPT::block_forward(int l, const LayerActs& a, const LayerTensors<const float>& w, float* x_next) {
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
   const bool adds = tp_rank_ == 0;
@@ -277,11 +310,21 @@ void GPT::block_forward(const LayerActs& a, const LayerTensors<const float>& w, 
     be_.linear_forward(y, x, wt, adds ? bias : nullptr, adds ? residual : nullptr, N, in, C);
     tp_all_reduce(y, NC);
   };
-  be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b, N, C);
-  be_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, nullptr, N, C, 3 * A_);
-  be_.attention_forward(a.atty, a.lse, a.qkv, B_, T_, H_, A_);
-  row_parallel(a.res2, a.atty, w.proj_w, w.proj_b, a.x, A_);  // res2 = x + attn
-  be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
+  {
+    auto t = timed(block_module(l, 0));
+    be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b, N, C);
+  }
+  {
+    auto t = timed(block_module(l, 1));
+    be_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, nullptr, N, C, 3 * A_);
+    be_.attention_forward(a.atty, a.lse, a.qkv, B_, T_, H_, A_);
+    row_parallel(a.res2, a.atty, w.proj_w, w.proj_b, a.x, A_);  // res2 = x + attn
+  }
+  {
+    auto t = timed(block_module(l, 2));
+    be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
+  }
+  auto t = timed(block_module(l, 3));
   be_.linear_forward(a.fch, a.ln2, w.fc_w, w.fc_b, nullptr, N, C, F_);
   be_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * F_);
   row_parallel(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, a.res2, F_);  // x_next = res2 + mlp
@@ -320,13 +363,24 @@ float GPT::lm_head(const float* wte, float* dwte, float dloss) {
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
     const float* x = lnf_ + static_cast<size_t>(r0) * C;
-    be_.gemm(false, true, rows, V_, C, 1.0f, x, C, wte, C, 0.0f, logits_, V_);  // logits = x wte^T
-    crossentropy(r0, rows, dloss);
+    {
+      auto t = timed(head_module_);
+      be_.gemm(false, true, rows, V_, C, 1.0f, x, C, wte, C, 0.0f, logits_, V_);  // logits = x wte^T
+      crossentropy(r0, rows, dloss);
+    }
     if (dloss <= 0.0f) continue;
+    in_backward_ = true;  // the head's backward, run here block by block
+    auto t = timed(head_module_);
     be_.gemm(false, false, rows, C, V_, 1.0f, logits_, V_, wte, C, 0.0f, dbuf_c_ + static_cast<size_t>(r0) * C, C);
     be_.gemm(true, false, V_, C, rows, 1.0f, logits_, V_, x, C, 1.0f, dwte, C);  // dwte += dlogits^T x
+    in_backward_ = false;
   }
-  if (dloss > 0.0f) tp_all_reduce(dbuf_c_, static_cast<size_t>(N) * C);  // dlnf: summed over the vocab slices
+  if (dloss > 0.0f) {
+    in_backward_ = true;
+    auto t = timed(head_module_);
+    tp_all_reduce(dbuf_c_, static_cast<size_t>(N) * C);  // dlnf: summed over the vocab slices
+    in_backward_ = false;
+  }
   double sum = 0.0;
   for (float v : host_losses_) sum += v;
   return static_cast<float>(sum / N);
@@ -340,6 +394,7 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   if (stage_.first()) {  // held until the LM head when this stage has both
     emb = store_.acquire_params(emb_unit_);
     // Vocab-parallel embedding: each rank looks up its rows (others give 0), rank 0 adds positions.
+    auto t = timed(0);
     be_.embedding_forward(enc_, inputs_.data(), tensor(emb, 0), tp_rank_ == 0 ? tensor(emb, 1) : nullptr, N, T_, C,
                           vocab_start_, V_);
     tp_all_reduce(enc_, static_cast<size_t>(N) * C);
@@ -347,13 +402,17 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   }
   for (int l = 0; l < L_; ++l) {
     const int unit = first_block_unit_ + l;
-    block_forward(layers_[l], layer_tensors(store_.acquire_params(unit), l), l + 1 < L_ ? layers_[l + 1].x : xfinal_);
+    block_forward(l, layers_[l], layer_tensors(store_.acquire_params(unit), l), l + 1 < L_ ? layers_[l + 1].x : xfinal_);
     store_.release_params(unit);
   }
   if (!stage_.last()) return 0.0f;
   const float* fin = store_.acquire_params(final_unit_);
   const float* wte = tensor(head_unit_ == emb_unit_ ? emb : fin, head_wte_index_);
-  be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf_index_), tensor(fin, lnf_index_ + 1), N, C);
+  {
+    auto t = timed(lnf_module_);
+    be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf_index_), tensor(fin, lnf_index_ + 1), N,
+                          C);
+  }
   // Training: the head's backward runs here, block by block, so its gradients are taken now; the
   // final unit's is handed over by backward() (after the final LayerNorm's), the tied
   // embedding's (one stage) after the embedding's.
@@ -370,18 +429,32 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   return loss;
 }
 
+void GPT::set_module_profile(ModuleProfile* p) {
+  Z3D_ASSERT(!p || p->modules.size() == (stage_.last() ? head_module_ + 1 : lnf_module_),
+             "module profile does not describe this model's modules");
+  mprof_ = p;
+}
+
 void GPT::backward() {
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
+  in_backward_ = true;  // module timers count backward (and recomputed forwards) until the return
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{in_backward_};
   float* demb = nullptr;
   if (stage_.last()) {  // the LM head ran its backward in forward(): dlnf is in dbuf_c_
     Z3D_ASSERT(head_grads_done_, "GPT::backward() needs a forward() with dloss > 0 first");
     head_grads_done_ = false;
     demb = demb_;
     const float* fin = store_.acquire_params(final_unit_);
-    be_.zero(dres_, NC * sizeof(float));
-    be_.layernorm_backward(dres_, tensor(dfinal_, lnf_index_), tensor(dfinal_, lnf_index_ + 1), dbuf_c_, xfinal_,
-                           tensor(fin, lnf_index_), lnf_mean_, lnf_rstd_, N, C);
+    {
+      auto t = timed(lnf_module_);
+      be_.zero(dres_, NC * sizeof(float));
+      be_.layernorm_backward(dres_, tensor(dfinal_, lnf_index_), tensor(dfinal_, lnf_index_ + 1), dbuf_c_, xfinal_,
+                             tensor(fin, lnf_index_), lnf_mean_, lnf_rstd_, N, C);
+    }
     store_.grads_done(final_unit_);
     store_.release_params(final_unit_);
   }
@@ -401,30 +474,44 @@ void GPT::backward() {
     // Regenerate this block's activations from its input (the last block's are still there).
     if (opt_.checkpoint_activations && l + 1 < L_) {
       const auto t0 = std::chrono::steady_clock::now();
-      block_forward(a, w, l + 1 < L_ ? layers_[l + 1].x : xfinal_);
+      block_forward(l, a, w, l + 1 < L_ ? layers_[l + 1].x : xfinal_);
       be_.synchronize();
       recompute_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     const auto g = layer_tensors(store_.acquire_grads(unit), l);
     // MLP: dres holds d x_{l+1}; it flows unchanged into d res2 through the residual.
     // Row-parallel layers need no communication backward; column-parallel ones all-reduce dx.
-    linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, F_, C);
-    be_.gelu_backward(dfch_, g.fc_b, a.fch, dfch_, N, F_);  // with fc's bias gradient, in one pass
-    linear_backward(dbuf_c_, g.fc_w, nullptr, dfch_, a.ln2, w.fc_w, C, F_);
-    tp_all_reduce(dbuf_c_, NC);
-    be_.layernorm_backward(dres_, g.ln2_w, g.ln2_b, dbuf_c_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
-    // Attention: dres now holds d res2, which flows unchanged into d x_l.
-    linear_backward(dbuf_c_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, A_, C);
-    be_.attention_backward(dqkv_, dbuf_c_, a.atty, a.lse, a.qkv, B_, T_, H_, A_);
-    linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, 3 * A_);
-    tp_all_reduce(dbuf_c_, NC);
-    be_.layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_c_, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+    {
+      auto t = timed(block_module(l, 3));
+      linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, F_, C);
+      be_.gelu_backward(dfch_, g.fc_b, a.fch, dfch_, N, F_);  // with fc's bias gradient, in one pass
+      linear_backward(dbuf_c_, g.fc_w, nullptr, dfch_, a.ln2, w.fc_w, C, F_);
+      tp_all_reduce(dbuf_c_, NC);
+    }
+    {
+      auto t = timed(block_module(l, 2));
+      be_.layernorm_backward(dres_, g.ln2_w, g.ln2_b, dbuf_c_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
+    }
+    {  // attention: dres now holds d res2, which flows unchanged into d x_l
+      auto t = timed(block_module(l, 1));
+      linear_backward(dbuf_c_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, A_, C);
+      be_.attention_backward(dqkv_, dbuf_c_, a.atty, a.lse, a.qkv, B_, T_, H_, A_);
+      linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, 3 * A_);
+      tp_all_reduce(dbuf_c_, NC);
+    }
+    {
+      auto t = timed(block_module(l, 0));
+      be_.layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_c_, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+    }
     store_.grads_done(unit);
     store_.release_params(unit);
   }
   if (!stage_.first()) return;  // dres holds d(input) for the previous stage
   if (!stage_.last()) demb = store_.acquire_grads(emb_unit_);  // the lookup's gradient needs no weights
-  be_.embedding_backward(tensor(demb, 0), tensor(demb, 1), dres_, inputs_.data(), N, T_, C, vocab_start_, V_);
+  {
+    auto t = timed(0);
+    be_.embedding_backward(tensor(demb, 0), tensor(demb, 1), dres_, inputs_.data(), N, T_, C, vocab_start_, V_);
+  }
   store_.grads_done(emb_unit_);
 }
 

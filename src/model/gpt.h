@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "kernels/backend.h"
+#include "model/module_profile.h"
 
 namespace zero3d {
 class ParamStore;
@@ -119,6 +120,8 @@ class GPT {
   const float* output_activation() const { return xfinal_; }
   float* output_gradient() { return dres_; }
   const float* input_gradient() const { return dres_; }
+  // The flops profiler's timers (nullptr: none): `p->modules` must be this rank's gpt_modules().
+  void set_module_profile(ModuleProfile* p);
 
  private:
   struct LayerActs {
@@ -133,10 +136,13 @@ class GPT {
   F* tensor(F* unit_base, size_t i) const;
   template <typename F>
   LayerTensors<F> layer_tensors(F* unit_base, int l) const;
-  void block_forward(const LayerActs& a, const LayerTensors<const float>& w, float* x_next);
+  void block_forward(int l, const LayerActs& a, const LayerTensors<const float>& w, float* x_next);
   void tp_all_reduce(float* x, size_t n);  // sum over the tensor-parallel group (no-op without)
   void crossentropy(int r0, int rows, float dloss);  // of one row block of (vocab-parallel) logits
   float lm_head(const float* wte, float* dwte, float dloss);  // returns the mean loss
+  // Times the enclosing scope as module `index` (see gpt_modules' order); backward while in backward().
+  ModuleProfile::Scope timed(size_t index) { return ModuleProfile::Scope(mprof_, be_, index, in_backward_); }
+  size_t block_module(int l, int part) const { return block_module0_ + 4 * static_cast<size_t>(l) + part; }
 
   Backend& be_;
   ModelConfig cfg_;
@@ -165,6 +171,9 @@ class GPT {
   double recompute_s_ = 0;
   bool head_grads_done_ = false;  // forward ran the head's backward; backward() owes the rest
   float *dfinal_ = nullptr, *demb_ = nullptr;  // the gradients forward() took for the head
+  ModuleProfile* mprof_ = nullptr;
+  bool in_backward_ = false;
+  size_t block_module0_ = 0, lnf_module_ = 0, head_module_ = 0;  // indices into gpt_modules()
 };
 
 }  // namespace zero3d

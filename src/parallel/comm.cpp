@@ -18,6 +18,11 @@ CommContext& comm_context() {
   return ctx;
 }
 
+CommLog& comm_log() {
+  static CommLog log;
+  return log;
+}
+
 namespace {
 int count_of(size_t n) {
   Z3D_ASSERT(n <= static_cast<size_t>(INT_MAX), "message larger than 2^31 elements: lower the bucket size");
@@ -83,10 +88,14 @@ const Mpi16& mpi16() {
 MPI_Op sum_op(Dtype16 t) { return t == Dtype16::bf16 ? mpi16().sum_bf16 : mpi16().sum_fp16; }
 }  // namespace
 
-PendingOp::PendingOp(MPI_Request r, std::string what, const ProcessGroup* group)
-    : req_(r), what_(std::move(what)), group_(group) {}
-PendingOp::PendingOp(PendingOp&& o) noexcept : req_(o.req_), what_(std::move(o.what_)), group_(o.group_) {
+PendingOp::PendingOp(MPI_Request r, std::string what, const ProcessGroup* group, CommOpStats* logged)
+    : req_(r), what_(std::move(what)), group_(group), logged_(logged), issued_(std::chrono::steady_clock::now()) {
+  if (req_ == MPI_REQUEST_NULL) completed();
+}
+PendingOp::PendingOp(PendingOp&& o) noexcept
+    : req_(o.req_), what_(std::move(o.what_)), group_(o.group_), logged_(o.logged_), issued_(o.issued_) {
   o.req_ = MPI_REQUEST_NULL;
+  o.logged_ = nullptr;
 }
 PendingOp& PendingOp::operator=(PendingOp&& o) noexcept {
   if (this != &o) {
@@ -94,7 +103,10 @@ PendingOp& PendingOp::operator=(PendingOp&& o) noexcept {
     req_ = o.req_;
     what_ = std::move(o.what_);
     group_ = o.group_;
+    logged_ = o.logged_;
+    issued_ = o.issued_;
     o.req_ = MPI_REQUEST_NULL;
+    o.logged_ = nullptr;
   }
   return *this;
 }
@@ -104,7 +116,32 @@ bool PendingOp::test() {
   if (req_ == MPI_REQUEST_NULL) return true;
   int flag = 0;
   MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+  if (flag) completed();
   return flag != 0;
+}
+
+void PendingOp::completed() {
+  if (!logged_) return;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - issued_).count();
+  logged_->seconds += s;
+  if (comm_log().verbose) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (world_rank == 0)
+      std::fprintf(stderr, "comm op: %s | group %s (%d ranks) | msg size %llu B | latency %.3f ms\n", what_.c_str(),
+                   group_ ? group_->name().c_str() : "?", logged_->group_size,
+                   static_cast<unsigned long long>(logged_->calls ? logged_->msg_bytes / logged_->calls : 0), 1e3 * s);
+  }
+  logged_ = nullptr;
+}
+
+CommOpStats* ProcessGroup::account(const char* op, uint64_t msg_bytes, uint64_t sent_bytes) {
+  bytes_sent_ += sent_bytes;
+  CommLog& log = comm_log();
+  if (!log.enabled || !log.active || (!log.ops.empty() && !log.ops.count(op))) return nullptr;
+  CommOpStats& st = log.stats[{name_, op}];
+  st.calls += 1, st.msg_bytes += msg_bytes, st.sent_bytes += sent_bytes, st.group_size = size_;
+  return &st;
 }
 
 void PendingOp::wait() {
@@ -162,33 +199,35 @@ ProcessGroup::~ProcessGroup() {
 
 PendingOp ProcessGroup::all_reduce_impl(void* buf, size_t n, MPI_Datatype type, MPI_Op op, size_t elem_bytes) {
   MPI_Request r = MPI_REQUEST_NULL;
+  CommOpStats* logged = account("all_reduce", n * elem_bytes, ring_bytes_sent(size_, n * elem_bytes, 2));
   if (size_ > 1) MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), type, op, comm_, &r));
-  bytes_sent_ += ring_bytes_sent(size_, n * elem_bytes, 2);
-  return PendingOp(r, "all-reduce", this);
+  return PendingOp(r, "all-reduce", this, logged);
 }
 
 PendingOp ProcessGroup::reduce_scatter_impl(const void* send, void* recv, size_t count, MPI_Datatype type, MPI_Op op,
                                             size_t elem_bytes) {
   MPI_Request r = MPI_REQUEST_NULL;
+  const uint64_t whole = static_cast<uint64_t>(size_) * count * elem_bytes;
+  CommOpStats* logged = account("reduce_scatter", whole, ring_bytes_sent(size_, whole, 1));
   if (size_ > 1)
     MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count_of(count), type, op, comm_, &r));
   else if (send != recv)
     memmove(recv, send, count * elem_bytes);
-  bytes_sent_ += ring_bytes_sent(size_, static_cast<uint64_t>(size_) * count * elem_bytes, 1);
-  return PendingOp(r, "reduce-scatter", this);
+  return PendingOp(r, "reduce-scatter", this, logged);
 }
 
 PendingOp ProcessGroup::all_gather_impl(const void* send, void* recv, size_t count, MPI_Datatype type,
                                         size_t elem_bytes) {
   MPI_Request r = MPI_REQUEST_NULL;
   const bool in_place = send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * count * elem_bytes;
+  const uint64_t whole = static_cast<uint64_t>(size_) * count * elem_bytes;
+  CommOpStats* logged = account("all_gather", whole, ring_bytes_sent(size_, whole, 1));
   if (size_ > 1)
     MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, count_of(count), type, recv, count_of(count), type,
                              comm_, &r));
   else if (!in_place)
     memmove(recv, send, count * elem_bytes);
-  bytes_sent_ += ring_bytes_sent(size_, static_cast<uint64_t>(size_) * count * elem_bytes, 1);
-  return PendingOp(r, "all-gather", this);
+  return PendingOp(r, "all-gather", this, logged);
 }
 
 PendingOp ProcessGroup::iall_reduce_sum(float* buf, size_t n) {
@@ -215,22 +254,23 @@ PendingOp ProcessGroup::iall_gather(const uint16_t* send, uint16_t* recv, size_t
 
 void ProcessGroup::broadcast(void* buf, size_t bytes, int root) {
   MPI_Request r = MPI_REQUEST_NULL;
+  CommOpStats* logged = account("broadcast", bytes, rank_ == root && size_ > 1 ? bytes : 0);
   if (size_ > 1) MPI_CHECK(MPI_Ibcast(buf, count_of(bytes), MPI_BYTE, root, comm_, &r));
-  if (rank_ == root) bytes_sent_ += bytes * (size_ > 1 ? 1 : 0);
-  PendingOp(r, "broadcast", this).wait();
+  PendingOp(r, "broadcast", this, logged).wait();
 }
 
 PendingOp ProcessGroup::isend(const float* buf, size_t n, int peer, int tag) {
   MPI_Request r = MPI_REQUEST_NULL;
+  CommOpStats* logged = account("send", n * sizeof(float), n * sizeof(float));
   MPI_CHECK(MPI_Isend(buf, count_of(n), MPI_FLOAT, peer, tag, comm_, &r));
-  bytes_sent_ += n * sizeof(float);
-  return PendingOp(r, "send", this);
+  return PendingOp(r, "send", this, logged);
 }
 
 PendingOp ProcessGroup::irecv(float* buf, size_t n, int peer, int tag) {
   MPI_Request r = MPI_REQUEST_NULL;
+  CommOpStats* logged = account("recv", n * sizeof(float), 0);
   MPI_CHECK(MPI_Irecv(buf, count_of(n), MPI_FLOAT, peer, tag, comm_, &r));
-  return PendingOp(r, "receive", this);
+  return PendingOp(r, "receive", this, logged);
 }
 
 // One scalar, in place, under the watchdog: the control-traffic reductions below.

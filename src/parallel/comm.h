@@ -9,6 +9,9 @@
 //  - Accounting: bytes_sent() counts what this rank sends under the ring algorithms
 //    (all-reduce 2(p-1)/p of the buffer, reduce-scatter and all-gather (p-1)/p, broadcast and
 //    send the whole buffer), the volume the ZeRO paper's analysis uses.
+//  - Comms log (DeepSpeed's comms_logger): per group and collective, calls, message bytes, bytes
+//    sent (the accounting above), and latency from issue to observed completion, counted while the
+//    log is active (the trainer's steps). Scalar control reductions are counted in neither.
 //
 // 16-bit collectives (bf16, fp16 as raw uint16_t bits) serve mixed-precision ZeRO. MPI has no
 // 16-bit float type, so sums run through a user-defined MPI_Op that converts each pair to float,
@@ -20,10 +23,14 @@
 #pragma once
 #include <mpi.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zero3d {
@@ -38,11 +45,28 @@ struct CommContext {
 };
 CommContext& comm_context();
 
+// One (group, collective) of the comms log.
+struct CommOpStats {
+  int64_t calls = 0;
+  uint64_t msg_bytes = 0;   // the buffers' sizes, summed (all-gather/reduce-scatter: the whole buffer)
+  uint64_t sent_bytes = 0;  // what this rank sent (bytes_sent's accounting)
+  double seconds = 0;       // issue to completion, summed
+  int group_size = 1;
+};
+struct CommLog {
+  bool enabled = false;  // comms_logger.enabled
+  bool active = false;   // counting now (the trainer's steps)
+  bool verbose = false;  // print every op on rank 0 as it completes
+  std::set<std::string> ops;  // empty: every op (prof_all); else only these ("all_reduce", ...)
+  std::map<std::pair<std::string, std::string>, CommOpStats> stats;  // (group, op) -> stats
+};
+CommLog& comm_log();
+
 // A pending non-blocking operation; wait() blocks (under the watchdog), test() polls.
 class PendingOp {
  public:
   PendingOp() = default;
-  PendingOp(MPI_Request r, std::string what, const class ProcessGroup* group);
+  PendingOp(MPI_Request r, std::string what, const class ProcessGroup* group, CommOpStats* logged = nullptr);
   PendingOp(PendingOp&& o) noexcept;
   PendingOp& operator=(PendingOp&& o) noexcept;
   PendingOp(const PendingOp&) = delete;
@@ -53,9 +77,12 @@ class PendingOp {
   bool done() const { return req_ == MPI_REQUEST_NULL; }
 
  private:
+  void completed();  // adds the latency to the comms log
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::string what_;
   const ProcessGroup* group_ = nullptr;
+  CommOpStats* logged_ = nullptr;
+  std::chrono::steady_clock::time_point issued_{};
 };
 
 class ProcessGroup {
@@ -115,6 +142,8 @@ class ProcessGroup {
   PendingOp reduce_scatter_impl(const void* send, void* recv, size_t count, MPI_Datatype type, MPI_Op op,
                                 size_t elem_bytes);
   PendingOp all_gather_impl(const void* send, void* recv, size_t count, MPI_Datatype type, size_t elem_bytes);
+  // Counts a collective in bytes_sent and, when active, in the comms log (its entry, or null).
+  CommOpStats* account(const char* op, uint64_t msg_bytes, uint64_t sent_bytes);
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
   int size_ = 1, rank_ = 0;

@@ -26,6 +26,8 @@
 #include "train/bench.h"
 #include "kernels/host/cpu_kernels.h"
 #include "train/metrics.h"
+#include "train/monitors.h"
+#include "train/flops_profiler.h"
 #include "train/fault.h"
 #include "train/stop_signal.h"  // the flag; cmd_train installs the handlers
 #include "parallel/schedule.h"
@@ -77,6 +79,10 @@ struct Trainer::State {
       models.push_back(std::make_unique<GPT>(b, c.model, micro, engine, GPTOptions{c.activation_checkpointing},
                                              g.tp.get(), stage));
     sends.resize(slots);
+    if (c.flops_profiler.enabled) {
+      module_profile.modules = gpt_modules(c.model, micro, g.topo.tp, g.coord.tp, g.topo.pp, g.coord.pp);
+      for (auto& m : models) m->set_module_profile(&module_profile);
+    }
     schedule = one_f_one_b(g.coord.pp, g.topo.pp, c.gradient_accumulation_steps);
     if (!c.data.val.empty())
       val_data = std::make_unique<DataLoader>(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false);
@@ -113,6 +119,12 @@ struct Trainer::State {
   int profiled_steps = 0;
   double profiled_s = 0, mem_bandwidth = 0, compute_peak = 0;
   void report_kernels();
+  // DeepSpeed's monitors: csv_monitor (rank 0), comms_logger, memory_breakdown.
+  std::unique_ptr<CsvMonitor> csv;
+  int comm_steps = 0;  // steps the comms log covers
+  ModuleProfile module_profile;  // flops_profiler: the models' module timers
+  void report_comms();
+  void report_memory(int step, const MemoryAccount& mem);
   double last_save_s = 0;   // the last checkpoint's save time (before the first: an estimate)
 
   bool is_root() const { return groups.world_rank == 0; }
@@ -208,6 +220,8 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     // checkpoint) starts its steps over too.
     drop_metrics_after(s.opt.run_dir + "/metrics.jsonl", s.resumed ? s.start_step : -1);
     s.metrics = std::make_unique<MetricsLog>(s.opt.run_dir + "/metrics.jsonl");
+    if (config.csv_monitor.enabled)
+      s.csv = std::make_unique<CsvMonitor>(config.csv_monitor, s.opt.run_dir, static_cast<int64_t>(s.cursor));
   });
 }
 
@@ -371,6 +385,44 @@ void Trainer::State::report_kernels() {
   if (metrics) metrics->write(rec);
 }
 
+void Trainer::State::report_comms() {
+  const CommLog& log = comm_log();
+  if (!log.enabled || comm_steps == 0 || !is_root()) return;
+  const std::string table = zero3d::report_comms(log, metrics.get(), comm_steps);
+  log_info("zero3d: communication of rank 0 over %d steps (comms_logger)\n%s", comm_steps, table.c_str());
+}
+
+// memory_breakdown: every rank's model states, buffers, activations and resident memory, printed
+// by rank 0 one line per rank and written as "memory" records.
+void Trainer::State::report_memory(int step, const MemoryAccount& mem) {
+  const ResidentMemory rss = resident_memory();
+  const std::vector<uint64_t> mine = {mem.params, mem.grads, mem.optimizer, mem.buffers,
+                                      models.size() * models[0]->activation_bytes(), static_cast<uint64_t>(rss.rss),
+                                      static_cast<uint64_t>(rss.peak)};
+  std::vector<uint64_t> all;
+  groups.world->all_gather_u64(mine, all);
+  if (!is_root()) return;
+  std::string lines;
+  for (size_t r = 0; r * mine.size() < all.size(); ++r) {
+    const uint64_t* v = &all[r * mine.size()];
+    lines += strprintf("  rank %3zu: params %.1f MB, grads %.1f MB, optimizer %.1f MB, buffers %.1f MB, activations "
+                       "%.1f MB, resident %.1f MB (peak %.1f MB)\n",
+                       r, v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6, v[6] / 1e6);
+    if (metrics)
+      metrics->write(MetricsRecord("memory")
+                         .add("step", step)
+                         .add("rank", static_cast<int64_t>(r))
+                         .add("params_bytes", static_cast<int64_t>(v[0]))
+                         .add("grads_bytes", static_cast<int64_t>(v[1]))
+                         .add("optimizer_bytes", static_cast<int64_t>(v[2]))
+                         .add("buffers_bytes", static_cast<int64_t>(v[3]))
+                         .add("activations_bytes", static_cast<int64_t>(v[4]))
+                         .add("rss_bytes", static_cast<int64_t>(v[5]))
+                         .add("rss_peak_bytes", static_cast<int64_t>(v[6])));
+  }
+  log_info("zero3d: memory after step %d (memory_breakdown)\n%s", step, lines.c_str());
+}
+
 int Trainer::run() {
   State& s = *s_;
   const Config& c = s.cfg;
@@ -439,14 +491,27 @@ int Trainer::run() {
     if (s.be.kind() == BackendKind::host) s.compute_peak = cpu::select().fma_peak(0.1) * cpu::threads();
   }
   const Fault fault = Fault::from_env();
+  CommLog& comms = comm_log();
+  comms.enabled = c.comms_logger.enabled, comms.verbose = c.comms_logger.verbose;
+  if (!c.comms_logger.prof_all) comms.ops.insert(c.comms_logger.prof_ops.begin(), c.comms_logger.prof_ops.end());
   auto run_start = Clock::now();
   const int first_step = static_cast<int>(s.start_step) + 1;
+  const FlopsProfilerConfig& fp = c.flops_profiler;
+  // DeepSpeed profiles when its count of steps done equals profile_step: our step profile_step + 1.
+  const int profiled_step = fp.profile_step + 1;
+  if (fp.enabled && fp.profile_step < 0)
+    log_info("zero3d: notice: flops_profiler.profile_step %d: no step is profiled", fp.profile_step);
+  else if (fp.enabled && (profiled_step < first_step || profiled_step > c.train_steps))
+    log_warn("flops_profiler.profile_step %d (step %d) is not among this run's steps (%d-%d): no profile",
+             fp.profile_step, profiled_step, first_step, c.train_steps);
   for (int step = first_step; step <= c.train_steps; ++step) {
     comm_context().step = step;
     s.groups.dp->reset_bytes_sent();
     s.groups.tp->reset_bytes_sent();
     s.groups.pp->reset_bytes_sent();
     if (s.groups.embedding) s.groups.embedding->reset_bytes_sent();
+    comms.active = comms.enabled;  // the comms log covers what comm_bytes covers
+    if (fp.enabled && step == profiled_step) s.module_profile.reset_times(), s.module_profile.on = true;
     auto t0 = Clock::now();
     const int64_t faults0 = minor_page_faults();
     s.engine.begin_step();
@@ -498,6 +563,7 @@ int Trainer::run() {
         world.all_reduce_max(static_cast<int64_t>(s.groups.dp->bytes_sent() + s.groups.tp->bytes_sent() +
                                                   s.groups.pp->bytes_sent() +
                                                   (s.groups.embedding ? s.groups.embedding->bytes_sent() : 0)));
+    if (comms.active) comms.active = false, ++s.comm_steps;
 
     double recompute = 0;
     for (auto& m : s.models) recompute += m->take_recompute_seconds();
@@ -516,6 +582,27 @@ int Trainer::run() {
             .add("pipeline_idle_s", idle_s).add("pipeline_idle_fraction", idle_s / step_time);
       s.metrics->write(r);
     }
+    if (s.module_profile.on) {
+      s.module_profile.on = false;
+      const ProfiledStep ps{step, s.micro, gas, t_reduce, t_opt, t_gather, s.pipeline_idle_s, step_time};
+      const std::string text = report_flops_profile(fp, c.model, s.groups, s.module_profile, ps, s.metrics.get());
+      if (s.is_root()) log_info("%s", text.c_str());
+    }
+    if (s.csv) {  // DeepSpeed's event names; the x axis is samples trained
+      const int64_t samples = static_cast<int64_t>(step) * G;
+      s.csv->write("Train/Samples/train_loss", loss, samples);
+      s.csv->write("Train/Samples/lr", lr, samples);
+      if (c.precision == Precision::fp16) s.csv->write("Train/Samples/loss_scale", loss_scale, samples);
+      s.csv->write("Train/Samples/grad_norm", grad_norm, samples);
+      if (c.wall_clock_breakdown) {
+        s.csv->write("Train/Samples/elapsed_time_ms_forward", 1e3 * t_fwd, samples);
+        s.csv->write("Train/Samples/elapsed_time_ms_backward", 1e3 * (t_bwd + t_reduce), samples);
+        s.csv->write("Train/Samples/elapsed_time_ms_backward_inner", 1e3 * t_bwd, samples);
+        s.csv->write("Train/Samples/elapsed_time_ms_backward_allreduce", 1e3 * t_reduce, samples);
+        s.csv->write("Train/Samples/elapsed_time_ms_step", 1e3 * t_opt, samples);
+      }
+    }
+    if (c.memory_breakdown && (step % c.steps_per_print == 0 || step == c.train_steps)) s.report_memory(step, mem);
 
     if (step % c.steps_per_print == 0 || step == c.train_steps) {
       const double elapsed = seconds_since(run_start);
@@ -543,7 +630,7 @@ int Trainer::run() {
     stop = world.all_reduce_max(stop);
     const int interval = c.checkpoint.save_interval;
     if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) s.save(step, fault);
-    if (stop != 0 || step == c.train_steps) s.report_kernels();
+    if (stop != 0 || step == c.train_steps) s.report_kernels(), s.report_comms();
     if (stop == 1) {
       log_info("stopping after step %d: another step (%.1f s) and a checkpoint (%.1f s) would overrun the time budget "
                "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed; run again with "

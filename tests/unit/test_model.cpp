@@ -194,6 +194,43 @@ TEST(Model, ActivationCheckpointingIsBitwiseIdenticalAndSmaller) {
 
 // The checkpoint hyperslabs: a piece's logical blocks, expanded in order, must list exactly
 // logical_index of the piece's elements in local order, and logical_runs must be contiguous.
+// The flops profiler's modules: their forward MACs x 6 are the model FLOPs per token (6 per
+// parameter but wpe, plus causal attention) on one rank and summed over pipeline stages; every
+// parameter is in exactly one module; with tp the GEMM and attention MACs split evenly.
+TEST(Model, ModulesAddUpToTheModelFlops) {
+  const ModelConfig m = tiny();
+  const int micro = 3;
+  const double tokens = static_cast<double>(micro) * m.seq_len;
+  auto total = [](const std::vector<ModuleStat>& mods, double ModuleStat::*f) {
+    double s = 0;
+    for (const ModuleStat& x : mods) s += x.*f;
+    return s;
+  };
+  const auto one = gpt_modules(m, micro, 1, 0, 1, 0);
+  ASSERT_EQ(one.size(), 4u * m.n_layer + 3);
+  EXPECT_EQ(one.front().name, "embedding");
+  EXPECT_EQ(one[1].name, "h.0.ln_1");
+  EXPECT_EQ(one.back().name, "lm_head");
+  EXPECT_DOUBLE_EQ(6 * total(one, &ModuleStat::macs) / tokens, gpt_flops_per_token(m));
+  double params = 0;
+  for (const ParamInfo& p : gpt_param_table(m)) params += static_cast<double>(p.size);
+  EXPECT_DOUBLE_EQ(total(one, &ModuleStat::params), params);
+  double stages = 0;
+  for (int pp = 0; pp < 2; ++pp) stages += total(gpt_modules(m, micro, 1, 0, 2, pp), &ModuleStat::macs);
+  EXPECT_DOUBLE_EQ(6 * stages / tokens, gpt_flops_per_token(m));
+  // tp 2: each rank does half of every block's attention and MLP and of the LM head, and the
+  // whole of the replicated row-parallel bias (C per token) and LayerNorms
+  const auto half = gpt_modules(m, micro, 2, 1, 1, 0);
+  ASSERT_EQ(half.size(), one.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    const bool split = one[i].name.ends_with(".attn") || one[i].name.ends_with(".mlp");
+    const double want = one[i].name == "lm_head" ? one[i].macs / 2
+                        : split                  ? one[i].macs / 2 + tokens * m.d_model / 2
+                                                 : one[i].macs;
+    EXPECT_DOUBLE_EQ(half[i].macs, want) << one[i].name;
+  }
+}
+
 TEST(Model, LogicalBlocksAndRunsFollowLogicalIndex) {
   ModelConfig m{64, 16, 2, 4, 32};
   std::mt19937_64 rng(7);
