@@ -55,6 +55,8 @@ done
 z3d=build/bin/zero3d
 [[ -x $z3d ]] || { echo "bench_peer.sh: $z3d not found: build it first (tests/run.sh, or cmake -S . -B build && cmake --build build)" >&2; exit 2; }
 PY=${PYTHON:-/usr/bin/python3}
+"$PY" -c 'import torch' 2> /dev/null ||
+  { echo "bench_peer.sh: the PyTorch peer needs torch for $PY: apt-get install python3-torch (Debian's CPU build)" >&2; exit 2; }
 read -r -a mpirun <<< "${MPIRUN:-mpirun --oversubscribe}"   # a command line, split on spaces
 if [[ $(id -u) == 0 ]]; then   # Open MPI refuses root without these
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
