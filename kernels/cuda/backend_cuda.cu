@@ -4,8 +4,9 @@
 //
 // Invariants:
 //  - Every op is enqueued on the backend's stream, in call order; the host waits only where it
-//    needs data (copy_to_host, copy_from_host, the reductions, synchronize). Other streams (NCCL)
-//    join through events, never through the legacy default stream.
+//    needs data (copy_to_host, copy_from_host, the reductions, synchronize). The stream is
+//    non-blocking, so a later communication stream must join it through events, never through the
+//    legacy default stream.
 //  - Results mirror HostBackend: the same math functions, the same += accumulation into
 //    gradients, and the same summation order in the column reductions (rows in increasing order),
 //    so the two backends differ only by FMA contraction and libm/CUDA math ulps. Exceptions are

@@ -165,7 +165,7 @@ void PendingOp::wait() {
               world_rank, host, waited, what_.c_str(), group_ ? group_->name().c_str() : "?",
               group_ ? group_->rank() : -1, group_ ? group_->size() : -1, static_cast<long long>(ctx.step));
       fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 3);
+      MPI_Abort(MPI_COMM_WORLD, kExitWatchdog);
     }
   }
 }

@@ -1,6 +1,7 @@
 // parallel/comm.h: the collectives seam. A ProcessGroup is one group of ranks (world, tp, dp,
-// pp, embedding) with blocking and non-blocking collectives on it; MpiGroup implements it with
-// MPI (NCCL comes with the CUDA backend). Model and trainer code never call MPI directly.
+// pp, embedding) with blocking and non-blocking collectives on it, over MPI on host memory (an
+// NCCL implementation and device buffers come with the GPU path). Model and trainer code never
+// call MPI directly.
 //
 // Two safety properties live here, so every caller gets them:
 //  - Watchdog: every wait polls with a deadline (CommContext::timeout_s). A collective that has

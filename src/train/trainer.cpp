@@ -133,7 +133,6 @@ struct Trainer::State {
   void write_io_record(const char* action, int64_t step, const CheckpointIO& io);
   double validate(int step);
   double train_micro_batches(float dloss, double& t_fwd, double& t_bwd);
-  void load(uint64_t first_sample, DataLoader& data);
   void receive(float* buf, int peer, int tag);
   size_t activation_elems() const { return static_cast<size_t>(micro) * T * cfg.model.d_model; }
 };

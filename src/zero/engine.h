@@ -137,7 +137,6 @@ class ZeroEngine final : public ParamStore {
   float* state_of(State kind, const Piece& p);  // where the owned piece's master, m or v lives
   void round_master();                          // mixed: 16-bit weights = rounding of the owned master
   size_t owned_size(const Bucket& b) const;
-  void reduce_unit_to_shard(int unit, float* unit_grads, bool wait);
   void complete(Slab& s);
 
   Backend& be_;
