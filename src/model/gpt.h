@@ -55,7 +55,7 @@ struct PipelineStage {
 };
 PipelineStage pipeline_stage(const ModelConfig& m, int pp, int pp_rank);
 
-// This rank's tensors in flat order, packed without padding (zero/flat_layout.h adds padding):
+// This rank's tensors in flat order, packed without padding (model/flat_layout.h adds padding):
 // its tensor-parallel share of its pipeline stage's tensors.
 std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp = 1, int tp_rank = 0, int pp = 1, int pp_rank = 0);
 

@@ -1,5 +1,5 @@
 // model/param_store.h: how the model reaches its parameters and gradients, one unit at a time
-// (unit = the embeddings, one block, or the final LayerNorm; see zero/flat_layout.h). The model
+// (unit = the embeddings, one block, or the final LayerNorm; see model/flat_layout.h). The model
 // never owns these buffers: the ZeRO engine decides whether a unit's parameters are resident or
 // gathered on demand, and whether its gradients accumulate in place or are reduced away as soon as
 // backward has finished with the unit.
@@ -10,7 +10,7 @@
 // to the embedding, in both passes.
 #pragma once
 
-#include "zero/flat_layout.h"
+#include "model/flat_layout.h"
 
 namespace zero3d {
 

@@ -1,4 +1,4 @@
-#include "zero/flat_layout.h"
+#include "model/flat_layout.h"
 
 #include "core/check.h"
 

@@ -1,4 +1,4 @@
-// zero/flat_layout.h: where every parameter lives in the flat buffers, and which part of each
+// model/flat_layout.h: where every parameter lives in the flat buffers, and which part of each
 // bucket a data-parallel rank owns.
 //
 // Tensors are grouped into units (the model's embeddings, each block, the final LayerNorm): the
