@@ -87,7 +87,8 @@ void collect(const Node& n, int depth, std::map<std::string, Node>& by_kind) {
 // DeepSpeed's aggregated profile: per depth, the top modules by params, MACs and fwd latency,
 // modules of one kind summed (all blocks at depth 2, each block part over the blocks at depth 3).
 std::string aggregated(const Node& root, int max_depth, int top) {
-  std::string out = strprintf("Top %d modules in terms of params, MACs or fwd latency at different model depths:\n", top);
+  std::string out =
+      strprintf("Top %d modules in terms of params, MACs or fwd latency at different model depths:\n", top);
   for (int d = 0; d <= 3 && (max_depth < 0 || d <= max_depth); ++d) {
     std::map<std::string, Node> by_kind;
     collect(root, d, by_kind);

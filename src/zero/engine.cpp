@@ -33,13 +33,15 @@ struct ZeroEngine::ParamSlot {
 ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
                        const OptimizerConfig& optimizer, Precision precision, int tp_size, int tp_rank,
                        int pp_size, int pp_rank)
-    : be_(be), dp_(dp), cfg_(zero), n_layer_(model.n_layer) {
+    : be_(be), dp_(dp), cfg_(zero), n_layer_(model.n_layer),
+      layout_(make_flat_layout(
+          gpt_param_table(model, tp_size, tp_rank, pp_size, pp_rank), dp.size(),
+          static_cast<size_t>(std::min(zero.reduce_bucket_size, zero.allgather_bucket_size)),
+          zero.stage == 3 ? static_cast<size_t>(zero.stage3_param_persistence_threshold) : 0)),
+      view_(layout_, zero.stage, dp.rank()) {
   mixed_ = precision != Precision::fp32;
   dt_ = precision == Precision::fp16 ? Dtype16::fp16 : Dtype16::bf16;
   pooled_ = cfg_.stage == 3 || mixed_;
-  const size_t bucket = static_cast<size_t>(std::min(zero.reduce_bucket_size, zero.allgather_bucket_size));
-  const size_t persist = cfg_.stage == 3 ? static_cast<size_t>(zero.stage3_param_persistence_threshold) : 0;
-  layout_ = make_flat_layout(gpt_param_table(model, tp_size, tp_rank, pp_size, pp_rank), dp.size(), bucket, persist);
   const int p = dp.size();
   const int num_units = static_cast<int>(layout_.units.size());
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
@@ -121,20 +123,15 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   for (const auto& s : pslots_) mem_.buffers += s->buf.bytes() + s->buf16.bytes();
 
   // Optimizer segments: the owned part of each tensor of each bucket, with its decay setting.
-  bucket_of_tensor_.resize(layout_.tensors.size());
-  for (size_t i = 0; i < layout_.buckets.size(); ++i)
-    for (int t = layout_.buckets[i].first_tensor; t < layout_.buckets[i].first_tensor + layout_.buckets[i].num_tensors; ++t)
-      bucket_of_tensor_[t] = static_cast<int>(i);
-  for (const Piece& piece : owned_pieces()) {
-    size_t flat = 0;
-    const Bucket& b = owned_bucket_of(piece, flat);
-    const size_t at = flat - owned_offset(b);
-    segments_.push_back(
-        {owned_params(b) + at, owned_grads(b) + at, state_base(b) + at, piece.size, layout_.tensors[piece.tensor].decay});
+  for (const Piece& piece : view_.owned_pieces()) {
+    const Bucket& b = view_.bucket_of(piece.tensor);
+    const size_t at = view_.offset_in_owned(piece);
+    segments_.push_back({owned_params(b) + at, owned_grads(b) + at, view_.state_base(b) + at, piece.size,
+                         layout_.tensors[piece.tensor].decay});
   }
   // The norm counts what a checkpoint saves: every parameter of the grid once.
-  for (const Piece& piece : saved_pieces()) {
-    const Bucket& b = layout_.buckets[bucket_of_tensor_[piece.tensor]];
+  for (const Piece& piece : view_.saved_pieces()) {
+    const Bucket& b = view_.bucket_of(piece.tensor);
     const size_t flat = layout_.tensors[piece.tensor].offset + piece.begin;
     norm_segments_.push_back({reduced_slice(b) + (flat - b.offset - layout_.slice(b, dp_.rank()).offset), piece.size});
   }
@@ -155,19 +152,14 @@ void ZeroEngine::accumulate16(uint16_t* acc, const float* x, size_t n) {
   dt_ == Dtype16::fp16 ? be_.accumulate_fp16(acc, x, n) : be_.accumulate_bf16(acc, x, n);
 }
 
-size_t ZeroEngine::owned_offset(const Bucket& b) const {
-  return cfg_.stage == 0 ? b.offset : b.offset + layout_.slice(b, dp_.rank()).offset;
-}
-size_t ZeroEngine::owned_size(const Bucket& b) const { return cfg_.stage == 0 ? b.size : b.size / dp_.size(); }
-
 // Where the optimizer finds bucket b's gradient and (fp32) parameters on this rank.
 float* ZeroEngine::owned_grads(const Bucket& b) {
   if (mixed_) return grads32_.data() + (cfg_.stage == 0 ? b.offset : b.shard_offset);
-  return cfg_.stage < 2 ? grads_.data() + owned_offset(b) : shard_grads_.data() + b.shard_offset;
+  return cfg_.stage < 2 ? grads_.data() + view_.owned_offset(b) : shard_grads_.data() + b.shard_offset;
 }
 float* ZeroEngine::owned_params(const Bucket& b) {
   if (mixed_) return master_.data() + (cfg_.stage == 0 ? b.offset : b.shard_offset);
-  return cfg_.stage < 3 ? params_.data() + owned_offset(b) : shard_params_.data() + b.shard_offset;
+  return cfg_.stage < 3 ? params_.data() + view_.owned_offset(b) : shard_params_.data() + b.shard_offset;
 }
 
 void ZeroEngine::init_weights(uint64_t seed) {
@@ -203,7 +195,7 @@ void ZeroEngine::init_weights(uint64_t seed) {
     master = kept;  // stage 0 owns everything; stage 3 keeps exactly its slices
   } else {
     for (const Bucket& b : layout_.buckets)
-      std::copy_n(kept.begin() + owned_offset(b), owned_size(b), master.begin() + b.shard_offset);
+      std::copy_n(kept.begin() + view_.owned_offset(b), view_.owned_size(b), master.begin() + b.shard_offset);
   }
   be_.copy_from_host(master_.data(), master.data(), master.size() * sizeof(float));
   const std::vector<uint16_t> kept16 = to16(kept), resident16 = to16(resident);
@@ -424,7 +416,7 @@ void ZeroEngine::finish_gradients() {
     for (const Bucket& b : layout_.buckets) {
       if (mixed_) {
         dp_.reduce_scatter_sum(grads16_.data() + b.offset, scratch16_.data(), b.size / p, dt_);
-        be_.copy(grads16_.data() + owned_offset(b), scratch16_.data(), (b.size / p) * sizeof(uint16_t));
+        be_.copy(grads16_.data() + view_.owned_offset(b), scratch16_.data(), (b.size / p) * sizeof(uint16_t));
       } else {
         dp_.reduce_scatter_sum(grads_.data() + b.offset, scratch_.data(), b.size / p);
         be_.copy(owned_grads(b), scratch_.data(), (b.size / p) * sizeof(float));
@@ -437,7 +429,8 @@ void ZeroEngine::finish_gradients() {
   // Widen the optimizer-owned 16-bit gradients into grads32_ (laid out like the master).
   if (cfg_.stage == 0) widen(grads32_.data(), grads16_.data(), layout_.total);
   else if (cfg_.stage == 1)
-    for (const Bucket& b : layout_.buckets) widen(owned_grads(b), grads16_.data() + owned_offset(b), owned_size(b));
+    for (const Bucket& b : layout_.buckets)
+      widen(owned_grads(b), grads16_.data() + view_.owned_offset(b), view_.owned_size(b));
   else widen(grads32_.data(), shard_grads16_.data(), layout_.shard_size);
 }
 
@@ -457,13 +450,13 @@ double ZeroEngine::grad_norm_sq() {
 
 std::pair<float*, size_t> ZeroEngine::tied_embedding_grad() {
   for (const Bucket& b : layout_.buckets)
-    if (b.num_tensors == 1 && layout_.tensors[b.first_tensor].own_bucket) return {owned_grads(b), owned_size(b)};
+    if (b.num_tensors == 1 && layout_.tensors[b.first_tensor].own_bucket) return {owned_grads(b), view_.owned_size(b)};
   Z3D_ASSERT(false, "tied_embedding_grad on a stage without the tied embedding");
   return {nullptr, 0};
 }
 
 void ZeroEngine::scale_grads(float s) {
-  for (const Bucket& b : layout_.buckets) be_.scale(owned_grads(b), s, owned_size(b));
+  for (const Bucket& b : layout_.buckets) be_.scale(owned_grads(b), s, view_.owned_size(b));
 }
 
 void ZeroEngine::optimizer_step(double lr) {
@@ -477,7 +470,8 @@ void ZeroEngine::round_master() {
   if (!mixed_) return;
   if (cfg_.stage == 0 || cfg_.stage == 3) narrow(params16_.data(), master_.data(), master_.size());
   else
-    for (const Bucket& b : layout_.buckets) narrow(params16_.data() + owned_offset(b), owned_params(b), owned_size(b));
+    for (const Bucket& b : layout_.buckets)
+      narrow(params16_.data() + view_.owned_offset(b), owned_params(b), view_.owned_size(b));
 }
 
 void ZeroEngine::gather_updated_params() {
@@ -486,9 +480,9 @@ void ZeroEngine::gather_updated_params() {
   for (const Bucket& b : layout_.buckets) {
     const size_t n = b.size / dp_.size();
     if (cfg_.stage < 3 && mixed_)
-      ops.push_back(dp_.iall_gather(params16_.data() + owned_offset(b), params16_.data() + b.offset, n));
+      ops.push_back(dp_.iall_gather(params16_.data() + view_.owned_offset(b), params16_.data() + b.offset, n));
     else if (cfg_.stage < 3)
-      ops.push_back(dp_.iall_gather(params_.data() + owned_offset(b), params_.data() + b.offset, n));
+      ops.push_back(dp_.iall_gather(params_.data() + view_.owned_offset(b), params_.data() + b.offset, n));
     else if (b.persistent && mixed_)
       ops.push_back(dp_.iall_gather(params16_.data() + b.shard_offset, resident16_.data() + b.resident_offset, n));
     else if (b.persistent)
@@ -499,51 +493,11 @@ void ZeroEngine::gather_updated_params() {
 
 // ---- checkpoints ----
 
-// The part of tensor t inside the flat range [lo, hi), as a piece (size 0 when none).
-static ZeroEngine::Piece piece_within(const FlatLayout& L, int t, size_t lo, size_t hi) {
-  const ParamInfo& info = L.tensors[t];
-  const size_t s = std::max(lo, info.offset), e = std::min(hi, info.offset + info.size);
-  return s < e ? ZeroEngine::Piece{t, s - info.offset, e - s} : ZeroEngine::Piece{t, 0, 0};
-}
-
-std::vector<ZeroEngine::Piece> ZeroEngine::saved_pieces() const {
-  std::vector<Piece> out;
-  for (const Bucket& b : layout_.buckets) {
-    const ShardInfo sl = layout_.slice(b, dp_.rank());
-    for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t) {
-      const ParamInfo& info = layout_.tensors[t];
-      if (info.tied_copy || (info.split == TpSplit::none && info.tp_rank != 0)) continue;
-      Piece p = piece_within(layout_, t, b.offset + sl.offset, b.offset + sl.offset + sl.size);
-      if (p.size) out.push_back(p);
-    }
-  }
-  return out;
-}
-
-std::vector<ZeroEngine::Piece> ZeroEngine::owned_pieces() const {
-  std::vector<Piece> out;
-  for (const Bucket& b : layout_.buckets)
-    for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t) {
-      Piece p = piece_within(layout_, t, owned_offset(b), owned_offset(b) + owned_size(b));
-      if (p.size) out.push_back(p);
-    }
-  return out;
-}
-
-const Bucket& ZeroEngine::owned_bucket_of(const Piece& p, size_t& flat) const {
-  const Bucket& b = layout_.buckets[bucket_of_tensor_[p.tensor]];
-  flat = layout_.tensors[p.tensor].offset + p.begin;
-  Z3D_ASSERT(flat >= owned_offset(b) && flat + p.size <= owned_offset(b) + owned_size(b),
-             "checkpoint piece outside this rank's owned range");
-  return b;
-}
-
 float* ZeroEngine::state_of(State kind, const Piece& p) {
-  size_t flat = 0;
-  const Bucket& b = owned_bucket_of(p, flat);
-  const size_t at = flat - owned_offset(b);
-  return kind == State::exp_avg      ? adam_->exp_avg() + state_base(b) + at
-         : kind == State::exp_avg_sq ? adam_->exp_avg_sq() + state_base(b) + at
+  const Bucket& b = view_.bucket_of(p.tensor);
+  const size_t at = view_.offset_in_owned(p);
+  return kind == State::exp_avg      ? adam_->exp_avg() + view_.state_base(b) + at
+         : kind == State::exp_avg_sq ? adam_->exp_avg_sq() + view_.state_base(b) + at
                                      : owned_params(b) + at;
 }
 
@@ -557,10 +511,10 @@ void ZeroEngine::write_state(State kind, const Piece& p, const float* in) {
 
 void ZeroEngine::read_weights16(const Piece& p, uint16_t* out) const {
   Z3D_ASSERT(mixed_, "read_weights16 needs mixed precision");
-  size_t flat = 0;
-  const Bucket& b = owned_bucket_of(p, flat);
+  const Bucket& b = view_.bucket_of(p.tensor);
+  const size_t in = view_.offset_in_owned(p);
   // Stages 0-2 keep every 16-bit weight at its flat offset; stage 3 its slices in shard order.
-  const size_t at = cfg_.stage < 3 ? flat : b.shard_offset + (flat - owned_offset(b));
+  const size_t at = cfg_.stage < 3 ? view_.owned_offset(b) + in : b.shard_offset + in;
   be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
 }
 

@@ -41,6 +41,7 @@
 #include "model/param_store.h"
 #include "optim/adamw.h"
 #include "parallel/comm.h"
+#include "zero/shard_view.h"
 
 namespace zero3d {
 
@@ -96,18 +97,14 @@ class ZeroEngine final : public ParamStore {
   Dtype16 dtype16() const { return dt_; }
 
   // ---- checkpoints: this rank's state as pieces of its tensors (io/checkpoint.h) ----
-  // A piece is the local elements [begin, begin + size) of layout().tensors[tensor].
-  struct Piece {
-    int tensor = 0;
-    size_t begin = 0, size = 0;
-  };
+  using Piece = zero3d::Piece;  // local elements [begin, begin + size) of layout().tensors[tensor]
   enum class State { master, exp_avg, exp_avg_sq };  // fp32; the master is the weights in fp32 runs
   // What this rank saves: its dp slice of every bucket, without the tensor-parallel replicas off tp
   // rank 0 and without the tied embedding's copy, so the ranks of the grid write every logical
   // element exactly once (the gradient norm counts the same elements). Each lies inside an owned piece.
-  std::vector<Piece> saved_pieces() const;
+  const std::vector<Piece>& saved_pieces() const { return view_.saved_pieces(); }
   // The optimizer state this rank holds: everything (stage 0) or its slices (stages 1-3).
-  std::vector<Piece> owned_pieces() const;
+  const std::vector<Piece>& owned_pieces() const { return view_.owned_pieces(); }
   void read_state(State kind, const Piece& p, float* out) const;  // p inside an owned piece
   void read_weights16(const Piece& p, uint16_t* out) const;       // mixed: the 16-bit weights of a saved piece
   void write_state(State kind, const Piece& p, const float* in);  // p inside an owned piece
@@ -130,13 +127,8 @@ class ZeroEngine final : public ParamStore {
   void narrow(uint16_t* dst, const float* src, size_t n);  // fp32 -> 16 bit
   void widen(float* dst, const uint16_t* src, size_t n);   // 16 bit -> fp32
   void accumulate16(uint16_t* acc, const float* x, size_t n);
-  size_t owned_offset(const Bucket& b) const;
-  size_t state_base(const Bucket& b) const { return cfg_.stage == 0 ? b.offset : b.shard_offset; }
-  // Flat offset of a piece and its bucket; asserts the piece lies inside this rank's owned range.
-  const Bucket& owned_bucket_of(const Piece& p, size_t& flat) const;
   float* state_of(State kind, const Piece& p);  // where the owned piece's master, m or v lives
   void round_master();                          // mixed: 16-bit weights = rounding of the owned master
-  size_t owned_size(const Bucket& b) const;
   void complete(Slab& s);
 
   Backend& be_;
@@ -148,6 +140,7 @@ class ZeroEngine final : public ParamStore {
   bool pooled_ = false;  // the model reads parameters from pool slots (stage 3 or mixed)
   bool inject_inf_ = false;
   FlatLayout layout_;
+  ShardView view_;  // what this rank owns and saves of layout_
   DeviceBuffer<float> params_;        // stages 0-2: full parameters
   DeviceBuffer<float> shard_params_;  // stage 3: this rank's slice of every bucket
   DeviceBuffer<float> resident_;      // stage 3: the persistent buckets, whole
@@ -165,7 +158,6 @@ class ZeroEngine final : public ParamStore {
   DeviceBuffer<float> grads32_;  // the owned gradients widened for the step
   std::unique_ptr<AdamW> adam_;
   std::vector<AdamSegment> segments_;
-  std::vector<int> bucket_of_tensor_;
   std::vector<std::pair<const float*, size_t>> norm_segments_;  // what this rank counts in the norm
   MemoryAccount mem_;
 };
