@@ -8,17 +8,6 @@
 
 namespace zero3d {
 
-// A full-size gradient buffer for one unit at a time, with the receive buffers of its
-// reduce-scatters and the requests still in flight. In mixed precision g16 holds the unit's
-// gradient rounded to 16 bits (what is reduced), recv16 the reduced slices, recv their widening.
-struct ZeroEngine::Slab {
-  DeviceBuffer<float> grads, recv;
-  DeviceBuffer<uint16_t> g16, recv16;
-  int unit = -1;
-  bool reducing = false;  // grads_done has posted its reductions (the unit may be open in another slab)
-  std::vector<PendingOp> ops;
-};
-
 // A unit's full fp32 parameters for compute (stage 3: gathered; mixed: widened), with the
 // all-gathers that fill it (into buf16 first in mixed precision).
 struct ZeroEngine::ParamSlot {
@@ -41,13 +30,12 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
       view_(layout_, zero.stage, dp.rank()) {
   mixed_ = precision != Precision::fp32;
   dt_ = precision == Precision::fp16 ? Dtype16::fp16 : Dtype16::bf16;
+  if (mixed_) s16_.emplace(be, dt_);
   pooled_ = cfg_.stage == 3 || mixed_;
-  const int p = dp.size();
   const int num_units = static_cast<int>(layout_.units.size());
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
-  size_t max_block = 0, max_bucket = 0;
+  size_t max_block = 0;
   for (int u = 1; u + 1 < num_units; ++u) max_block = std::max(max_block, layout_.units[u].size);
-  for (const Bucket& b : layout_.buckets) max_bucket = std::max(max_bucket, b.size);
 
   // Parameters: what every rank keeps between steps.
   const size_t kept = cfg_.stage < 3 ? layout_.total : layout_.shard_size;
@@ -81,82 +69,37 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
     for (int u = num_units - 1; u >= 1; --u) trace_.push_back(u);  // final LN, blocks in reverse
   }
 
-  // Gradients.
-  if (cfg_.stage < 2) {
-    if (mixed_) grads16_ = DeviceBuffer<uint16_t>(be, layout_.total);
-    else grads_ = DeviceBuffer<float>(be, layout_.total);
-    if (cfg_.stage == 1 && cfg_.reduce_scatter) {
-      if (mixed_) scratch16_ = DeviceBuffer<uint16_t>(be, max_bucket / p);
-      else scratch_ = DeviceBuffer<float>(be, max_bucket / p);
-    }
-  } else if (mixed_) {
-    shard_grads16_ = DeviceBuffer<uint16_t>(be, layout_.shard_size);
-  } else {
-    shard_grads_ = DeviceBuffer<float>(be, layout_.shard_size);
-  }
-  if (cfg_.stage >= 2 || mixed_) {  // unit gradient buffers: the embeddings', two rotating others
-    const size_t max_rest = std::max(max_block, layout_.units.back().size);
-    for (size_t n : {layout_.units[0].size, max_rest, max_rest}) {
-      auto s = std::make_unique<Slab>();
-      s->grads = DeviceBuffer<float>(be, n);
-      if (cfg_.stage >= 2) {
-        if (cfg_.reduce_scatter && !mixed_) s->recv = DeviceBuffer<float>(be, n / p);
-        if (mixed_) {
-          s->g16 = DeviceBuffer<uint16_t>(be, n);
-          s->recv = DeviceBuffer<float>(be, n / p);
-          if (cfg_.reduce_scatter) s->recv16 = DeviceBuffer<uint16_t>(be, n / p);
-        }
-      }
-      slabs_.push_back(std::move(s));
-    }
-  }
-  if (mixed_) grads32_ = DeviceBuffer<float>(be, owned_total);
-
+  sync_ = make_grad_sync(be, dp, layout_, view_, cfg_, s16_);  // the gradients, by stage
   adam_ = std::make_unique<AdamW>(be, optimizer, owned_total);
 
   // Accounting by role, from what was allocated above.
   mem_.params = params_.bytes() + shard_params_.bytes() + resident_.bytes() + params16_.bytes() + resident16_.bytes();
-  mem_.grads = grads_.bytes() + shard_grads_.bytes() + grads16_.bytes() + shard_grads16_.bytes();
+  mem_.grads = sync_->grad_bytes();
   mem_.optimizer = 2 * adam_->size() * sizeof(float) + master_.bytes();
-  mem_.buffers = scratch_.bytes() + scratch16_.bytes() + grads32_.bytes();
-  for (const auto& s : slabs_) mem_.buffers += s->grads.bytes() + s->recv.bytes() + s->g16.bytes() + s->recv16.bytes();
+  mem_.buffers = sync_->buffer_bytes();
   for (const auto& s : pslots_) mem_.buffers += s->buf.bytes() + s->buf16.bytes();
 
   // Optimizer segments: the owned part of each tensor of each bucket, with its decay setting.
   for (const Piece& piece : view_.owned_pieces()) {
     const Bucket& b = view_.bucket_of(piece.tensor);
     const size_t at = view_.offset_in_owned(piece);
-    segments_.push_back({owned_params(b) + at, owned_grads(b) + at, view_.state_base(b) + at, piece.size,
+    segments_.push_back({owned_params(b) + at, sync_->owned(b) + at, view_.state_base(b) + at, piece.size,
                          layout_.tensors[piece.tensor].decay});
   }
   // The norm counts what a checkpoint saves: every parameter of the grid once.
   for (const Piece& piece : view_.saved_pieces()) {
     const Bucket& b = view_.bucket_of(piece.tensor);
     const size_t flat = layout_.tensors[piece.tensor].offset + piece.begin;
-    norm_segments_.push_back({reduced_slice(b) + (flat - b.offset - layout_.slice(b, dp_.rank()).offset), piece.size});
+    norm_segments_.push_back(
+        {sync_->reduced_slice(b) + (flat - b.offset - layout_.slice(b, dp_.rank()).offset), piece.size});
   }
 }
 
 ZeroEngine::~ZeroEngine() {
-  for (auto& s : slabs_) s->ops.clear();  // waits for anything in flight
-  for (auto& s : pslots_) s->ops.clear();
+  for (auto& s : pslots_) s->ops.clear();  // waits for anything in flight
 }
 
-void ZeroEngine::narrow(uint16_t* dst, const float* src, size_t n) {
-  dt_ == Dtype16::fp16 ? be_.cast_to_fp16(dst, src, n) : be_.cast_to_bf16(dst, src, n);
-}
-void ZeroEngine::widen(float* dst, const uint16_t* src, size_t n) {
-  dt_ == Dtype16::fp16 ? be_.cast_from_fp16(dst, src, n) : be_.cast_from_bf16(dst, src, n);
-}
-void ZeroEngine::accumulate16(uint16_t* acc, const float* x, size_t n) {
-  dt_ == Dtype16::fp16 ? be_.accumulate_fp16(acc, x, n) : be_.accumulate_bf16(acc, x, n);
-}
-
-// Where the optimizer finds bucket b's gradient and (fp32) parameters on this rank.
-float* ZeroEngine::owned_grads(const Bucket& b) {
-  if (mixed_) return grads32_.data() + (cfg_.stage == 0 ? b.offset : b.shard_offset);
-  return cfg_.stage < 2 ? grads_.data() + view_.owned_offset(b) : shard_grads_.data() + b.shard_offset;
-}
+// Where the optimizer finds bucket b's (fp32) parameters on this rank.
 float* ZeroEngine::owned_params(const Bucket& b) {
   if (mixed_) return master_.data() + (cfg_.stage == 0 ? b.offset : b.shard_offset);
   return cfg_.stage < 3 ? params_.data() + view_.owned_offset(b) : shard_params_.data() + b.shard_offset;
@@ -164,12 +107,6 @@ float* ZeroEngine::owned_params(const Bucket& b) {
 
 void ZeroEngine::init_weights(uint64_t seed) {
   const int n_layer = n_layer_;
-  auto to16 = [&](const std::vector<float>& x) {
-    std::vector<uint16_t> h(x.size());
-    for (size_t i = 0; i < x.size(); ++i)
-      h[i] = dt_ == Dtype16::fp16 ? math::fp16_from_float(x[i]) : math::bf16_from_float(x[i]);
-    return h;
-  };
   // The kept parameters: everything (stages 0-2) or this rank's slices (stage 3) ...
   std::vector<float> kept(cfg_.stage < 3 ? layout_.total : layout_.shard_size), resident(layout_.resident_size);
   if (cfg_.stage < 3) {
@@ -198,7 +135,7 @@ void ZeroEngine::init_weights(uint64_t seed) {
       std::copy_n(kept.begin() + view_.owned_offset(b), view_.owned_size(b), master.begin() + b.shard_offset);
   }
   be_.copy_from_host(master_.data(), master.data(), master.size() * sizeof(float));
-  const std::vector<uint16_t> kept16 = to16(kept), resident16 = to16(resident);
+  const std::vector<uint16_t> kept16 = s16_->narrow_host(kept), resident16 = s16_->narrow_host(resident);
   be_.copy_from_host(params16_.data(), kept16.data(), kept16.size() * sizeof(uint16_t));
   be_.copy_from_host(resident16_.data(), resident16.data(), resident16.size() * sizeof(uint16_t));
 }
@@ -255,7 +192,7 @@ void ZeroEngine::start_gather(ParamSlot& s, int unit) {
   const Unit& u = layout_.units[unit];
   s.unit = unit;
   if (cfg_.stage < 3) {
-    widen(s.buf.data(), params16_.data() + u.offset, u.size);
+    s16_->widen(s.buf.data(), params16_.data() + u.offset, u.size);
     return;
   }
   for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
@@ -289,7 +226,7 @@ const float* ZeroEngine::acquire_params(int unit) {
   for (auto& op : s->ops) op.wait();
   s->ops.clear();
   if (s->widen_pending) {
-    widen(s->buf.data(), s->buf16.data(), layout_.units[unit].size);
+    s16_->widen(s->buf.data(), s->buf16.data(), layout_.units[unit].size);
     s->widen_pending = false;
   }
   s->in_use = true;
@@ -322,125 +259,10 @@ void ZeroEngine::invalidate_gathered() {
 
 // ---- gradients ----
 
-float* ZeroEngine::acquire_grads(int unit) {
-  if (slabs_.empty()) return grads_.data() + layout_.units[unit].offset;  // fp32 stages 0-1: in place
-  Slab* s = nullptr;
-  if (unit == 0) {
-    s = slabs_[0].get();
-  } else {
-    s = slabs_[1 + next_slab_].get();
-    next_slab_ = 1 - next_slab_;
-  }
-  complete(*s);  // its previous unit's reduction must land before the buffer is reused
-  s->unit = unit;
-  be_.zero(s->grads.data(), layout_.units[unit].size * sizeof(float));
-  for (auto& other : slabs_)  // progress the other reductions (MPI has no progress thread)
-    for (auto& op : other->ops) op.test();
-  return s->grads.data();
-}
-
-void ZeroEngine::grads_done(int unit) {
-  if (slabs_.empty()) return;
-  Slab* s = nullptr;  // the slab accumulating this unit now (an older one may still be reducing it)
-  for (auto& c : slabs_)
-    if (c->unit == unit && !c->reducing) s = c.get();
-  Z3D_ASSERT(s != nullptr, "grads_done for a unit that holds no gradient buffer");
-  s->reducing = true;
-  const Unit& u = layout_.units[unit];
-  if (inject_inf_) {  // fault injection: an overflowed gradient
-    const float inf = std::numeric_limits<float>::infinity();
-    be_.copy_from_host(s->grads.data(), &inf, sizeof inf);
-    inject_inf_ = false;
-  }
-  if (cfg_.stage < 2) {  // mixed stages 0-1: round into the 16-bit gradient, reduced at the boundary
-    accumulate16(grads16_.data() + u.offset, s->grads.data(), u.size);
-    s->unit = -1;
-    s->reducing = false;
-    return;
-  }
-  if (mixed_) narrow(s->g16.data(), s->grads.data(), u.size);
-  const size_t shard_base = layout_.buckets[u.first_bucket].shard_offset;
-  for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
-    const Bucket& b = layout_.buckets[i];
-    const size_t at = b.offset - u.offset, slice_at = b.shard_offset - shard_base, n = b.size / dp_.size();
-    if (!mixed_ && cfg_.reduce_scatter)
-      s->ops.push_back(dp_.ireduce_scatter_sum(s->grads.data() + at, s->recv.data() + slice_at, n));
-    else if (!mixed_)
-      s->ops.push_back(dp_.iall_reduce_sum(s->grads.data() + at, b.size));
-    else if (cfg_.reduce_scatter)
-      s->ops.push_back(dp_.ireduce_scatter_sum(s->g16.data() + at, s->recv16.data() + slice_at, n, dt_));
-    else
-      s->ops.push_back(dp_.iall_reduce_sum(s->g16.data() + at, b.size, dt_));
-  }
-  if (!cfg_.overlap_comm) complete(*s);
-}
-
-// Wait for a slab's reductions and add the rank's reduced slices into the shard gradients.
-void ZeroEngine::complete(Slab& s) {
-  if (s.unit < 0) return;
-  for (auto& op : s.ops) op.wait();
-  s.ops.clear();
-  const Unit& u = layout_.units[s.unit];
-  const size_t shard_base = layout_.buckets[u.first_bucket].shard_offset;
-  for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
-    const Bucket& b = layout_.buckets[i];
-    const size_t n = b.size / dp_.size(), at = b.offset - u.offset + layout_.slice(b, dp_.rank()).offset;
-    float* recv = s.recv.data() + (b.shard_offset - shard_base);
-    if (!mixed_) {
-      be_.accumulate(shard_grads_.data() + b.shard_offset, cfg_.reduce_scatter ? recv : s.grads.data() + at, n);
-    } else {
-      widen(recv, cfg_.reduce_scatter ? s.recv16.data() + (b.shard_offset - shard_base) : s.g16.data() + at, n);
-      accumulate16(shard_grads16_.data() + b.shard_offset, recv, n);
-    }
-  }
-  s.unit = -1;
-  s.reducing = false;
-}
-
-void ZeroEngine::begin_step() {
-  be_.zero(grads_.data(), grads_.bytes());
-  be_.zero(shard_grads_.data(), shard_grads_.bytes());
-  be_.zero(grads16_.data(), grads16_.bytes());
-  be_.zero(shard_grads16_.data(), shard_grads16_.bytes());
-}
-
-void ZeroEngine::finish_gradients() {
-  const int p = dp_.size();
-  if (cfg_.stage == 0 || (cfg_.stage == 1 && !cfg_.reduce_scatter)) {
-    std::vector<PendingOp> ops;  // bucketed all-reduce, all buckets in flight together
-    for (const Bucket& b : layout_.buckets)
-      ops.push_back(mixed_ ? dp_.iall_reduce_sum(grads16_.data() + b.offset, b.size, dt_)
-                           : dp_.iall_reduce_sum(grads_.data() + b.offset, b.size));
-    for (auto& op : ops) op.wait();
-  } else if (cfg_.stage == 1) {
-    for (const Bucket& b : layout_.buckets) {
-      if (mixed_) {
-        dp_.reduce_scatter_sum(grads16_.data() + b.offset, scratch16_.data(), b.size / p, dt_);
-        be_.copy(grads16_.data() + view_.owned_offset(b), scratch16_.data(), (b.size / p) * sizeof(uint16_t));
-      } else {
-        dp_.reduce_scatter_sum(grads_.data() + b.offset, scratch_.data(), b.size / p);
-        be_.copy(owned_grads(b), scratch_.data(), (b.size / p) * sizeof(float));
-      }
-    }
-  } else {
-    for (auto& s : slabs_) complete(*s);
-  }
-  if (!mixed_) return;
-  // Widen the optimizer-owned 16-bit gradients into grads32_ (laid out like the master).
-  if (cfg_.stage == 0) widen(grads32_.data(), grads16_.data(), layout_.total);
-  else if (cfg_.stage == 1)
-    for (const Bucket& b : layout_.buckets)
-      widen(owned_grads(b), grads16_.data() + view_.owned_offset(b), view_.owned_size(b));
-  else widen(grads32_.data(), shard_grads16_.data(), layout_.shard_size);
-}
-
-// This rank's dp slice of bucket b's reduced gradient: the slices of all ranks cover every
-// parameter exactly once, whatever the stage (stage 0 holds the whole bucket but counts its slice).
-const float* ZeroEngine::reduced_slice(const Bucket& b) const {
-  const size_t slice = layout_.slice(b, dp_.rank()).offset;
-  if (mixed_) return grads32_.data() + (cfg_.stage == 0 ? b.offset + slice : b.shard_offset);
-  return cfg_.stage < 2 ? grads_.data() + b.offset + slice : shard_grads_.data() + b.shard_offset;
-}
+float* ZeroEngine::acquire_grads(int unit) { return sync_->acquire(unit); }
+void ZeroEngine::grads_done(int unit) { sync_->done(unit); }
+void ZeroEngine::begin_step() { sync_->begin_step(); }
+void ZeroEngine::finish_gradients() { sync_->finish(); }
 
 double ZeroEngine::grad_norm_sq() {
   double local = 0;
@@ -450,13 +272,13 @@ double ZeroEngine::grad_norm_sq() {
 
 std::pair<float*, size_t> ZeroEngine::tied_embedding_grad() {
   for (const Bucket& b : layout_.buckets)
-    if (b.num_tensors == 1 && layout_.tensors[b.first_tensor].own_bucket) return {owned_grads(b), view_.owned_size(b)};
+    if (b.num_tensors == 1 && layout_.tensors[b.first_tensor].own_bucket) return {sync_->owned(b), view_.owned_size(b)};
   Z3D_ASSERT(false, "tied_embedding_grad on a stage without the tied embedding");
   return {nullptr, 0};
 }
 
 void ZeroEngine::scale_grads(float s) {
-  for (const Bucket& b : layout_.buckets) be_.scale(owned_grads(b), s, view_.owned_size(b));
+  for (const Bucket& b : layout_.buckets) be_.scale(sync_->owned(b), s, view_.owned_size(b));
 }
 
 void ZeroEngine::optimizer_step(double lr) {
@@ -468,10 +290,10 @@ void ZeroEngine::optimizer_step(double lr) {
 // Mixed precision: the 16-bit weights this rank owns become the rounding of its fp32 master.
 void ZeroEngine::round_master() {
   if (!mixed_) return;
-  if (cfg_.stage == 0 || cfg_.stage == 3) narrow(params16_.data(), master_.data(), master_.size());
+  if (cfg_.stage == 0 || cfg_.stage == 3) s16_->narrow(params16_.data(), master_.data(), master_.size());
   else
     for (const Bucket& b : layout_.buckets)
-      narrow(params16_.data() + view_.owned_offset(b), owned_params(b), view_.owned_size(b));
+      s16_->narrow(params16_.data() + view_.owned_offset(b), owned_params(b), view_.owned_size(b));
 }
 
 void ZeroEngine::gather_updated_params() {
@@ -562,14 +384,7 @@ void ZeroEngine::check_replicas_consistent(int64_t step) {
                        kExitInconsistent);
 }
 
-void ZeroEngine::inject_inf_gradient() {
-  if (!slabs_.empty()) {  // at the next unit backward hands over
-    inject_inf_ = true;
-    return;
-  }
-  const float inf = std::numeric_limits<float>::infinity();  // fp32 stages 0-1: straight into the gradient
-  be_.copy_from_host(grads_.data(), &inf, sizeof inf);
-}
+void ZeroEngine::inject_inf_gradient() { sync_->inject_inf(); }
 
 void ZeroEngine::perturb_replica() {
   // Flip the lowest bit of the first replicated element.

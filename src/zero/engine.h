@@ -35,13 +35,16 @@
 // each step, and the gradient norm counts every parameter once (each rank sums its own slices).
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "config/config.h"
 #include "model/param_store.h"
 #include "optim/adamw.h"
 #include "parallel/comm.h"
+#include "zero/grad_sync.h"
 #include "zero/shard_view.h"
+#include "zero/storage16.h"
 
 namespace zero3d {
 
@@ -114,22 +117,15 @@ class ZeroEngine final : public ParamStore {
   void finish_load(int64_t optimizer_steps);
 
  private:
-  struct Slab;
   struct ParamSlot;
-  float* owned_grads(const Bucket& b);  // this rank's optimizer-side gradient for bucket b
-  float* owned_params(const Bucket& b);
-  const float* reduced_slice(const Bucket& b) const;
+  float* owned_params(const Bucket& b);  // this rank's fp32 parameters (the master in mixed) of bucket b
   ParamSlot* slot_holding(int unit);
   ParamSlot* free_slot_for(int unit, bool may_wait);
   void start_gather(ParamSlot& s, int unit);
   size_t distance_to_next_use(int unit) const;  // elements acquired before `unit` is used again
   void invalidate_gathered();
-  void narrow(uint16_t* dst, const float* src, size_t n);  // fp32 -> 16 bit
-  void widen(float* dst, const uint16_t* src, size_t n);   // 16 bit -> fp32
-  void accumulate16(uint16_t* acc, const float* x, size_t n);
   float* state_of(State kind, const Piece& p);  // where the owned piece's master, m or v lives
   void round_master();                          // mixed: 16-bit weights = rounding of the owned master
-  void complete(Slab& s);
 
   Backend& be_;
   ProcessGroup& dp_;
@@ -138,7 +134,6 @@ class ZeroEngine final : public ParamStore {
   bool mixed_ = false;   // 16-bit weights and gradients
   Dtype16 dt_ = Dtype16::bf16;
   bool pooled_ = false;  // the model reads parameters from pool slots (stage 3 or mixed)
-  bool inject_inf_ = false;
   FlatLayout layout_;
   ShardView view_;  // what this rank owns and saves of layout_
   DeviceBuffer<float> params_;        // stages 0-2: full parameters
@@ -147,15 +142,11 @@ class ZeroEngine final : public ParamStore {
   std::vector<std::unique_ptr<ParamSlot>> pslots_;  // stage 3: gathered units
   std::vector<int> trace_;            // stage 3: unit access order of one micro-batch (fwd, bwd)
   size_t trace_pos_ = 0;
-  DeviceBuffer<float> grads_;        // stages 0-1: full gradients
-  DeviceBuffer<float> shard_grads_;  // stage 2: this rank's shard of the gradients
-  std::vector<std::unique_ptr<Slab>> slabs_;  // stage 2: unit gradient buffers (0: embeddings)
-  int next_slab_ = 0;
-  DeviceBuffer<float> scratch_;      // reduce-scatter receive buffer (stage 1)
-  // Mixed precision: 16-bit copies of what is fp32 above, the fp32 master and step gradients.
-  DeviceBuffer<uint16_t> params16_, resident16_, grads16_, shard_grads16_, scratch16_;
+  std::optional<Storage16> s16_;     // mixed precision: the 16-bit storage; none in fp32
+  std::unique_ptr<GradSync> sync_;   // the gradients: accumulation and reduction (zero/grad_sync.h)
+  // Mixed precision: 16-bit copies of the parameters above, and the fp32 master.
+  DeviceBuffer<uint16_t> params16_, resident16_;
   DeviceBuffer<float> master_;   // fp32 master weights of the optimizer-owned parameters
-  DeviceBuffer<float> grads32_;  // the owned gradients widened for the step
   std::unique_ptr<AdamW> adam_;
   std::vector<AdamSegment> segments_;
   std::vector<std::pair<const float*, size_t>> norm_segments_;  // what this rank counts in the norm

@@ -1,0 +1,276 @@
+#include "zero/grad_sync.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "core/check.h"
+
+namespace zero3d {
+
+namespace {
+
+// A full-size gradient buffer for one unit at a time, with the receive buffers of its
+// reductions and the requests still in flight. In mixed precision g16 holds the unit's gradient
+// rounded to 16 bits (what is reduced), recv16 the reduced slices, recv their widening.
+struct Slab {
+  DeviceBuffer<float> grads, recv;
+  DeviceBuffer<uint16_t> g16, recv16;
+  int unit = -1;
+  bool reducing = false;  // done() has posted its reductions (the unit may be open in another slab)
+  std::vector<PendingOp> ops;
+};
+
+// The unit buffers backward accumulates into: the embeddings' own and two rotating ones for
+// the rest, so one unit's reduction can be in flight while the next is computed.
+class SlabSync : public GradSync {
+ protected:
+  SlabSync(Backend& be, const FlatLayout& L) : be_(be), L_(L) {}
+  ~SlabSync() override {
+    for (auto& s : slabs_) s->ops.clear();  // waits for anything in flight
+  }
+
+  void make_slabs(int p, bool recv, bool g16, bool recv16) {
+    size_t max_block = 0;
+    for (size_t u = 1; u + 1 < L_.units.size(); ++u) max_block = std::max(max_block, L_.units[u].size);
+    const size_t max_rest = std::max(max_block, L_.units.back().size);
+    for (size_t n : {L_.units[0].size, max_rest, max_rest}) {
+      auto s = std::make_unique<Slab>();
+      s->grads = DeviceBuffer<float>(be_, n);
+      if (recv) s->recv = DeviceBuffer<float>(be_, n / p);
+      if (g16) s->g16 = DeviceBuffer<uint16_t>(be_, n);
+      if (recv16) s->recv16 = DeviceBuffer<uint16_t>(be_, n / p);
+      buffer_bytes_ += s->grads.bytes() + s->recv.bytes() + s->g16.bytes() + s->recv16.bytes();
+      slabs_.push_back(std::move(s));
+    }
+  }
+
+  // Waits for a slab's reductions and lands their result (nothing for a slab without any).
+  virtual void complete(Slab& s) { (void)s; }
+
+  float* take(int unit) {
+    Slab* s = nullptr;
+    if (unit == 0) {
+      s = slabs_[0].get();
+    } else {
+      s = slabs_[1 + next_slab_].get();
+      next_slab_ = 1 - next_slab_;
+    }
+    complete(*s);  // its previous unit's reduction must land before the buffer is reused
+    s->unit = unit;
+    be_.zero(s->grads.data(), L_.units[unit].size * sizeof(float));
+    for (auto& other : slabs_)  // progress the other reductions (MPI has no progress thread)
+      for (auto& op : other->ops) op.test();
+    return s->grads.data();
+  }
+
+  // The slab accumulating `unit` now (an older one may still be reducing it), marked reducing,
+  // with the injected inf if one is due.
+  Slab& close(int unit) {
+    Slab* s = nullptr;
+    for (auto& c : slabs_)
+      if (c->unit == unit && !c->reducing) s = c.get();
+    Z3D_ASSERT(s != nullptr, "grads_done for a unit that holds no gradient buffer");
+    s->reducing = true;
+    if (inject_inf_) {  // fault injection: an overflowed gradient
+      const float inf = std::numeric_limits<float>::infinity();
+      be_.copy_from_host(s->grads.data(), &inf, sizeof inf);
+      inject_inf_ = false;
+    }
+    return *s;
+  }
+
+  Backend& be_;
+  const FlatLayout& L_;
+  std::vector<std::unique_ptr<Slab>> slabs_;
+  int next_slab_ = 0;
+  bool inject_inf_ = false;
+};
+
+// Stages 0-1: the full gradient accumulates; it is reduced at the boundary.
+class BoundarySync final : public SlabSync {
+ public:
+  BoundarySync(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& cfg,
+               const std::optional<Storage16>& s16)
+      : SlabSync(be, L), dp_(dp), view_(view), stage_(cfg.stage), scatter_(cfg.stage == 1 && cfg.reduce_scatter),
+        s16_(s16) {
+    const int p = dp.size();
+    size_t max_bucket = 0;
+    for (const Bucket& b : L.buckets) max_bucket = std::max(max_bucket, b.size);
+    if (s16_) grads16_ = DeviceBuffer<uint16_t>(be, L.total);
+    else grads_ = DeviceBuffer<float>(be, L.total);
+    if (scatter_) {
+      if (s16_) scratch16_ = DeviceBuffer<uint16_t>(be, max_bucket / p);
+      else scratch_ = DeviceBuffer<float>(be, max_bucket / p);
+    }
+    if (s16_) {
+      make_slabs(p, false, false, false);  // fp32 unit gradients, rounded into grads16_ at done()
+      grads32_ = DeviceBuffer<float>(be, stage_ == 0 ? L.total : L.shard_size);
+    }
+    grad_bytes_ = grads_.bytes() + grads16_.bytes();
+    buffer_bytes_ += scratch_.bytes() + scratch16_.bytes() + grads32_.bytes();
+  }
+
+  void begin_step() override {
+    be_.zero(grads_.data(), grads_.bytes());
+    be_.zero(grads16_.data(), grads16_.bytes());
+  }
+  float* acquire(int unit) override {
+    return s16_ ? take(unit) : grads_.data() + L_.units[unit].offset;  // fp32: in place
+  }
+  void done(int unit) override {
+    if (!s16_) return;
+    Slab& s = close(unit);
+    const Unit& u = L_.units[unit];
+    s16_->accumulate(grads16_.data() + u.offset, s.grads.data(), u.size);
+    s.unit = -1;
+    s.reducing = false;
+  }
+  void finish() override {
+    const int p = dp_.size();
+    const Dtype16 t = s16_ ? s16_->type() : Dtype16::bf16;
+    if (!scatter_) {
+      std::vector<PendingOp> ops;  // bucketed all-reduce, all buckets in flight together
+      for (const Bucket& b : L_.buckets)
+        ops.push_back(s16_ ? dp_.iall_reduce_sum(grads16_.data() + b.offset, b.size, t)
+                           : dp_.iall_reduce_sum(grads_.data() + b.offset, b.size));
+      for (auto& op : ops) op.wait();
+    } else {
+      for (const Bucket& b : L_.buckets) {
+        if (s16_) {
+          dp_.reduce_scatter_sum(grads16_.data() + b.offset, scratch16_.data(), b.size / p, t);
+          be_.copy(grads16_.data() + view_.owned_offset(b), scratch16_.data(), (b.size / p) * sizeof(uint16_t));
+        } else {
+          dp_.reduce_scatter_sum(grads_.data() + b.offset, scratch_.data(), b.size / p);
+          be_.copy(owned(b), scratch_.data(), (b.size / p) * sizeof(float));
+        }
+      }
+    }
+    if (!s16_) return;
+    // Widen the optimizer-owned 16-bit gradients into grads32_ (laid out like the master).
+    if (stage_ == 0) s16_->widen(grads32_.data(), grads16_.data(), L_.total);
+    else
+      for (const Bucket& b : L_.buckets)
+        s16_->widen(owned(b), grads16_.data() + view_.owned_offset(b), view_.owned_size(b));
+  }
+  float* owned(const Bucket& b) override {
+    if (s16_) return grads32_.data() + (stage_ == 0 ? b.offset : b.shard_offset);
+    return grads_.data() + view_.owned_offset(b);
+  }
+  // Stage 0 holds the whole reduced bucket but counts its dp slice, so the slices of all ranks
+  // cover every parameter once.
+  const float* reduced_slice(const Bucket& b) const override {
+    const size_t slice = L_.slice(b, dp_.rank()).offset;
+    if (s16_) return grads32_.data() + (stage_ == 0 ? b.offset + slice : b.shard_offset);
+    return grads_.data() + b.offset + slice;
+  }
+  void inject_inf() override {
+    if (s16_) {  // at the next unit backward hands over
+      inject_inf_ = true;
+      return;
+    }
+    const float inf = std::numeric_limits<float>::infinity();  // straight into the gradient
+    be_.copy_from_host(grads_.data(), &inf, sizeof inf);
+  }
+
+ private:
+  ProcessGroup& dp_;
+  const ShardView& view_;
+  int stage_;
+  bool scatter_;  // stage 1 with reduce_scatter: reduce-scatter per bucket, else all-reduce
+  const std::optional<Storage16>& s16_;
+  DeviceBuffer<float> grads_, scratch_, grads32_;
+  DeviceBuffer<uint16_t> grads16_, scratch16_;
+};
+
+// Stages 2-3: each unit's gradient is reduced as soon as backward hands it over, into the
+// rank's shard.
+class UnitSync final : public SlabSync {
+ public:
+  UnitSync(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ZeroConfig& cfg,
+           const std::optional<Storage16>& s16)
+      : SlabSync(be, L), dp_(dp), scatter_(cfg.reduce_scatter), overlap_(cfg.overlap_comm), s16_(s16) {
+    if (s16_) shard_grads16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
+    else shard_grads_ = DeviceBuffer<float>(be, L.shard_size);
+    make_slabs(dp.size(), s16_ || scatter_, s16_.has_value(), s16_ && scatter_);
+    if (s16_) grads32_ = DeviceBuffer<float>(be, L.shard_size);
+    grad_bytes_ = shard_grads_.bytes() + shard_grads16_.bytes();
+    buffer_bytes_ += grads32_.bytes();
+  }
+
+  void begin_step() override {
+    be_.zero(shard_grads_.data(), shard_grads_.bytes());
+    be_.zero(shard_grads16_.data(), shard_grads16_.bytes());
+  }
+  float* acquire(int unit) override { return take(unit); }
+  void done(int unit) override {
+    Slab& s = close(unit);
+    const Unit& u = L_.units[unit];
+    if (s16_) s16_->narrow(s.g16.data(), s.grads.data(), u.size);
+    const size_t shard_base = L_.buckets[u.first_bucket].shard_offset;
+    for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
+      const Bucket& b = L_.buckets[i];
+      const size_t at = b.offset - u.offset, slice_at = b.shard_offset - shard_base, n = b.size / dp_.size();
+      if (!s16_ && scatter_)
+        s.ops.push_back(dp_.ireduce_scatter_sum(s.grads.data() + at, s.recv.data() + slice_at, n));
+      else if (!s16_)
+        s.ops.push_back(dp_.iall_reduce_sum(s.grads.data() + at, b.size));
+      else if (scatter_)
+        s.ops.push_back(dp_.ireduce_scatter_sum(s.g16.data() + at, s.recv16.data() + slice_at, n, s16_->type()));
+      else
+        s.ops.push_back(dp_.iall_reduce_sum(s.g16.data() + at, b.size, s16_->type()));
+    }
+    if (!overlap_) complete(s);
+  }
+  void finish() override {
+    for (auto& s : slabs_) complete(*s);
+    if (s16_) s16_->widen(grads32_.data(), shard_grads16_.data(), L_.shard_size);
+  }
+  float* owned(const Bucket& b) override {
+    return s16_ ? grads32_.data() + b.shard_offset : shard_grads_.data() + b.shard_offset;
+  }
+  const float* reduced_slice(const Bucket& b) const override {
+    return s16_ ? grads32_.data() + b.shard_offset : shard_grads_.data() + b.shard_offset;
+  }
+  void inject_inf() override { inject_inf_ = true; }
+
+ private:
+  // Waits for a slab's reductions and adds the rank's reduced slices into the shard gradients.
+  void complete(Slab& s) override {
+    if (s.unit < 0) return;
+    for (auto& op : s.ops) op.wait();
+    s.ops.clear();
+    const Unit& u = L_.units[s.unit];
+    const size_t shard_base = L_.buckets[u.first_bucket].shard_offset;
+    for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
+      const Bucket& b = L_.buckets[i];
+      const size_t n = b.size / dp_.size(), at = b.offset - u.offset + L_.slice(b, dp_.rank()).offset;
+      float* recv = s.recv.data() + (b.shard_offset - shard_base);
+      if (!s16_) {
+        be_.accumulate(shard_grads_.data() + b.shard_offset, scatter_ ? recv : s.grads.data() + at, n);
+      } else {
+        s16_->widen(recv, scatter_ ? s.recv16.data() + (b.shard_offset - shard_base) : s.g16.data() + at, n);
+        s16_->accumulate(shard_grads16_.data() + b.shard_offset, recv, n);
+      }
+    }
+    s.unit = -1;
+    s.reducing = false;
+  }
+
+  ProcessGroup& dp_;
+  bool scatter_, overlap_;
+  const std::optional<Storage16>& s16_;
+  DeviceBuffer<float> shard_grads_, grads32_;
+  DeviceBuffer<uint16_t> shard_grads16_;
+};
+
+}  // namespace
+
+std::unique_ptr<GradSync> make_grad_sync(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
+                                         const ShardView& view, const ZeroConfig& cfg,
+                                         const std::optional<Storage16>& s16) {
+  if (cfg.stage < 2) return std::make_unique<BoundarySync>(be, dp, layout, view, cfg, s16);
+  return std::make_unique<UnitSync>(be, dp, layout, cfg, s16);
+}
+
+}  // namespace zero3d
