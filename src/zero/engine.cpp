@@ -8,17 +8,6 @@
 
 namespace zero3d {
 
-// A unit's full fp32 parameters for compute (stage 3: gathered; mixed: widened), with the
-// all-gathers that fill it (into buf16 first in mixed precision).
-struct ZeroEngine::ParamSlot {
-  DeviceBuffer<float> buf;
-  DeviceBuffer<uint16_t> buf16;
-  int unit = -1;        // the unit held (valid once ops are done), -1 when free
-  bool in_use = false;  // between acquire_params and release_params
-  bool widen_pending = false;  // buf16 -> buf once the gathers are done
-  std::vector<PendingOp> ops;
-};
-
 ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
                        const OptimizerConfig& optimizer, Precision precision, int tp_size, int tp_rank,
                        int pp_size, int pp_rank)
@@ -31,11 +20,7 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   mixed_ = precision != Precision::fp32;
   dt_ = precision == Precision::fp16 ? Dtype16::fp16 : Dtype16::bf16;
   if (mixed_) s16_.emplace(be, dt_);
-  pooled_ = cfg_.stage == 3 || mixed_;
-  const int num_units = static_cast<int>(layout_.units.size());
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
-  size_t max_block = 0;
-  for (int u = 1; u + 1 < num_units; ++u) max_block = std::max(max_block, layout_.units[u].size);
 
   // Parameters: what every rank keeps between steps.
   const size_t kept = cfg_.stage < 3 ? layout_.total : layout_.shard_size;
@@ -49,24 +34,15 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
     shard_params_ = DeviceBuffer<float>(be, layout_.shard_size);
     resident_ = DeviceBuffer<float>(be, layout_.resident_size);
   }
-  if (pooled_) {
-    // Slot pool: first and last unit own one each; the blocks share as many as
-    // stage3_max_live_parameters allows (stage 3), never fewer than two (current and next).
-    const size_t fixed = layout_.units.front().size + layout_.units.back().size;
-    const size_t live = cfg_.stage == 3 ? static_cast<size_t>(zero.stage3_max_live_parameters) : 0;
-    size_t blocks = max_block ? (live > fixed ? (live - fixed) / max_block : 0) : 0;
-    blocks = std::clamp<size_t>(blocks, 2, std::max<size_t>(2, num_units - 2));
-    std::vector<size_t> sizes = {layout_.units.front().size, layout_.units.back().size};
-    sizes.insert(sizes.end(), blocks, max_block);
-    for (size_t n : sizes) {
-      auto slot = std::make_unique<ParamSlot>();
-      slot->buf = DeviceBuffer<float>(be, n);
-      if (mixed_ && cfg_.stage == 3) slot->buf16 = DeviceBuffer<uint16_t>(be, n);
-      pslots_.push_back(std::move(slot));
-    }
-    for (int u = 0; u < num_units; ++u) trace_.push_back(u);  // forward: embeddings, blocks, final LN
-    trace_.push_back(0);                                        // backward: embeddings (LM head),
-    for (int u = num_units - 1; u >= 1; --u) trace_.push_back(u);  // final LN, blocks in reverse
+  if (cfg_.stage == 3 || mixed_) {  // the model reads gathered (stage 3) or widened (mixed) parameters from slots
+    ParamPool::Policy policy;
+    policy.gathered = cfg_.stage == 3;
+    policy.max_live = static_cast<size_t>(zero.stage3_max_live_parameters);
+    policy.prefetch_elems = static_cast<size_t>(zero.stage3_prefetch_bucket_size);
+    policy.reuse_distance = static_cast<size_t>(zero.stage3_max_reuse_distance);
+    policy.slots16 = mixed_ && cfg_.stage == 3;
+    pool_ = std::make_unique<ParamPool>(be, layout_, policy, s16_,
+                                        [this](ParamSlot& slot, int unit) { start_gather(slot, unit); });
   }
 
   sync_ = make_grad_sync(be, dp, layout_, view_, cfg_, s16_);  // the gradients, by stage
@@ -77,7 +53,7 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   mem_.grads = sync_->grad_bytes();
   mem_.optimizer = 2 * adam_->size() * sizeof(float) + master_.bytes();
   mem_.buffers = sync_->buffer_bytes();
-  for (const auto& s : pslots_) mem_.buffers += s->buf.bytes() + s->buf16.bytes();
+  if (pool_) mem_.buffers += pool_->bytes();
 
   // Optimizer segments: the owned part of each tensor of each bucket, with its decay setting.
   for (const Piece& piece : view_.owned_pieces()) {
@@ -95,9 +71,7 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   }
 }
 
-ZeroEngine::~ZeroEngine() {
-  for (auto& s : pslots_) s->ops.clear();  // waits for anything in flight
-}
+ZeroEngine::~ZeroEngine() = default;
 
 // Where the optimizer finds bucket b's (fp32) parameters on this rank.
 float* ZeroEngine::owned_params(const Bucket& b) {
@@ -142,55 +116,10 @@ void ZeroEngine::init_weights(uint64_t seed) {
 
 // ---- parameters for compute: direct (fp32 stages 0-2) or from the slot pool ----
 
-size_t ZeroEngine::distance_to_next_use(int unit) const {
-  size_t elems = 0;
-  for (size_t k = 1; k <= trace_.size(); ++k) {
-    const int u = trace_[(trace_pos_ + k) % trace_.size()];
-    if (u == unit) return elems;
-    elems += layout_.units[u].size;
-  }
-  return elems;
-}
-
-ZeroEngine::ParamSlot* ZeroEngine::slot_holding(int unit) {
-  for (auto& s : pslots_)
-    if (s->unit == unit) return s.get();
-  return nullptr;
-}
-
-// A slot for `unit`: its own for the first and last unit, else a free block slot, else (with
-// may_wait) the idle block slot whose unit is needed last. nullptr when none can be had.
-ZeroEngine::ParamSlot* ZeroEngine::free_slot_for(int unit, bool may_wait) {
-  const int last = static_cast<int>(layout_.units.size()) - 1;
-  ParamSlot* pick = nullptr;
-  if (unit == 0 || unit == last) {
-    pick = pslots_[unit == 0 ? 0 : 1].get();
-    if (pick->in_use || (!may_wait && pick->unit >= 0)) return nullptr;
-  } else {
-    size_t farthest = 0;
-    for (size_t i = 2; i < pslots_.size(); ++i) {
-      ParamSlot* s = pslots_[i].get();
-      if (s->in_use) continue;
-      if (s->unit < 0) return s;
-      if (!may_wait) continue;
-      const size_t d = distance_to_next_use(s->unit);
-      if (!pick || d > farthest) pick = s, farthest = d;
-    }
-  }
-  if (pick) {
-    for (auto& op : pick->ops) op.wait();
-    pick->ops.clear();
-    pick->unit = -1;
-    pick->widen_pending = false;
-  }
-  return pick;
-}
-
 // Fill slot s with unit's parameters: widen the resident 16-bit weights (mixed stages 0-2), or
 // start the all-gathers of the slices (stage 3; into buf16 first in mixed precision).
 void ZeroEngine::start_gather(ParamSlot& s, int unit) {
   const Unit& u = layout_.units[unit];
-  s.unit = unit;
   if (cfg_.stage < 3) {
     s16_->widen(s.buf.data(), params16_.data() + u.offset, u.size);
     return;
@@ -211,50 +140,11 @@ void ZeroEngine::start_gather(ParamSlot& s, int unit) {
 }
 
 const float* ZeroEngine::acquire_params(int unit) {
-  if (!pooled_) return params_.data() + layout_.units[unit].offset;
-  for (size_t k = 0; k < trace_.size(); ++k)  // follow the trace to this unit's next access
-    if (trace_[(trace_pos_ + k) % trace_.size()] == unit) {
-      trace_pos_ = (trace_pos_ + k) % trace_.size();
-      break;
-    }
-  ParamSlot* s = slot_holding(unit);
-  if (!s) {
-    s = free_slot_for(unit, /*may_wait=*/true);
-    Z3D_ASSERT(s != nullptr, "ZeRO: no parameter slot free (more units in use than the pool holds)");
-    start_gather(*s, unit);
-  }
-  for (auto& op : s->ops) op.wait();
-  s->ops.clear();
-  if (s->widen_pending) {
-    s16_->widen(s->buf.data(), s->buf16.data(), layout_.units[unit].size);
-    s->widen_pending = false;
-  }
-  s->in_use = true;
-  // Prefetch the next unit of the trace while this one is computed on (stage 3).
-  const int next = trace_[(trace_pos_ + 1) % trace_.size()];
-  if (cfg_.stage == 3 && layout_.units[next].size <= static_cast<size_t>(cfg_.stage3_prefetch_bucket_size) &&
-      !slot_holding(next))
-    if (ParamSlot* p = free_slot_for(next, /*may_wait=*/false)) start_gather(*p, next);
-  return s->buf.data();
+  return pool_ ? pool_->acquire(unit) : params_.data() + layout_.units[unit].offset;
 }
 
 void ZeroEngine::release_params(int unit) {
-  if (!pooled_) return;
-  ParamSlot* s = slot_holding(unit);
-  if (!s) return;
-  s->in_use = false;
-  const bool keep = cfg_.stage == 3 && distance_to_next_use(unit) < static_cast<size_t>(cfg_.stage3_max_reuse_distance);
-  if (!keep) s->unit = -1;
-}
-
-void ZeroEngine::invalidate_gathered() {
-  for (auto& s : pslots_) {
-    for (auto& op : s->ops) op.wait();
-    s->ops.clear();
-    s->unit = -1;
-    s->in_use = false;
-    s->widen_pending = false;
-  }
+  if (pool_) pool_->release(unit);
 }
 
 // ---- gradients ----
@@ -282,7 +172,7 @@ void ZeroEngine::scale_grads(float s) {
 }
 
 void ZeroEngine::optimizer_step(double lr) {
-  if (pooled_) invalidate_gathered();  // slots hold the old weights; no gather may read a slice mid-update
+  if (pool_) pool_->invalidate();  // slots hold the old weights; no gather may read a slice mid-update
   adam_->step(segments_, lr);
   round_master();
 }
@@ -342,7 +232,7 @@ void ZeroEngine::read_weights16(const Piece& p, uint16_t* out) const {
 
 void ZeroEngine::finish_load(int64_t optimizer_steps) {
   adam_->set_step_count(optimizer_steps);
-  if (pooled_) invalidate_gathered();
+  if (pool_) pool_->invalidate();
   round_master();  // as after every step
   gather_updated_params();
   be_.synchronize();

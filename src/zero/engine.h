@@ -43,6 +43,7 @@
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "zero/grad_sync.h"
+#include "zero/param_pool.h"
 #include "zero/shard_view.h"
 #include "zero/storage16.h"
 
@@ -117,13 +118,8 @@ class ZeroEngine final : public ParamStore {
   void finish_load(int64_t optimizer_steps);
 
  private:
-  struct ParamSlot;
   float* owned_params(const Bucket& b);  // this rank's fp32 parameters (the master in mixed) of bucket b
-  ParamSlot* slot_holding(int unit);
-  ParamSlot* free_slot_for(int unit, bool may_wait);
-  void start_gather(ParamSlot& s, int unit);
-  size_t distance_to_next_use(int unit) const;  // elements acquired before `unit` is used again
-  void invalidate_gathered();
+  void start_gather(ParamSlot& s, int unit);  // the pool's Fill: gather (stage 3) or widen (mixed)
   float* state_of(State kind, const Piece& p);  // where the owned piece's master, m or v lives
   void round_master();                          // mixed: 16-bit weights = rounding of the owned master
 
@@ -133,20 +129,17 @@ class ZeroEngine final : public ParamStore {
   int n_layer_;          // the whole model's (the init scales residual projections by it)
   bool mixed_ = false;   // 16-bit weights and gradients
   Dtype16 dt_ = Dtype16::bf16;
-  bool pooled_ = false;  // the model reads parameters from pool slots (stage 3 or mixed)
   FlatLayout layout_;
   ShardView view_;  // what this rank owns and saves of layout_
   DeviceBuffer<float> params_;        // stages 0-2: full parameters
   DeviceBuffer<float> shard_params_;  // stage 3: this rank's slice of every bucket
   DeviceBuffer<float> resident_;      // stage 3: the persistent buckets, whole
-  std::vector<std::unique_ptr<ParamSlot>> pslots_;  // stage 3: gathered units
-  std::vector<int> trace_;            // stage 3: unit access order of one micro-batch (fwd, bwd)
-  size_t trace_pos_ = 0;
   std::optional<Storage16> s16_;     // mixed precision: the 16-bit storage; none in fp32
   std::unique_ptr<GradSync> sync_;   // the gradients: accumulation and reduction (zero/grad_sync.h)
   // Mixed precision: 16-bit copies of the parameters above, and the fp32 master.
   DeviceBuffer<uint16_t> params16_, resident16_;
   DeviceBuffer<float> master_;   // fp32 master weights of the optimizer-owned parameters
+  std::unique_ptr<ParamPool> pool_;  // stage 3 or mixed: the slots the model reads; after the buffers it fills from
   std::unique_ptr<AdamW> adam_;
   std::vector<AdamSegment> segments_;
   std::vector<std::pair<const float*, size_t>> norm_segments_;  // what this rank counts in the norm
