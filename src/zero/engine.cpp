@@ -1,10 +1,8 @@
 #include "zero/engine.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "core/check.h"
-#include "kernels/math/dtype.h"
 
 namespace zero3d {
 
@@ -22,18 +20,8 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   if (mixed_) s16_.emplace(be, dt_);
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
 
-  // Parameters: what every rank keeps between steps.
-  const size_t kept = cfg_.stage < 3 ? layout_.total : layout_.shard_size;
-  if (mixed_) {
-    params16_ = DeviceBuffer<uint16_t>(be, kept);
-    resident16_ = DeviceBuffer<uint16_t>(be, cfg_.stage == 3 ? layout_.resident_size : 0);
-    master_ = DeviceBuffer<float>(be, owned_total);
-  } else if (cfg_.stage < 3) {
-    params_ = DeviceBuffer<float>(be, layout_.total);
-  } else {
-    shard_params_ = DeviceBuffer<float>(be, layout_.shard_size);
-    resident_ = DeviceBuffer<float>(be, layout_.resident_size);
-  }
+  // The parts, chosen once by stage and precision.
+  params_ = make_param_storage(be, dp, layout_, view_, cfg_.stage, s16_);  // what a rank keeps
   if (cfg_.stage == 3 || mixed_) {  // the model reads gathered (stage 3) or widened (mixed) parameters from slots
     ParamPool::Policy policy;
     policy.gathered = cfg_.stage == 3;
@@ -42,16 +30,16 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
     policy.reuse_distance = static_cast<size_t>(zero.stage3_max_reuse_distance);
     policy.slots16 = mixed_ && cfg_.stage == 3;
     pool_ = std::make_unique<ParamPool>(be, layout_, policy, s16_,
-                                        [this](ParamSlot& slot, int unit) { start_gather(slot, unit); });
+                                        [this](ParamSlot& slot, int unit) { params_->fill(slot, unit); });
   }
 
   sync_ = make_grad_sync(be, dp, layout_, view_, cfg_, s16_);  // the gradients, by stage
   adam_ = std::make_unique<AdamW>(be, optimizer, owned_total);
 
   // Accounting by role, from what was allocated above.
-  mem_.params = params_.bytes() + shard_params_.bytes() + resident_.bytes() + params16_.bytes() + resident16_.bytes();
+  mem_.params = params_->param_bytes();
   mem_.grads = sync_->grad_bytes();
-  mem_.optimizer = 2 * adam_->size() * sizeof(float) + master_.bytes();
+  mem_.optimizer = 2 * adam_->size() * sizeof(float) + params_->master_bytes();
   mem_.buffers = sync_->buffer_bytes();
   if (pool_) mem_.buffers += pool_->bytes();
 
@@ -59,7 +47,7 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   for (const Piece& piece : view_.owned_pieces()) {
     const Bucket& b = view_.bucket_of(piece.tensor);
     const size_t at = view_.offset_in_owned(piece);
-    segments_.push_back({owned_params(b) + at, sync_->owned(b) + at, view_.state_base(b) + at, piece.size,
+    segments_.push_back({params_->owned(b) + at, sync_->owned(b) + at, view_.state_base(b) + at, piece.size,
                          layout_.tensors[piece.tensor].decay});
   }
   // The norm counts what a checkpoint saves: every parameter of the grid once.
@@ -73,74 +61,10 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
 
 ZeroEngine::~ZeroEngine() = default;
 
-// Where the optimizer finds bucket b's (fp32) parameters on this rank.
-float* ZeroEngine::owned_params(const Bucket& b) {
-  if (mixed_) return master_.data() + (cfg_.stage == 0 ? b.offset : b.shard_offset);
-  return cfg_.stage < 3 ? params_.data() + view_.owned_offset(b) : shard_params_.data() + b.shard_offset;
-}
-
-void ZeroEngine::init_weights(uint64_t seed) {
-  const int n_layer = n_layer_;
-  // The kept parameters: everything (stages 0-2) or this rank's slices (stage 3) ...
-  std::vector<float> kept(cfg_.stage < 3 ? layout_.total : layout_.shard_size), resident(layout_.resident_size);
-  if (cfg_.stage < 3) {
-    gpt_initial_params(layout_, n_layer, seed, 0, layout_.total, kept.data());
-  } else {
-    for (const Bucket& b : layout_.buckets) {
-      const ShardInfo sl = layout_.slice(b, dp_.rank());
-      gpt_initial_params(layout_, n_layer, seed, b.offset + sl.offset, b.offset + sl.offset + sl.size,
-                         kept.data() + b.shard_offset);
-      if (b.persistent)
-        gpt_initial_params(layout_, n_layer, seed, b.offset, b.offset + b.size, resident.data() + b.resident_offset);
-    }
-  }
-  if (!mixed_) {
-    float* dst = cfg_.stage < 3 ? params_.data() : shard_params_.data();
-    be_.copy_from_host(dst, kept.data(), kept.size() * sizeof(float));
-    be_.copy_from_host(resident_.data(), resident.data(), resident.size() * sizeof(float));
-    return;
-  }
-  // ... and in mixed precision the fp32 master of the owned ones, the 16-bit rounding of all.
-  std::vector<float> master(master_.size());
-  if (cfg_.stage == 0 || cfg_.stage == 3) {
-    master = kept;  // stage 0 owns everything; stage 3 keeps exactly its slices
-  } else {
-    for (const Bucket& b : layout_.buckets)
-      std::copy_n(kept.begin() + view_.owned_offset(b), view_.owned_size(b), master.begin() + b.shard_offset);
-  }
-  be_.copy_from_host(master_.data(), master.data(), master.size() * sizeof(float));
-  const std::vector<uint16_t> kept16 = s16_->narrow_host(kept), resident16 = s16_->narrow_host(resident);
-  be_.copy_from_host(params16_.data(), kept16.data(), kept16.size() * sizeof(uint16_t));
-  be_.copy_from_host(resident16_.data(), resident16.data(), resident16.size() * sizeof(uint16_t));
-}
-
-// ---- parameters for compute: direct (fp32 stages 0-2) or from the slot pool ----
-
-// Fill slot s with unit's parameters: widen the resident 16-bit weights (mixed stages 0-2), or
-// start the all-gathers of the slices (stage 3; into buf16 first in mixed precision).
-void ZeroEngine::start_gather(ParamSlot& s, int unit) {
-  const Unit& u = layout_.units[unit];
-  if (cfg_.stage < 3) {
-    s16_->widen(s.buf.data(), params16_.data() + u.offset, u.size);
-    return;
-  }
-  for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
-    const Bucket& b = layout_.buckets[i];
-    const size_t at = b.offset - u.offset, n = b.size / dp_.size();
-    if (!mixed_ && b.persistent)
-      be_.copy(s.buf.data() + at, resident_.data() + b.resident_offset, b.size * sizeof(float));
-    else if (!mixed_)
-      s.ops.push_back(dp_.iall_gather(shard_params_.data() + b.shard_offset, s.buf.data() + at, n));
-    else if (b.persistent)
-      be_.copy(s.buf16.data() + at, resident16_.data() + b.resident_offset, b.size * sizeof(uint16_t));
-    else
-      s.ops.push_back(dp_.iall_gather(params16_.data() + b.shard_offset, s.buf16.data() + at, n));
-  }
-  s.widen_pending = mixed_;
-}
+void ZeroEngine::init_weights(uint64_t seed) { params_->init(seed, n_layer_); }
 
 const float* ZeroEngine::acquire_params(int unit) {
-  return pool_ ? pool_->acquire(unit) : params_.data() + layout_.units[unit].offset;
+  return pool_ ? pool_->acquire(unit) : params_->resident_unit(unit);
 }
 
 void ZeroEngine::release_params(int unit) {
@@ -174,34 +98,10 @@ void ZeroEngine::scale_grads(float s) {
 void ZeroEngine::optimizer_step(double lr) {
   if (pool_) pool_->invalidate();  // slots hold the old weights; no gather may read a slice mid-update
   adam_->step(segments_, lr);
-  round_master();
+  params_->round_master();
 }
 
-// Mixed precision: the 16-bit weights this rank owns become the rounding of its fp32 master.
-void ZeroEngine::round_master() {
-  if (!mixed_) return;
-  if (cfg_.stage == 0 || cfg_.stage == 3) s16_->narrow(params16_.data(), master_.data(), master_.size());
-  else
-    for (const Bucket& b : layout_.buckets)
-      s16_->narrow(params16_.data() + view_.owned_offset(b), owned_params(b), view_.owned_size(b));
-}
-
-void ZeroEngine::gather_updated_params() {
-  if (cfg_.stage == 0) return;
-  std::vector<PendingOp> ops;
-  for (const Bucket& b : layout_.buckets) {
-    const size_t n = b.size / dp_.size();
-    if (cfg_.stage < 3 && mixed_)
-      ops.push_back(dp_.iall_gather(params16_.data() + view_.owned_offset(b), params16_.data() + b.offset, n));
-    else if (cfg_.stage < 3)
-      ops.push_back(dp_.iall_gather(params_.data() + view_.owned_offset(b), params_.data() + b.offset, n));
-    else if (b.persistent && mixed_)
-      ops.push_back(dp_.iall_gather(params16_.data() + b.shard_offset, resident16_.data() + b.resident_offset, n));
-    else if (b.persistent)
-      ops.push_back(dp_.iall_gather(shard_params_.data() + b.shard_offset, resident_.data() + b.resident_offset, n));
-  }
-  for (auto& op : ops) op.wait();
-}
+void ZeroEngine::gather_updated_params() { params_->gather_updated(); }
 
 // ---- checkpoints ----
 
@@ -210,7 +110,7 @@ float* ZeroEngine::state_of(State kind, const Piece& p) {
   const size_t at = view_.offset_in_owned(p);
   return kind == State::exp_avg      ? adam_->exp_avg() + view_.state_base(b) + at
          : kind == State::exp_avg_sq ? adam_->exp_avg_sq() + view_.state_base(b) + at
-                                     : owned_params(b) + at;
+                                     : params_->owned(b) + at;
 }
 
 void ZeroEngine::read_state(State kind, const Piece& p, float* out) const {
@@ -223,17 +123,13 @@ void ZeroEngine::write_state(State kind, const Piece& p, const float* in) {
 
 void ZeroEngine::read_weights16(const Piece& p, uint16_t* out) const {
   Z3D_ASSERT(mixed_, "read_weights16 needs mixed precision");
-  const Bucket& b = view_.bucket_of(p.tensor);
-  const size_t in = view_.offset_in_owned(p);
-  // Stages 0-2 keep every 16-bit weight at its flat offset; stage 3 its slices in shard order.
-  const size_t at = cfg_.stage < 3 ? view_.owned_offset(b) + in : b.shard_offset + in;
-  be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
+  params_->read_weights16(p, out);
 }
 
 void ZeroEngine::finish_load(int64_t optimizer_steps) {
   adam_->set_step_count(optimizer_steps);
   if (pool_) pool_->invalidate();
-  round_master();  // as after every step
+  params_->round_master();  // as after every step
   gather_updated_params();
   be_.synchronize();
 }
@@ -241,20 +137,12 @@ void ZeroEngine::finish_load(int64_t optimizer_steps) {
 // ---- safety nets ----
 
 void ZeroEngine::check_replicas_consistent(int64_t step) {
-  // Replicated: every tensor in stages 0-2; the persistent buckets' tensors in stage 3. Hash the
-  // stored bytes (16-bit in mixed precision).
-  const size_t elem = mixed_ ? sizeof(uint16_t) : sizeof(float);
-  const void* src = cfg_.stage < 3 ? (mixed_ ? static_cast<const void*>(params16_.data()) : params_.data())
-                                   : (mixed_ ? static_cast<const void*>(resident16_.data()) : resident_.data());
-  const size_t count = cfg_.stage < 3 ? layout_.total : layout_.resident_size;
-  std::vector<unsigned char> host(count * elem);
-  be_.copy_to_host(host.data(), src, host.size());
-  std::vector<std::pair<size_t, size_t>> tensors;  // (tensor index, element offset in host)
-  for (const Bucket& b : layout_.buckets)
-    if (cfg_.stage < 3 || b.persistent)
-      for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t)
-        tensors.push_back({static_cast<size_t>(t), cfg_.stage < 3 ? layout_.tensors[t].offset
-                                                                  : b.resident_offset + (layout_.tensors[t].offset - b.offset)});
+  // Hash the replicated parameters as stored (16-bit in mixed precision), tensor by tensor.
+  const ParamStorage::Replicated rep = params_->replicated();
+  const size_t elem = rep.elem_bytes;
+  std::vector<unsigned char> host(rep.count * elem);
+  be_.copy_to_host(host.data(), rep.data, host.size());
+  const auto& tensors = rep.tensors;  // (tensor index, element offset in host)
   std::vector<uint64_t> mine;
   for (auto [index, at] : tensors) {  // FNV-1a over the tensor's bytes
     uint64_t h = 1469598103934665603ull;
@@ -276,15 +164,6 @@ void ZeroEngine::check_replicas_consistent(int64_t step) {
 
 void ZeroEngine::inject_inf_gradient() { sync_->inject_inf(); }
 
-void ZeroEngine::perturb_replica() {
-  // Flip the lowest bit of the first replicated element.
-  void* p = cfg_.stage < 3 ? (mixed_ ? static_cast<void*>(params16_.data()) : params_.data())
-                           : (mixed_ ? static_cast<void*>(resident16_.data()) : resident_.data());
-  if (cfg_.stage == 3 && layout_.resident_size == 0) return;
-  unsigned char byte = 0;
-  be_.copy_to_host(&byte, p, 1);
-  byte ^= 1;
-  be_.copy_from_host(p, &byte, 1);
-}
+void ZeroEngine::perturb_replica() { params_->flip_first_replicated_bit(be_); }  // one replica's lowest bit
 
 }  // namespace zero3d

@@ -33,6 +33,11 @@
 // (DeepSpeed's option, and faster than OpenMPI's reduce-scatter on some machines).
 // The invariant every stage keeps: all ranks of the group hold bitwise-identical parameters after
 // each step, and the gradient norm counts every parameter once (each rank sums its own slices).
+//
+// The engine composes parts chosen once at construction, each with one concern: the shard view
+// (what this rank owns and saves), the 16-bit storage (none in fp32), the parameter storage (full
+// or sharded), the slot pool (stage 3 or mixed), the gradient sync (at the boundary, or per unit),
+// and AdamW over the owned segments. Only the constructor looks at the stage.
 #pragma once
 #include <memory>
 #include <optional>
@@ -44,6 +49,7 @@
 #include "parallel/comm.h"
 #include "zero/grad_sync.h"
 #include "zero/param_pool.h"
+#include "zero/param_storage.h"
 #include "zero/shard_view.h"
 #include "zero/storage16.h"
 
@@ -118,10 +124,7 @@ class ZeroEngine final : public ParamStore {
   void finish_load(int64_t optimizer_steps);
 
  private:
-  float* owned_params(const Bucket& b);  // this rank's fp32 parameters (the master in mixed) of bucket b
-  void start_gather(ParamSlot& s, int unit);  // the pool's Fill: gather (stage 3) or widen (mixed)
   float* state_of(State kind, const Piece& p);  // where the owned piece's master, m or v lives
-  void round_master();                          // mixed: 16-bit weights = rounding of the owned master
 
   Backend& be_;
   ProcessGroup& dp_;
@@ -130,16 +133,11 @@ class ZeroEngine final : public ParamStore {
   bool mixed_ = false;   // 16-bit weights and gradients
   Dtype16 dt_ = Dtype16::bf16;
   FlatLayout layout_;
-  ShardView view_;  // what this rank owns and saves of layout_
-  DeviceBuffer<float> params_;        // stages 0-2: full parameters
-  DeviceBuffer<float> shard_params_;  // stage 3: this rank's slice of every bucket
-  DeviceBuffer<float> resident_;      // stage 3: the persistent buckets, whole
-  std::optional<Storage16> s16_;     // mixed precision: the 16-bit storage; none in fp32
-  std::unique_ptr<GradSync> sync_;   // the gradients: accumulation and reduction (zero/grad_sync.h)
-  // Mixed precision: 16-bit copies of the parameters above, and the fp32 master.
-  DeviceBuffer<uint16_t> params16_, resident16_;
-  DeviceBuffer<float> master_;   // fp32 master weights of the optimizer-owned parameters
-  std::unique_ptr<ParamPool> pool_;  // stage 3 or mixed: the slots the model reads; after the buffers it fills from
+  ShardView view_;                        // what this rank owns and saves of layout_
+  std::optional<Storage16> s16_;          // mixed precision: the 16-bit storage; none in fp32
+  std::unique_ptr<ParamStorage> params_;  // what this rank keeps of the weights (zero/param_storage.h)
+  std::unique_ptr<ParamPool> pool_;       // stage 3 or mixed: the slots the model reads (filled from params_)
+  std::unique_ptr<GradSync> sync_;        // the gradients: accumulation and reduction (zero/grad_sync.h)
   std::unique_ptr<AdamW> adam_;
   std::vector<AdamSegment> segments_;
   std::vector<std::pair<const float*, size_t>> norm_segments_;  // what this rank counts in the norm

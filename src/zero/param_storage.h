@@ -1,0 +1,65 @@
+// zero/param_storage.h: what a rank keeps of the parameters between steps, one policy per ZeRO
+// stage family, chosen once (make_param_storage):
+//
+//   full (stages 0-2): every rank keeps every parameter in the flat layout; the optimizer updates
+//     its owned range, and from stage 1 the buckets are all-gathered back in place after the step.
+//   sharded (stage 3): a rank keeps only its slice of every bucket (updated in place, nothing
+//     gathered after the step), plus the persistent buckets whole (all-gathered after each step).
+//
+// In mixed precision the kept weights are 16-bit and the optimizer's owned range has an fp32
+// master beside them (rounded into the 16-bit weights after each update); the model reads fp32
+// from the slot pool (widened, or gathered then widened). In fp32 stages 0-2 the model reads the
+// kept buffer directly. Invariant: after gather_updated() every rank of the dp group holds
+// bitwise-identical replicated() bytes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "parallel/comm.h"
+#include "zero/param_pool.h"
+#include "zero/shard_view.h"
+#include "zero/storage16.h"
+
+namespace zero3d {
+
+class ParamStorage {
+ public:
+  virtual ~ParamStorage() = default;
+  // This rank's kept parameters (and master) from the counter-based GPT-2 initialisation.
+  virtual void init(uint64_t seed, int n_layer) = 0;
+  // The fp32 parameters of bucket b's owned range, what Adam updates (the master in mixed precision).
+  virtual float* owned(const Bucket& b) = 0;
+  // The unit's fp32 parameters where they are resident in fp32 (fp32 stages 0-2), else nullptr:
+  // then the model reads them from the pool, which fill() serves.
+  virtual const float* resident_unit(int unit) = 0;
+  virtual void fill(ParamSlot& slot, int unit) = 0;  // gather (stage 3) or widen (mixed) into a slot
+  virtual void round_master() = 0;                   // mixed: 16-bit weights = rounding of the master
+  virtual void gather_updated() = 0;                 // after the step: the replicated copies whole again
+  virtual void read_weights16(const Piece& p, uint16_t* out) const = 0;  // mixed: a saved piece's weights
+
+  // What every rank of the group keeps alike (stages 0-2: everything; stage 3: the persistent
+  // buckets), as stored (16-bit in mixed precision), with each tensor's element offset in it.
+  struct Replicated {
+    const void* data = nullptr;
+    size_t count = 0, elem_bytes = 4;
+    std::vector<std::pair<size_t, size_t>> tensors;  // (tensor index, element offset)
+  };
+  virtual Replicated replicated() const = 0;
+  void flip_first_replicated_bit(Backend& be);  // fault injection (a no-op with nothing replicated)
+
+  size_t param_bytes() const { return param_bytes_; }    // the kept weights (ZeRO's 2 or 4 Psi)
+  size_t master_bytes() const { return master_bytes_; }  // the fp32 master (optimizer state)
+
+ protected:
+  size_t param_bytes_ = 0, master_bytes_ = 0;
+};
+
+std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
+                                                 const ShardView& view, int stage,
+                                                 const std::optional<Storage16>& s16);
+
+}  // namespace zero3d
