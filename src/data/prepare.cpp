@@ -8,23 +8,13 @@
 #include <limits>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "data/loader.h"
 
 namespace zero3d {
 
 namespace {
-
-// Owns the temp file: closes it and removes it unless the rename succeeded.
-struct TempFile {
-  std::string path;
-  FILE* f = nullptr;
-  bool published = false;
-  ~TempFile() {
-    if (f) std::fclose(f);
-    if (!published) std::remove(path.c_str());
-  }
-};
 
 struct InputFile {
   FILE* f = nullptr;
@@ -47,16 +37,9 @@ uint64_t prepare_token_file(const std::vector<std::string>& text_files, const st
     throw UserError(strprintf("output directory '%s' for token file '%s' does not exist", parent.c_str(),
                               out_path.c_str()));
 
-  TempFile tmp{out_path + ".tmp"};
-  tmp.f = std::fopen(tmp.path.c_str(), "wb");
-  if (!tmp.f) throw UserError(strprintf("cannot write token file '%s': %s", tmp.path.c_str(), strerror(errno)));
-  auto write_or_throw = [&](const void* data, size_t bytes) {
-    if (std::fwrite(data, 1, bytes, tmp.f) != bytes)
-      throw UserError(strprintf("cannot write token file '%s': %s", tmp.path.c_str(), strerror(errno)));
-  };
-
+  AtomicFile out(out_path, "token file");
   int32_t header[kTokenFileHeaderInts] = {};
-  write_or_throw(header, sizeof header);  // placeholder until the count is known
+  out.write(header, sizeof header);  // placeholder until the count is known
 
   uint64_t count = 0;
   std::vector<unsigned char> bytes(1 << 16);
@@ -67,7 +50,7 @@ uint64_t prepare_token_file(const std::vector<std::string>& text_files, const st
     for (;;) {
       const size_t n = std::fread(bytes.data(), 1, bytes.size(), src.f);
       for (size_t i = 0; i < n; ++i) tokens[i] = bytes[i];
-      write_or_throw(tokens.data(), n * sizeof(uint16_t));
+      out.write(tokens.data(), n * sizeof(uint16_t));
       count += n;
       if (n < bytes.size()) break;
     }
@@ -81,16 +64,9 @@ uint64_t prepare_token_file(const std::vector<std::string>& text_files, const st
   header[0] = kTokenFileMagic;
   header[1] = kTokenFileVersion;
   header[2] = static_cast<int32_t>(count);
-  if (std::fseek(tmp.f, 0, SEEK_SET) != 0)
-    throw UserError(strprintf("cannot write token file '%s': %s", tmp.path.c_str(), strerror(errno)));
-  write_or_throw(header, sizeof header);
-  FILE* f = tmp.f;
-  tmp.f = nullptr;
-  if (std::fclose(f) != 0)
-    throw UserError(strprintf("cannot write token file '%s': %s", tmp.path.c_str(), strerror(errno)));
-  if (std::rename(tmp.path.c_str(), out_path.c_str()) != 0)
-    throw UserError(strprintf("cannot rename '%s' to '%s': %s", tmp.path.c_str(), out_path.c_str(), strerror(errno)));
-  tmp.published = true;
+  out.seek(0);
+  out.write(header, sizeof header);
+  out.commit();
   return count;
 }
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -170,16 +171,12 @@ void commit(const std::string& dir, const std::string& tmp, const std::string& f
   fsync_path(tmp);
   rename_or_die(tmp, final_path);
   fsync_path(dir);
-  const std::string latest = dir + "/latest", latest_tmp = latest + ".tmp";
-  {
-    std::ofstream f(latest_tmp, std::ios::trunc);
-    f << fs::path(final_path).filename().string() << "\n";
-    f.flush();
-    Z3D_ASSERT(f.good(), strprintf("cannot write '%s': %s", latest_tmp.c_str(), strerror(errno)));
+  try {  // rank 0 alone: a failure here must stop every rank, not leave them waiting
+    write_file_atomic(dir + "/latest", fs::path(final_path).filename().string() + "\n", /*durable=*/true,
+                      "checkpoint pointer");
+  } catch (const UserError& e) {
+    Z3D_ASSERT(false, e.what());
   }
-  fsync_path(latest_tmp);
-  rename_or_die(latest_tmp, latest);
-  fsync_path(dir);
   if (keep_last > 0) {
     const std::vector<std::string> all = list_checkpoints(dir);
     for (size_t i = static_cast<size_t>(keep_last); i < all.size(); ++i)

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "io/checkpoint.h"
@@ -172,15 +173,6 @@ std::optional<uint64_t> dataset_checksum(hid_t ds, const DatasetInfo& d) {
 
 std::string mib(uint64_t bytes) { return strprintf("%.2f MiB", double(bytes) / (1 << 20)); }
 
-// Deletes a file unless disarmed: a failed export leaves no partial OUT.tmp behind.
-struct RemoveUnlessDone {
-  std::string path;
-  bool done = false;
-  ~RemoveUnlessDone() {
-    if (!done) std::remove(path.c_str());
-  }
-};
-
 }  // namespace
 
 int ckpt_inspect(const std::string& dir_or_file) {
@@ -327,13 +319,10 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
 
-  const std::string tmp = out + ".tmp";
-  RemoveUnlessDone cleanup{tmp};
-  std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-  if (!o) throw UserError(strprintf("cannot create '%s': %s", tmp.c_str(), strerror(errno)));
+  AtomicFile o(out, "safetensors file");  // a failed export leaves no partial OUT.tmp behind
   const uint64_t n = text.size();
-  o.write(reinterpret_cast<const char*>(&n), sizeof n);
-  o.write(text.data(), std::streamsize(text.size()));
+  o.write(&n, sizeof n);
+  o.write(text);
   std::vector<float> f32;
   std::vector<uint16_t> u16;
   for (const DatasetInfo& d : tensors) {
@@ -348,14 +337,10 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
       throw UserError(strprintf("checkpoint '%s': dataset '%s' has no checksum or fails it: the file is corrupt "
                                 "(zero3d ckpt verify lists every bad dataset)",
                                 c.path.c_str(), d.path.c_str()));
-    if (d.elem == Elem::f32) o.write(reinterpret_cast<const char*>(f32.data()), std::streamsize(d.bytes()));
-    else o.write(reinterpret_cast<const char*>(u16.data()), std::streamsize(d.bytes()));
+    if (d.elem == Elem::f32) o.write(f32.data(), d.bytes());
+    else o.write(u16.data(), d.bytes());
   }
-  o.close();
-  if (!o) throw UserError(strprintf("cannot write '%s': %s", tmp.c_str(), strerror(errno)));
-  if (std::rename(tmp.c_str(), out.c_str()) != 0)
-    throw UserError(strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), out.c_str(), strerror(errno)));
-  cleanup.done = true;
+  o.commit();
   std::string dtype_list;
   for (const std::string& t : dtypes) dtype_list += (dtype_list.empty() ? "" : "+") + t;
   log_info("exported %zu tensors (%s weights from %s, %s, %llu bytes of data) of step %lld from '%s' to '%s'",

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "data/loader.h"
@@ -53,17 +54,6 @@ static int64_t minor_page_faults() {
 static std::string format_eta(double seconds) {
   long s = std::lround(std::max(0.0, seconds));
   return strprintf("%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
-}
-
-// Write `text` to `path` atomically: a reader sees the old file or the whole new one.
-static void write_file_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    if (!f.good()) throw UserError(strprintf("cannot write '%s': %s", tmp.c_str(), strerror(errno)));
-  }
-  fs::rename(tmp, path);
 }
 
 struct Trainer::State {
