@@ -531,21 +531,12 @@ std::optional<LoadedCheckpoint> try_load(const CheckpointRun& run, const std::st
   std::optional<LoadedCheckpoint> out;
   error.clear();
   try {
-    out = load_file(run, path);
-  } catch (const UserError& e) {
+    run.groups.world->agree([&] { out = load_file(run, path); });
+  } catch (const UserError& e) {  // the lowest failing rank's message, on every rank
     error = e.what();
+    return std::nullopt;
   }
-  ProcessGroup& world = *run.groups.world;
-  // The lowest failing rank's message, for everyone.
-  const int64_t failed = world.all_reduce_max(static_cast<int64_t>(!error.empty()));
-  if (!failed) return out;
-  const double me = error.empty() ? 1e9 : world.rank();
-  const int first = static_cast<int>(-world.all_reduce_max(-me));
-  std::vector<char> msg(1024, '\0');
-  if (world.rank() == first) std::copy_n(error.begin(), std::min<size_t>(error.size(), 1023), msg.begin());
-  world.broadcast(msg.data(), msg.size(), first);
-  error = msg.data();
-  return std::nullopt;
+  return out;
 }
 
 }  // namespace

@@ -303,4 +303,32 @@ void ProcessGroup::all_gather_u64(const std::vector<uint64_t>& mine, std::vector
   PendingOp(r, "all-gather (scalar)", this).wait();
 }
 
+void ProcessGroup::barrier() {
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (size_ > 1) MPI_CHECK(MPI_Ibarrier(comm_, &r));
+  PendingOp(r, "barrier", this).wait();
+}
+
+std::string ProcessGroup::broadcast_string(const std::string& s, int root) {
+  uint64_t n = s.size();
+  broadcast(&n, sizeof n, root);
+  std::string out = rank_ == root ? s : std::string(n, '\0');
+  if (n) broadcast(out.data(), n, root);
+  return out;
+}
+
+void ProcessGroup::agree(const std::function<void()>& f) {
+  std::string error;
+  bool failed = false;
+  try {
+    f();
+  } catch (const UserError& e) {
+    error = e.what(), failed = true;
+  }
+  constexpr int64_t kNone = INT64_MAX;
+  const int64_t first = -all_reduce_max(-(failed ? static_cast<int64_t>(rank_) : kNone));
+  if (first == kNone) return;
+  throw UserError(broadcast_string(error, static_cast<int>(first)));
+}
+
 }  // namespace zero3d

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -133,6 +134,13 @@ class ProcessGroup {
   void all_reduce_sum(uint64_t* buf, size_t n);
   // all = every rank's `mine` (all the same length), in group-rank order.
   void all_gather_u64(const std::vector<uint64_t>& mine, std::vector<uint64_t>& all);
+
+  // Control helpers, each once here for every caller:
+  void barrier();  // under the watchdog
+  std::string broadcast_string(const std::string& s, int root);  // root's s on every rank, any length
+  // Runs f on every rank; when it throws UserError on any rank, every rank throws the error of the
+  // lowest such rank, so no rank goes on into a collective that the others will never join.
+  void agree(const std::function<void()>& f);
 
   MPI_Comm comm() const { return comm_; }
 

@@ -127,20 +127,6 @@ struct Trainer::State {
   size_t activation_elems() const { return static_cast<size_t>(micro) * T * cfg.model.d_model; }
 };
 
-// Run `f` on every rank; if it throws UserError on any rank, every rank throws (the failing rank
-// its own error), so no rank goes on into a collective that the others will never join.
-template <typename F>
-static void agree(ProcessGroup& world, F&& f) {
-  std::string error;
-  try {
-    f();
-  } catch (const UserError& e) {
-    error = e.what();
-  }
-  if (world.all_reduce_max(static_cast<int64_t>(!error.empty())) != 0)
-    throw UserError(error.empty() ? "another rank failed (see its message)" : error);
-}
-
 static void create_directory(const std::string& dir, const char* what) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -171,7 +157,7 @@ static void drop_metrics_after(const std::string& path, int64_t step) {
 Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backend, ProcessGroups& groups) {
   ProcessGroup& world = *groups.world;
   comm_context().timeout_s = config.comm_timeout_s;
-  agree(world, [&] { s_ = std::make_unique<State>(config, options, backend, groups); });
+  world.agree([&] { s_ = std::make_unique<State>(config, options, backend, groups); });
   State& s = *s_;
   if (config.max_minutes > 0) s.time_budget_s = config.max_minutes * 60;
   s.time_budget_s = std::min(s.time_budget_s, options.job.seconds_left);
@@ -198,7 +184,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     if (st.loss_scaler_dynamic && s.scaler.dynamic()) s.scaler.restore(st.loss_scaler);
   }
   // Everything above validated the inputs; only now does the run directory appear.
-  agree(world, [&] {
+  world.agree([&] {
     if (!s.is_root()) return;
     create_directory(s.opt.run_dir, "run directory");
     if (config.checkpoint.save_interval > 0) create_directory(s.ckpt_dir, "checkpoint directory (checkpoint.dir)");
@@ -249,7 +235,7 @@ void Trainer::State::save(int step, const Fault& fault) {
     fs::create_directories(ckpt_dir, ec);
     Z3D_ASSERT(!ec, strprintf("cannot create checkpoint directory '%s': %s", ckpt_dir.c_str(), ec.message().c_str()));
   }
-  groups.world->all_reduce_max(int64_t{0});  // the directory exists before anyone opens the file
+  groups.world->barrier();  // the directory exists before anyone opens the file
   const CheckpointIO io = save_checkpoint({cfg, groups, engine}, ckpt_dir, st, cfg.checkpoint.keep_last,
                                           fault.at("stall_save", groups.world_rank, step));
   write_io_record("save", step, io);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "kernels/math/dtype.h"
 #include "parallel/groups.h"
 
@@ -175,6 +176,31 @@ static void test_group(const ProcessGroup& g_const, const std::vector<int>& memb
   test_group16(g, members, me, tag);
 }
 
+// The control helpers on a group: a barrier, a string of any length from the last rank, and agree():
+// nothing thrown when no rank fails; the lowest failing rank's message on every rank otherwise.
+static void test_control(ProcessGroup& g, int me, const std::string& tag) {
+  g.barrier();
+  const int root = g.size() - 1;
+  const std::string long_text(3000 + root, 'x'), sent = g.rank() == root ? long_text + "!" : "";
+  check(g.broadcast_string(sent, root) == long_text + "!", tag + " broadcast_string", me);
+  bool threw = false;
+  try {
+    g.agree([] {});
+  } catch (const UserError&) {
+    threw = true;
+  }
+  check(!threw, tag + " agree without a failure", me);
+  std::string got;
+  try {
+    g.agree([&] {
+      if (g.rank() % 2 == 1 || g.size() == 1) throw UserError("failed on group rank " + std::to_string(g.rank()));
+    });
+  } catch (const UserError& e) {
+    got = e.what();
+  }
+  check(got == (g.size() == 1 ? "failed on group rank 0" : "failed on group rank 1"), tag + " agree: " + got, me);
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   {
@@ -192,6 +218,8 @@ int main(int argc, char** argv) {
         const bool edge = g.topo.is_first_stage(me) || g.topo.is_last_stage(me);
         check((g.embedding != nullptr) == edge, layout + "embedding membership", me);
         if (g.embedding) test_group(*g.embedding, g.topo.embedding_group(me), me, layout + "embedding");
+        test_control(*g.dp, me, layout + "dp");
+        test_control(*g.world, me, layout + "world");
       }
     }
     int local[2] = {checks, failures}, total[2] = {0, 0};
