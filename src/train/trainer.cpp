@@ -114,12 +114,25 @@ struct Trainer::State {
   int comm_steps = 0;  // steps the comms log covers
   ModuleProfile module_profile;  // flops_profiler: the models' module timers
   void report_comms();
-  void report_memory(int step, const MemoryAccount& mem);
+  void report_memory(int step);
   double last_save_s = 0;   // the last checkpoint's save time (before the first: an estimate)
+  // The run's phases (Trainer::run) and what they share, set by start_run.
+  struct StepResult;
+  void start_run();
+  StepResult train_step(int step);
+  void report_step(int step, const StepResult& r);
+  int step_boundary(int step, const StepResult& r);
+  double tokens_per_step = 0;
+  MemoryAccount mem;
+  int64_t mem_bytes = 0;
+  bool validating = false;
+  Fault fault;
+  Clock::time_point run_start;
+  int first_step = 1, profiled_step = 0;  // profiled_step 0: none
 
   bool is_root() const { return groups.world_rank == 0; }
   bool out_of_time() const;
-  void save(int step, const Fault& fault);
+  void save(int step);
   void write_io_record(const char* action, int64_t step, const CheckpointIO& io);
   double validate(int step);
   double train_micro_batches(float dloss, double& t_fwd, double& t_bwd);
@@ -223,7 +236,7 @@ void Trainer::State::write_io_record(const char* action, int64_t step, const Che
 }
 
 // A checkpoint of the state after `step`, committed before this returns (collective).
-void Trainer::State::save(int step, const Fault& fault) {
+void Trainer::State::save(int step) {
   TrainingState st;
   st.step = step;
   st.optimizer_steps = engine.optimizer_steps();
@@ -369,7 +382,7 @@ void Trainer::State::report_comms() {
 
 // memory_breakdown: every rank's model states, buffers, activations and resident memory, printed
 // by rank 0 one line per rank and written as "memory" records.
-void Trainer::State::report_memory(int step, const MemoryAccount& mem) {
+void Trainer::State::report_memory(int step) {
   const ResidentMemory rss = resident_memory();
   const std::vector<uint64_t> mine = {mem.params, mem.grads, mem.optimizer, mem.buffers,
                                       models.size() * models[0]->activation_bytes(), static_cast<uint64_t>(rss.rss),
@@ -398,19 +411,23 @@ void Trainer::State::report_memory(int step, const MemoryAccount& mem) {
   log_info("zero3d: memory after step %d (memory_breakdown)\n%s", step, lines.c_str());
 }
 
-int Trainer::run() {
-  State& s = *s_;
-  const Config& c = s.cfg;
-  ProcessGroup& world = *s.groups.world;
-  const int gas = c.gradient_accumulation_steps;
-  const int64_t G = c.train_batch_size;
-  const double tokens_per_step = static_cast<double>(G) * s.T;
-  // Each rank's gradient is already its share of the global mean: dloss = 1 / (tokens in the
-  // global batch), times the fp16 loss scale.
-  const double inv_tokens = 1.0 / tokens_per_step;
-  const MemoryAccount mem = s.engine.memory();
-  const int64_t mem_bytes = world.all_reduce_max(static_cast<int64_t>(mem.total()));
+// What one step measured and decided, for the phases after it.
+struct Trainer::State::StepResult {
+  double loss = 0, lr = 0, grad_norm = 0, loss_scale = 1;
+  bool skipped = false;
+  double t_fwd = 0, t_bwd = 0, t_reduce = 0, t_opt = 0, t_gather = 0, step_time = 0, idle_s = 0, recompute = 0;
+  int64_t faults = 0, comm_bytes = 0;
+};
 
+// The run record, the start line, the resume record, validation at step 0, the profilers' bounds.
+void Trainer::State::start_run() {
+  const Config& c = cfg;
+  ProcessGroup& world = *groups.world;
+  State& s = *this;
+  const int64_t G = c.train_batch_size;
+  tokens_per_step = static_cast<double>(G) * T;
+  mem = engine.memory();
+  mem_bytes = world.all_reduce_max(static_cast<int64_t>(mem.total()));
   if (s.metrics)
     s.metrics->write(MetricsRecord("run")
                          .add("backend", s.be.describe())
@@ -458,171 +475,200 @@ int Trainer::run() {
              static_cast<long long>(s.start_step), s.resumed->saved_layout.c_str(), s.resumed->io.bytes / 1e6,
              s.resumed->io.seconds);
   }
-  const bool validating = s.val_data != nullptr && c.data.val_batches > 0;
-  if (validating && s.start_step == 0) s.validate(0);
-
-  if (c.wall_clock_breakdown && s.be.profile()) {
-    s.mem_bandwidth = measure_copy_bandwidth(s.be, 0.2);
-    if (s.be.kind() == BackendKind::host) s.compute_peak = cpu::select().fma_peak(0.1) * cpu::threads();
+  validating = val_data != nullptr && c.data.val_batches > 0;
+  if (validating && start_step == 0) validate(0);
+  if (c.wall_clock_breakdown && be.profile()) {
+    mem_bandwidth = measure_copy_bandwidth(be, 0.2);
+    if (be.kind() == BackendKind::host) compute_peak = cpu::select().fma_peak(0.1) * cpu::threads();
   }
-  const Fault fault = Fault::from_env();
+  fault = Fault::from_env();
   CommLog& comms = comm_log();
   comms.enabled = c.comms_logger.enabled, comms.verbose = c.comms_logger.verbose;
   if (!c.comms_logger.prof_all) comms.ops.insert(c.comms_logger.prof_ops.begin(), c.comms_logger.prof_ops.end());
-  auto run_start = Clock::now();
-  const int first_step = static_cast<int>(s.start_step) + 1;
+  run_start = Clock::now();
+  first_step = static_cast<int>(start_step) + 1;
   const FlopsProfilerConfig& fp = c.flops_profiler;
   // DeepSpeed profiles when its count of steps done equals profile_step: our step profile_step + 1.
-  const int profiled_step = fp.profile_step + 1;
+  profiled_step = fp.enabled ? fp.profile_step + 1 : 0;
   if (fp.enabled && fp.profile_step < 0)
     log_info("zero3d: notice: flops_profiler.profile_step %d: no step is profiled", fp.profile_step);
   else if (fp.enabled && (profiled_step < first_step || profiled_step > c.train_steps))
     log_warn("flops_profiler.profile_step %d (step %d) is not among this run's steps (%d-%d): no profile",
              fp.profile_step, profiled_step, first_step, c.train_steps);
-  for (int step = first_step; step <= c.train_steps; ++step) {
-    comm_context().step = step;
-    s.groups.dp->reset_bytes_sent();
-    s.groups.tp->reset_bytes_sent();
-    s.groups.pp->reset_bytes_sent();
-    if (s.groups.embedding) s.groups.embedding->reset_bytes_sent();
-    comms.active = comms.enabled;  // the comms log covers what comm_bytes covers
-    if (fp.enabled && step == profiled_step) s.module_profile.reset_times(), s.module_profile.on = true;
-    auto t0 = Clock::now();
-    const int64_t faults0 = minor_page_faults();
-    s.engine.begin_step();
-    const double loss_scale = s.scaler.scale();
-    const float dloss = static_cast<float>(inv_tokens * loss_scale);
-    if (fault.at("inf", s.groups.world_rank, step)) s.engine.inject_inf_gradient();
-    double t_fwd = 0, t_bwd = 0;
-    const double loss_sum = s.train_micro_batches(dloss, t_fwd, t_bwd);
-    s.cursor += static_cast<uint64_t>(G);
-    if (fault.at("hang", s.groups.world_rank, step))
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-    auto tr = Clock::now();
-    s.engine.finish_gradients();
-    if (s.groups.topo.pp > 1 && s.groups.embedding) {  // the tied embedding's two copies: one gradient
-      auto [g, n] = s.engine.tied_embedding_grad();
-      s.be.synchronize();
-      s.groups.embedding->all_reduce_sum(g, n);
-    }
-    const double t_reduce = seconds_since(tr);
-    const double loss = s.groups.dp->all_reduce_sum(s.groups.pp->all_reduce_sum(loss_sum / gas)) / s.dp;
+}
 
-    auto to = Clock::now();
-    // The norm of the unscaled gradient; inf or nan on any rank is an overflow on every rank.
-    const double grad_norm =
-        std::sqrt(s.groups.pp->all_reduce_sum(s.groups.tp->all_reduce_sum(s.engine.grad_norm_sq()))) / loss_scale;
-    const bool overflow = !std::isfinite(grad_norm);
-    // DeepSpeed's timing: the schedule advances only on applied steps (see optim/lr_schedule.h).
-    const double lr = lr_for_step(c.scheduler, c.optimizer.lr, s.engine.optimizer_steps() + 1);
-    // fp16: the loss scaler decides (and may stop the run at its minimum); otherwise a non-finite
-    // gradient skips the update too, rather than poisoning the weights.
-    const bool skipped = s.scaler.update(overflow, step) || overflow;
-    if (overflow && !s.scaler.enabled()) log_warn("step %d: gradient norm is %f; the update is skipped", step, grad_norm);
-    if (!skipped) {
-      // Unscale with the scale the backward used, and clip, in one pass.
-      const double factor = clip_coefficient(c.gradient_clipping, grad_norm) / loss_scale;
-      if (factor != 1.0) s.engine.scale_grads(static_cast<float>(factor));
-      s.engine.optimizer_step(lr);
-    }
-    s.be.synchronize();
-    const double t_opt = seconds_since(to);
-    auto tg = Clock::now();
-    if (!skipped) s.engine.gather_updated_params();
-    const double t_gather = seconds_since(tg);
-    const double step_time = world.all_reduce_max(seconds_since(t0));
-    const int64_t faults = minor_page_faults() - faults0;  // this rank's, during the step
-    const double tokens_per_s = tokens_per_step / step_time;
-    const double model_flops = tokens_per_s * s.flops_per_token;
-    const int64_t comm_bytes =
-        world.all_reduce_max(static_cast<int64_t>(s.groups.dp->bytes_sent() + s.groups.tp->bytes_sent() +
-                                                  s.groups.pp->bytes_sent() +
-                                                  (s.groups.embedding ? s.groups.embedding->bytes_sent() : 0)));
-    if (comms.active) comms.active = false, ++s.comm_steps;
+// One optimizer step: the micro-batches in 1F1B order, the gradient sync, the norm, the update
+// (skipped on overflow), the parameter gather. Collective over the world.
+Trainer::State::StepResult Trainer::State::train_step(int step) {
+  const Config& c = cfg;
+  ProcessGroup& world = *groups.world;
+  StepResult r;
+  comm_context().step = step;
+  groups.dp->reset_bytes_sent();
+  groups.tp->reset_bytes_sent();
+  groups.pp->reset_bytes_sent();
+  if (groups.embedding) groups.embedding->reset_bytes_sent();
+  CommLog& comms = comm_log();
+  comms.active = comms.enabled;  // the comms log covers what comm_bytes covers
+  if (step == profiled_step) module_profile.reset_times(), module_profile.on = true;
+  auto t0 = Clock::now();
+  const int64_t faults0 = minor_page_faults();
+  engine.begin_step();
+  r.loss_scale = scaler.scale();
+  // Each rank's gradient is already its share of the global mean: dloss = 1 / (tokens in the
+  // global batch), times the fp16 loss scale.
+  const float dloss = static_cast<float>((1.0 / tokens_per_step) * r.loss_scale);
+  if (fault.at("inf", groups.world_rank, step)) engine.inject_inf_gradient();
+  const double loss_sum = train_micro_batches(dloss, r.t_fwd, r.t_bwd);
+  cursor += static_cast<uint64_t>(c.train_batch_size);
+  if (fault.at("hang", groups.world_rank, step))
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  auto tr = Clock::now();
+  engine.finish_gradients();
+  if (groups.topo.pp > 1 && groups.embedding) {  // the tied embedding's two copies: one gradient
+    auto [g, n] = engine.tied_embedding_grad();
+    be.synchronize();
+    groups.embedding->all_reduce_sum(g, n);
+  }
+  r.t_reduce = seconds_since(tr);
+  r.loss = groups.dp->all_reduce_sum(groups.pp->all_reduce_sum(loss_sum / c.gradient_accumulation_steps)) / dp;
 
-    double recompute = 0;
-    for (auto& m : s.models) recompute += m->take_recompute_seconds();
-    const double idle_s = world.all_reduce_max(s.pipeline_idle_s);  // every rank: it is a collective
-    if (s.metrics) {
-      MetricsRecord r("train");
-      r.add("step", step).add("loss", loss).add("lr", lr).add("grad_norm", grad_norm).add("loss_scale", loss_scale)
-          .add("skipped", skipped).add("tokens", static_cast<int64_t>(step * tokens_per_step))
-          .add("tokens_per_s", tokens_per_s).add("step_time_s", step_time)
-          .add("model_flops_per_s", model_flops).add("mfu", model_flops / (s.opt.peak_flops * s.groups.topo.world))
-          .add("mem_model_states_bytes", mem_bytes).add("comm_bytes", comm_bytes)
-          .add("backend_allocs", static_cast<int64_t>(s.be.alloc_count())).add("page_faults", faults);
-      if (c.wall_clock_breakdown)
-        r.add("forward_s", t_fwd).add("backward_s", t_bwd).add("reduce_s", t_reduce).add("optimizer_s", t_opt)
-            .add("allgather_s", t_gather).add("recompute_s", recompute)
-            .add("pipeline_idle_s", idle_s).add("pipeline_idle_fraction", idle_s / step_time);
-      s.metrics->write(r);
-    }
-    if (s.module_profile.on) {
-      s.module_profile.on = false;
-      const ProfiledStep ps{step, s.micro, gas, t_reduce, t_opt, t_gather, s.pipeline_idle_s, step_time};
-      const std::string text = report_flops_profile(fp, c.model, s.groups, s.module_profile, ps, s.metrics.get());
-      if (s.is_root()) log_info("%s", text.c_str());
-    }
-    if (s.csv) {  // DeepSpeed's event names; the x axis is samples trained
-      const int64_t samples = static_cast<int64_t>(step) * G;
-      s.csv->write("Train/Samples/train_loss", loss, samples);
-      s.csv->write("Train/Samples/lr", lr, samples);
-      if (c.precision == Precision::fp16) s.csv->write("Train/Samples/loss_scale", loss_scale, samples);
-      s.csv->write("Train/Samples/grad_norm", grad_norm, samples);
-      if (c.wall_clock_breakdown) {
-        s.csv->write("Train/Samples/elapsed_time_ms_forward", 1e3 * t_fwd, samples);
-        s.csv->write("Train/Samples/elapsed_time_ms_backward", 1e3 * (t_bwd + t_reduce), samples);
-        s.csv->write("Train/Samples/elapsed_time_ms_backward_inner", 1e3 * t_bwd, samples);
-        s.csv->write("Train/Samples/elapsed_time_ms_backward_allreduce", 1e3 * t_reduce, samples);
-        s.csv->write("Train/Samples/elapsed_time_ms_step", 1e3 * t_opt, samples);
-      }
-    }
-    if (c.memory_breakdown && (step % c.steps_per_print == 0 || step == c.train_steps)) s.report_memory(step, mem);
+  auto to = Clock::now();
+  // The norm of the unscaled gradient; inf or nan on any rank is an overflow on every rank.
+  r.grad_norm = std::sqrt(groups.pp->all_reduce_sum(groups.tp->all_reduce_sum(engine.grad_norm_sq()))) / r.loss_scale;
+  const bool overflow = !std::isfinite(r.grad_norm);
+  // DeepSpeed's timing: the schedule advances only on applied steps (see optim/lr_schedule.h).
+  r.lr = lr_for_step(c.scheduler, c.optimizer.lr, engine.optimizer_steps() + 1);
+  // fp16: the loss scaler decides (and may stop the run at its minimum); otherwise a non-finite
+  // gradient skips the update too, rather than poisoning the weights.
+  r.skipped = scaler.update(overflow, step) || overflow;
+  if (overflow && !scaler.enabled()) log_warn("step %d: gradient norm is %f; the update is skipped", step, r.grad_norm);
+  if (!r.skipped) {
+    // Unscale with the scale the backward used, and clip, in one pass.
+    const double factor = clip_coefficient(c.gradient_clipping, r.grad_norm) / r.loss_scale;
+    if (factor != 1.0) engine.scale_grads(static_cast<float>(factor));
+    engine.optimizer_step(r.lr);
+  }
+  be.synchronize();
+  r.t_opt = seconds_since(to);
+  auto tg = Clock::now();
+  if (!r.skipped) engine.gather_updated_params();
+  r.t_gather = seconds_since(tg);
+  r.step_time = world.all_reduce_max(seconds_since(t0));
+  r.faults = minor_page_faults() - faults0;  // this rank's, during the step
+  r.comm_bytes = world.all_reduce_max(static_cast<int64_t>(groups.dp->bytes_sent() + groups.tp->bytes_sent() +
+                                                           groups.pp->bytes_sent() +
+                                                           (groups.embedding ? groups.embedding->bytes_sent() : 0)));
+  if (comms.active) comms.active = false, ++comm_steps;
+  for (auto& m : models) r.recompute += m->take_recompute_seconds();
+  r.idle_s = world.all_reduce_max(pipeline_idle_s);  // every rank: it is a collective
+  return r;
+}
 
-    if (step % c.steps_per_print == 0 || step == c.train_steps) {
-      const double elapsed = seconds_since(run_start);
-      log_info("step %6d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | eta %s", step,
-               c.train_steps, loss, lr, grad_norm, tokens_per_s,
-               100.0 * model_flops / (s.opt.peak_flops * s.groups.topo.world),
-               format_eta(elapsed / (step - first_step + 1) * (c.train_steps - step)).c_str());
-    }
-    if (fault.at("perturb", s.groups.world_rank, step)) s.engine.perturb_replica();
-    const int check = c.zero.consistency_check_interval;
-    if (check > 0 && (step % check == 0 || step == c.train_steps)) s.engine.check_replicas_consistent(step);
-    if (validating && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))
-      s.validate(step);
-
-    // Step boundary: a stop signal on any rank, or (rank 0 judges) a time budget that would not fit
-    // another step and a checkpoint, stops every rank after a checkpoint. Stop reason: the signal
-    // number, or 1 for the budget.
-    s.max_step_s = std::max(s.max_step_s, step_time);
-    if (OpProfile* prof = s.be.profile(); prof && c.wall_clock_breakdown) {  // from step 2: warm
-      if (prof->on) ++s.profiled_steps, s.profiled_s += step_time;
-      prof->on = true;
-    }
-    int64_t stop = stop_signal();
-    if (s.is_root() && step < c.train_steps && s.out_of_time()) stop = std::max<int64_t>(stop, 1);
-    stop = world.all_reduce_max(stop);
-    const int interval = c.checkpoint.save_interval;
-    if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) s.save(step, fault);
-    if (stop != 0 || step == c.train_steps) s.report_kernels(), s.report_comms();
-    if (stop == 1) {
-      log_info("stopping after step %d: another step (%.1f s) and a checkpoint (%.1f s) would overrun the time budget "
-               "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed; run again with "
-               "checkpoint.load=auto to continue (exit code %d)",
-               step, s.max_step_s, s.last_save_s, s.time_budget_s, kExitStopped);
-      return kExitStopped;
-    }
-    if (stop != 0) {
-      log_warn("stopping after step %d on %s: the checkpoint is committed; run again with checkpoint.load=auto to "
-               "continue (exit code %d)",
-               step, stop == SIGTERM ? "SIGTERM" : "SIGUSR1", kExitStopped);
-      return kExitStopped;
+// The step's records: metrics.jsonl, the flops profile, csv_monitor, memory_breakdown, the progress line.
+void Trainer::State::report_step(int step, const StepResult& r) {
+  const Config& c = cfg;
+  const int64_t G = c.train_batch_size;
+  const double tokens_per_s = tokens_per_step / r.step_time;
+  const double model_flops = tokens_per_s * flops_per_token;
+  if (metrics) {
+    MetricsRecord m("train");
+    m.add("step", step).add("loss", r.loss).add("lr", r.lr).add("grad_norm", r.grad_norm)
+        .add("loss_scale", r.loss_scale).add("skipped", r.skipped)
+        .add("tokens", static_cast<int64_t>(step * tokens_per_step))
+        .add("tokens_per_s", tokens_per_s).add("step_time_s", r.step_time)
+        .add("model_flops_per_s", model_flops).add("mfu", model_flops / (opt.peak_flops * groups.topo.world))
+        .add("mem_model_states_bytes", mem_bytes).add("comm_bytes", r.comm_bytes)
+        .add("backend_allocs", static_cast<int64_t>(be.alloc_count())).add("page_faults", r.faults);
+    if (c.wall_clock_breakdown)
+      m.add("forward_s", r.t_fwd).add("backward_s", r.t_bwd).add("reduce_s", r.t_reduce).add("optimizer_s", r.t_opt)
+          .add("allgather_s", r.t_gather).add("recompute_s", r.recompute)
+          .add("pipeline_idle_s", r.idle_s).add("pipeline_idle_fraction", r.idle_s / r.step_time);
+    metrics->write(m);
+  }
+  if (module_profile.on) {
+    module_profile.on = false;
+    const ProfiledStep ps{step, micro, c.gradient_accumulation_steps, r.t_reduce, r.t_opt, r.t_gather,
+                          pipeline_idle_s, r.step_time};
+    const std::string text = report_flops_profile(c.flops_profiler, c.model, groups, module_profile, ps, metrics.get());
+    if (is_root()) log_info("%s", text.c_str());
+  }
+  if (csv) {  // DeepSpeed's event names; the x axis is samples trained
+    const int64_t samples = static_cast<int64_t>(step) * G;
+    csv->write("Train/Samples/train_loss", r.loss, samples);
+    csv->write("Train/Samples/lr", r.lr, samples);
+    if (c.precision == Precision::fp16) csv->write("Train/Samples/loss_scale", r.loss_scale, samples);
+    csv->write("Train/Samples/grad_norm", r.grad_norm, samples);
+    if (c.wall_clock_breakdown) {
+      csv->write("Train/Samples/elapsed_time_ms_forward", 1e3 * r.t_fwd, samples);
+      csv->write("Train/Samples/elapsed_time_ms_backward", 1e3 * (r.t_bwd + r.t_reduce), samples);
+      csv->write("Train/Samples/elapsed_time_ms_backward_inner", 1e3 * r.t_bwd, samples);
+      csv->write("Train/Samples/elapsed_time_ms_backward_allreduce", 1e3 * r.t_reduce, samples);
+      csv->write("Train/Samples/elapsed_time_ms_step", 1e3 * r.t_opt, samples);
     }
   }
-  if (s.start_step >= c.train_steps)
+  if (c.memory_breakdown && (step % c.steps_per_print == 0 || step == c.train_steps)) report_memory(step);
+  if (step % c.steps_per_print == 0 || step == c.train_steps) {
+    const double elapsed = seconds_since(run_start);
+    log_info("step %6d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | eta %s", step,
+             c.train_steps, r.loss, r.lr, r.grad_norm, tokens_per_s,
+             100.0 * model_flops / (opt.peak_flops * groups.topo.world),
+             format_eta(elapsed / (step - first_step + 1) * (c.train_steps - step)).c_str());
+  }
+}
+
+// After the step: the safety checks, validation, then a stop signal on any rank, or (rank 0
+// judges) a time budget that would not fit another step and a checkpoint, stops every rank after
+// a checkpoint. Returns the exit code when the run stops here, else -1.
+int Trainer::State::step_boundary(int step, const StepResult& r) {
+  const Config& c = cfg;
+  ProcessGroup& world = *groups.world;
+  if (fault.at("perturb", groups.world_rank, step)) engine.perturb_replica();
+  const int check = c.zero.consistency_check_interval;
+  if (check > 0 && (step % check == 0 || step == c.train_steps)) engine.check_replicas_consistent(step);
+  if (validating && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))
+    validate(step);
+
+  max_step_s = std::max(max_step_s, r.step_time);
+  if (OpProfile* prof = be.profile(); prof && c.wall_clock_breakdown) {  // from step 2: warm
+    if (prof->on) ++profiled_steps, profiled_s += r.step_time;
+    prof->on = true;
+  }
+  // Stop reason: the signal number, or 1 for the budget.
+  int64_t stop = stop_signal();
+  if (is_root() && step < c.train_steps && out_of_time()) stop = std::max<int64_t>(stop, 1);
+  stop = world.all_reduce_max(stop);
+  const int interval = c.checkpoint.save_interval;
+  if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) save(step);
+  if (stop != 0 || step == c.train_steps) report_kernels(), report_comms();
+  if (stop == 1) {
+    log_info("stopping after step %d: another step (%.1f s) and a checkpoint (%.1f s) would overrun the time budget "
+             "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed; run again with "
+             "checkpoint.load=auto to continue (exit code %d)",
+             step, max_step_s, last_save_s, time_budget_s, kExitStopped);
+    return kExitStopped;
+  }
+  if (stop != 0) {
+    log_warn("stopping after step %d on %s: the checkpoint is committed; run again with checkpoint.load=auto to "
+             "continue (exit code %d)",
+             step, stop == SIGTERM ? "SIGTERM" : "SIGUSR1", kExitStopped);
+    return kExitStopped;
+  }
+  return -1;
+}
+
+// The run: its phases, each behind one call.
+int Trainer::run() {
+  State& s = *s_;
+  s.start_run();
+  for (int step = s.first_step; step <= s.cfg.train_steps; ++step) {
+    const State::StepResult r = s.train_step(step);
+    s.report_step(step, r);
+    if (const int rc = s.step_boundary(step, r); rc >= 0) return rc;
+  }
+  if (s.start_step >= s.cfg.train_steps)
     log_info("zero3d: the checkpoint is at step %lld, train_steps is %d: nothing to train",
-             static_cast<long long>(s.start_step), c.train_steps);
+             static_cast<long long>(s.start_step), s.cfg.train_steps);
   if (s.metrics) log_info("zero3d: done; metrics in %s", s.metrics->path().c_str());
   return 0;
 }
