@@ -2,7 +2,7 @@
 // tensors never split or overlapping, padding only between tensors.
 #include <gtest/gtest.h>
 
-#include "zero/flat_layout.h"
+#include "model/flat_layout.h"
 
 using namespace zero3d;
 
