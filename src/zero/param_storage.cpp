@@ -24,7 +24,7 @@ class FullParams final : public ParamStorage {
  public:
   FullParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, int stage,
              const std::optional<Storage16>& s16)
-      : be_(be), dp_(dp), L_(L), view_(view), stage0_(stage == 0), s16_(s16) {
+      : ParamStorage(be, dp, L, view, s16), stage0_(stage == 0) {
     if (s16_) {
       params16_ = DeviceBuffer<uint16_t>(be, L.total);
       master_ = DeviceBuffer<float>(be, stage0_ ? L.total : L.shard_size);
@@ -87,23 +87,16 @@ class FullParams final : public ParamStorage {
     const size_t at = view_.owned_offset(view_.bucket_of(p.tensor)) + view_.offset_in_owned(p);
     be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
   }
-  Replicated replicated() const override {
-    Replicated r;
-    r.data = s16_ ? static_cast<const void*>(params16_.data()) : params_.data();
-    r.count = L_.total, r.elem_bytes = s16_ ? sizeof(uint16_t) : sizeof(float);
+  Replicated replicated() const override {  // everything, at its flat offset
+    std::vector<std::pair<size_t, size_t>> tensors;
     for (const Bucket& b : L_.buckets)
       for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t)
-        r.tensors.push_back({static_cast<size_t>(t), L_.tensors[t].offset});
-    return r;
+        tensors.push_back({static_cast<size_t>(t), L_.tensors[t].offset});
+    return describe(s16_ ? static_cast<const void*>(params16_.data()) : params_.data(), L_.total, std::move(tensors));
   }
 
  private:
-  Backend& be_;
-  ProcessGroup& dp_;
-  const FlatLayout& L_;
-  const ShardView& view_;
   bool stage0_;
-  const std::optional<Storage16>& s16_;
   DeviceBuffer<float> params_, master_;
   DeviceBuffer<uint16_t> params16_;
 };
@@ -113,7 +106,7 @@ class ShardedParams final : public ParamStorage {
  public:
   ShardedParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view,
                 const std::optional<Storage16>& s16)
-      : be_(be), dp_(dp), L_(L), view_(view), s16_(s16) {
+      : ParamStorage(be, dp, L, view, s16) {
     if (s16_) {
       params16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
       resident16_ = DeviceBuffer<uint16_t>(be, L.resident_size);
@@ -186,23 +179,17 @@ class ShardedParams final : public ParamStorage {
     const size_t at = view_.bucket_of(p.tensor).shard_offset + view_.offset_in_owned(p);
     be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
   }
-  Replicated replicated() const override {
-    Replicated r;
-    r.data = s16_ ? static_cast<const void*>(resident16_.data()) : resident_.data();
-    r.count = L_.resident_size, r.elem_bytes = s16_ ? sizeof(uint16_t) : sizeof(float);
+  Replicated replicated() const override {  // the persistent buckets, at their resident offsets
+    std::vector<std::pair<size_t, size_t>> tensors;
     for (const Bucket& b : L_.buckets)
       if (b.persistent)
         for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t)
-          r.tensors.push_back({static_cast<size_t>(t), b.resident_offset + (L_.tensors[t].offset - b.offset)});
-    return r;
+          tensors.push_back({static_cast<size_t>(t), b.resident_offset + (L_.tensors[t].offset - b.offset)});
+    return describe(s16_ ? static_cast<const void*>(resident16_.data()) : resident_.data(), L_.resident_size,
+                    std::move(tensors));
   }
 
  private:
-  Backend& be_;
-  ProcessGroup& dp_;
-  const FlatLayout& L_;
-  const ShardView& view_;
-  const std::optional<Storage16>& s16_;
   DeviceBuffer<float> shard_params_, resident_, master_;
   DeviceBuffer<uint16_t> params16_, resident16_;
 };

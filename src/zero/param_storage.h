@@ -55,6 +55,19 @@ class ParamStorage {
   size_t master_bytes() const { return master_bytes_; }  // the fp32 master (optimizer state)
 
  protected:
+  ParamStorage(Backend& be, ProcessGroup& dp, const FlatLayout& layout, const ShardView& view,
+               const std::optional<Storage16>& s16)
+      : be_(be), dp_(dp), L_(layout), view_(view), s16_(s16) {}
+  // The stored bytes and element offsets of `tensors` of the buffer that holds them (16-bit in mixed precision).
+  Replicated describe(const void* data, size_t count, std::vector<std::pair<size_t, size_t>> tensors) const {
+    return {data, count, s16_ ? sizeof(uint16_t) : sizeof(float), std::move(tensors)};
+  }
+
+  Backend& be_;
+  ProcessGroup& dp_;
+  const FlatLayout& L_;
+  const ShardView& view_;
+  const std::optional<Storage16>& s16_;
   size_t param_bytes_ = 0, master_bytes_ = 0;
 };
 
