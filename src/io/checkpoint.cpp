@@ -1,8 +1,5 @@
 #include "io/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,10 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "io/ckpt_dir.h"
 #include "io/hdf5.h"
 #include "model/gpt.h"
 #include "optim/lr_schedule.h"
@@ -146,61 +143,7 @@ std::string layout_text(int64_t world, int64_t tp, int64_t pp, int64_t dp, int64
                    (long long)pp, (long long)dp, (long long)stage, precision.c_str());
 }
 
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  Z3D_ASSERT(fd >= 0, strprintf("cannot open '%s' to sync it: %s", path.c_str(), strerror(errno)));
-  Z3D_ASSERT(::fsync(fd) == 0, strprintf("fsync of '%s' failed: %s", path.c_str(), strerror(errno)));
-  ::close(fd);
-}
-
-void rename_or_die(const std::string& from, const std::string& to) {
-  Z3D_ASSERT(std::rename(from.c_str(), to.c_str()) == 0,
-             strprintf("cannot rename '%s' to '%s': %s", from.c_str(), to.c_str(), strerror(errno)));
-}
-
-int64_t step_of(const std::string& file) {  // step_00000020.h5 -> 20; -1 if not a checkpoint name
-  const std::string name = fs::path(file).filename().string();
-  if (!name.starts_with("step_") || !name.ends_with(".h5") || name.size() <= 8) return -1;
-  const std::string digits = name.substr(5, name.size() - 8);
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
-  return std::stoll(digits);
-}
-
-// Rank 0, after the new file is in place: point `latest` at it, then prune.
-void commit(const std::string& dir, const std::string& tmp, const std::string& final_path, int keep_last) {
-  fsync_path(tmp);
-  rename_or_die(tmp, final_path);
-  fsync_path(dir);
-  try {  // rank 0 alone: a failure here must stop every rank, not leave them waiting
-    write_file_atomic(dir + "/latest", fs::path(final_path).filename().string() + "\n", /*durable=*/true,
-                      "checkpoint pointer");
-  } catch (const UserError& e) {
-    Z3D_ASSERT(false, e.what());
-  }
-  if (keep_last > 0) {
-    const std::vector<std::string> all = list_checkpoints(dir);
-    for (size_t i = static_cast<size_t>(keep_last); i < all.size(); ++i)
-      if (all[i] != final_path) fs::remove(all[i]);
-  }
-  for (const auto& e : fs::directory_iterator(dir))  // leftovers of saves that crashed
-    if (e.path().string().ends_with(".h5.tmp")) fs::remove(e.path());
-}
-
 }  // namespace
-
-std::vector<std::string> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return {};
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const int64_t s = step_of(e.path().string());
-    if (s >= 0 && e.is_regular_file()) found.push_back({s, e.path().string()});
-  }
-  std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  std::vector<std::string> out;
-  for (auto& f : found) out.push_back(f.second);
-  return out;
-}
 
 Hid open_checkpoint_dataset(hid_t file, const std::string& file_path, const std::string& dataset) {
   if (H5Lexists(file, dataset.substr(0, dataset.rfind('/')).c_str(), H5P_DEFAULT) <= 0 ||
@@ -212,26 +155,6 @@ Hid open_checkpoint_dataset(hid_t file, const std::string& file_path, const std:
     throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be opened (corrupt file)", file_path.c_str(),
                               dataset.c_str()));
   return ds;
-}
-
-// The file name DIR/latest holds, "" when there is none.
-static std::string read_latest(const std::string& dir) {
-  std::ifstream f(dir + "/latest");
-  std::string name;
-  return f >> name ? name : std::string();
-}
-
-std::string checkpoint_file(const std::string& dir_or_file) {
-  std::error_code ec;
-  if (fs::is_regular_file(dir_or_file, ec)) return dir_or_file;
-  if (!fs::is_directory(dir_or_file, ec))
-    throw UserError(strprintf("checkpoint '%s' does not exist (give a checkpoint file or a checkpoint directory)",
-                              dir_or_file.c_str()));
-  const std::string name = read_latest(dir_or_file);
-  if (name.empty())
-    throw UserError(strprintf("checkpoint directory '%s' has no 'latest' file (no checkpoint was committed there)",
-                              dir_or_file.c_str()));
-  return dir_or_file + "/" + name;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -365,7 +288,7 @@ CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, c
   HDF5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
   file.reset();  // collective close
   // Every rank's part is in the file (any failure above aborted the job): rank 0 commits.
-  if (world.rank() == 0) commit(dir, tmp, final_path, keep_last);
+  if (world.rank() == 0) commit_checkpoint(dir, tmp, final_path, keep_last);
   io.commit_s = world.all_reduce_max(seconds_since(tc));
   io.stage_s = world.all_reduce_max(io.stage_s);
   io.transfer_s = world.all_reduce_max(io.transfer_s);

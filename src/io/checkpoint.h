@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "io/ckpt_dir.h"  // checkpoint_file, list_checkpoints
 #include "io/hdf5.h"
 #include "parallel/groups.h"
 #include "zero/engine.h"
@@ -100,11 +101,6 @@ uint64_t checksum_run(uint64_t first, const float* x, size_t n);
 uint64_t checksum_run(uint64_t first, const uint16_t* x, size_t n);
 extern const char* const kChecksumAlgorithm;
 
-// The checkpoint file DIR_OR_FILE names: a file as is; a directory through its `latest`.
-// Throws UserError when there is none.
-std::string checkpoint_file(const std::string& dir_or_file);
-// Committed checkpoints in dir (step_*.h5), newest first.
-std::vector<std::string> list_checkpoints(const std::string& dir);
 // Dataset `dataset` (a path like /model/wte) of an open checkpoint; UserError naming file_path and
 // the dataset when it is missing or cannot be opened. Its group is checked first, so HDF5 never
 // looks below a missing one.

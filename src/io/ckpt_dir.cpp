@@ -1,0 +1,90 @@
+#include "io/ckpt_dir.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "core/atomic_file.h"
+#include "core/check.h"
+
+namespace zero3d {
+
+namespace fs = std::filesystem;
+
+namespace {
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  Z3D_ASSERT(fd >= 0, strprintf("cannot open '%s' to sync it: %s", path.c_str(), strerror(errno)));
+  Z3D_ASSERT(::fsync(fd) == 0, strprintf("fsync of '%s' failed: %s", path.c_str(), strerror(errno)));
+  ::close(fd);
+}
+}  // namespace
+
+int64_t step_of(const std::string& file) {
+  const std::string name = fs::path(file).filename().string();
+  if (!name.starts_with("step_") || !name.ends_with(".h5") || name.size() <= 8) return -1;
+  const std::string digits = name.substr(5, name.size() - 8);
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
+  return std::stoll(digits);
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t s = step_of(e.path().string());
+    if (s >= 0 && e.is_regular_file()) found.push_back({s, e.path().string()});
+  }
+  std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+std::string read_latest(const std::string& dir) {
+  std::ifstream f(dir + "/latest");
+  std::string name;
+  return f >> name ? name : std::string();
+}
+
+std::string checkpoint_file(const std::string& dir_or_file) {
+  std::error_code ec;
+  if (fs::is_regular_file(dir_or_file, ec)) return dir_or_file;
+  if (!fs::is_directory(dir_or_file, ec))
+    throw UserError(strprintf("checkpoint '%s' does not exist (give a checkpoint file or a checkpoint directory)",
+                              dir_or_file.c_str()));
+  const std::string name = read_latest(dir_or_file);
+  if (name.empty())
+    throw UserError(strprintf("checkpoint directory '%s' has no 'latest' file (no checkpoint was committed there)",
+                              dir_or_file.c_str()));
+  return dir_or_file + "/" + name;
+}
+
+void commit_checkpoint(const std::string& dir, const std::string& tmp, const std::string& final_path, int keep_last) {
+  fsync_path(tmp);
+  Z3D_ASSERT(std::rename(tmp.c_str(), final_path.c_str()) == 0,
+             strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), final_path.c_str(), strerror(errno)));
+  fsync_path(dir);
+  try {  // rank 0 alone: a failure here must stop every rank, not leave them waiting
+    write_file_atomic(dir + "/latest", fs::path(final_path).filename().string() + "\n", /*durable=*/true,
+                      "checkpoint pointer");
+  } catch (const UserError& e) {
+    Z3D_ASSERT(false, e.what());
+  }
+  if (keep_last > 0) {
+    const std::vector<std::string> all = list_checkpoints(dir);
+    for (size_t i = static_cast<size_t>(keep_last); i < all.size(); ++i)
+      if (all[i] != final_path) fs::remove(all[i]);
+  }
+  for (const auto& e : fs::directory_iterator(dir))  // leftovers of saves that crashed
+    if (e.path().string().ends_with(".h5.tmp")) fs::remove(e.path());
+}
+
+}  // namespace zero3d

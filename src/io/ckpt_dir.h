@@ -1,0 +1,29 @@
+// io/ckpt_dir.h: the checkpoint directory and its commit protocol, plain POSIX (no MPI, no HDF5),
+// so it is unit-tested alone.
+//
+// A directory holds committed checkpoints step_XXXXXXXX.h5 and `latest`, one line naming the
+// newest committed one. A save writes step_XXXXXXXX.h5.tmp; commit() (rank 0, after every rank
+// has closed the file) fsyncs it, renames it into place, fsyncs the directory, replaces `latest`
+// durably, prunes to keep_last and removes the .h5.tmp leftovers of saves that died. Invariant: at
+// every instant `latest` names a complete, committed file (or does not exist yet).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zero3d {
+
+// step_00000020.h5 -> 20; -1 if the name is not a checkpoint's.
+int64_t step_of(const std::string& file);
+// Committed checkpoints in dir (step_*.h5), newest first; none when dir does not exist.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+// The file name DIR/latest holds, "" when there is none.
+std::string read_latest(const std::string& dir);
+// The checkpoint file DIR_OR_FILE names: a file as is; a directory through its `latest`.
+// Throws UserError when there is none.
+std::string checkpoint_file(const std::string& dir_or_file);
+// Rank 0, once the file at `tmp` is complete: publish it as `final_path` and point `latest` at it,
+// then prune (keep_last > 0: the newest keep_last stay). A failure aborts the job (every rank).
+void commit_checkpoint(const std::string& dir, const std::string& tmp, const std::string& final_path, int keep_last);
+
+}  // namespace zero3d
