@@ -33,6 +33,7 @@
 #include "train/stop_signal.h"  // the flag; cmd_train installs the handlers
 #include "parallel/schedule.h"
 #include "zero/engine.h"
+#include "zero/engine_faults.h"
 #include "zero/loss_scaler.h"
 
 namespace zero3d {
@@ -518,7 +519,7 @@ Trainer::State::StepResult Trainer::State::train_step(int step) {
   // Each rank's gradient is already its share of the global mean: dloss = 1 / (tokens in the
   // global batch), times the fp16 loss scale.
   const float dloss = static_cast<float>((1.0 / tokens_per_step) * r.loss_scale);
-  if (fault.at("inf", groups.world_rank, step)) engine.inject_inf_gradient();
+  if (fault.at("inf", groups.world_rank, step)) EngineFaults::inject_inf_gradient(engine);
   const double loss_sum = train_micro_batches(dloss, r.t_fwd, r.t_bwd);
   cursor += static_cast<uint64_t>(c.train_batch_size);
   if (fault.at("hang", groups.world_rank, step))
@@ -623,7 +624,7 @@ void Trainer::State::report_step(int step, const StepResult& r) {
 int Trainer::State::step_boundary(int step, const StepResult& r) {
   const Config& c = cfg;
   ProcessGroup& world = *groups.world;
-  if (fault.at("perturb", groups.world_rank, step)) engine.perturb_replica();
+  if (fault.at("perturb", groups.world_rank, step)) EngineFaults::perturb_replica(engine);
   const int check = c.zero.consistency_check_interval;
   if (check > 0 && (step % check == 0 || step == c.train_steps)) engine.check_replicas_consistent(step);
   if (validating && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))

@@ -162,8 +162,4 @@ void ZeroEngine::check_replicas_consistent(int64_t step) {
                        kExitInconsistent);
 }
 
-void ZeroEngine::inject_inf_gradient() { sync_->inject_inf(); }
-
-void ZeroEngine::perturb_replica() { params_->flip_first_replicated_bit(be_); }  // one replica's lowest bit
-
 }  // namespace zero3d

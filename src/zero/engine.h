@@ -96,10 +96,6 @@ class ZeroEngine final : public ParamStore {
   // Hash every replicated parameter tensor and compare across the dp group; throws RunError
   // (kExitInconsistent) naming the first tensor whose replicas differ. Collective over dp.
   void check_replicas_consistent(int64_t step);
-  // Test hooks (fault injection): change one element of this rank's replica of a replicated
-  // tensor; put an inf into the gradient of the unit being reduced next (overflow).
-  void perturb_replica();
-  void inject_inf_gradient();
 
   MemoryAccount memory() const { return mem_; }
   int stage() const { return cfg_.stage; }
@@ -124,6 +120,7 @@ class ZeroEngine final : public ParamStore {
   void finish_load(int64_t optimizer_steps);
 
  private:
+  friend struct EngineFaults;  // zero/engine_faults.h: fault injection reaches the parts, not the interface
   float* state_of(State kind, const Piece& p);  // where the owned piece's master, m or v lives
 
   Backend& be_;
