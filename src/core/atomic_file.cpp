@@ -44,12 +44,15 @@ void AtomicFile::commit(bool durable) {
   committed_ = true;
   if (!durable) return;
   const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  const int fd = ::open(dir.c_str(), O_RDONLY);
+  sync_path(parent.empty() ? std::string(".") : parent.string());
+}
+
+void sync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
   const bool synced = fd >= 0 && ::fsync(fd) == 0;
   const int err = errno;
   if (fd >= 0) ::close(fd);
-  if (!synced) throw UserError(strprintf("cannot sync directory '%s': %s", dir.c_str(), std::strerror(err)));
+  if (!synced) throw UserError(strprintf("cannot sync '%s': %s", path.c_str(), std::strerror(err)));
 }
 
 void write_file_atomic(const std::string& path, const std::string& text, bool durable, const std::string& what) {

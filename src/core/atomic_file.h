@@ -29,6 +29,9 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// fsync a file or directory by path (a directory: so the renames in it survive a crash).
+void sync_path(const std::string& path);
+
 // The whole text at once.
 void write_file_atomic(const std::string& path, const std::string& text, bool durable = false,
                        const std::string& what = "file");

@@ -1,8 +1,5 @@
 #include "io/ckpt_dir.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -16,15 +13,6 @@
 namespace zero3d {
 
 namespace fs = std::filesystem;
-
-namespace {
-void fsync_path(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  Z3D_ASSERT(fd >= 0, strprintf("cannot open '%s' to sync it: %s", path.c_str(), strerror(errno)));
-  Z3D_ASSERT(::fsync(fd) == 0, strprintf("fsync of '%s' failed: %s", path.c_str(), strerror(errno)));
-  ::close(fd);
-}
-}  // namespace
 
 int64_t step_of(const std::string& file) {
   const std::string name = fs::path(file).filename().string();
@@ -68,11 +56,11 @@ std::string checkpoint_file(const std::string& dir_or_file) {
 }
 
 void commit_checkpoint(const std::string& dir, const std::string& tmp, const std::string& final_path, int keep_last) {
-  fsync_path(tmp);
-  Z3D_ASSERT(std::rename(tmp.c_str(), final_path.c_str()) == 0,
-             strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), final_path.c_str(), strerror(errno)));
-  fsync_path(dir);
   try {  // rank 0 alone: a failure here must stop every rank, not leave them waiting
+    sync_path(tmp);
+    if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
+      throw UserError(strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), final_path.c_str(), strerror(errno)));
+    sync_path(dir);
     write_file_atomic(dir + "/latest", fs::path(final_path).filename().string() + "\n", /*durable=*/true,
                       "checkpoint pointer");
   } catch (const UserError& e) {
