@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/atomic_file.h"
 #include "core/check.h"
 
 namespace zero3d {
@@ -14,7 +15,7 @@ namespace zero3d {
 namespace fs = std::filesystem;
 
 namespace {
-// The rows of a CSV up to `samples` (and its header), rewritten in place.
+// The rows of a CSV up to `samples` (and its header), rewritten atomically (as metrics.jsonl is).
 void keep_rows_up_to(const std::string& path, int64_t samples) {
   std::ifstream in(path);
   std::string line, kept;
@@ -24,7 +25,7 @@ void keep_rows_up_to(const std::string& path, int64_t samples) {
     header = false;
   }
   in.close();
-  std::ofstream(path, std::ios::trunc) << kept;
+  write_file_atomic(path, kept, /*durable=*/false, "csv_monitor file");
 }
 }  // namespace
 
