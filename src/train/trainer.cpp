@@ -424,57 +424,56 @@ struct Trainer::State::StepResult {
 void Trainer::State::start_run() {
   const Config& c = cfg;
   ProcessGroup& world = *groups.world;
-  State& s = *this;
   const int64_t G = c.train_batch_size;
   tokens_per_step = static_cast<double>(G) * T;
   mem = engine.memory();
   mem_bytes = world.all_reduce_max(static_cast<int64_t>(mem.total()));
-  if (s.metrics)
-    s.metrics->write(MetricsRecord("run")
-                         .add("backend", s.be.describe())
-                         .add("world_size", s.groups.topo.world)
-                         .add("dp", s.dp)
-                         .add("tp", s.groups.topo.tp)
-                         .add("pp", s.groups.topo.pp)
+  if (metrics)
+    metrics->write(MetricsRecord("run")
+                         .add("backend", be.describe())
+                         .add("world_size", groups.topo.world)
+                         .add("dp", dp)
+                         .add("tp", groups.topo.tp)
+                         .add("pp", groups.topo.pp)
                          .add("zero_stage", c.zero.stage)
                          .add("precision", name_of(c.precision))
                          .add("activation_checkpointing", c.activation_checkpointing)
-                         .add("mem_activations_bytes", static_cast<int64_t>(s.models.size() * s.models[0]->activation_bytes()))
-                         .add("num_params", static_cast<int64_t>(s.engine.layout().num_params))
-                         .add("num_params_padded", static_cast<int64_t>(s.engine.layout().total))
-                         .add("num_params_resident", static_cast<int64_t>(s.engine.layout().resident_size))
-                         .add("flops_per_token", s.flops_per_token)
-                         .add("peak_flops", s.opt.peak_flops)
-                         .add("peak_source", s.opt.peak_source)
+                         .add("mem_activations_bytes", static_cast<int64_t>(models.size() * models[0]->activation_bytes()))
+                         .add("num_params", static_cast<int64_t>(engine.layout().num_params))
+                         .add("num_params_padded", static_cast<int64_t>(engine.layout().total))
+                         .add("num_params_resident", static_cast<int64_t>(engine.layout().resident_size))
+                         .add("flops_per_token", flops_per_token)
+                         .add("peak_flops", opt.peak_flops)
+                         .add("peak_source", opt.peak_source)
                          .add("train_batch_size", G)
-                         .add("seq_len", s.T)
+                         .add("seq_len", T)
                          .add("train_steps", c.train_steps)
-                         .add("start_step", s.start_step)
-                         .add("resumed_from", s.resumed ? s.resumed->io.file : std::string())
-                         .add("nodes", s.opt.job.nodes)
-                         .add("ranks_per_node", s.opt.job.local_size)
-                         .add("slurm_job", s.opt.job.slurm_job)
-                         .add("omp_num_threads", s.opt.job.omp_threads)
-                         .add("openblas_num_threads", s.opt.job.blas_threads)
-                         .add("threads", s.opt.job.threads)
-                         .add("threads_source", s.opt.job.threads_source)
-                         .add("gemm", s.be.describe_gemm())
-                         .add("compute", s.opt.compute_choice)
-                         .add("time_budget_s", s.time_budget_s)
+                         .add("start_step", start_step)
+                         .add("resumed_from", resumed ? resumed->io.file : std::string())
+                         .add("nodes", opt.job.nodes)
+                         .add("ranks_per_node", opt.job.local_size)
+                         .add("slurm_job", opt.job.slurm_job)
+                         .add("omp_num_threads", opt.job.omp_threads)
+                         .add("openblas_num_threads", opt.job.blas_threads)
+                         .add("threads", opt.job.threads)
+                         .add("threads_source", opt.job.threads_source)
+                         .add("gemm", be.describe_gemm())
+                         .add("compute", opt.compute_choice)
+                         .add("time_budget_s", time_budget_s)
                          .add("mem_params_bytes", static_cast<int64_t>(mem.params))
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
                          .add("mem_optimizer_bytes", static_cast<int64_t>(mem.optimizer))
                          .add("mem_buffers_bytes", static_cast<int64_t>(mem.buffers)));
   log_info("zero3d: %zu parameters per rank, %s, %d ranks (dp %d x tp %d x pp %d, ZeRO stage %d, %s), global batch "
            "%lld x %d tokens, %d steps, run dir %s",
-           s.engine.layout().num_params, s.be.describe().c_str(), s.groups.topo.world, s.dp, s.groups.topo.tp,
-           s.groups.topo.pp, c.zero.stage,
-           name_of(c.precision), static_cast<long long>(G), s.T, c.train_steps, s.opt.run_dir.c_str());
-  if (s.resumed) {
-    s.write_io_record("load", s.start_step, s.resumed->io);
-    log_info("zero3d: resumed from %s at step %lld (saved on %s), read %.1f MB in %.2f s", s.resumed->io.file.c_str(),
-             static_cast<long long>(s.start_step), s.resumed->saved_layout.c_str(), s.resumed->io.bytes / 1e6,
-             s.resumed->io.seconds);
+           engine.layout().num_params, be.describe().c_str(), groups.topo.world, dp, groups.topo.tp,
+           groups.topo.pp, c.zero.stage,
+           name_of(c.precision), static_cast<long long>(G), T, c.train_steps, opt.run_dir.c_str());
+  if (resumed) {
+    write_io_record("load", start_step, resumed->io);
+    log_info("zero3d: resumed from %s at step %lld (saved on %s), read %.1f MB in %.2f s", resumed->io.file.c_str(),
+             static_cast<long long>(start_step), resumed->saved_layout.c_str(), resumed->io.bytes / 1e6,
+             resumed->io.seconds);
   }
   validating = val_data != nullptr && c.data.val_batches > 0;
   if (validating && start_step == 0) validate(0);
