@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "core/mem.h"
 #include "kernels/math/adamw.h"
 #include "kernels/profile.h"
 
@@ -26,6 +27,14 @@ class Backend {
   virtual ~Backend() = default;
   virtual BackendKind kind() const = 0;
   virtual std::string describe() const = 0;
+  // Where alloc_bytes memory lives, and how a comm group reaches it from the host (core/mem.h):
+  // the host backend's is host memory (nullptr), the CUDA backend's device memory.
+  virtual MemKind memory_kind() const { return MemKind::host; }
+  virtual DeviceMemory* device_memory() { return nullptr; }
+  template <typename T>
+  MemRef<T> mem(T* p) const {
+    return {p, memory_kind()};
+  }
 
   // ---- memory: alloc returns zeroed memory ----
   // Every allocation is counted: a training step allocates nothing after its first (the count is
@@ -146,6 +155,9 @@ class DeviceBuffer {
 
   T* data() { return p_; }
   const T* data() const { return p_; }
+  // Element `at` on, with its memory kind: what collectives take.
+  MemRef<T> mem(size_t at = 0) { return {p_ + at, be_ ? be_->memory_kind() : MemKind::host}; }
+  MemRef<const T> mem(size_t at = 0) const { return {p_ + at, be_ ? be_->memory_kind() : MemKind::host}; }
   size_t size() const { return n_; }
   size_t bytes() const { return n_ * sizeof(T); }
   void reset() {

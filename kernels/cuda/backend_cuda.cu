@@ -304,7 +304,7 @@ using DevicePtr = std::unique_ptr<void, DeviceFree>;
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public DeviceMemory {
  public:
   explicit CudaBackend(int device) : device_(device) {
     CUDA_CHECK(cudaSetDevice(device));
@@ -332,6 +332,8 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   BackendKind kind() const override { return BackendKind::cuda; }
+  MemKind memory_kind() const override { return MemKind::device; }
+  DeviceMemory* device_memory() override { return this; }
   std::string describe_gemm() const override { return "cuBLAS fp32"; }
   size_t alloc_count() const override { return allocs_; }
   std::string describe() const override {
@@ -392,6 +394,17 @@ class CudaBackend final : public Backend {
   }
   void zero(void* p, size_t bytes) override { CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream())); }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+  // ---- DeviceMemory: what a comm group stages device buffers with (core/mem.h) ----
+  // Both copies are stream-ordered after the queued compute and synchronous, as copy_* above.
+  void to_host(void* dst, const void* src, size_t bytes) override { copy_to_host(dst, src, bytes); }
+  void to_device(void* dst, const void* src, size_t bytes) override { copy_from_host(dst, src, bytes); }
+  void* alloc_pinned(size_t bytes) override {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, bytes));
+    return p;
+  }
+  void free_pinned(void* p) override { CUDA_CHECK(cudaFreeHost(p)); }
 
   // ---- GEMM (row-major interface on column-major cuBLAS: see the header) ----
 

@@ -293,7 +293,7 @@ void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_la
 void GPT::tp_all_reduce(float* x, size_t n) {
   if (tp_size_ > 1) {
     be_.synchronize();
-    tp_->all_reduce_sum(x, n);
+    tp_->all_reduce_sum(be_.mem(x), n);
   }
 }
 
@@ -345,10 +345,10 @@ void GPT::crossentropy(int r0, int rows, float dloss) {
   float *row_max = ce_.data(), *sumexp = row_max + rows, *target = sumexp + rows;
   be_.vocab_row_max(row_max, logits_, rows, V_);
   be_.synchronize();
-  tp_->all_reduce_max(row_max, rows);
+  tp_->all_reduce_max(be_.mem(row_max), rows);
   be_.vocab_sumexp(sumexp, target, logits_, row_max, targets, vocab_start_, rows, V_);
   be_.synchronize();
-  tp_->all_reduce_sum(sumexp, 2 * static_cast<size_t>(rows));  // sums and target logits together
+  tp_->all_reduce_sum(be_.mem(sumexp), 2 * static_cast<size_t>(rows));  // sums and target logits together
   if (grad) be_.vocab_crossentropy_grad(logits_, logits_, row_max, sumexp, targets, vocab_start_, rows, V_, dloss);
   be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * rows);
   for (int n = 0; n < rows; ++n)

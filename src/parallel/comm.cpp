@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "core/check.h"
-#include "kernels/math/dtype.h"
 
 namespace zero3d {
 
@@ -22,6 +21,8 @@ CommLog& comm_log() {
   static CommLog log;
   return log;
 }
+
+size_t elem_bytes(CommType t) { return t == CommType::f32 ? 4 : 2; }
 
 namespace {
 int count_of(size_t n) {
@@ -36,76 +37,34 @@ uint64_t ring_bytes_sent(int p, uint64_t buffer_bytes, int passes) {
   return static_cast<uint64_t>(passes) * (p - 1) * buffer_bytes / p;
 }
 
-// inout[i] = in[i] + inout[i], through float, rounded back to 16 bits: commutative, not associative.
-// Each addition equals the correctly rounded 16-bit sum: rounding twice (to float, then to 16 bits)
-// is innocuous when the intermediate has >= 2p+2 significand bits (Figueroa 1995), and float's 24
-// cover p = 8 (bf16) and p = 11 (fp16).
-template <float (*to_float)(uint16_t), uint16_t (*from_float)(float)>
-void sum16(void* in, void* inout, int* len, MPI_Datatype*) {
-  const auto* a = static_cast<const uint16_t*>(in);
-  auto* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = from_float(to_float(a[i]) + to_float(b[i]));
-}
-
-// The MPI handles for 16-bit sums, created on first use. Lifetime: MPI_Finalize itself frees
-// them. A static destructor would run after main returns, i.e. after MPI_Finalize, when MPI calls
-// are erroneous; freeing them from main would tie the seam to main.cpp. Instead an attribute on
-// MPI_COMM_SELF carries a delete callback: MPI_Finalize first frees MPI_COMM_SELF, running that
-// callback while MPI is still fully usable (MPI >= 2.0, section "Allowing User Functions at
-// Process Termination"), whatever main does. A 16-bit op is never pending at finalize: every
-// PendingOp waits in its destructor.
-struct Mpi16 {
-  MPI_Datatype type = MPI_DATATYPE_NULL;  // 2 contiguous bytes: no predefined op applies to it
-  MPI_Op sum_bf16 = MPI_OP_NULL, sum_fp16 = MPI_OP_NULL;
-};
-
-int free_mpi16(MPI_Comm, int, void* attr, void*) {
-  auto* h = static_cast<Mpi16*>(attr);
-  MPI_Op_free(&h->sum_bf16);
-  MPI_Op_free(&h->sum_fp16);
-  MPI_Type_free(&h->type);
-  return MPI_SUCCESS;
-}
-
-const Mpi16& mpi16() {
-  static Mpi16 h;
-  static const bool created = [] {
-    MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &h.type));
-    MPI_CHECK(MPI_Type_set_name(h.type, const_cast<char*>("zero3d_float16")));
-    MPI_CHECK(MPI_Type_commit(&h.type));
-    MPI_CHECK(MPI_Op_create(&sum16<math::float_from_bf16, math::bf16_from_float>, /*commute=*/1, &h.sum_bf16));
-    MPI_CHECK(MPI_Op_create(&sum16<math::float_from_fp16, math::fp16_from_float>, /*commute=*/1, &h.sum_fp16));
-    int key = MPI_KEYVAL_INVALID;
-    MPI_CHECK(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_mpi16, &key, nullptr));
-    MPI_CHECK(MPI_Comm_set_attr(MPI_COMM_SELF, key, &h));
-    MPI_CHECK(MPI_Comm_free_keyval(&key));  // the key itself lives on until the attribute is deleted
-    return true;
-  }();
-  (void)created;
-  return h;
-}
-
-MPI_Op sum_op(Dtype16 t) { return t == Dtype16::bf16 ? mpi16().sum_bf16 : mpi16().sum_fp16; }
 }  // namespace
 
-PendingOp::PendingOp(MPI_Request r, std::string what, const ProcessGroup* group, CommOpStats* logged)
-    : req_(r), what_(std::move(what)), group_(group), logged_(logged), issued_(std::chrono::steady_clock::now()) {
+PendingOp::PendingOp(MPI_Request r, std::string what, const ProcessGroup* group, Then then)
+    : req_(r), pending_(true), then_(std::move(then)), what_(std::move(what)), group_(group),
+      issued_(std::chrono::steady_clock::now()) {
   if (req_ == MPI_REQUEST_NULL) completed();
 }
 PendingOp::PendingOp(PendingOp&& o) noexcept
-    : req_(o.req_), what_(std::move(o.what_)), group_(o.group_), logged_(o.logged_), issued_(o.issued_) {
+    : req_(o.req_), pending_(o.pending_), then_(std::move(o.then_)), what_(std::move(o.what_)), group_(o.group_),
+      logged_(o.logged_), issued_(o.issued_) {
   o.req_ = MPI_REQUEST_NULL;
+  o.pending_ = false;
+  o.then_ = nullptr;
   o.logged_ = nullptr;
 }
 PendingOp& PendingOp::operator=(PendingOp&& o) noexcept {
   if (this != &o) {
     wait();
     req_ = o.req_;
+    pending_ = o.pending_;
+    then_ = std::move(o.then_);
     what_ = std::move(o.what_);
     group_ = o.group_;
     logged_ = o.logged_;
     issued_ = o.issued_;
     o.req_ = MPI_REQUEST_NULL;
+    o.pending_ = false;
+    o.then_ = nullptr;
     o.logged_ = nullptr;
   }
   return *this;
@@ -113,14 +72,25 @@ PendingOp& PendingOp::operator=(PendingOp&& o) noexcept {
 PendingOp::~PendingOp() { wait(); }
 
 bool PendingOp::test() {
-  if (req_ == MPI_REQUEST_NULL) return true;
-  int flag = 0;
-  MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+  if (!pending_) return true;
+  int flag = 1;
+  if (req_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
   if (flag) completed();
   return flag != 0;
 }
 
 void PendingOp::completed() {
+  pending_ = false;
+  if (then_) std::exchange(then_, nullptr)();
+  record();
+}
+
+void PendingOp::log_to(CommOpStats* logged) {
+  logged_ = logged;
+  if (!pending_) record();
+}
+
+void PendingOp::record() {
   if (!logged_) return;
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - issued_).count();
   logged_->seconds += s;
@@ -135,17 +105,8 @@ void PendingOp::completed() {
   logged_ = nullptr;
 }
 
-CommOpStats* ProcessGroup::account(const char* op, uint64_t msg_bytes, uint64_t sent_bytes) {
-  bytes_sent_ += sent_bytes;
-  CommLog& log = comm_log();
-  if (!log.enabled || !log.active || (!log.ops.empty() && !log.ops.count(op))) return nullptr;
-  CommOpStats& st = log.stats[{name_, op}];
-  st.calls += 1, st.msg_bytes += msg_bytes, st.sent_bytes += sent_bytes, st.group_size = size_;
-  return &st;
-}
-
 void PendingOp::wait() {
-  if (req_ == MPI_REQUEST_NULL) return;
+  if (!pending_) return;
   using clock = std::chrono::steady_clock;
   const CommContext& ctx = comm_context();
   const auto start = clock::now();
@@ -170,14 +131,10 @@ void PendingOp::wait() {
   }
 }
 
-ProcessGroup::ProcessGroup(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
-  MPI_CHECK(MPI_Comm_size(comm_, &size_));
-  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
-}
+// ---- ProcessGroup: the front ends count, the transport moves ----
 
-ProcessGroup::ProcessGroup(MPI_Comm parent, int color, int key, std::string name) : name_(std::move(name)) {
-  MPI_CHECK(MPI_Comm_split(parent, color, key, &comm_));
-  owned_ = true;
+ProcessGroup::ProcessGroup(MPI_Comm comm, bool owned, std::string name)
+    : comm_(comm), owned_(owned), name_(std::move(name)) {
   if (comm_ == MPI_COMM_NULL) {  // color MPI_UNDEFINED: this rank is in no group of this kind
     size_ = 0;
     rank_ = -1;
@@ -187,91 +144,62 @@ ProcessGroup::ProcessGroup(MPI_Comm parent, int color, int key, std::string name
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
 }
 
-std::unique_ptr<ProcessGroup> ProcessGroup::world() {
-  return std::unique_ptr<ProcessGroup>(new ProcessGroup(MPI_COMM_WORLD, "world"));
-}
-
 ProcessGroup::~ProcessGroup() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (owned_ && !finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-PendingOp ProcessGroup::all_reduce_impl(void* buf, size_t n, MPI_Datatype type, MPI_Op op, size_t elem_bytes) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  CommOpStats* logged = account("all_reduce", n * elem_bytes, ring_bytes_sent(size_, n * elem_bytes, 2));
-  if (size_ > 1) MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), type, op, comm_, &r));
-  return PendingOp(r, "all-reduce", this, logged);
+CommOpStats* ProcessGroup::account(const char* op, uint64_t msg_bytes, uint64_t sent_bytes) {
+  bytes_sent_ += sent_bytes;
+  CommLog& log = comm_log();
+  if (!log.enabled || !log.active || (!log.ops.empty() && !log.ops.count(op))) return nullptr;
+  CommOpStats& st = log.stats[{name_, op}];
+  st.calls += 1, st.msg_bytes += msg_bytes, st.sent_bytes += sent_bytes, st.group_size = size_;
+  return &st;
 }
 
-PendingOp ProcessGroup::reduce_scatter_impl(const void* send, void* recv, size_t count, MPI_Datatype type, MPI_Op op,
-                                            size_t elem_bytes) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  const uint64_t whole = static_cast<uint64_t>(size_) * count * elem_bytes;
-  CommOpStats* logged = account("reduce_scatter", whole, ring_bytes_sent(size_, whole, 1));
-  if (size_ > 1)
-    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, count_of(count), type, op, comm_, &r));
-  else if (send != recv)
-    memmove(recv, send, count * elem_bytes);
-  return PendingOp(r, "reduce-scatter", this, logged);
+template <typename Issue>
+PendingOp ProcessGroup::counted(const char* op, uint64_t msg_bytes, uint64_t sent_bytes, Issue&& issue) {
+  CommOpStats* logged = account(op, msg_bytes, sent_bytes);
+  PendingOp out = issue();
+  out.log_to(logged);
+  return out;
 }
 
-PendingOp ProcessGroup::all_gather_impl(const void* send, void* recv, size_t count, MPI_Datatype type,
-                                        size_t elem_bytes) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  const bool in_place = send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * count * elem_bytes;
-  const uint64_t whole = static_cast<uint64_t>(size_) * count * elem_bytes;
-  CommOpStats* logged = account("all_gather", whole, ring_bytes_sent(size_, whole, 1));
-  if (size_ > 1)
-    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, count_of(count), type, recv, count_of(count), type,
-                             comm_, &r));
-  else if (!in_place)
-    memmove(recv, send, count * elem_bytes);
-  return PendingOp(r, "all-gather", this, logged);
+PendingOp ProcessGroup::all_reduce(MemRef<void> buf, size_t n, CommType t, RedOp op) {
+  const uint64_t bytes = n * elem_bytes(t);
+  return counted("all_reduce", bytes, ring_bytes_sent(size_, bytes, 2), [&] { return all_reduce_impl(buf, n, t, op); });
 }
 
-PendingOp ProcessGroup::iall_reduce_sum(float* buf, size_t n) {
-  return all_reduce_impl(buf, n, MPI_FLOAT, MPI_SUM, sizeof(float));
+PendingOp ProcessGroup::reduce_scatter(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) {
+  const uint64_t whole = static_cast<uint64_t>(size_) * count * elem_bytes(t);
+  return counted("reduce_scatter", whole, ring_bytes_sent(size_, whole, 1),
+                 [&] { return reduce_scatter_impl(send, recv, count, t); });
 }
 
-void ProcessGroup::all_reduce_max(float* buf, size_t n) { all_reduce_impl(buf, n, MPI_FLOAT, MPI_MAX, sizeof(float)).wait(); }
-PendingOp ProcessGroup::ireduce_scatter_sum(const float* send, float* recv, size_t count) {
-  return reduce_scatter_impl(send, recv, count, MPI_FLOAT, MPI_SUM, sizeof(float));
-}
-PendingOp ProcessGroup::iall_gather(const float* send, float* recv, size_t count) {
-  return all_gather_impl(send, recv, count, MPI_FLOAT, sizeof(float));
+PendingOp ProcessGroup::all_gather(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) {
+  const uint64_t whole = static_cast<uint64_t>(size_) * count * elem_bytes(t);
+  return counted("all_gather", whole, ring_bytes_sent(size_, whole, 1),
+                 [&] { return all_gather_impl(send, recv, count, t); });
 }
 
-PendingOp ProcessGroup::iall_reduce_sum(uint16_t* buf, size_t n, Dtype16 t) {
-  return all_reduce_impl(buf, n, mpi16().type, sum_op(t), sizeof(uint16_t));
-}
-PendingOp ProcessGroup::ireduce_scatter_sum(const uint16_t* send, uint16_t* recv, size_t count, Dtype16 t) {
-  return reduce_scatter_impl(send, recv, count, mpi16().type, sum_op(t), sizeof(uint16_t));
-}
-PendingOp ProcessGroup::iall_gather(const uint16_t* send, uint16_t* recv, size_t count) {
-  return all_gather_impl(send, recv, count, mpi16().type, sizeof(uint16_t));
+PendingOp ProcessGroup::broadcast_bytes(MemRef<void> buf, size_t bytes, int root) {
+  return counted("broadcast", bytes, rank_ == root && size_ > 1 ? bytes : 0,
+                 [&] { return broadcast_impl(buf, bytes, root); });
 }
 
-void ProcessGroup::broadcast(void* buf, size_t bytes, int root) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  CommOpStats* logged = account("broadcast", bytes, rank_ == root && size_ > 1 ? bytes : 0);
-  if (size_ > 1) MPI_CHECK(MPI_Ibcast(buf, count_of(bytes), MPI_BYTE, root, comm_, &r));
-  PendingOp(r, "broadcast", this, logged).wait();
+PendingOp ProcessGroup::isend(MemRef<const float> buf, size_t n, int peer, int tag) {
+  const uint64_t bytes = n * sizeof(float);
+  return counted("send", bytes, bytes, [&] { return send_impl(buf, bytes, peer, tag); });
 }
 
-PendingOp ProcessGroup::isend(const float* buf, size_t n, int peer, int tag) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  CommOpStats* logged = account("send", n * sizeof(float), n * sizeof(float));
-  MPI_CHECK(MPI_Isend(buf, count_of(n), MPI_FLOAT, peer, tag, comm_, &r));
-  return PendingOp(r, "send", this, logged);
+PendingOp ProcessGroup::irecv(MemRef<float> buf, size_t n, int peer, int tag) {
+  const uint64_t bytes = n * sizeof(float);
+  return counted("recv", bytes, 0, [&] { return recv_impl(buf, bytes, peer, tag); });
 }
 
-PendingOp ProcessGroup::irecv(float* buf, size_t n, int peer, int tag) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  CommOpStats* logged = account("recv", n * sizeof(float), 0);
-  MPI_CHECK(MPI_Irecv(buf, count_of(n), MPI_FLOAT, peer, tag, comm_, &r));
-  return PendingOp(r, "receive", this, logged);
-}
+// ---- control traffic ----
 
 // One scalar, in place, under the watchdog: the control-traffic reductions below.
 template <typename T>
@@ -311,9 +239,12 @@ void ProcessGroup::barrier() {
 
 std::string ProcessGroup::broadcast_string(const std::string& s, int root) {
   uint64_t n = s.size();
-  broadcast(&n, sizeof n, root);
+  MPI_Request r = MPI_REQUEST_NULL;
+  if (size_ > 1) MPI_CHECK(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, comm_, &r));
+  PendingOp(r, "broadcast (control)", this).wait();
   std::string out = rank_ == root ? s : std::string(n, '\0');
-  if (n) broadcast(out.data(), n, root);
+  if (size_ > 1 && n) MPI_CHECK(MPI_Ibcast(out.data(), count_of(n), MPI_CHAR, root, comm_, &r));
+  PendingOp(r, "broadcast (control)", this).wait();
   return out;
 }
 

@@ -1,7 +1,12 @@
 // parallel/comm.h: the collectives seam. A ProcessGroup is one group of ranks (world, tp, dp,
-// pp, embedding) with blocking and non-blocking collectives on it, over MPI on host memory (an
-// NCCL implementation and device buffers come with the GPU path). Model and trainer code never
-// call MPI directly.
+// pp, embedding) with blocking and non-blocking collectives on it. It is an interface: the data
+// collectives are implemented once per transport (MpiGroup here; shared memory and NCCL beside
+// it), chosen when the group is made; control traffic (scalars, agree, barrier) is MPI on host
+// memory in every implementation. Model and trainer code never call MPI directly.
+//
+// Buffers carry their memory kind (core/mem.h). MpiGroup hands device buffers to MPI only when
+// the library reports CUDA-awareness (OpenMPI's MPIX_Query_cuda_support); otherwise it stages
+// them through page-locked host buffers it allocates once and reuses (device_path() says which).
 //
 // Two safety properties live here, so every caller gets them:
 //  - Watchdog: every wait polls with a deadline (CommContext::timeout_s). A collective that has
@@ -35,10 +40,18 @@
 #include <utility>
 #include <vector>
 
+#include "core/mem.h"
+
 namespace zero3d {
 
 // Which 16-bit float format a uint16_t buffer holds.
 enum class Dtype16 { bf16, fp16 };
+
+// The element types the data collectives move (16-bit floats as raw bits) and their reductions.
+enum class CommType : uint8_t { f32, bf16, fp16 };
+enum class RedOp : uint8_t { sum, max };
+size_t elem_bytes(CommType t);
+inline CommType comm_type(Dtype16 t) { return t == Dtype16::bf16 ? CommType::bf16 : CommType::fp16; }
 
 // What the watchdog reports and how long it waits; one per process, shared by all groups.
 struct CommContext {
@@ -64,11 +77,13 @@ struct CommLog {
 };
 CommLog& comm_log();
 
-// A pending non-blocking operation; wait() blocks (under the watchdog), test() polls.
+// A pending non-blocking operation; wait() blocks (under the watchdog), test() polls. `then` runs
+// once at completion, before anyone sees the result (a staged buffer copied back to the device).
 class PendingOp {
  public:
+  using Then = std::function<void()>;
   PendingOp() = default;
-  PendingOp(MPI_Request r, std::string what, const class ProcessGroup* group, CommOpStats* logged = nullptr);
+  PendingOp(MPI_Request r, std::string what, const class ProcessGroup* group, Then then = {});
   PendingOp(PendingOp&& o) noexcept;
   PendingOp& operator=(PendingOp&& o) noexcept;
   PendingOp(const PendingOp&) = delete;
@@ -76,11 +91,16 @@ class PendingOp {
   ~PendingOp();  // waits if still pending: a request is never leaked
   void wait();
   bool test();
-  bool done() const { return req_ == MPI_REQUEST_NULL; }
+  bool done() const { return !pending_; }
+  // Counts the latency from issue to completion in this comms-log entry (null: none).
+  void log_to(CommOpStats* logged);
 
  private:
-  void completed();  // adds the latency to the comms log
+  void completed();  // runs `then`, adds the latency to the comms log
+  void record();     // the latency, into the comms log
   MPI_Request req_ = MPI_REQUEST_NULL;
+  bool pending_ = false;
+  Then then_;
   std::string what_;
   const ProcessGroup* group_ = nullptr;
   CommOpStats* logged_ = nullptr;
@@ -89,10 +109,13 @@ class PendingOp {
 
 class ProcessGroup {
  public:
-  // Collective over `parent`: ranks with the same color form one group, ordered by key.
-  ProcessGroup(MPI_Comm parent, int color, int key, std::string name);
+  // MPI_COMM_WORLD, and the groups of ranks with the same color in `parent` (ordered by key;
+  // color MPI_UNDEFINED: this rank is in none, size() 0). Collective over the parent.
   static std::unique_ptr<ProcessGroup> world();
-  ~ProcessGroup();
+  static std::unique_ptr<ProcessGroup> split(const ProcessGroup& parent, int color, int key, std::string name);
+  // The ranks of this group that share this rank's node (MPI_COMM_TYPE_SHARED).
+  std::unique_ptr<ProcessGroup> split_node(std::string name) const;
+  virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -102,31 +125,50 @@ class ProcessGroup {
   uint64_t bytes_sent() const { return bytes_sent_; }
   void reset_bytes_sent() { bytes_sent_ = 0; }
 
+  // Where device buffers come from (the backend's); null: this group only ever sees host memory.
+  virtual void use_device_memory(DeviceMemory* dev) = 0;
+  // How device buffers travel, for the run record ("host memory only", "CUDA-aware MPI", ...).
+  virtual std::string device_path() const = 0;
+
   // In place: buf = sum (max) over the group.
-  PendingOp iall_reduce_sum(float* buf, size_t n);
-  void all_reduce_sum(float* buf, size_t n) { iall_reduce_sum(buf, n).wait(); }
-  void all_reduce_max(float* buf, size_t n);
+  PendingOp iall_reduce_sum(MemRef<float> buf, size_t n) { return all_reduce(buf, n, CommType::f32, RedOp::sum); }
+  void all_reduce_sum(MemRef<float> buf, size_t n) { iall_reduce_sum(buf, n).wait(); }
+  void all_reduce_max(MemRef<float> buf, size_t n) { all_reduce(buf, n, CommType::f32, RedOp::max).wait(); }
   // recv (count) = this rank's block of the elementwise sum of every rank's send (size()*count).
-  PendingOp ireduce_scatter_sum(const float* send, float* recv, size_t count);
-  void reduce_scatter_sum(const float* send, float* recv, size_t count) { ireduce_scatter_sum(send, recv, count).wait(); }
+  PendingOp ireduce_scatter_sum(MemRef<const float> send, MemRef<float> recv, size_t count) {
+    return reduce_scatter(send, recv, count, CommType::f32);
+  }
+  void reduce_scatter_sum(MemRef<const float> send, MemRef<float> recv, size_t count) {
+    ireduce_scatter_sum(send, recv, count).wait();
+  }
   // recv (size()*count) = every rank's send (count), in group-rank order. send may be recv + rank*count.
-  PendingOp iall_gather(const float* send, float* recv, size_t count);
-  void all_gather(const float* send, float* recv, size_t count) { iall_gather(send, recv, count).wait(); }
+  PendingOp iall_gather(MemRef<const float> send, MemRef<float> recv, size_t count) {
+    return all_gather(send, recv, count, CommType::f32);
+  }
+  void all_gather(MemRef<const float> send, MemRef<float> recv, size_t count) { iall_gather(send, recv, count).wait(); }
   // The same three on 16-bit floats (raw bits); sums round each pairwise addition (see the top).
-  PendingOp iall_reduce_sum(uint16_t* buf, size_t n, Dtype16 t);
-  void all_reduce_sum(uint16_t* buf, size_t n, Dtype16 t) { iall_reduce_sum(buf, n, t).wait(); }
-  PendingOp ireduce_scatter_sum(const uint16_t* send, uint16_t* recv, size_t count, Dtype16 t);
-  void reduce_scatter_sum(const uint16_t* send, uint16_t* recv, size_t count, Dtype16 t) {
+  PendingOp iall_reduce_sum(MemRef<uint16_t> buf, size_t n, Dtype16 t) {
+    return all_reduce(buf, n, comm_type(t), RedOp::sum);
+  }
+  void all_reduce_sum(MemRef<uint16_t> buf, size_t n, Dtype16 t) { iall_reduce_sum(buf, n, t).wait(); }
+  PendingOp ireduce_scatter_sum(MemRef<const uint16_t> send, MemRef<uint16_t> recv, size_t count, Dtype16 t) {
+    return reduce_scatter(send, recv, count, comm_type(t));
+  }
+  void reduce_scatter_sum(MemRef<const uint16_t> send, MemRef<uint16_t> recv, size_t count, Dtype16 t) {
     ireduce_scatter_sum(send, recv, count, t).wait();
   }
   // A copy, so any 16-bit type. send may be recv + rank*count.
-  PendingOp iall_gather(const uint16_t* send, uint16_t* recv, size_t count);
-  void all_gather(const uint16_t* send, uint16_t* recv, size_t count) { iall_gather(send, recv, count).wait(); }
-  void broadcast(void* buf, size_t bytes, int root);
-  PendingOp isend(const float* buf, size_t n, int peer, int tag);
-  PendingOp irecv(float* buf, size_t n, int peer, int tag);
+  PendingOp iall_gather(MemRef<const uint16_t> send, MemRef<uint16_t> recv, size_t count) {
+    return all_gather(send, recv, count, CommType::bf16);
+  }
+  void all_gather(MemRef<const uint16_t> send, MemRef<uint16_t> recv, size_t count) {
+    iall_gather(send, recv, count).wait();
+  }
+  void broadcast(MemRef<void> buf, size_t bytes, int root) { broadcast_bytes(buf, bytes, root).wait(); }
+  PendingOp isend(MemRef<const float> buf, size_t n, int peer, int tag);
+  PendingOp irecv(MemRef<float> buf, size_t n, int peer, int tag);
 
-  // Small reductions of scalars (not counted in bytes_sent: control traffic).
+  // ---- control traffic: host memory, MPI, not counted in bytes_sent ----
   double all_reduce_sum(double v);
   double all_reduce_max(double v);
   int64_t all_reduce_max(int64_t v);
@@ -134,25 +176,38 @@ class ProcessGroup {
   void all_reduce_sum(uint64_t* buf, size_t n);
   // all = every rank's `mine` (all the same length), in group-rank order.
   void all_gather_u64(const std::vector<uint64_t>& mine, std::vector<uint64_t>& all);
-
-  // Control helpers, each once here for every caller:
   void barrier();  // under the watchdog
   std::string broadcast_string(const std::string& s, int root);  // root's s on every rank, any length
   // Runs f on every rank; when it throws UserError on any rank, every rank throws the error of the
   // lowest such rank, so no rank goes on into a collective that the others will never join.
   void agree(const std::function<void()>& f);
 
+  // The MPI communicator under the group: control traffic, MPI-IO, splits.
   MPI_Comm comm() const { return comm_; }
 
+ protected:
+  // Takes `comm` (freed at destruction when `owned`).
+  ProcessGroup(MPI_Comm comm, bool owned, std::string name);
+  // The data collectives, one implementation per transport; the front ends above count them
+  // (bytes_sent, comms log) before calling these, so every transport is counted alike.
+  virtual PendingOp all_reduce_impl(MemRef<void> buf, size_t n, CommType t, RedOp op) = 0;
+  virtual PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) = 0;
+  virtual PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) = 0;
+  virtual PendingOp broadcast_impl(MemRef<void> buf, size_t bytes, int root) = 0;
+  virtual PendingOp send_impl(MemRef<const void> buf, size_t bytes, int peer, int tag) = 0;
+  virtual PendingOp recv_impl(MemRef<void> buf, size_t bytes, int peer, int tag) = 0;
+
  private:
-  ProcessGroup(MPI_Comm comm, std::string name);
-  // One implementation per collective for every element type; elem_bytes is the size of `type`.
-  PendingOp all_reduce_impl(void* buf, size_t n, MPI_Datatype type, MPI_Op op, size_t elem_bytes);
-  PendingOp reduce_scatter_impl(const void* send, void* recv, size_t count, MPI_Datatype type, MPI_Op op,
-                                size_t elem_bytes);
-  PendingOp all_gather_impl(const void* send, void* recv, size_t count, MPI_Datatype type, size_t elem_bytes);
+  PendingOp all_reduce(MemRef<void> buf, size_t n, CommType t, RedOp op);
+  PendingOp reduce_scatter(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t);
+  PendingOp all_gather(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t);
+  PendingOp broadcast_bytes(MemRef<void> buf, size_t bytes, int root);
   // Counts a collective in bytes_sent and, when active, in the comms log (its entry, or null).
   CommOpStats* account(const char* op, uint64_t msg_bytes, uint64_t sent_bytes);
+  // account(), then issue() (the transport's operation), logged from issue to completion.
+  template <typename Issue>
+  PendingOp counted(const char* op, uint64_t msg_bytes, uint64_t sent_bytes, Issue&& issue);
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool owned_ = false;
   int size_ = 1, rank_ = 0;

@@ -19,6 +19,8 @@ struct ProcessGroups {
 
   // Collective over MPI_COMM_WORLD. Throws UserError (on every rank alike) for a bad layout.
   static ProcessGroups create(int tp_size, int pp_size);
+  // The backend's device memory (null: host memory only), for every group (comm.h).
+  void use_device_memory(DeviceMemory* dev);
 };
 
 }  // namespace zero3d

@@ -189,13 +189,14 @@ int cmd_train(const Args& a) {
     opt.run_dir = default_run_dir(opt.job);  // rank 0's clock (or job id) decides for everyone
     std::vector<char> buf(256, '\0');
     std::copy_n(opt.run_dir.begin(), std::min<size_t>(opt.run_dir.size(), 255), buf.begin());
-    groups.world->broadcast(buf.data(), buf.size(), 0);
+    groups.world->broadcast(host_mem(buf.data()), buf.size(), 0);
     opt.run_dir = buf.data();
   }
   HostOptions host;
   host.gemm = cfg.compute.gemm;
   opt.compute_choice = choose_bf16_gemm(cfg, host.bf16_gemm);
   std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank, host);
+  groups.use_device_memory(be->device_memory());
   if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)
     if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("zero3d: warning: %s", w.c_str());
   if (opt.peak_flops <= 0 && be->kind() == BackendKind::cuda) {

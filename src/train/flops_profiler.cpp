@@ -165,7 +165,7 @@ std::string report_flops_profile(const FlopsProfilerConfig& cfg, const ModelConf
       Z3D_ASSERT(my_times.size() == t.size(), "flops profiler: this rank's modules are not its stage's");
       t = my_times;
     }
-    groups.world->broadcast(t.data(), t.size() * sizeof(double), speaker);
+    groups.world->broadcast(host_mem(t.data()), t.size() * sizeof(double), speaker);
     if (!root_rank) continue;
     for (size_t i = 0; i < mods.size(); ++i) mods[i].fwd_s = t[2 * i], mods[i].bwd_s = t[2 * i + 1];
     const double* st = &t[2 * mods.size()];

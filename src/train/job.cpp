@@ -61,11 +61,11 @@ int rank_threads(int local_size, std::string& source) {
 
 JobInfo job_info(ProcessGroup& world) {
   JobInfo j;
-  MPI_Comm node;
-  MPI_Comm_split_type(world.comm(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
-  MPI_Comm_rank(node, &j.local_rank);
-  MPI_Comm_size(node, &j.local_size);
-  MPI_Comm_free(&node);
+  {
+    const auto node = world.split_node("node");
+    j.local_rank = node->rank();
+    j.local_size = node->size();
+  }
   j.omp_threads = env("OMP_NUM_THREADS");
   j.blas_threads = env("OPENBLAS_NUM_THREADS");
   j.threads = rank_threads(j.local_size, j.threads_source);
@@ -78,12 +78,12 @@ JobInfo job_info(ProcessGroup& world) {
     const double end = slurm_end_time();
     facts[1] = end > 0 ? end - static_cast<double>(std::time(nullptr)) : -1;
   }
-  world.broadcast(facts, sizeof facts, 0);
+  world.broadcast(host_mem(facts), sizeof facts, 0);
   j.nodes = std::max(1, world.size() / static_cast<int>(facts[0]));
   if (facts[1] >= 0) j.seconds_left = facts[1];
   std::vector<char> id(128, '\0');
   if (world.rank() == 0) j.slurm_job.copy(id.data(), 127);
-  world.broadcast(id.data(), id.size(), 0);
+  world.broadcast(host_mem(id.data()), id.size(), 0);
   j.slurm_job = id.data();
   return j;
 }

@@ -186,7 +186,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     GemmRate r = measure_gemm(backend, 1024, 1024, 1024, 1.0);
     s.opt.peak_flops = r.flops_per_s;
     s.opt.peak_source = strprintf("measured sgemm 1024^3 on rank 0 (%.1f GFLOP/s)", r.flops_per_s / 1e9);
-    world.broadcast(&s.opt.peak_flops, sizeof(double), 0);
+    world.broadcast(host_mem(&s.opt.peak_flops), sizeof(double), 0);
   }
   // Resume before anything is written: a checkpoint that does not load is an input error too.
   s.ckpt_dir = config.checkpoint.dir.empty() ? s.opt.run_dir + "/checkpoints" : config.checkpoint.dir;
@@ -269,7 +269,7 @@ double Trainer::State::validate(int step) {
     val_data->load((static_cast<uint64_t>(k) * dp + dp_rank) * micro, micro, inputs.data(), targets.data());
     if (!stage.first()) receive(model.input_activation(), pp.rank() - 1, 0);
     sum += model.forward(inputs.data(), targets.data(), 0.0f);
-    if (!stage.last()) pp.isend(model.output_activation(), activation_elems(), pp.rank() + 1, 0).wait();
+    if (!stage.last()) pp.isend(be.mem(model.output_activation()), activation_elems(), pp.rank() + 1, 0).wait();
   }
   sum = pp.all_reduce_sum(sum);  // the loss is known on the last stage only
   const double loss = groups.dp->all_reduce_sum(sum) / (static_cast<double>(batches) * dp);
@@ -282,7 +282,7 @@ double Trainer::State::validate(int step) {
 
 void Trainer::State::receive(float* buf, int peer, int tag) {
   const auto t0 = Clock::now();
-  groups.pp->irecv(buf, activation_elems(), peer, tag).wait();
+  groups.pp->irecv(be.mem(buf), activation_elems(), peer, tag).wait();
   pipeline_idle_s += seconds_since(t0);
 }
 
@@ -317,7 +317,7 @@ double Trainer::State::train_micro_batches(float dloss, double& t_fwd, double& t
         break;
       }
       case PipeOp::send_activation:
-        sends[slot].push_back(pp.isend(model.output_activation(), activation_elems(), op.peer_stage, 2 * op.micro_batch));
+        sends[slot].push_back(pp.isend(be.mem(model.output_activation()), activation_elems(), op.peer_stage, 2 * op.micro_batch));
         break;
       case PipeOp::recv_grad:
         receive(model.output_gradient(), op.peer_stage, 2 * op.micro_batch + 1);
@@ -330,7 +330,7 @@ double Trainer::State::train_micro_batches(float dloss, double& t_fwd, double& t
         break;
       }
       case PipeOp::send_grad:
-        sends[slot].push_back(pp.isend(model.input_gradient(), activation_elems(), op.peer_stage, 2 * op.micro_batch + 1));
+        sends[slot].push_back(pp.isend(be.mem(model.input_gradient()), activation_elems(), op.peer_stage, 2 * op.micro_batch + 1));
         break;
     }
   }
@@ -459,6 +459,7 @@ void Trainer::State::start_run() {
                          .add("threads_source", opt.job.threads_source)
                          .add("gemm", be.describe_gemm())
                          .add("compute", opt.compute_choice)
+                         .add("comm_device_buffers", groups.dp->device_path())
                          .add("time_budget_s", time_budget_s)
                          .add("mem_params_bytes", static_cast<int64_t>(mem.params))
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
@@ -528,7 +529,7 @@ Trainer::State::StepResult Trainer::State::train_step(int step) {
   if (groups.topo.pp > 1 && groups.embedding) {  // the tied embedding's two copies: one gradient
     auto [g, n] = engine.tied_embedding_grad();
     be.synchronize();
-    groups.embedding->all_reduce_sum(g, n);
+    groups.embedding->all_reduce_sum(be.mem(g), n);
   }
   r.t_reduce = seconds_since(tr);
   r.loss = groups.dp->all_reduce_sum(groups.pp->all_reduce_sum(loss_sum / c.gradient_accumulation_steps)) / dp;

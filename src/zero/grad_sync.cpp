@@ -132,16 +132,16 @@ class BoundarySync final : public SlabSync {
     if (!scatter_) {
       std::vector<PendingOp> ops;  // bucketed all-reduce, all buckets in flight together
       for (const Bucket& b : L_.buckets)
-        ops.push_back(s16_ ? dp_.iall_reduce_sum(grads16_.data() + b.offset, b.size, t)
-                           : dp_.iall_reduce_sum(grads_.data() + b.offset, b.size));
+        ops.push_back(s16_ ? dp_.iall_reduce_sum(grads16_.mem(b.offset), b.size, t)
+                           : dp_.iall_reduce_sum(grads_.mem(b.offset), b.size));
       for (auto& op : ops) op.wait();
     } else {
       for (const Bucket& b : L_.buckets) {
         if (s16_) {
-          dp_.reduce_scatter_sum(grads16_.data() + b.offset, scratch16_.data(), b.size / p, t);
+          dp_.reduce_scatter_sum(grads16_.mem(b.offset), scratch16_.mem(), b.size / p, t);
           be_.copy(grads16_.data() + view_.owned_offset(b), scratch16_.data(), (b.size / p) * sizeof(uint16_t));
         } else {
-          dp_.reduce_scatter_sum(grads_.data() + b.offset, scratch_.data(), b.size / p);
+          dp_.reduce_scatter_sum(grads_.mem(b.offset), scratch_.mem(), b.size / p);
           be_.copy(owned(b), scratch_.data(), (b.size / p) * sizeof(float));
         }
       }
@@ -212,13 +212,13 @@ class UnitSync final : public SlabSync {
       const Bucket& b = L_.buckets[i];
       const size_t at = b.offset - u.offset, slice_at = b.shard_offset - shard_base, n = b.size / dp_.size();
       if (!s16_ && scatter_)
-        s.ops.push_back(dp_.ireduce_scatter_sum(s.grads.data() + at, s.recv.data() + slice_at, n));
+        s.ops.push_back(dp_.ireduce_scatter_sum(s.grads.mem(at), s.recv.mem(slice_at), n));
       else if (!s16_)
-        s.ops.push_back(dp_.iall_reduce_sum(s.grads.data() + at, b.size));
+        s.ops.push_back(dp_.iall_reduce_sum(s.grads.mem(at), b.size));
       else if (scatter_)
-        s.ops.push_back(dp_.ireduce_scatter_sum(s.g16.data() + at, s.recv16.data() + slice_at, n, s16_->type()));
+        s.ops.push_back(dp_.ireduce_scatter_sum(s.g16.mem(at), s.recv16.mem(slice_at), n, s16_->type()));
       else
-        s.ops.push_back(dp_.iall_reduce_sum(s.g16.data() + at, b.size, s16_->type()));
+        s.ops.push_back(dp_.iall_reduce_sum(s.g16.mem(at), b.size, s16_->type()));
     }
     if (!overlap_) complete(s);
   }

@@ -77,9 +77,9 @@ class FullParams final : public ParamStorage {
     for (const Bucket& b : L_.buckets) {
       const size_t n = b.size / dp_.size();
       if (s16_)
-        ops.push_back(dp_.iall_gather(params16_.data() + view_.owned_offset(b), params16_.data() + b.offset, n));
+        ops.push_back(dp_.iall_gather(params16_.mem(view_.owned_offset(b)), params16_.mem(b.offset), n));
       else
-        ops.push_back(dp_.iall_gather(params_.data() + view_.owned_offset(b), params_.data() + b.offset, n));
+        ops.push_back(dp_.iall_gather(params_.mem(view_.owned_offset(b)), params_.mem(b.offset), n));
     }
     for (auto& op : ops) op.wait();
   }
@@ -152,11 +152,11 @@ class ShardedParams final : public ParamStorage {
       if (!s16_ && b.persistent)
         be_.copy(s.buf.data() + at, resident_.data() + b.resident_offset, b.size * sizeof(float));
       else if (!s16_)
-        s.ops.push_back(dp_.iall_gather(shard_params_.data() + b.shard_offset, s.buf.data() + at, n));
+        s.ops.push_back(dp_.iall_gather(shard_params_.mem(b.shard_offset), s.buf.mem(at), n));
       else if (b.persistent)
         be_.copy(s.buf16.data() + at, resident16_.data() + b.resident_offset, b.size * sizeof(uint16_t));
       else
-        s.ops.push_back(dp_.iall_gather(params16_.data() + b.shard_offset, s.buf16.data() + at, n));
+        s.ops.push_back(dp_.iall_gather(params16_.mem(b.shard_offset), s.buf16.mem(at), n));
     }
     s.widen_pending = s16_.has_value();
   }
@@ -169,9 +169,9 @@ class ShardedParams final : public ParamStorage {
       if (!b.persistent) continue;
       const size_t n = b.size / dp_.size();
       if (s16_)
-        ops.push_back(dp_.iall_gather(params16_.data() + b.shard_offset, resident16_.data() + b.resident_offset, n));
+        ops.push_back(dp_.iall_gather(params16_.mem(b.shard_offset), resident16_.mem(b.resident_offset), n));
       else
-        ops.push_back(dp_.iall_gather(shard_params_.data() + b.shard_offset, resident_.data() + b.resident_offset, n));
+        ops.push_back(dp_.iall_gather(shard_params_.mem(b.shard_offset), resident_.mem(b.resident_offset), n));
     }
     for (auto& op : ops) op.wait();
   }

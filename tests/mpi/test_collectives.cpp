@@ -1,11 +1,17 @@
 // Collectives on every group of several 3-D layouts, verifiable on every rank: inputs are small
 // integers seeded by (world rank, index), so each rank computes its exact expected result from
 // the topology alone; failures are summed over the world into the exit code (nccl-tests style).
+// Every data collective runs twice: on host buffers, and on fake device buffers (FakeDevice:
+// memory that faults when touched except through its own copies), which the MPI group must stage
+// through pinned host buffers it allocates once and reuses.
 // usage: mpirun -np N test_collectives
 #include <mpi.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,6 +33,102 @@ static void check(bool ok, const std::string& what, int rank) {
 
 static float value(int world_rank, size_t i) { return static_cast<float>((world_rank * 7 + i * 3) % 13); }
 
+// "Device" memory that nobody but this class can read or write: each buffer is its own mapping,
+// PROT_NONE except inside to_host/to_device, so a collective that hands a device pointer to MPI
+// (or memcpy) faults instead of passing.
+class FakeDevice final : public DeviceMemory {
+ public:
+  void* alloc(size_t bytes) {
+    const size_t len = round_up(std::max<size_t>(bytes, 1));
+    void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) MPI_Abort(MPI_COMM_WORLD, 1);
+    regions_.push_back({static_cast<char*>(p), len});
+    return p;
+  }
+  void free(void* p) {
+    for (auto it = regions_.begin(); it != regions_.end(); ++it)
+      if (it->p == p) {
+        munmap(it->p, it->len);
+        regions_.erase(it);
+        return;
+      }
+  }
+  void to_host(void* dst, const void* src, size_t bytes) override {
+    open(src, bytes, PROT_READ);
+    std::memcpy(dst, src, bytes);
+    open(src, bytes, PROT_NONE);
+    bytes_to_host += bytes;
+  }
+  void to_device(void* dst, const void* src, size_t bytes) override {
+    open(dst, bytes, PROT_READ | PROT_WRITE);
+    std::memcpy(dst, src, bytes);
+    open(dst, bytes, PROT_NONE);
+    bytes_to_device += bytes;
+  }
+  void synchronize() override {}
+  void* alloc_pinned(size_t bytes) override {
+    ++pinned_allocs;
+    return ::operator new(bytes);
+  }
+  void free_pinned(void* p) override { ::operator delete(p); }
+
+  size_t bytes_to_host = 0, bytes_to_device = 0, pinned_allocs = 0;
+
+ private:
+  struct Region {
+    char* p;
+    size_t len;
+  };
+  static size_t round_up(size_t n) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return (n + page - 1) / page * page;
+  }
+  void open(const void* at, size_t bytes, int prot) {
+    const char* c = static_cast<const char*>(at);
+    for (const Region& r : regions_)
+      if (c >= r.p && c + bytes <= r.p + r.len) {
+        mprotect(r.p, r.len, prot);
+        return;
+      }
+    fprintf(stderr, "FakeDevice: %p (%zu bytes) is not device memory\n", at, bytes);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  std::vector<Region> regions_;
+};
+
+static FakeDevice* fake_device = nullptr;  // non-null: the buffers below live on it
+
+// A test buffer: its values on the host (data), and where the collective sees them (mem): the
+// same memory, or a fake device copy that put() fills and get() reads back.
+template <typename T>
+class Buf {
+ public:
+  Buf(size_t n, T fill) : host_(n, fill) {
+    if (fake_device) dev_ = static_cast<T*>(fake_device->alloc(n * sizeof(T)));
+  }
+  ~Buf() {
+    if (dev_) fake_device->free(dev_);
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  T& operator[](size_t i) { return host_[i]; }
+  T* data() { return host_.data(); }
+  size_t size() const { return host_.size(); }
+  MemRef<T> mem(size_t at = 0) { return dev_ ? MemRef<T>{dev_ + at, MemKind::device} : host_mem(host_.data() + at); }
+  Buf& put() {
+    if (dev_) fake_device->to_device(dev_, host_.data(), host_.size() * sizeof(T));
+    return *this;
+  }
+  Buf& get() {
+    if (dev_) fake_device->to_host(host_.data(), dev_, host_.size() * sizeof(T));
+    return *this;
+  }
+
+ private:
+  std::vector<T> host_;
+  T* dev_ = nullptr;
+};
+
 // 16-bit collectives. Inputs are integers in [-6, 6], so every partial sum (|sum| <= 48 on 8 ranks)
 // is exact in bf16 and fp16 and the result does not depend on MPI's reduction order.
 static void test_group16(ProcessGroup& g, const std::vector<int>& members, int me, const std::string& tag) {
@@ -39,9 +141,10 @@ static void test_group16(ProcessGroup& g, const std::vector<int>& members, int m
     float (*from16)(uint16_t) = t == Dtype16::bf16 ? math::float_from_bf16 : math::float_from_fp16;
     g.reset_bytes_sent();
 
-    std::vector<uint16_t> buf(count);
+    Buf<uint16_t> buf(count, 0);
     for (size_t i = 0; i < count; ++i) buf[i] = to16(v16(me, i));
-    g.all_reduce_sum(buf.data(), count, t);
+    g.all_reduce_sum(buf.put().mem(), count, t);
+    buf.get();
     bool ok = true;
     for (size_t i = 0; i < count; ++i) {
       float want = 0;
@@ -50,9 +153,10 @@ static void test_group16(ProcessGroup& g, const std::vector<int>& members, int m
     }
     check(ok, name + " all-reduce", me);
 
-    std::vector<uint16_t> send(count * p), recv(count, 0xffff);
+    Buf<uint16_t> send(count * p, 0), recv(count, 0xffff);
     for (size_t i = 0; i < send.size(); ++i) send[i] = to16(v16(me, i));
-    g.ireduce_scatter_sum(send.data(), recv.data(), count, t).wait();
+    g.ireduce_scatter_sum(send.put().mem(), recv.put().mem(), count, t).wait();
+    recv.get();
     ok = true;
     for (size_t k = 0; k < count; ++k) {
       float want = 0;
@@ -62,11 +166,13 @@ static void test_group16(ProcessGroup& g, const std::vector<int>& members, int m
     check(ok, name + " reduce-scatter", me);
 
     // all-gather copies bits: out of place, then in place
-    std::vector<uint16_t> mine(count), all(count * p, 0xffff), inplace(count * p, 0xffff);
+    Buf<uint16_t> mine(count, 0), all(count * p, 0xffff), inplace(count * p, 0xffff);
     for (size_t k = 0; k < count; ++k) mine[k] = to16(v16(me, k));
-    g.iall_gather(mine.data(), all.data(), count).wait();
-    std::copy(mine.begin(), mine.end(), inplace.begin() + g.rank() * count);
-    g.all_gather(inplace.data() + g.rank() * count, inplace.data(), count);
+    g.iall_gather(mine.put().mem(), all.put().mem(), count).wait();
+    all.get();
+    std::copy(mine.data(), mine.data() + count, inplace.data() + g.rank() * count);
+    g.all_gather(inplace.put().mem(g.rank() * count), inplace.mem(), count);
+    inplace.get();
     ok = true;
     for (int r = 0; r < p; ++r)
       for (size_t k = 0; k < count; ++k)
@@ -82,19 +188,22 @@ static void test_group16(ProcessGroup& g, const std::vector<int>& members, int m
   if (p > 1) {
     // fp16 overflow: 60000 (exact in fp16) from every rank sums past 65504 to +inf, in any order
     // (inf + finite = inf), so a later inf check sees it. Element 1 stays finite.
-    uint16_t big[2] = {math::fp16_from_float(60000.0f), math::fp16_from_float(1.0f)};
-    g.all_reduce_sum(big, 2, Dtype16::fp16);
+    Buf<uint16_t> big(2, 0);
+    big[0] = math::fp16_from_float(60000.0f), big[1] = math::fp16_from_float(1.0f);
+    g.all_reduce_sum(big.put().mem(), 2, Dtype16::fp16);
+    big.get();
     check(big[0] == 0x7c00 && math::float_from_fp16(big[1]) == static_cast<float>(p),
           tag + " fp16 overflow to inf", me);
   }
   if (p == 2) {
     // one addition, so the rounding is order-free: 256 + 3 = 259 is a tie in bf16 (ulp 2) and
     // rounds to even, 260 (truncation would give 258); fp16 holds 259 exactly.
-    uint16_t b = math::bf16_from_float(g.rank() == 0 ? 256.0f : 3.0f);
-    uint16_t h = math::fp16_from_float(g.rank() == 0 ? 256.0f : 3.0f);
-    g.all_reduce_sum(&b, 1, Dtype16::bf16);
-    g.all_reduce_sum(&h, 1, Dtype16::fp16);
-    check(math::float_from_bf16(b) == 260.0f && math::float_from_fp16(h) == 259.0f, tag + " 16-bit rounding", me);
+    Buf<uint16_t> b(1, math::bf16_from_float(g.rank() == 0 ? 256.0f : 3.0f));
+    Buf<uint16_t> h(1, math::fp16_from_float(g.rank() == 0 ? 256.0f : 3.0f));
+    g.all_reduce_sum(b.put().mem(), 1, Dtype16::bf16);
+    g.all_reduce_sum(h.put().mem(), 1, Dtype16::fp16);
+    check(math::float_from_bf16(b.get()[0]) == 260.0f && math::float_from_fp16(h.get()[0]) == 259.0f,
+          tag + " 16-bit rounding", me);
   }
 }
 
@@ -107,9 +216,10 @@ static void test_group(const ProcessGroup& g_const, const std::vector<int>& memb
   g.reset_bytes_sent();
 
   // all-reduce
-  std::vector<float> buf(count);
+  Buf<float> buf(count, 0);
   for (size_t i = 0; i < count; ++i) buf[i] = value(me, i);
-  g.all_reduce_sum(buf.data(), count);
+  g.all_reduce_sum(buf.put().mem(), count);
+  buf.get();
   bool ok = true;
   for (size_t i = 0; i < count; ++i) {
     float want = 0;
@@ -119,9 +229,10 @@ static void test_group(const ProcessGroup& g_const, const std::vector<int>& memb
   check(ok, tag + " all-reduce", me);
 
   // reduce-scatter: this rank gets block rank() of the sum
-  std::vector<float> send(count * p), recv(count);
+  Buf<float> send(count * p, 0), recv(count, 0);
   for (size_t i = 0; i < send.size(); ++i) send[i] = value(me, i);
-  g.reduce_scatter_sum(send.data(), recv.data(), count);
+  g.reduce_scatter_sum(send.put().mem(), recv.mem(), count);
+  recv.get();
   ok = true;
   for (size_t k = 0; k < count; ++k) {
     float want = 0;
@@ -131,15 +242,17 @@ static void test_group(const ProcessGroup& g_const, const std::vector<int>& memb
   check(ok, tag + " reduce-scatter", me);
 
   // all-gather, out of place and in place, non-blocking with work in between
-  std::vector<float> mine(count), all(count * p, -1.0f);
+  Buf<float> mine(count, 0), all(count * p, -1.0f);
   for (size_t k = 0; k < count; ++k) mine[k] = value(me, k);
-  PendingOp op = g.iall_gather(mine.data(), all.data(), count);
+  PendingOp op = g.iall_gather(mine.put().mem(), all.put().mem(), count);
   volatile double busy = 0;
   for (int i = 0; i < 10000; ++i) busy = busy + i;
   op.wait();
-  std::vector<float> inplace(count * p, -1.0f);
-  std::copy(mine.begin(), mine.end(), inplace.begin() + g.rank() * count);
-  g.all_gather(inplace.data() + g.rank() * count, inplace.data(), count);
+  all.get();
+  Buf<float> inplace(count * p, -1.0f);
+  std::copy(mine.data(), mine.data() + count, inplace.data() + g.rank() * count);
+  g.all_gather(inplace.put().mem(g.rank() * count), inplace.mem(), count);
+  inplace.get();
   ok = true;
   for (int r = 0; r < p; ++r)
     for (size_t k = 0; k < count; ++k) ok &= all[r * count + k] == value(members[r], k) && inplace[r * count + k] == all[r * count + k];
@@ -150,19 +263,21 @@ static void test_group(const ProcessGroup& g_const, const std::vector<int>& memb
   check(g.bytes_sent() == want_bytes, tag + " bytes_sent " + std::to_string(g.bytes_sent()) + " vs " + std::to_string(want_bytes), me);
 
   // broadcast from the last group rank
-  std::vector<float> b(7, static_cast<float>(me));
-  g.broadcast(b.data(), b.size() * 4, p - 1);
+  Buf<float> b(7, static_cast<float>(me));
+  g.broadcast(b.put().mem(), b.size() * 4, p - 1);
+  b.get();
   ok = true;
-  for (float v : b) ok &= v == static_cast<float>(members[p - 1]);
+  for (size_t i = 0; i < b.size(); ++i) ok &= b[i] == static_cast<float>(members[p - 1]);
   check(ok, tag + " broadcast", me);
 
   // ring of point-to-point messages
   if (p > 1) {
-    std::vector<float> out(5, static_cast<float>(me)), in(5, -1.0f);
-    PendingOp r = g.irecv(in.data(), in.size(), (g.rank() + p - 1) % p, 7);
-    PendingOp s = g.isend(out.data(), out.size(), (g.rank() + 1) % p, 7);
+    Buf<float> out(5, static_cast<float>(me)), in(5, -1.0f);
+    PendingOp r = g.irecv(in.put().mem(), in.size(), (g.rank() + p - 1) % p, 7);
+    PendingOp s = g.isend(out.put().mem(), out.size(), (g.rank() + 1) % p, 7);
     r.wait();
     s.wait();
+    in.get();
     check(in[0] == static_cast<float>(members[(g.rank() + p - 1) % p]), tag + " send/recv ring", me);
   }
 
@@ -207,11 +322,20 @@ int main(int argc, char** argv) {
     int world = 1, me = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    FakeDevice device;
+    size_t pinned_after_first_pass = 0;
+    for (int pass = 0; pass < 3; ++pass)  // host memory; fake device memory, twice (the pool is reused)
     for (int tp = 1; tp <= world; tp *= 2) {
       for (int pp = 1; tp * pp <= world; pp *= 2) {
         if (world % (tp * pp)) continue;
+        fake_device = pass > 0 ? &device : nullptr;
         ProcessGroups g = ProcessGroups::create(tp, pp);
-        std::string layout = "tp" + std::to_string(tp) + "pp" + std::to_string(pp) + " ";
+        g.use_device_memory(fake_device);
+        check(g.dp->device_path() == (pass > 0 ? "device buffers staged through pinned host buffers"
+                                               : "host memory only"),
+              "device path: " + g.dp->device_path(), me);
+        std::string layout = std::string(pass > 0 ? "device " : "host ") + "tp" + std::to_string(tp) + "pp" +
+                             std::to_string(pp) + " ";
         test_group(*g.tp, g.topo.tp_group(me), me, layout + "tp");
         test_group(*g.dp, g.topo.dp_group(me), me, layout + "dp");
         test_group(*g.pp, g.topo.pp_group(me), me, layout + "pp");
@@ -220,8 +344,16 @@ int main(int argc, char** argv) {
         if (g.embedding) test_group(*g.embedding, g.topo.embedding_group(me), me, layout + "embedding");
         test_control(*g.dp, me, layout + "dp");
         test_control(*g.world, me, layout + "world");
+        if (pass == 1) pinned_after_first_pass = device.pinned_allocs;
       }
     }
+    // Groups are made anew per layout, so each allocates its pool again; the second device pass
+    // must allocate exactly what the first did (one pool per group, reused by every operation).
+    check(device.pinned_allocs == 2 * pinned_after_first_pass && pinned_after_first_pass > 0,
+          "pinned staging buffers: " + std::to_string(device.pinned_allocs) + " after two passes, " +
+              std::to_string(pinned_after_first_pass) + " after one",
+          me);
+    check(device.bytes_to_host > 0 && device.bytes_to_device > 0, "device buffers were staged", me);
     int local[2] = {checks, failures}, total[2] = {0, 0};
     MPI_Allreduce(local, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (me == 0) printf("collectives on %d ranks: %d passed, %d failed\n", world, total[0] - total[1], total[1]);
