@@ -1,26 +1,15 @@
 // io/checkpoint.h: one parallel-HDF5 file per checkpoint, written and read collectively by every
 // rank, that any layout can load.
 //
-// Format (version 1), self-describing (h5dump -H shows it all):
-//   /model/<name>                  the weights the model computes with, in their logical (whole,
-//                                  unsharded) shape: float32, or in 16-bit runs uint16 holding
-//                                  bfloat16/float16 bits (attribute "dtype" says which)
-//   /optimizer/master/<name>       fp32 master weights (16-bit runs only; in fp32 runs /model is the master)
-//   /optimizer/exp_avg/<name>      Adam m, fp32
-//   /optimizer/exp_avg_sq/<name>   Adam v, fp32
-//   every dataset: attribute "checksum" (uint64, see checksum_* below)
-//   root attributes: format, format_version, step, optimizer_steps, data_cursor, seed, the layout at
-//   save (world_size, tp, pp, dp, zero_stage, precision), the model shape, the resolved config
-//   (JSON), loss_scaler and lr_scheduler state (JSON), rng, checksum_algorithm, zero3d_version.
-// <name> is the tensor's name in the whole model (wte, wpe, h.L.attn.c_attn.weight, ..., ln_f.bias).
+// What the file holds: io/ckpt_format.h. How the ranks move it: io/ckpt_transfer.h. Which part of
+// every dataset a rank moves: the engine's checkpoint pieces (zero/shard_view.h), precomputed
+// from the layout; this file only iterates them.
 //
 // Invariant: a rank writes exactly its hyperslab of every dataset (its dp slice of each bucket of
 // its tp share of its pp stage; tp replicas and the tied embedding's copy are written once), so
 // the ranks of the grid together write every element exactly once; loading reads the hyperslabs
-// the loading layout owns, whatever layout saved them. The checksum of a dataset is a sum over its
-// elements of a hash of (logical index, bits), so any partition of the elements (the saving
-// layout's or the loading layout's) sums to the same value: load verifies every dataset it reads
-// without reading anything twice.
+// the loading layout owns, whatever layout saved them, and verifies each dataset's checksum from
+// what it read.
 //
 // Commit protocol: DIR/step_XXXXXXXX.h5.tmp is written, flushed and closed collectively; every rank
 // votes that its part succeeded; rank 0 fsyncs it, renames it to step_XXXXXXXX.h5, fsyncs DIR, and
@@ -34,15 +23,13 @@
 #include <vector>
 
 #include "config/config.h"
-#include "io/ckpt_dir.h"  // checkpoint_file, list_checkpoints
-#include "io/hdf5.h"
+#include "io/ckpt_dir.h"     // checkpoint_file, list_checkpoints
+#include "io/ckpt_format.h"  // the format, shared with zero3d ckpt
 #include "parallel/groups.h"
 #include "zero/engine.h"
 #include "zero/loss_scaler.h"
 
 namespace zero3d {
-
-constexpr int kCheckpointFormatVersion = 1;
 
 // Everything besides the tensors that a resumed run continues from. The RNG is counter-based
 // (core/rng.h): the seed is its whole state, and the data order is a function of (seed, sample).
@@ -92,18 +79,5 @@ struct LoadedCheckpoint {
 // other model shape) on every rank alike.
 std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMode mode, const std::string& path,
                                                 const std::string& dir);
-
-// ---- shared with `zero3d ckpt` ----
-
-// The checksum of a run of n elements whose first has logical index `first`:
-// sum over i of splitmix64((first + i) << 32 | bits(x_i)), modulo 2^64.
-uint64_t checksum_run(uint64_t first, const float* x, size_t n);
-uint64_t checksum_run(uint64_t first, const uint16_t* x, size_t n);
-extern const char* const kChecksumAlgorithm;
-
-// Dataset `dataset` (a path like /model/wte) of an open checkpoint; UserError naming file_path and
-// the dataset when it is missing or cannot be opened. Its group is checked first, so HDF5 never
-// looks below a missing one.
-Hid open_checkpoint_dataset(hid_t file, const std::string& file_path, const std::string& dataset);
 
 }  // namespace zero3d

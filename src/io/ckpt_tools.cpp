@@ -19,8 +19,8 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
-#include "io/checkpoint.h"
-#include "io/hdf5.h"
+#include "io/ckpt_dir.h"
+#include "io/ckpt_format.h"
 #include "model/gpt.h"
 
 namespace zero3d {
@@ -178,32 +178,20 @@ std::string mib(uint64_t bytes) { return strprintf("%.2f MiB", double(bytes) / (
 int ckpt_inspect(const std::string& dir_or_file) {
   QuietHdf5 quiet;
   const CheckpointFile c = open_checkpoint(dir_or_file);
-  const hid_t f = c.file.get();
-  auto s = [f](const char* name) {
-    std::string v;
-    return read_attr(f, name, v) ? v : std::string("(missing)");
-  };
-  auto i64 = [f](const char* name) {
-    int64_t v;
-    return read_attr(f, name, v) ? std::to_string(v) : std::string("(missing)");
-  };
-  auto u64 = [f](const char* name) {
-    uint64_t v;
-    return read_attr(f, name, v) ? std::to_string(v) : std::string("(missing)");
-  };
   log_info("checkpoint %s", c.path.c_str());
-  log_info("  format          %s, version %s, written by zero3d %s", s("format").c_str(), i64("format_version").c_str(),
-           s("zero3d_version").c_str());
-  log_info("  step            %s", i64("step").c_str());
-  log_info("  optimizer_steps %s", i64("optimizer_steps").c_str());
-  log_info("  data_cursor     %s", u64("data_cursor").c_str());
-  log_info("  seed            %s", u64("seed").c_str());
-  log_info("  layout at save  world %s = tp %s x pp %s x dp %s, ZeRO-%s, %s", i64("world_size").c_str(),
-           i64("tp").c_str(), i64("pp").c_str(), i64("dp").c_str(), i64("zero_stage").c_str(), s("precision").c_str());
-  log_info("  model           n_layer %s, n_head %s, d_model %s, vocab_size %s, seq_len %s", i64("n_layer").c_str(),
-           i64("n_head").c_str(), i64("d_model").c_str(), i64("vocab_size").c_str(), i64("seq_len").c_str());
-  log_info("  loss_scaler     %s", s("loss_scaler").c_str());
-  log_info("  lr_scheduler    %s", s("lr_scheduler").c_str());
+  std::map<std::string, std::string> v;
+  for (const auto& [field, text] : header_text(c.file.get())) v[field->name] = text;
+  log_info("  %-16sworld %s = tp %s x pp %s x dp %s, ZeRO-%s, %s", "layout at save", v["world_size"].c_str(),
+           v["tp"].c_str(), v["pp"].c_str(), v["dp"].c_str(), v["zero_stage"].c_str(), v["precision"].c_str());
+  log_info("  %-16sn_layer %s, n_head %s, d_model %s, vocab_size %s, seq_len %s", "model", v["n_layer"].c_str(),
+           v["n_head"].c_str(), v["d_model"].c_str(), v["vocab_size"].c_str(), v["seq_len"].c_str());
+  // Every root attribute in the format's order (the long config and algorithm text by size).
+  for (const auto& [field, text] : header_text(c.file.get())) {
+    const bool is_long = text.size() > 100;
+    const int width = std::max<int>(16, static_cast<int>(std::strlen(field->name)) + 1);
+    log_info("  %-*s%s", width, field->name, is_long ? strprintf("(%zu characters: %s)", text.size(), field->meaning).c_str()
+                                                : text.c_str());
+  }
 
   const std::vector<std::string> paths = dataset_paths(c);
   int width = 7;
@@ -230,12 +218,8 @@ int ckpt_verify(const std::string& dir_or_file) {
   if (const auto m = model_of(c.file.get())) {
     std::string precision;
     read_attr(c.file.get(), "precision", precision);
-    std::vector<std::string> groups = {"/model", "/optimizer/exp_avg", "/optimizer/exp_avg_sq"};
-    if (precision != "fp32") groups.push_back("/optimizer/master");
-    for (const std::string& g : groups)
-      for (const ParamInfo& p : gpt_param_table(*m))
-        if (std::find(paths.begin(), paths.end(), g + "/" + p.name) == paths.end())
-          failures.push_back({g + "/" + p.name, "is missing"});
+    for (const DatasetSpec& d : checkpoint_datasets(*m, precision != "fp32"))
+      if (std::find(paths.begin(), paths.end(), d.path) == paths.end()) failures.push_back({d.path, "is missing"});
   } else {
     failures.push_back({"/", "has no valid model shape attributes (n_layer, n_head, d_model, vocab_size, seq_len)"});
   }

@@ -105,12 +105,11 @@ class ZeroEngine final : public ParamStore {
   // ---- checkpoints: this rank's state as pieces of its tensors (io/checkpoint.h) ----
   using Piece = zero3d::Piece;  // local elements [begin, begin + size) of layout().tensors[tensor]
   enum class State { master, exp_avg, exp_avg_sq };  // fp32; the master is the weights in fp32 runs
-  // What this rank saves: its dp slice of every bucket, without the tensor-parallel replicas off tp
-  // rank 0 and without the tied embedding's copy, so the ranks of the grid write every logical
-  // element exactly once (the gradient norm counts the same elements). Each lies inside an owned piece.
-  const std::vector<Piece>& saved_pieces() const { return view_.saved_pieces(); }
-  // The optimizer state this rank holds: everything (stage 0) or its slices (stages 1-3).
-  const std::vector<Piece>& owned_pieces() const { return view_.owned_pieces(); }
+  // What this rank saves and loads, as pieces with their place in the logical tensors and their
+  // checksum basis (zero/shard_view.h: saved = its dp slice of every bucket without tp replicas
+  // off tp rank 0 and the tied embedding's copy; loaded = the optimizer state it holds).
+  const std::vector<CheckpointPiece>& save_pieces() const { return view_.save_pieces(); }
+  const std::vector<CheckpointPiece>& load_pieces() const { return view_.load_pieces(); }
   void read_state(State kind, const Piece& p, float* out) const;  // p inside an owned piece
   void read_weights16(const Piece& p, uint16_t* out) const;       // mixed: the 16-bit weights of a saved piece
   void write_state(State kind, const Piece& p, const float* in);  // p inside an owned piece

@@ -13,6 +13,19 @@ Piece piece_within(const FlatLayout& L, int t, size_t lo, size_t hi) {
   const size_t s = std::max(lo, info.offset), e = std::min(hi, info.offset + info.size);
   return s < e ? Piece{t, s - info.offset, e - s} : Piece{t, 0, 0};
 }
+
+// The logical runs of local elements [begin, begin + n) of p, at offsets from `base` (a piece's begin).
+void add_runs(const ParamInfo& p, size_t base, size_t begin, size_t n, std::vector<LogicalRun>& out) {
+  for (size_t i = 0; i < n;) {
+    const size_t run = std::min(logical_run(p, begin + i), n - i);
+    out.push_back({begin + i - base, logical_index(p, begin + i), run});
+    i += run;
+  }
+}
+
+CheckpointPiece checkpoint_piece(const ParamInfo& info, const Piece& p) {
+  return {info.id, p, logical_blocks(info, p.begin, p.size), {}};
+}
 }  // namespace
 
 ShardView::ShardView(const FlatLayout& layout, int stage, int dp_rank)
@@ -29,6 +42,17 @@ ShardView::ShardView(const FlatLayout& layout, int stage, int dp_rank)
       if (Piece p = piece_within(layout_, t, b.offset + sl.offset, b.offset + sl.offset + sl.size); p.size)
         saved_.push_back(p);
     }
+  }
+  for (const Piece& p : saved_) {
+    const ParamInfo& info = layout_.tensors[p.tensor];
+    save_.push_back(checkpoint_piece(info, p));
+    add_runs(info, p.begin, p.begin, p.size, save_.back().counted);
+  }
+  for (const Piece& p : owned_) {
+    const ParamInfo& info = layout_.tensors[p.tensor];
+    load_.push_back(checkpoint_piece(info, p));
+    for (const Piece& s : saved_)
+      if (s.tensor == p.tensor) add_runs(info, p.begin, s.begin, s.size, load_.back().counted);
   }
 }
 

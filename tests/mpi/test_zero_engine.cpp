@@ -6,8 +6,9 @@
 //   bit for bit, one AdamW step of a single-process reference on the summed gradient (mixed
 //   precision: the 16-bit rounding of that reference).
 // - The gradient norm counts every element once: equal to the reference's within 1e-9.
-// - saved_pieces() of all ranks tile every tensor exactly once; owned_pieces() tile it once per
-//   rank at stage 0, exactly once over the group from stage 1 on.
+// - The checkpoint pieces: save_pieces() of all ranks tile every tensor exactly once,
+//   load_pieces() once per rank at stage 0 and exactly once over the group from stage 1 on; the
+//   runs each rank counts in the checksums cover every logical element exactly once, for both.
 // Failures are summed over the world into the exit code.
 // usage: mpirun -np N test_zero_engine
 #include <mpi.h>
@@ -89,11 +90,10 @@ float round16(float x, Dtype16 t) {
                             : math::float_from_bf16(math::bf16_from_float(x));
 }
 
-// Every element of every tensor covered `want` times by the pieces of all ranks.
-void check_tiling(const FlatLayout& L, const std::vector<ZeroEngine::Piece>& mine, ProcessGroup& world, int want,
-                  const std::string& what) {
-  std::vector<uint64_t> flat, all;
-  for (const auto& p : mine) flat.insert(flat.end(), {uint64_t(p.tensor), p.begin, p.size});
+// Every element of every tensor covered `want` times by the triples (tensor, begin, size) of all ranks.
+void check_cover(const FlatLayout& L, std::vector<uint64_t> flat, ProcessGroup& world, int want,
+                 const std::string& what) {
+  std::vector<uint64_t> all;
   std::vector<uint64_t> counts;
   world.all_gather_u64({flat.size()}, counts);
   size_t longest = 0;
@@ -110,6 +110,21 @@ void check_tiling(const FlatLayout& L, const std::vector<ZeroEngine::Piece>& min
   for (const auto& c : cover)
     for (int n : c) ok &= n == want;
   check(ok, what);
+}
+
+// The pieces' local elements, then (once over the group) the logical runs they count in checksums.
+// Without tensor parallelism a tensor's logical and local elements are the same, and its logical
+// id is its index.
+void check_tiling(const FlatLayout& L, const std::vector<CheckpointPiece>& mine, ProcessGroup& world, int want,
+                  const std::string& what) {
+  std::vector<uint64_t> pieces, runs;
+  for (const CheckpointPiece& p : mine) {
+    check(p.tensor == L.tensors[p.piece.tensor].id, what + ": logical id");
+    pieces.insert(pieces.end(), {uint64_t(p.piece.tensor), p.piece.begin, p.piece.size});
+    for (const LogicalRun& r : p.counted) runs.insert(runs.end(), {uint64_t(p.tensor), r.first, r.n});
+  }
+  check_cover(L, pieces, world, want, what);
+  check_cover(L, runs, world, 1, what + ": checksum runs count every element once");
 }
 
 void run_case(Backend& be, ProcessGroup& world, int stage, Precision precision, bool reduce_scatter, bool overlap,
@@ -185,8 +200,8 @@ void run_case(Backend& be, ProcessGroup& world, int stage, Precision precision, 
     engine.release_params(u);
   }
   check(differ == 0, name + ": " + std::to_string(differ) + " parameters differ from the reference");
-  check_tiling(L, engine.saved_pieces(), world, 1, name + ": saved pieces tile every tensor once");
-  check_tiling(L, engine.owned_pieces(), world, stage == 0 ? p : 1, name + ": owned pieces");
+  check_tiling(L, engine.save_pieces(), world, 1, name + ": save pieces tile every tensor once");
+  check_tiling(L, engine.load_pieces(), world, stage == 0 ? p : 1, name + ": load pieces");
 }
 
 }  // namespace

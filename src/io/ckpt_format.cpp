@@ -1,0 +1,161 @@
+#include "io/ckpt_format.h"
+
+#include <cstring>
+
+#include "core/check.h"
+#include "core/rng.h"
+#include "model/gpt.h"
+
+namespace zero3d {
+
+const char* const kCheckpointFormat = "zero3d-checkpoint";
+const char* const kChecksumAlgorithm =
+    "sum over the dataset's elements of splitmix64((i << 32) | bits), modulo 2^64, where i is the element's "
+    "row-major index in the dataset and bits its stored bits (uint32 for float32, uint16 for 16-bit)";
+
+uint64_t checksum_run(uint64_t first, const float* x, size_t n) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    sum += splitmix64(((first + i) << 32) | bits);
+  }
+  return sum;
+}
+uint64_t checksum_run(uint64_t first, const uint16_t* x, size_t n) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += splitmix64(((first + i) << 32) | x[i]);
+  return sum;
+}
+
+// ---- root attributes ----
+
+using H = CheckpointHeader;
+const std::vector<HeaderField> kHeaderFields = {
+    {"format", &H::format, "\"zero3d-checkpoint\""},
+    {"format_version", &H::format_version, "the format's version (this file's layout)"},
+    {"zero3d_version", &H::zero3d_version, "the zero3d that wrote it"},
+    {"step", &H::step, "global steps taken (skipped fp16 steps included)"},
+    {"optimizer_steps", &H::optimizer_steps, "updates applied: Adam's t and the LR schedule's position"},
+    {"data_cursor", &H::data_cursor, "global samples consumed"},
+    {"seed", &H::seed, "the run's seed"},
+    {"world_size", &H::world_size, "ranks at save"},
+    {"tp", &H::tp, "tensor-parallel size at save"},
+    {"pp", &H::pp, "pipeline-parallel size at save"},
+    {"dp", &H::dp, "data-parallel size at save"},
+    {"zero_stage", &H::zero_stage, "ZeRO stage at save"},
+    {"precision", &H::precision, "fp32, bf16 or fp16"},
+    {"n_layer", &H::n_layer, "model shape"},
+    {"n_head", &H::n_head, "model shape"},
+    {"d_model", &H::d_model, "model shape"},
+    {"vocab_size", &H::vocab_size, "model shape"},
+    {"seq_len", &H::seq_len, "model shape"},
+    {"config", &H::config, "the resolved run config (JSON)"},
+    {"loss_scaler", &H::loss_scaler, "the fp16 loss scaler's state (JSON)"},
+    {"lr_scheduler", &H::lr_scheduler, "the LR schedule's position (JSON)"},
+    {"rng", &H::rng, "the RNG's state"},
+    {"checksum_algorithm", &H::checksum_algorithm, "how each dataset's checksum attribute is computed"},
+};
+
+std::string CheckpointHeader::layout() const {
+  return strprintf("world %lld = tp %lld x pp %lld x dp %lld, ZeRO-%lld, %s", (long long)world_size, (long long)tp,
+                   (long long)pp, (long long)dp, (long long)zero_stage, precision.c_str());
+}
+
+void write_header(hid_t file, const CheckpointHeader& h) {
+  for (const HeaderField& f : kHeaderFields)
+    std::visit([&](auto member) { write_attr(file, f.name, h.*member); }, f.member);
+}
+
+CheckpointHeader read_header(hid_t file, const std::string& path) {
+  CheckpointHeader h;
+  auto need = [&](const HeaderField& f) {
+    std::visit(
+        [&](auto member) {
+          if (!read_attr(file, f.name, h.*member))
+            throw UserError(strprintf(
+                "checkpoint '%s' has no valid attribute '%s' (not a zero3d checkpoint, or corrupt)", path.c_str(),
+                f.name));
+        },
+        f.member);
+  };
+  need(kHeaderFields[0]);
+  if (h.format != kCheckpointFormat)
+    throw UserError(strprintf("'%s' is an HDF5 file but not a zero3d checkpoint", path.c_str()));
+  need(kHeaderFields[1]);
+  if (h.format_version > kCheckpointFormatVersion)
+    throw UserError(strprintf("checkpoint '%s' has format version %lld; this zero3d reads up to %d (upgrade zero3d)",
+                              path.c_str(), (long long)h.format_version, kCheckpointFormatVersion));
+  for (size_t i = 2; i < kHeaderFields.size(); ++i) need(kHeaderFields[i]);
+  return h;
+}
+
+std::vector<std::pair<const HeaderField*, std::string>> header_text(hid_t file) {
+  std::vector<std::pair<const HeaderField*, std::string>> out;
+  for (const HeaderField& f : kHeaderFields) {
+    std::string text = "(missing)";
+    std::visit(
+        [&](auto member) {
+          std::remove_reference_t<decltype(CheckpointHeader{}.*member)> v{};
+          if (!read_attr(file, f.name, v)) return;
+          if constexpr (std::is_same_v<decltype(v), std::string>) text = v;
+          else text = std::to_string(v);
+        },
+        f.member);
+    out.push_back({&f, text});
+  }
+  return out;
+}
+
+// ---- datasets ----
+
+const char* group_of(StateKind k) {
+  switch (k) {
+    case StateKind::model: return "/model";
+    case StateKind::master: return "/optimizer/master";
+    case StateKind::exp_avg: return "/optimizer/exp_avg";
+    case StateKind::exp_avg_sq: return "/optimizer/exp_avg_sq";
+  }
+  return "";
+}
+
+namespace {
+std::vector<DatasetSpec> datasets_of(const ModelConfig& m, const std::vector<StateKind>& kinds, bool mixed) {
+  const std::vector<ParamInfo> whole = gpt_param_table(m);
+  std::vector<DatasetSpec> out;
+  for (StateKind k : kinds)
+    for (const ParamInfo& p : whole)
+      out.push_back({std::string(group_of(k)) + "/" + p.name, p.id, k, mixed && k == StateKind::model,
+                     {p.logical_shape.begin(), p.logical_shape.end()}});
+  return out;
+}
+}  // namespace
+
+std::vector<DatasetSpec> checkpoint_datasets(const ModelConfig& m, bool mixed) {
+  if (mixed) return datasets_of(m, {StateKind::model, StateKind::master, StateKind::exp_avg, StateKind::exp_avg_sq}, true);
+  return datasets_of(m, {StateKind::model, StateKind::exp_avg, StateKind::exp_avg_sq}, false);
+}
+
+std::vector<DatasetSpec> optimizer_datasets(const ModelConfig& m, bool mixed_file) {
+  // The master is read as fp32 whichever group holds it: its kind says where it goes.
+  std::vector<DatasetSpec> out =
+      datasets_of(m, {mixed_file ? StateKind::master : StateKind::model, StateKind::exp_avg, StateKind::exp_avg_sq},
+                  false);
+  for (DatasetSpec& d : out)
+    if (d.kind == StateKind::model) d.kind = StateKind::master;
+  return out;
+}
+
+Hid open_checkpoint_dataset(hid_t file, const std::string& file_path, const std::string& dataset) {
+  if (H5Lexists(file, dataset.substr(0, dataset.rfind('/')).c_str(), H5P_DEFAULT) <= 0 ||
+      H5Lexists(file, dataset.c_str(), H5P_DEFAULT) <= 0)
+    throw UserError(strprintf("checkpoint '%s' has no dataset '%s' (the file is incomplete or from another model)",
+                              file_path.c_str(), dataset.c_str()));
+  Hid ds(H5Dopen2(file, dataset.c_str(), H5P_DEFAULT));
+  if (!ds.valid())
+    throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be opened (corrupt file)", file_path.c_str(),
+                              dataset.c_str()));
+  return ds;
+}
+
+}  // namespace zero3d
