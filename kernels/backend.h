@@ -75,7 +75,6 @@ class Backend {
   // dx += ...; dw += ...; db += ...
   virtual void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                                   const float* w, const float* mean, const float* rstd, int N, int C) = 0;
-  virtual void add_bias(float* out, const float* bias, int N, int C) = 0;        // out[n,:] += bias
   virtual void bias_backward(float* dbias, const float* dout, int N, int C) = 0;  // dbias += sum_n dout[n,:]
   virtual void gelu_forward(float* out, const float* x, size_t n) = 0;
   // dx = gelu'(x) * dout over N rows of C (dx may alias dout); with dbias != nullptr also
@@ -116,7 +115,6 @@ class Backend {
 
   // ---- reductions, result on the host (synchronizing) ----
   virtual double sum_squares(const float* x, size_t n) = 0;
-  virtual size_t count_nonfinite(const float* x, size_t n) = 0;
   virtual double sum(const float* x, size_t n) = 0;
 };
 

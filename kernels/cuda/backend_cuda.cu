@@ -250,16 +250,13 @@ __global__ void bias_backward_kernel(float* dbias, const float* dout, size_t N, 
 }
 
 // ---- scalar reductions: per-thread partials, warp shuffle, block via shared memory, then one
-// atomicAdd per block into *out (double: sm_60+; unsigned long long: everywhere) ----
+// atomicAdd per block into *out (double: sm_60+) ----
 
 struct SquareOf {
   __device__ double operator()(float v) const { return static_cast<double>(v) * v; }
 };
 struct ValueOf {
   __device__ double operator()(float v) const { return v; }
-};
-struct IsNonfinite {
-  __device__ unsigned long long operator()(float v) const { return isfinite(v) ? 0ull : 1ull; }
 };
 
 template <typename Acc>
@@ -416,7 +413,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
                       int in, int out) override {
     gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
-    if (bias) add_bias(y, bias, N, out);
+    if (bias) launch(stream(), rows(N) * out, add_bias_kernel, y, bias, rows(N), out);
     if (residual) launch(stream(), rows(N) * out, add_rows_kernel, y, residual, rows(N) * out);
   }
 
@@ -441,9 +438,6 @@ class CudaBackend final : public Backend, public DeviceMemory {
                           const float* mean, const float* rstd, int N, int C) override {
     launch(stream(), rows(N), layernorm_backward_input_kernel, dx, dy, x, w, mean, rstd, rows(N), C);
     launch(stream(), rows(C), layernorm_backward_params_kernel, dw, db, dy, x, mean, rstd, rows(N), C);
-  }
-  void add_bias(float* out, const float* bias, int N, int C) override {
-    launch(stream(), rows(N) * C, add_bias_kernel, out, bias, rows(N), C);
   }
   void bias_backward(float* dbias, const float* dout, int N, int C) override {
     launch(stream(), rows(C), bias_backward_kernel, dbias, dout, rows(N), C);
@@ -509,9 +503,6 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // ---- reductions (synchronising: the result comes back to the host) ----
 
   double sum_squares(const float* x, size_t n) override { return reduce<double>(x, n, SquareOf{}); }
-  size_t count_nonfinite(const float* x, size_t n) override {
-    return static_cast<size_t>(reduce<unsigned long long>(x, n, IsNonfinite{}));
-  }
   double sum(const float* x, size_t n) override { return reduce<double>(x, n, ValueOf{}); }
 
  private:

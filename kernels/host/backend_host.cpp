@@ -87,10 +87,6 @@ class HostBackend final : public Backend {
     OpProfile::Scope op(&prof_, "layernorm_backward", 24.0 * N * C, 0);
     k_.layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
   }
-  void add_bias(float* out, const float* bias, int N, int C) override {
-    OpProfile::Scope op(&prof_, "add_bias", 8.0 * N * C, 0);
-    k_.add_bias(out, bias, N, C);
-  }
   void bias_backward(float* dbias, const float* dout, int N, int C) override {
     OpProfile::Scope op(&prof_, "bias_backward", 4.0 * N * C, 0);
     k_.bias_backward(dbias, dout, N, C);
@@ -177,10 +173,6 @@ class HostBackend final : public Backend {
   double sum_squares(const float* x, size_t n) override {
     OpProfile::Scope op(&prof_, "reductions", 4.0 * n, 0);
     return k_.sum_squares(x, n);
-  }
-  size_t count_nonfinite(const float* x, size_t n) override {
-    OpProfile::Scope op(&prof_, "reductions", 4.0 * n, 0);
-    return k_.count_nonfinite(x, n);
   }
   double sum(const float* x, size_t n) override {
     OpProfile::Scope op(&prof_, "reductions", 4.0 * n, 0);

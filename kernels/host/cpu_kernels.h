@@ -28,7 +28,7 @@ struct Kernels {
                             int C);
   void (*layernorm_backward)(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                              const float* mean, const float* rstd, int N, int C);
-  void (*add_bias)(float* out, const float* bias, int N, int C);
+  void (*add_bias)(float* out, const float* bias, int N, int C);  // out[n,:] += bias: the CBLAS linear's epilogue
   void (*bias_backward)(float* dbias, const float* dout, int N, int C);
   void (*gelu_forward)(float* out, const float* x, size_t n);
   // dx = gelu'(x) * dout; with dbias != nullptr also dbias[c] += sum_n dx[n, c] (N rows of C).
@@ -59,7 +59,6 @@ struct Kernels {
   void (*accumulate_fp16)(uint16_t* acc, const float* x, size_t n);
 
   double (*sum_squares)(const float* x, size_t n);
-  size_t (*count_nonfinite)(const float* x, size_t n);
   double (*sum)(const float* x, size_t n);
 
   // The FMA peak of this level on the calling thread: independent vector FMAs for `seconds`,

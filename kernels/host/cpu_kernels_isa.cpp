@@ -756,18 +756,6 @@ double sum_impl(const float* x, size_t n) {
 double sum_squares(const float* x, size_t n) { return sum_impl<true>(x, n); }
 double sum(const float* x, size_t n) { return sum_impl<false>(x, n); }
 
-size_t count_nonfinite(const float* x, size_t n) {
-  return static_cast<size_t>(block_sum(n, [=](size_t b, size_t e) {
-    size_t c = 0;
-    for (size_t i = b; i < e; ++i) {
-      uint32_t u;
-      std::memcpy(&u, x + i, sizeof u);
-      c += (u & 0x7f800000u) == 0x7f800000u;
-    }
-    return static_cast<double>(c);
-  }));
-}
-
 // ---- the FMA ceiling ----
 
 double fma_peak(double seconds) {
@@ -801,7 +789,7 @@ const Kernels kernels = {
     embedding_forward, embedding_backward, layernorm_forward, layernorm_backward, add_bias, bias_backward,
     gelu_forward, gelu_backward, add, accumulate, scale, attention_forward, attention_backward, crossentropy,
     vocab_row_max, vocab_sumexp, vocab_crossentropy_grad, adam_step, cast_to_bf16, cast_from_bf16, cast_to_fp16,
-    cast_from_fp16, accumulate_bf16, accumulate_fp16, sum_squares, count_nonfinite, sum, fma_peak,
+    cast_from_fp16, accumulate_bf16, accumulate_fp16, sum_squares, sum, fma_peak,
 };
 
 }  // namespace zero3d::cpu::ZERO3D_ISA
