@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -12,6 +13,7 @@
 #include "data/loader.h"
 #include "io/ckpt_tools.h"
 #include "train/bench.h"
+#include "train/dry_run.h"
 #include "kernels/host/cpu_kernels.h"
 #include "kernels/host/gemm.h"
 #include "train/job.h"
@@ -34,6 +36,12 @@ const char* kTrainUsage =
     "  --run-dir DIR        where config.json and metrics.jsonl go (default runs/<date-time>)\n"
     "  --backend NAME       host, cuda or auto (default auto: cuda when built and a GPU is present)\n"
     "  --peak-flops X       peak FLOP/s for MFU (default: known GPU peak, else measured sgemm rate)\n"
+    "  --dry-run[=json]     resolve and check everything as the run would, then print its arithmetic and\n"
+    "                       stop, writing nothing: parameters, tokens, model FLOPs, the FLOP/s it assumes per\n"
+    "                       rank (ZERO3D_FLOPS_PER_RANK, else 40% of a known peak, else 1e10 for a CPU\n"
+    "                       rank) and the time, a resume's progress, the Slurm job's time left; =json: one\n"
+    "                       JSON object\n"
+    "  --ranks N            with --dry-run: plan for N ranks (default: the MPI world size)\n"
     "  --help-config        alone: every config key with its type, default, status and meaning; after\n"
     "                       CONFIG (and --deepspeed, --set): every resolved value and where it came from\n";
 
@@ -130,6 +138,37 @@ std::string choose_bf16_gemm(const Config& cfg, bool& bf16) {
                 "runs bf16 GEMMs at about half the fp32 rate)";
 }
 
+// The MFU peak per rank: --peak-flops, else a known GPU's; left at 0 on a CPU, where the trainer
+// measures its GEMM rate at start.
+void choose_peak(RunOptions& opt, const Backend& be) {
+  if (opt.peak_flops > 0 || be.kind() != BackendKind::cuda) return;
+  opt.peak_flops = known_accelerator_peak(be.describe());
+  opt.peak_source = "known bf16 peak of " + be.describe();
+}
+
+// --dry-run: the config resolved for `ranks` ranks, the backend and the MFU peak chosen as a real
+// run chooses them, the data files opened; then the arithmetic, and nothing written. No process
+// groups: the MPI world need not have `ranks` ranks.
+int train_dry_run(const ConfigSources& src, RunOptions opt, const std::string& backend, int ranks, bool json) {
+  const Config cfg = load_config(src, ranks);
+  DryRunInputs in;
+  in.job = job_info(*ProcessGroup::world());
+  HostOptions host;
+  host.gemm = cfg.compute.gemm;
+  choose_bf16_gemm(cfg, host.bf16_gemm);
+  choose_peak(opt, *make_backend(backend, in.job.local_rank, host));
+  in.config_file = src.config_file;
+  in.run_dir = opt.run_dir.empty() ? default_run_dir(in.job) : opt.run_dir;
+  in.ranks = ranks;
+  in.peak_flops = opt.peak_flops;
+  in.peak_source = opt.peak_source;
+  if (const char* e = std::getenv("ZERO3D_FLOPS_PER_RANK"); e && *e)
+    in.flops_per_rank = parse_double(e, "ZERO3D_FLOPS_PER_RANK");
+  const RunPlan plan = plan_run(cfg, in);
+  log_info("%s", (json ? plan_json(plan) : format_plan(plan)).c_str());
+  return 0;
+}
+
 }  // namespace
 
 std::string usage_main() {
@@ -154,10 +193,19 @@ int cmd_train(const Args& a) {
   ConfigSources src;
   RunOptions opt;
   std::string backend = "auto";
-  bool help_config = false;
+  bool help_config = false, dry_run = false, json = false;
+  int ranks = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--help-config") help_config = true;
-    else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kTrainUsage));
+    else if (a[i] == "--dry-run" || a[i] == "--dry-run=json") {
+      dry_run = true;
+      json = a[i] == "--dry-run=json";
+    } else if (a[i] == "--ranks") {
+      const double n = parse_double(option_value(a, i, kTrainUsage), "--ranks");
+      if (n != std::floor(n) || n > 1e6)
+        throw UserError(strprintf("--ranks must be a whole number of ranks, got '%s'", a[i].c_str()));
+      ranks = static_cast<int>(n);
+    } else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kTrainUsage));
     else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kTrainUsage);
     else if (a[i] == "--run-dir") opt.run_dir = option_value(a, i, kTrainUsage);
     else if (a[i] == "--backend") backend = option_value(a, i, kTrainUsage);
@@ -169,8 +217,10 @@ int cmd_train(const Args& a) {
     else throw UserError(strprintf("zero3d train takes one CONFIG file, got a second: '%s'", a[i].c_str()));
   }
   if (src.config_file.empty()) throw UserError(strprintf("zero3d train needs a CONFIG file\n%s", kTrainUsage));
+  if (ranks > 0 && !dry_run) throw UserError("--ranks goes with --dry-run (a run takes its ranks from the MPI launch)");
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (dry_run && !help_config) return train_dry_run(src, opt, backend, ranks > 0 ? ranks : world, json);
   if (help_config) {
     log_info("# %s resolved for %d rank(s): key = value (where it came from)\n%s", src.config_file.c_str(), world,
              describe_resolved(load_config(src, world)).c_str());
@@ -199,10 +249,7 @@ int cmd_train(const Args& a) {
   groups.use_device_memory(be->device_memory());
   if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)
     if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("zero3d: warning: %s", w.c_str());
-  if (opt.peak_flops <= 0 && be->kind() == BackendKind::cuda) {
-    opt.peak_flops = known_accelerator_peak(be->describe());
-    opt.peak_source = "known bf16 peak of " + be->describe();
-  }
+  choose_peak(opt, *be);
   Trainer trainer(cfg, opt, *be, groups);
   return trainer.run();
 }

@@ -1,5 +1,6 @@
 #include "train/metrics.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -13,6 +14,11 @@ std::string format_double(double v) {
   char buf[32];
   snprintf(buf, sizeof buf, "%.17g", v);
   return buf;
+}
+
+std::string format_hms(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  return strprintf("%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
 }
 
 std::string json_escape(const std::string& s) {

@@ -27,6 +27,7 @@ class MetricsRecord {
 
 std::string json_escape(const std::string& s);
 std::string format_double(double v);  // %.17g, "null" for inf/nan
+std::string format_hms(double seconds);  // H:MM:SS, rounded; negative counts as 0
 
 class MetricsLog {
  public:

@@ -52,11 +52,6 @@ static int64_t minor_page_faults() {
   return u.ru_minflt;
 }
 
-static std::string format_eta(double seconds) {
-  long s = std::lround(std::max(0.0, seconds));
-  return strprintf("%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
-}
-
 struct Trainer::State {
   State(const Config& c, const RunOptions& o, Backend& b, ProcessGroups& g)
       : cfg(c), opt(o), be(b), groups(g), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
@@ -614,7 +609,7 @@ void Trainer::State::report_step(int step, const StepResult& r) {
     log_info("step %6d/%d | loss %.6f | lr %.3e | grad norm %.4f | %.0f tok/s | mfu %.1f%% | eta %s", step,
              c.train_steps, r.loss, r.lr, r.grad_norm, tokens_per_s,
              100.0 * model_flops / (opt.peak_flops * groups.topo.world),
-             format_eta(elapsed / (step - first_step + 1) * (c.train_steps - step)).c_str());
+             format_hms(elapsed / (step - first_step + 1) * (c.train_steps - step)).c_str());
   }
 }
 

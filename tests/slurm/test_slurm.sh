@@ -138,6 +138,10 @@ has "$out" "job $rq \(restart 1\)"
 has "$out" "resumed from $ckpt at step $k"
 has "$out" "zero3d exited with code 0"
 has "$tmp/ref.out" "zero3d exited with code 0"
+# the arithmetic of the run (zero3d train --dry-run) before each start: the resume at its checkpoint
+has "$tmp/ref.out" "train.sbatch: model +[0-9,]+ parameters"
+has "$tmp/ref.out" "train.sbatch: compute .* x 4 ranks"
+has "$out" "train.sbatch: resume +from $ckpt: $k steps done"
 same_metrics "$tmp/requeue" "$tmp/ref" 100 >/dev/null || fail "requeued run against the uninterrupted run"
 ok "requeue: USR1 at step $k, checkpoint, exit 6, requeued, resumed $ckpt, finished; 100 steps equal the uninterrupted run"
 
