@@ -1,7 +1,5 @@
 #include "train/commands.h"
 
-#include <mpi.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -218,8 +216,7 @@ int cmd_train(const Args& a) {
   }
   if (src.config_file.empty()) throw UserError(strprintf("zero3d train needs a CONFIG file\n%s", kTrainUsage));
   if (ranks > 0 && !dry_run) throw UserError("--ranks goes with --dry-run (a run takes its ranks from the MPI launch)");
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int world = ProcessGroup::world()->size();
   if (dry_run && !help_config) return train_dry_run(src, opt, backend, ranks > 0 ? ranks : world, json);
   if (help_config) {
     log_info("# %s resolved for %d rank(s): key = value (where it came from)\n%s", src.config_file.c_str(), world,
@@ -268,9 +265,7 @@ int cmd_data(const Args& a) {
     else texts.push_back(a[i]);
   }
   if (texts.empty() || out.empty()) throw UserError(strprintf("data prepare needs TEXT files and --out\n%s", kDataUsage));
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
+  if (ProcessGroup::world()->rank() == 0) {
     uint64_t n = prepare_token_file(texts, out);
     log_info("wrote %llu tokens to %s", static_cast<unsigned long long>(n), out.c_str());
   }
@@ -448,9 +443,7 @@ int cmd_ckpt(const Args& a) {
   if (tool == "export" && out.empty())
     throw UserError(strprintf("zero3d ckpt export needs --out FILE\n%s", kCkptUsage));
   // One reader is enough: the other ranks return 0 and wait in main, which agrees on rank 0's code.
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) return 0;
+  if (ProcessGroup::world()->rank() != 0) return 0;
   if (tool == "inspect") return ckpt_inspect(path);
   if (tool == "verify") return ckpt_verify(path);
   return ckpt_export(path, out, weights);
