@@ -44,7 +44,9 @@ static int dispatch(const Args& args) {
 int main(int argc, char** argv) {
   block_stop_signals();  // before any thread exists: SIGUSR1/SIGTERM go to one waiting thread only
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  // MULTIPLE: the watchdog thread and the checkpoint writer call MPI beside the training thread
+  // (without it both are off: parallel/watchdog.h, io/ckpt_writer.h).
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -249,6 +249,16 @@ std::vector<Key> build() {
             "steps between checkpoints (and one at the last step); 0 = none").range(0, kIntMax),
       field("checkpoint.keep_last", at(&Config::checkpoint, &CC::keep_last), "newest checkpoints kept; 0 = all")
           .range(0, kIntMax),
+      field("checkpoint.async", at(&Config::checkpoint, &CC::async),
+            "write checkpoints in the background: training waits only for a copy of this rank's state (needs "
+            "MPI_THREAD_MULTIPLE; the run record says when it falls back to writing in place)"),
+      choice("checkpoint.on_failure", at(&Config::checkpoint, &CC::on_failure), {"stop", "continue"},
+             "a save that fails (disk full, I/O error, storage gone): stop the run (exit 7; the last committed "
+             "checkpoint stays 'latest') or continue and try again at the next interval"),
+      field("checkpoint.timeout_s", at(&Config::checkpoint, &CC::timeout_s),
+            "a checkpoint save or load still running after this many seconds aborts the job (exit 3) naming where "
+            "every rank is; 0 = derived: 3x its bytes at the last measured bandwidth, at least comm_timeout_s")
+          .range(0, kInf),
       choice("compute.gemm", at(&Config::compute, &XC::gemm), {"auto", "onednn", "cblas"},
              "host GEMM library: oneDNN (ISA picked at run time), the CBLAS linked in (a site's tuned BLAS), or "
              "auto (oneDNN; weight gradients on an OpenBLAS that runs its own kernels for this CPU)"),

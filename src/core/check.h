@@ -14,6 +14,8 @@ constexpr int kExitWatchdog = 3;      // a collective did not complete within co
 constexpr int kExitInconsistent = 4;  // replicas of a parameter differ across the dp group
 constexpr int kExitLossScale = 5;     // fp16 overflow at fp16.min_loss_scale (DeepSpeed's "cannot decrease scale")
 constexpr int kExitStopped = 6;       // stopped early on SIGUSR1/SIGTERM after a committed checkpoint: resume it
+constexpr int kExitCheckpointFailed = 7;  // a checkpoint could not be written (disk full, I/O error): the last
+                                          // committed one is intact; fix the storage and resume it
 
 [[noreturn]] void fatal(const char* library, const std::string& message, const char* statement,
                         const char* file, int line);

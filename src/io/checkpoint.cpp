@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "io/ckpt_dir.h"
 #include "io/ckpt_transfer.h"
+#include "parallel/watchdog.h"
 #include "optim/lr_schedule.h"
 
 namespace zero3d {
@@ -21,8 +22,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+}  // namespace
 
 ZeroEngine::State engine_state(StateKind k) {
   return k == StateKind::exp_avg ? ZeroEngine::State::exp_avg
@@ -30,6 +31,7 @@ ZeroEngine::State engine_state(StateKind k) {
                                       : ZeroEngine::State::master;
 }
 
+namespace {
 // This rank's piece of each logical tensor, indexed by logical id (null: none on this rank).
 std::vector<const CheckpointPiece*> by_tensor(const std::vector<CheckpointPiece>& pieces, size_t n_tensors) {
   std::vector<const CheckpointPiece*> out(n_tensors, nullptr);
@@ -40,15 +42,18 @@ std::vector<const CheckpointPiece*> by_tensor(const std::vector<CheckpointPiece>
   return out;
 }
 
-// What this rank adds to its dataset's checksum, from the piece's values x.
+}  // namespace
+
 template <typename T>
-uint64_t checksum_piece(const CheckpointPiece& p, const T* x) {
+static uint64_t checksum_runs(const CheckpointPiece& p, const T* x) {
   uint64_t sum = 0;
   for (const LogicalRun& r : p.counted) sum += checksum_run(r.first, x + r.offset, r.n);
   return sum;
 }
+uint64_t checksum_piece(const CheckpointPiece& p, const float* x) { return checksum_runs(p, x); }
+uint64_t checksum_piece(const CheckpointPiece& p, const uint16_t* x) { return checksum_runs(p, x); }
 
-CheckpointHeader header_of(const CheckpointRun& run, const TrainingState& st) {
+CheckpointHeader checkpoint_header(const CheckpointRun& run, const TrainingState& st) {
   const Config& c = run.config;
   const Topology& topo = run.groups.topo;
   CheckpointHeader h;
@@ -81,6 +86,8 @@ CheckpointHeader header_of(const CheckpointRun& run, const TrainingState& st) {
   return h;
 }
 
+namespace {
+
 TrainingState state_of(const CheckpointHeader& h, const std::string& path) {
   TrainingState st;
   st.step = h.step;
@@ -100,104 +107,18 @@ TrainingState state_of(const CheckpointHeader& h, const std::string& path) {
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Save
-// ---------------------------------------------------------------------------------------------
-
-CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, const TrainingState& st, int keep_last,
-                             bool stall_halfway) {
-  const auto t0 = Clock::now();
-  ProcessGroup& world = *run.groups.world;
-  ZeroEngine& engine = run.engine;
-  const bool mixed = engine.mixed();
-  const std::vector<DatasetSpec> specs = checkpoint_datasets(run.config.model, mixed);
-  const std::vector<const CheckpointPiece*> piece_of = by_tensor(engine.save_pieces(), specs.size());
-
-  const std::string final_path = dir + "/" + strprintf("step_%08lld.h5", static_cast<long long>(st.step));
-  const std::string tmp = final_path + ".tmp";
-  CheckpointIO io;
-  io.file = final_path;
-
-  Hid fapl = mpio_file_access(world.comm());
-  Hid file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
-  HDF5_CHECK(file.get());
-  write_header(file.get(), header_of(run, st));
-  for (const char* g : {"/model", "/optimizer", "/optimizer/master", "/optimizer/exp_avg", "/optimizer/exp_avg_sq"}) {
-    if (!mixed && std::string(g) == "/optimizer/master") continue;
-    Hid grp(H5Gcreate2(file.get(), g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
-    HDF5_CHECK(grp.get());
-  }
-
-  Hid dxpl = collective_transfer();
-  Hid dcpl(H5Pcreate(H5P_DATASET_CREATE));
-  HDF5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));
-  HDF5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY));
-  std::vector<uint64_t> sums(specs.size(), 0);
-  std::vector<Hid> datasets;
-  std::vector<float> buf;
-  std::vector<uint16_t> buf16;
-  const auto t_loop = Clock::now();
-  for (size_t k = 0; k < specs.size(); ++k) {
-    if (stall_halfway && k == specs.size() / 2) {
-      log_warn("fault injection: rank stalls in the middle of the checkpoint save of step %lld",
-               static_cast<long long>(st.step));
-      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-    }
-    const DatasetSpec& spec = specs[k];
-    Hid space(H5Screate_simple(static_cast<int>(spec.dims.size()), spec.dims.data(), nullptr));
-    Hid ds(H5Dcreate2(file.get(), spec.path.c_str(), spec.sixteen ? H5T_STD_U16LE : H5T_IEEE_F32LE, space.get(),
-                      H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
-    HDF5_CHECK(ds.get());
-    const CheckpointPiece* p = piece_of[spec.tensor];
-    const size_t n = p ? p->piece.size : 0;
-    void* data = nullptr;
-    const auto ts = Clock::now();
-    if (p && spec.sixteen) {
-      buf16.resize(n);
-      engine.read_weights16(p->piece, buf16.data());
-      sums[k] = checksum_piece(*p, buf16.data());
-      data = buf16.data();
-    } else if (p) {
-      buf.resize(n);
-      engine.read_state(engine_state(spec.kind), p->piece, buf.data());
-      sums[k] = checksum_piece(*p, buf.data());
-      data = buf.data();
-    }
-    io.stage_s += seconds_since(ts);
-    HDF5_CHECK(transfer(ds.get(), spec.sixteen ? H5T_NATIVE_UINT16 : H5T_NATIVE_FLOAT,
-                        p ? p->blocks : std::vector<LogicalBlock>{}, data, n, /*write=*/true, dxpl.get(),
-                        io.independent));
-    if (spec.sixteen)
-      write_attr(ds.get(), "dtype", std::string(engine.dtype16() == Dtype16::fp16 ? "float16" : "bfloat16"));
-    size_t elems = 1;
-    for (hsize_t d : spec.dims) elems *= d;
-    io.bytes += elems * (spec.sixteen ? 2 : 4);
-    datasets.push_back(std::move(ds));
-  }
-  world.all_reduce_sum(sums.data(), sums.size());
-  for (size_t k = 0; k < specs.size(); ++k) write_attr(datasets[k].get(), "checksum", sums[k]);
-  datasets.clear();
-  const auto tc = Clock::now();
-  io.transfer_s = std::chrono::duration<double>(tc - t_loop).count() - io.stage_s;
-  HDF5_CHECK(H5Fflush(file.get(), H5F_SCOPE_GLOBAL));
-  file.reset();  // collective close
-  // Every rank's part is in the file (any failure above aborted the job): rank 0 commits.
-  if (world.rank() == 0) commit_checkpoint(dir, tmp, final_path, keep_last);
-  io.commit_s = world.all_reduce_max(seconds_since(tc));
-  io.stage_s = world.all_reduce_max(io.stage_s);
-  io.transfer_s = world.all_reduce_max(io.transfer_s);
-  io.independent = static_cast<int64_t>(world.all_reduce_sum(static_cast<double>(io.independent)));
-  io.seconds = world.all_reduce_max(seconds_since(t0));  // also: nobody goes on before the commit
-  return io;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Load
 // ---------------------------------------------------------------------------------------------
 
 namespace {
 
-LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path) {
+LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, double timeout_s) {
   const auto t0 = Clock::now();
+  // A load is collective I/O inside HDF5: a rank stuck in it is the watchdog's to report.
+  std::error_code size_ec;
+  const double bytes = static_cast<double>(fs::file_size(path, size_ec));
+  Watchdog::Phase phase("checkpoint load of " + path,
+                        timeout_s > 0 ? timeout_s : std::max(comm_context().timeout_s, 3.0 * bytes / 100e6));
   ProcessGroup& world = *run.groups.world;
   ZeroEngine& engine = run.engine;
   QuietHdf5 quiet;
@@ -303,11 +224,12 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path) {
 }
 
 // load_file on every rank; a UserError on any rank becomes the same UserError on every rank.
-std::optional<LoadedCheckpoint> try_load(const CheckpointRun& run, const std::string& path, std::string& error) {
+std::optional<LoadedCheckpoint> try_load(const CheckpointRun& run, const std::string& path, double timeout_s,
+                                         std::string& error) {
   std::optional<LoadedCheckpoint> out;
   error.clear();
   try {
-    run.groups.world->agree([&] { out = load_file(run, path); });
+    run.groups.world->agree([&] { out = load_file(run, path, timeout_s); });
   } catch (const UserError& e) {  // the lowest failing rank's message, on every rank
     error = e.what();
     return std::nullopt;
@@ -318,11 +240,11 @@ std::optional<LoadedCheckpoint> try_load(const CheckpointRun& run, const std::st
 }  // namespace
 
 std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMode mode, const std::string& path,
-                                                const std::string& dir) {
+                                                const std::string& dir, double timeout_s) {
   if (mode == LoadMode::none) return std::nullopt;
   std::string error;
   if (mode == LoadMode::path) {
-    auto loaded = try_load(run, checkpoint_file(path), error);
+    auto loaded = try_load(run, checkpoint_file(path), timeout_s, error);
     if (!loaded) throw UserError(error);
     return loaded;
   }
@@ -339,7 +261,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMo
   std::string errors;
   const bool root = run.groups.world->rank() == 0;
   for (const std::string& c : candidates) {
-    auto loaded = try_load(run, c, error);
+    auto loaded = try_load(run, c, timeout_s, error);
     if (loaded) {
       if (!errors.empty() && root) log_warn("checkpoint: fell back to '%s'", c.c_str());
       return loaded;

@@ -60,11 +60,14 @@ struct CheckpointRun {
   ZeroEngine& engine;
 };
 
-// Collective over the world. Aborts the job (MPI_Abort) on an HDF5 or file-system failure: the
-// previous checkpoint stays committed. stall_halfway: fault injection, this rank stops (sleeps)
-// after writing half of the datasets, to test a kill in the middle of a save.
-CheckpointIO save_checkpoint(const CheckpointRun& run, const std::string& dir, const TrainingState& state,
-                             int keep_last, bool stall_halfway = false);
+// Saves: io/ckpt_writer.h. What a save writes, shared with it:
+// the root attributes of a save of `st` by this run,
+CheckpointHeader checkpoint_header(const CheckpointRun& run, const TrainingState& st);
+// the engine state a dataset holds,
+ZeroEngine::State engine_state(StateKind kind);
+// and what this rank adds to a dataset's checksum, from its piece's values.
+uint64_t checksum_piece(const CheckpointPiece& p, const float* x);
+uint64_t checksum_piece(const CheckpointPiece& p, const uint16_t* x);
 
 struct LoadedCheckpoint {
   TrainingState state;
@@ -76,8 +79,9 @@ struct LoadedCheckpoint {
 // there is any checkpoint in DIR; when it fails verification, warns and falls back to the newest
 // older one that loads), or path (a checkpoint file, or a directory meaning its latest; no fallback). Throws
 // UserError naming the file and the dataset (corrupt, truncated, checksum mismatch, missing tensor,
-// other model shape) on every rank alike.
+// other model shape) on every rank alike. A load still running after timeout_s (0: 3x the file's
+// bytes at 100 MB/s, at least comm_timeout_s) is the watchdog's (exit 3).
 std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMode mode, const std::string& path,
-                                                const std::string& dir);
+                                                const std::string& dir, double timeout_s = 0);
 
 }  // namespace zero3d

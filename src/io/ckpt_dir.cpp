@@ -55,24 +55,40 @@ std::string checkpoint_file(const std::string& dir_or_file) {
   return dir_or_file + "/" + name;
 }
 
-void commit_checkpoint(const std::string& dir, const std::string& tmp, const std::string& final_path, int keep_last) {
-  try {  // rank 0 alone: a failure here must stop every rank, not leave them waiting
+std::string commit_checkpoint(const std::string& dir, const std::string& tmp, const std::string& final_path,
+                              int keep_last) {
+  try {
     sync_path(tmp);
     if (std::rename(tmp.c_str(), final_path.c_str()) != 0)
       throw UserError(strprintf("cannot rename '%s' to '%s': %s", tmp.c_str(), final_path.c_str(), strerror(errno)));
-    sync_path(dir);
-    write_file_atomic(dir + "/latest", fs::path(final_path).filename().string() + "\n", /*durable=*/true,
-                      "checkpoint pointer");
+    try {
+      sync_path(dir);
+      write_file_atomic(dir + "/latest", fs::path(final_path).filename().string() + "\n", /*durable=*/true,
+                        "checkpoint pointer");
+    } catch (const UserError&) {  // `latest` still names the previous one: take the new file back
+      std::error_code ec;
+      fs::remove(final_path, ec);
+      throw;
+    }
   } catch (const UserError& e) {
-    Z3D_ASSERT(false, e.what());
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    return e.what();
   }
+  std::error_code ec;  // what follows only frees space: a failure leaves a file more, never a wrong one
   if (keep_last > 0) {
     const std::vector<std::string> all = list_checkpoints(dir);
     for (size_t i = static_cast<size_t>(keep_last); i < all.size(); ++i)
-      if (all[i] != final_path) fs::remove(all[i]);
+      if (all[i] != final_path) fs::remove(all[i], ec);
   }
-  for (const auto& e : fs::directory_iterator(dir))  // leftovers of saves that crashed
-    if (e.path().string().ends_with(".h5.tmp")) fs::remove(e.path());
+  remove_partial_saves(dir);
+  return "";
+}
+
+void remove_partial_saves(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().string().ends_with(".h5.tmp")) fs::remove(e.path(), ec);
 }
 
 }  // namespace zero3d

@@ -23,7 +23,11 @@ std::string read_latest(const std::string& dir);
 // Throws UserError when there is none.
 std::string checkpoint_file(const std::string& dir_or_file);
 // Rank 0, once the file at `tmp` is complete: publish it as `final_path` and point `latest` at it,
-// then prune (keep_last > 0: the newest keep_last stay). A failure aborts the job (every rank).
-void commit_checkpoint(const std::string& dir, const std::string& tmp, const std::string& final_path, int keep_last);
+// then prune (keep_last > 0: the newest keep_last stay) and remove partial saves. Returns "" or
+// what failed (then `tmp` is removed and `latest` still names the previous checkpoint).
+std::string commit_checkpoint(const std::string& dir, const std::string& tmp, const std::string& final_path,
+                              int keep_last);
+// Removes the DIR/*.h5.tmp files of saves that died (a run that holds the run dir's lock owns them).
+void remove_partial_saves(const std::string& dir);
 
 }  // namespace zero3d

@@ -1,5 +1,7 @@
 #include "io/hdf5.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "core/check.h"
@@ -32,8 +34,8 @@ namespace {
 void write_scalar(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* value) {
   Hid space(H5Screate(H5S_SCALAR));
   Hid attr(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT));
-  HDF5_CHECK(attr.get());
-  HDF5_CHECK(H5Awrite(attr.get(), mem_type, value));
+  if (!attr.valid() || H5Awrite(attr.get(), mem_type, value) < 0)
+    throw Hdf5Error(std::string("writing attribute '") + name + "'");
 }
 
 bool read_scalar(hid_t obj, const char* name, H5T_class_t cls, hid_t mem_type, void* value) {
@@ -50,8 +52,8 @@ bool read_scalar(hid_t obj, const char* name, H5T_class_t cls, hid_t mem_type, v
 
 void write_attr(hid_t obj, const char* name, const std::string& value) {
   Hid type(H5Tcopy(H5T_C_S1));
-  HDF5_CHECK(H5Tset_size(type.get(), std::max<size_t>(1, value.size())));
-  HDF5_CHECK(H5Tset_strpad(type.get(), H5T_STR_NULLPAD));
+  if (H5Tset_size(type.get(), std::max<size_t>(1, value.size())) < 0 || H5Tset_strpad(type.get(), H5T_STR_NULLPAD) < 0)
+    throw Hdf5Error(std::string("writing attribute '") + name + "'");
   write_scalar(obj, name, type.get(), type.get(), value.empty() ? "" : value.data());
 }
 void write_attr(hid_t obj, const char* name, int64_t value) {
@@ -84,6 +86,31 @@ bool read_attr(hid_t obj, const char* name, uint64_t& value) {
 }
 bool read_attr(hid_t obj, const char* name, double& value) {
   return read_scalar(obj, name, H5T_FLOAT, H5T_NATIVE_DOUBLE, &value);
+}
+
+}  // namespace zero3d
+
+namespace zero3d {
+
+std::string hdf5_error_stack() {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (!f) return "";
+  H5Eprint2(H5E_DEFAULT, f);
+  std::fclose(f);
+  std::string out(text ? text : "", size);
+  std::free(text);
+  return out;
+}
+
+std::string hdf5_system_error(const std::string& stack) {
+  // The file drivers report the system call's failure as "..., error message = '<strerror>'".
+  const std::string key = "error message = '";
+  const size_t at = stack.rfind(key);
+  if (at == std::string::npos) return "";
+  const size_t end = stack.find('\'', at + key.size());
+  return stack.substr(at + key.size(), end == std::string::npos ? std::string::npos : end - at - key.size());
 }
 
 }  // namespace zero3d

@@ -6,6 +6,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -28,6 +29,7 @@ class Hid {
   ~Hid() { reset(); }
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
+  hid_t release() { return std::exchange(id_, H5I_INVALID_HID); }  // closed by the caller
   void reset();  // closes with H5Fclose/H5Dclose/... chosen by H5Iget_type
 
  private:
@@ -47,7 +49,16 @@ class QuietHdf5 {
   void* data_ = nullptr;
 };
 
-// Attributes on any object. Writers are collective in a parallel file (same value on every rank).
+// A failed HDF5 call outside a collective (the caller reports it; see hdf5_error_stack).
+struct Hdf5Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// HDF5's current error stack as text (what H5Eprint2 would print), and the system error it holds
+// ("No space left on device"), "" when it holds none.
+std::string hdf5_error_stack();
+std::string hdf5_system_error(const std::string& stack);
+
+// Attributes on any object; writers throw Hdf5Error. Collective in a parallel file (same value on every rank).
 void write_attr(hid_t obj, const char* name, const std::string& value);
 void write_attr(hid_t obj, const char* name, int64_t value);
 void write_attr(hid_t obj, const char* name, uint64_t value);

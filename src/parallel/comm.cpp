@@ -6,9 +6,11 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "core/check.h"
+#include "parallel/watchdog.h"
 
 namespace zero3d {
 
@@ -46,7 +48,7 @@ PendingOp::PendingOp(MPI_Request r, std::string what, const ProcessGroup* group,
 }
 PendingOp::PendingOp(PendingOp&& o) noexcept
     : req_(o.req_), pending_(o.pending_), then_(std::move(o.then_)), what_(std::move(o.what_)), group_(o.group_),
-      logged_(o.logged_), issued_(o.issued_) {
+      logged_(o.logged_), seq_(o.seq_), issued_(o.issued_) {
   o.req_ = MPI_REQUEST_NULL;
   o.pending_ = false;
   o.then_ = nullptr;
@@ -61,6 +63,7 @@ PendingOp& PendingOp::operator=(PendingOp&& o) noexcept {
     what_ = std::move(o.what_);
     group_ = o.group_;
     logged_ = o.logged_;
+    seq_ = o.seq_;
     issued_ = o.issued_;
     o.req_ = MPI_REQUEST_NULL;
     o.pending_ = false;
@@ -105,26 +108,38 @@ void PendingOp::record() {
   logged_ = nullptr;
 }
 
+std::string PendingOp::describe() const {
+  if (!group_) return what_;
+  return strprintf("%s%s on the %s group", what_.c_str(),
+                   seq_ ? strprintf(" #%llu", static_cast<unsigned long long>(seq_)).c_str() : "",
+                   group_->name().c_str());
+}
+
 void PendingOp::wait() {
   if (!pending_) return;
   using clock = std::chrono::steady_clock;
   const CommContext& ctx = comm_context();
+  const double timeout = group_ ? group_->timeout_s() : ctx.timeout_s;
+  // With the watchdog thread running, it owns the deadline (and asks every rank where it is).
+  const bool watched = Watchdog::running();
+  std::optional<Watchdog::Phase> phase;
+  if (watched) phase.emplace(describe(), timeout);
   const auto start = clock::now();
   long polls = 0;
   while (!test()) {
     // Spin briefly (latency), then yield the core to other ranks on an oversubscribed node.
     if (++polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
     const double waited = std::chrono::duration<double>(clock::now() - start).count();
-    if (waited > ctx.timeout_s) {
+    if (!watched && waited > timeout) {
       int world_rank = -1;
       MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
       char host[256] = "?";
       gethostname(host, sizeof host - 1);
       fprintf(stderr,
-              "zero3d: watchdog: rank %d (%s) waited %.0f s (comm_timeout_s) in %s on the %s group (rank %d of %d) "
-              "at step %lld; another rank of that group is missing from the collective or has died. Aborting the job.\n",
-              world_rank, host, waited, what_.c_str(), group_ ? group_->name().c_str() : "?",
-              group_ ? group_->rank() : -1, group_ ? group_->size() : -1, static_cast<long long>(ctx.step));
+              "zero3d: watchdog: rank %d (%s) waited %.0f s (comm_timeout_s) in %s (rank %d of %d) at step %lld; "
+              "another rank of that group is missing from the collective or has died. Aborting the job.\n",
+              world_rank, host, waited, describe().c_str(), group_ ? group_->rank() : -1, group_ ? group_->size() : 0,
+              static_cast<long long>(ctx.step));
       fflush(stderr);
       MPI_Abort(MPI_COMM_WORLD, kExitWatchdog);
     }
@@ -132,6 +147,8 @@ void PendingOp::wait() {
 }
 
 // ---- ProcessGroup: the front ends count, the transport moves ----
+
+double ProcessGroup::timeout_s() const { return timeout_s_ > 0 ? timeout_s_ : comm_context().timeout_s; }
 
 ProcessGroup::ProcessGroup(MPI_Comm comm, bool owned, std::string name)
     : comm_(comm), owned_(owned), name_(std::move(name)) {
@@ -163,6 +180,7 @@ template <typename Issue>
 PendingOp ProcessGroup::counted(const char* op, uint64_t msg_bytes, uint64_t sent_bytes, Issue&& issue) {
   CommOpStats* logged = account(op, msg_bytes, sent_bytes);
   PendingOp out = issue();
+  out.seq_ = ++ops_issued_;
   out.log_to(logged);
   return out;
 }

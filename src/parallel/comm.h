@@ -96,14 +96,17 @@ class PendingOp {
   void log_to(CommOpStats* logged);
 
  private:
+  friend class ProcessGroup;
   void completed();  // runs `then`, adds the latency to the comms log
   void record();     // the latency, into the comms log
+  std::string describe() const;  // "all-reduce #17 on the dp group"
   MPI_Request req_ = MPI_REQUEST_NULL;
   bool pending_ = false;
   Then then_;
   std::string what_;
   const ProcessGroup* group_ = nullptr;
   CommOpStats* logged_ = nullptr;
+  uint64_t seq_ = 0;  // the how-manieth data collective of its group (0: a control operation)
   std::chrono::steady_clock::time_point issued_{};
 };
 
@@ -124,6 +127,9 @@ class ProcessGroup {
   const std::string& name() const { return name_; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   void reset_bytes_sent() { bytes_sent_ = 0; }
+  // How long a wait on this group may take before the watchdog acts; 0 (default): comm_timeout_s.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout_s() const;
 
   // Where device buffers come from (the backend's); null: this group only ever sees host memory.
   virtual void use_device_memory(DeviceMemory* dev) = 0;
@@ -213,6 +219,8 @@ class ProcessGroup {
   int size_ = 1, rank_ = 0;
   std::string name_;
   uint64_t bytes_sent_ = 0;
+  uint64_t ops_issued_ = 0;  // data collectives issued: the same count on every rank of the group
+  double timeout_s_ = 0;
 };
 
 }  // namespace zero3d

@@ -12,6 +12,7 @@
 #include "io/ckpt_tools.h"
 #include "train/bench.h"
 #include "train/dry_run.h"
+#include "parallel/watchdog.h"
 #include "kernels/host/cpu_kernels.h"
 #include "kernels/host/gemm.h"
 #include "train/job.h"
@@ -231,6 +232,10 @@ int cmd_train(const Args& a) {
   Config cfg = load_config(src, world);
   for (const std::string& n : cfg.notices) log_info("zero3d: notice: %s", n.c_str());
   ProcessGroups groups = ProcessGroups::create(cfg.tp_size, cfg.pp_size);
+  struct WatchdogScope {  // stopped (joined) however cmd_train ends
+    WatchdogScope() { Watchdog::start(); }
+    ~WatchdogScope() { Watchdog::stop(); }
+  } watchdog;
   opt.job = job_info(*groups.world);
   if (opt.run_dir.empty()) {
     opt.run_dir = default_run_dir(opt.job);  // rank 0's clock (or job id) decides for everyone

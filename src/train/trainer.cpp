@@ -22,6 +22,9 @@
 #include "core/log.h"
 #include "data/loader.h"
 #include "io/checkpoint.h"
+#include "io/ckpt_writer.h"
+#include "io/storage.h"
+#include "parallel/watchdog.h"
 #include "model/gpt.h"
 #include "optim/lr_schedule.h"
 #include "train/bench.h"
@@ -112,6 +115,10 @@ struct Trainer::State {
   void report_comms();
   void report_memory(int step);
   double last_save_s = 0;   // the last checkpoint's save time (before the first: an estimate)
+  std::unique_ptr<RunDirLock> lock;         // rank 0: this run owns the run dir
+  std::unique_ptr<CheckpointWriter> writer;  // saves (io/ckpt_writer.h)
+  void check_storage();
+  int finish_save(const SaveResult& r);
   // The run's phases (Trainer::run) and what they share, set by start_run.
   struct StepResult;
   void start_run();
@@ -128,8 +135,8 @@ struct Trainer::State {
 
   bool is_root() const { return groups.world_rank == 0; }
   bool out_of_time() const;
-  void save(int step);
-  void write_io_record(const char* action, int64_t step, const CheckpointIO& io);
+  int save(int step);
+  void write_io_record(const char* action, int64_t step, const CheckpointIO& io, const SaveResult* save = nullptr);
   double validate(int step);
   double train_micro_batches(float dloss, double& t_fwd, double& t_bwd);
   void receive(float* buf, int peer, int tag);
@@ -185,7 +192,8 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   }
   // Resume before anything is written: a checkpoint that does not load is an input error too.
   s.ckpt_dir = config.checkpoint.dir.empty() ? s.opt.run_dir + "/checkpoints" : config.checkpoint.dir;
-  s.resumed = load_checkpoint({config, groups, s.engine}, config.checkpoint.load, config.checkpoint.load_path, s.ckpt_dir);
+  s.resumed = load_checkpoint({config, groups, s.engine}, config.checkpoint.load, config.checkpoint.load_path, s.ckpt_dir,
+                              config.checkpoint.timeout_s);
   if (s.resumed) {
     const TrainingState& st = s.resumed->state;
     s.start_step = st.step;
@@ -196,6 +204,9 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   world.agree([&] {
     if (!s.is_root()) return;
     create_directory(s.opt.run_dir, "run directory");
+    std::string warning;
+    s.lock = std::make_unique<RunDirLock>(s.opt.run_dir, warning);  // one run per run dir
+    if (!warning.empty()) log_warn("%s", warning.c_str());
     if (config.checkpoint.save_interval > 0) create_directory(s.ckpt_dir, "checkpoint directory (checkpoint.dir)");
     nlohmann::json written = config.resolved;  // every value, and where it came from (read back: ignored)
     written["provenance"] = config.provenance;
@@ -207,6 +218,36 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     if (config.csv_monitor.enabled)
       s.csv = std::make_unique<CsvMonitor>(config.csv_monitor, s.opt.run_dir, static_cast<int64_t>(s.cursor));
   });
+  s.writer = std::make_unique<CheckpointWriter>(CheckpointRun{config, groups, s.engine}, s.ckpt_dir, config.checkpoint,
+                                                s.opt.run_dir + "/hdf5_errors.log");
+  if (config.checkpoint.save_interval > 0) s.check_storage();
+}
+
+// The checkpoint directory, before training: writable from every rank's node (a probe file each),
+// and (rank 0) with room for the checkpoints this run keeps. Partial files of saves that died
+// are removed first (this run holds the run dir's lock). UserError (exit 2) naming the numbers.
+void Trainer::State::check_storage() {
+  ProcessGroup& world = *groups.world;
+  if (is_root()) remove_partial_saves(ckpt_dir);
+  world.agree([&] {
+    if (const std::string e = probe_writable(ckpt_dir, groups.world_rank); !e.empty())
+      throw UserError(strprintf("checkpoint directory (checkpoint.dir) is not writable from rank %d: %s",
+                                groups.world_rank, e.c_str()));
+  });
+  world.agree([&] {
+    if (!is_root()) return;
+    const int interval = cfg.checkpoint.save_interval;
+    const int64_t saves = (cfg.train_steps - start_step) / interval + ((cfg.train_steps - start_step) % interval != 0);
+    const int64_t existing = static_cast<int64_t>(list_checkpoints(ckpt_dir).size());
+    const uint64_t need = checkpoint_space_needed(writer->file_bytes(), saves, cfg.checkpoint.keep_last, existing);
+    const int64_t have = free_bytes(ckpt_dir);
+    if (have >= 0 && static_cast<uint64_t>(have) < need)
+      throw UserError(strprintf(
+          "checkpoint directory '%s' has %.1f MB free, but this run needs %.1f MB more there (%lld saves of %.1f MB, "
+          "checkpoint.keep_last %d, %lld checkpoints there now): free space, lower keep_last or set checkpoint.dir",
+          ckpt_dir.c_str(), have / 1e6, need / 1e6, (long long)saves, writer->file_bytes() / 1e6,
+          cfg.checkpoint.keep_last, (long long)existing));
+  });
 }
 
 Trainer::~Trainer() = default;
@@ -216,23 +257,28 @@ bool Trainer::State::out_of_time() const {
   return seconds_since(t_start) + max_step_s + last_save_s > time_budget_s;
 }
 
-void Trainer::State::write_io_record(const char* action, int64_t step, const CheckpointIO& io) {
+void Trainer::State::write_io_record(const char* action, int64_t step, const CheckpointIO& io, const SaveResult* save) {
   if (!metrics) return;
-  metrics->write(MetricsRecord("checkpoint")
-                     .add("step", step)
-                     .add("action", action)
-                     .add("file", io.file)
-                     .add("bytes", static_cast<int64_t>(io.bytes))
-                     .add("seconds", io.seconds)
-                     .add("bytes_per_s", io.bytes / io.seconds)
-                     .add("stage_s", io.stage_s)
-                     .add("transfer_s", io.transfer_s)
-                     .add("commit_s", io.commit_s)
-                     .add("independent_transfers", io.independent));
+  MetricsRecord r("checkpoint");
+  r.add("step", step)
+      .add("action", action)
+      .add("file", io.file)
+      .add("bytes", static_cast<int64_t>(io.bytes))
+      .add("seconds", io.seconds)
+      .add("bytes_per_s", io.bytes / io.seconds)
+      .add("stage_s", io.stage_s)
+      .add("transfer_s", io.transfer_s)
+      .add("commit_s", io.commit_s)
+      .add("independent_transfers", io.independent);
+  if (save) r.add("stall_s", save->stall_s).add("async", writer->async()).add("error", save->error);
+  metrics->write(r);
 }
 
-// A checkpoint of the state after `step`, committed before this returns (collective).
-void Trainer::State::save(int step) {
+// A checkpoint of the state after `step` (collective): the previous save's result first, then
+// this one staged and written (in the background, or before this returns). Returns an exit code
+// when a failed save stops the run, else -1.
+int Trainer::State::save(int step) {
+  int rc = writer->pending() ? finish_save(writer->wait()) : -1;
   TrainingState st;
   st.step = step;
   st.optimizer_steps = engine.optimizer_steps();
@@ -245,12 +291,27 @@ void Trainer::State::save(int step) {
     Z3D_ASSERT(!ec, strprintf("cannot create checkpoint directory '%s': %s", ckpt_dir.c_str(), ec.message().c_str()));
   }
   groups.world->barrier();  // the directory exists before anyone opens the file
-  const CheckpointIO io = save_checkpoint({cfg, groups, engine}, ckpt_dir, st, cfg.checkpoint.keep_last,
-                                          fault.at("stall_save", groups.world_rank, step));
-  write_io_record("save", step, io);
-  last_save_s = io.seconds;
-  log_info("step %6d | checkpoint %s: %.1f MB in %.2f s (%.1f MB/s)", step, io.file.c_str(), io.bytes / 1e6,
-           io.seconds, io.bytes / 1e6 / io.seconds);
+  writer->save(st, fault.at("stall_save", groups.world_rank, step));
+  if (!writer->async()) rc = std::max(rc, finish_save(writer->wait()));
+  return rc;
+}
+
+// A save that finished (committed or failed, alike on every rank): its record and line, and what
+// a failure means (checkpoint.on_failure). Returns kExitCheckpointFailed to stop, else -1.
+int Trainer::State::finish_save(const SaveResult& r) {
+  write_io_record("save", r.step, r.io, &r);
+  if (!r.error.empty()) {
+    const bool stop = cfg.checkpoint.on_failure == "stop";
+    if (is_root())
+      log_warn("%s; %s", r.error.c_str(),
+               stop ? strprintf("stopping (exit code %d; checkpoint.on_failure = stop)", kExitCheckpointFailed).c_str()
+                    : "training goes on and tries again at the next interval (checkpoint.on_failure = continue)");
+    return stop ? kExitCheckpointFailed : -1;
+  }
+  last_save_s = r.io.seconds;
+  log_info("step %6lld | checkpoint %s: %.1f MB in %.2f s (%.1f MB/s), training waited %.2f s", (long long)r.step,
+           r.io.file.c_str(), r.io.bytes / 1e6, r.io.seconds, r.io.bytes / 1e6 / r.io.seconds, r.stall_s);
+  return -1;
 }
 
 // The validation set: global batch k is val samples [k*micro*dp, (k+1)*micro*dp), each rank
@@ -455,6 +516,10 @@ void Trainer::State::start_run() {
                          .add("gemm", be.describe_gemm())
                          .add("compute", opt.compute_choice)
                          .add("comm_device_buffers", groups.dp->device_path())
+                         .add("checkpoint_writes", writer->mode())
+                         .add("watchdog", Watchdog::running() ? "a thread per rank; on a timeout it asks every rank "
+                                                                "where it is (one line per job)"
+                                                              : "each rank alone (MPI without MPI_THREAD_MULTIPLE)")
                          .add("time_budget_s", time_budget_s)
                          .add("mem_params_bytes", static_cast<int64_t>(mem.params))
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
@@ -635,8 +700,15 @@ int Trainer::State::step_boundary(int step, const StepResult& r) {
   if (is_root() && step < c.train_steps && out_of_time()) stop = std::max<int64_t>(stop, 1);
   stop = world.all_reduce_max(stop);
   const int interval = c.checkpoint.save_interval;
-  if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) save(step);
-  if (stop != 0 || step == c.train_steps) report_kernels(), report_comms();
+  int rc = -1;
+  // A background save that every rank's writer has finished: its record, its failure policy.
+  if (writer->pending() && world.all_reduce_max(static_cast<int64_t>(!writer->done_here())) == 0)
+    rc = finish_save(writer->wait());
+  if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) rc = std::max(rc, save(step));
+  // Nothing ends before the last save committed (or failed).
+  if ((stop != 0 || step == c.train_steps || rc >= 0) && writer->pending()) rc = std::max(rc, finish_save(writer->wait()));
+  if (stop != 0 || step == c.train_steps || rc >= 0) report_kernels(), report_comms();
+  if (rc >= 0) return rc;
   if (stop == 1) {
     log_info("stopping after step %d: another step (%.1f s) and a checkpoint (%.1f s) would overrun the time budget "
              "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed; run again with "

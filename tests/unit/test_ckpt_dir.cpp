@@ -61,7 +61,7 @@ TEST(CkptDir, CommitPublishesPrunesAndCleans) {
     const std::string final_path = d.path + "/step_000000" + std::to_string(step) + ".h5";
     d.touch(fs::path(final_path).filename().string() + ".tmp", "data " + std::to_string(step));
     if (step == 30) d.touch("step_00000025.h5.tmp", "a save that died");
-    commit_checkpoint(d.path, final_path + ".tmp", final_path, /*keep_last=*/2);
+    EXPECT_EQ(commit_checkpoint(d.path, final_path + ".tmp", final_path, /*keep_last=*/2), "");
     EXPECT_EQ(read_latest(d.path), fs::path(final_path).filename().string());
     EXPECT_EQ(checkpoint_file(d.path), final_path);
     EXPECT_FALSE(fs::exists(final_path + ".tmp"));

@@ -1,0 +1,332 @@
+#include "io/ckpt_writer.h"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "parallel/watchdog.h"
+
+namespace zero3d {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct CheckpointWriter::Part {
+  size_t spec = 0;                                   // index in specs_
+  const CheckpointPiece* piece = nullptr;
+  size_t staged = 0;                                 // byte offset in staging_
+  size_t elem = 4;                                   // bytes per element
+  std::vector<std::pair<uint64_t, uint64_t>> runs;   // (first element in the dataset, elements), piece order
+};
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string host_name() {
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// The piece's elements as runs of consecutive elements of the row-major dataset: a block of whole
+// rows is one run, a narrower block one run per row. Listed in piece order (gpt.h: logical_blocks).
+std::vector<std::pair<uint64_t, uint64_t>> runs_of(const CheckpointPiece& p, const std::vector<hsize_t>& dims) {
+  const uint64_t cols = dims.size() > 1 ? dims[1] : 1;
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  auto add = [&](uint64_t first, uint64_t n) {
+    if (!runs.empty() && runs.back().first + runs.back().second == first) runs.back().second += n;
+    else runs.push_back({first, n});
+  };
+  for (const LogicalBlock& b : p.blocks) {
+    if (b.cols == cols) add(b.r0 * cols, b.rows * cols);
+    else
+      for (size_t r = b.r0; r < b.r0 + b.rows; ++r) add(r * cols + b.c0, b.cols);
+  }
+  return runs;
+}
+
+// Every rank's `mine`, agreed: "" when every rank's is empty, else the lowest failing rank's text.
+std::string agreed(ProcessGroup& g, const std::string& mine) {
+  try {
+    g.agree([&] {
+      if (!mine.empty()) throw UserError(mine);
+    });
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Rank 0 alone: the file with its root attributes and every dataset (contiguous, space allocated,
+// checksum attribute set), and where each dataset's data starts. Returns "" or what failed (the
+// HDF5 error stack appended to error_log).
+std::string create_skeleton(const std::string& tmp, const CheckpointHeader& header,
+                            const std::vector<DatasetSpec>& specs, const std::vector<uint64_t>& sums,
+                            const std::string& dtype16, std::vector<uint64_t>& offsets, const std::string& error_log) {
+  QuietHdf5 quiet;
+  H5Eclear2(H5E_DEFAULT);
+  const char* doing = "creating";
+  try {
+    Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
+    // Datasets of a page or more start on a page boundary: the writes below are page-aligned.
+    if (fapl.valid()) H5Pset_alignment(fapl.get(), 4096, 4096);
+    Hid file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
+    if (!file.valid()) throw Hdf5Error("creating");
+    doing = "writing the metadata of";
+    write_header(file.get(), header);
+    for (const char* g : {"/model", "/optimizer", "/optimizer/master", "/optimizer/exp_avg", "/optimizer/exp_avg_sq"}) {
+      if (!header.mixed() && std::string(g) == "/optimizer/master") continue;
+      Hid grp(H5Gcreate2(file.get(), g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+      if (!grp.valid()) throw Hdf5Error(g);
+    }
+    Hid dcpl(H5Pcreate(H5P_DATASET_CREATE));
+    if (H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER) < 0 || H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY) < 0)
+      throw Hdf5Error("dataset properties");
+    for (size_t k = 0; k < specs.size(); ++k) {
+      const DatasetSpec& spec = specs[k];
+      Hid space(H5Screate_simple(static_cast<int>(spec.dims.size()), spec.dims.data(), nullptr));
+      Hid ds(H5Dcreate2(file.get(), spec.path.c_str(), spec.sixteen ? H5T_STD_U16LE : H5T_IEEE_F32LE, space.get(),
+                        H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+      if (!ds.valid()) throw Hdf5Error(spec.path);
+      if (spec.sixteen) write_attr(ds.get(), "dtype", dtype16);
+      write_attr(ds.get(), "checksum", sums[k]);
+      const haddr_t at = H5Dget_offset(ds.get());
+      if (at == HADDR_UNDEF) throw Hdf5Error(spec.path + ": no contiguous storage");
+      offsets[k] = at;
+    }
+    if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) throw Hdf5Error("flush");
+    if (H5Fclose(file.release()) < 0) throw Hdf5Error("close");  // the metadata is on disk, the data space reserved
+    return "";
+  } catch (const Hdf5Error&) {
+    const std::string stack = hdf5_error_stack();
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    std::ofstream log(error_log, std::ios::app);
+    const std::time_t now = std::time(nullptr);
+    log << "---- " << std::ctime(&now) << "checkpoint file " << tmp << ": " << doing << " failed\n" << stack;
+    const std::string cause = hdf5_system_error(stack);
+    return strprintf("rank 0 (%s): %s '%s' failed: %s (HDF5's error stack is in %s)", host_name().c_str(), doing,
+                     tmp.c_str(), cause.empty() ? "HDF5 error" : cause.c_str(), error_log.c_str());
+  }
+}
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(const CheckpointRun& run, std::string dir, const CheckpointConfig& cfg,
+                                   std::string error_log)
+    : run_(run), dir_(std::move(dir)), error_log_(std::move(error_log)), cfg_(cfg) {
+  ProcessGroup& world = *run_.groups.world;
+  group_ = ProcessGroup::split(world, 0, world.rank(), "checkpoint");
+  specs_ = checkpoint_datasets(run_.config.model, run_.engine.mixed());
+  std::vector<const CheckpointPiece*> piece_of(specs_.size(), nullptr);
+  for (const CheckpointPiece& p : run_.engine.save_pieces()) piece_of[p.tensor] = &p;
+  size_t at = 0;
+  for (size_t k = 0; k < specs_.size(); ++k) {
+    const DatasetSpec& spec = specs_[k];
+    uint64_t elems = 1;
+    for (hsize_t d : spec.dims) elems *= d;
+    const size_t elem = spec.sixteen ? 2 : 4;
+    file_bytes_ += elems * elem;
+    const CheckpointPiece* p = piece_of[spec.tensor];
+    if (!p) continue;
+    parts_.push_back({k, p, at, elem, runs_of(*p, spec.dims)});
+    at += (p->piece.size * elem + 63) / 64 * 64;
+  }
+  staging_.assign(at, 0);  // allocated and touched once: a save copies at memory speed
+  int provided = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&provided);
+  async_ = cfg_.async && provided >= MPI_THREAD_MULTIPLE;
+  mode_ = async_ ? "background (a writer thread; training waits only for a copy of its state)"
+          : !cfg_.async ? "in place (checkpoint.async is false)"
+                        : "in place (the MPI library does not provide MPI_THREAD_MULTIPLE)";
+  if (async_) thread_ = std::thread([this] { thread_main(); });
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (async_) {
+    {
+      std::unique_lock<std::mutex> lock(m_);
+      cv_.wait(lock, [&] { return !job_; });  // a save in flight finishes first (its file stays consistent)
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+}
+
+double CheckpointWriter::timeout_s() const {
+  if (cfg_.timeout_s > 0) return cfg_.timeout_s;
+  return std::max(comm_context().timeout_s, 3.0 * static_cast<double>(file_bytes_) / bandwidth_);
+}
+
+void CheckpointWriter::save(const TrainingState& st, bool stall_halfway) {
+  Z3D_ASSERT(!pending_, "a checkpoint save while the previous one is pending");
+  const auto t0 = Clock::now();
+  ZeroEngine& engine = run_.engine;
+  for (const Part& p : parts_) {
+    const DatasetSpec& spec = specs_[p.spec];
+    char* out = staging_.data() + p.staged;
+    if (spec.sixteen) engine.read_weights16(p.piece->piece, reinterpret_cast<uint16_t*>(out));
+    else engine.read_state(engine_state(spec.kind), p.piece->piece, reinterpret_cast<float*>(out));
+  }
+  staged_ = st;
+  result_ = SaveResult{};
+  result_.io.stage_s = seconds_since(t0);
+  pending_ = true;
+  if (!async_) {
+    write(st.step, st, stall_halfway);
+    result_.stall_s = seconds_since(t0);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    job_ = true, done_ = false, stall_ = stall_halfway;
+  }
+  cv_.notify_all();
+  result_.stall_s = seconds_since(t0);
+}
+
+bool CheckpointWriter::done_here() {
+  if (!pending_) return true;
+  if (!async_) return true;
+  std::lock_guard<std::mutex> lock(m_);
+  return done_;
+}
+
+SaveResult CheckpointWriter::wait() {
+  Z3D_ASSERT(pending_, "wait() without a pending checkpoint save");
+  const auto t0 = Clock::now();
+  if (async_) {
+    Watchdog::Phase phase(strprintf("waiting for the checkpoint writer (step %lld)", (long long)staged_.step),
+                          timeout_s() + 30);
+    std::unique_lock<std::mutex> lock(m_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+  pending_ = false;
+  SaveResult r = result_;
+  r.stall_s += seconds_since(t0);
+  return r;
+}
+
+void CheckpointWriter::thread_main() {
+  Watchdog::set_thread_slot(Watchdog::Slot::writer);
+  for (;;) {
+    bool stall = false;
+    {
+      std::unique_lock<std::mutex> lock(m_);
+      cv_.wait(lock, [&] { return (job_ && !done_) || stop_; });
+      if (stop_) return;
+      stall = stall_;
+    }
+    write(staged_.step, staged_, stall);
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      done_ = true, job_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+// The second half of a save: checksums, the file, the writes, the vote, the commit. Runs on the
+// writer thread (or in place); collective over group_ only.
+void CheckpointWriter::write(int64_t step, const TrainingState& st, bool stall_halfway) {
+  const auto t0 = Clock::now();
+  ProcessGroup& g = *group_;
+  const double limit = timeout_s();
+  Watchdog::Phase phase(strprintf("checkpoint save of step %lld", (long long)step), limit);
+  g.set_timeout(limit);
+  SaveResult& r = result_;
+  r.step = step;
+  const std::string final_path = dir_ + "/" + strprintf("step_%08lld.h5", (long long)step);
+  const std::string tmp = final_path + ".tmp";
+
+  phase.progress("checksums");
+  std::vector<uint64_t> sums(specs_.size(), 0);
+  for (const Part& p : parts_) {
+    const char* x = staging_.data() + p.staged;
+    sums[p.spec] = p.elem == 2 ? checksum_piece(*p.piece, reinterpret_cast<const uint16_t*>(x))
+                               : checksum_piece(*p.piece, reinterpret_cast<const float*>(x));
+  }
+  g.all_reduce_sum(sums.data(), sums.size());
+
+  phase.progress("creating the file");
+  std::vector<uint64_t> offsets(specs_.size(), 0);
+  std::string mine;
+  if (g.rank() == 0)
+    mine = create_skeleton(tmp, checkpoint_header(run_, st), specs_, sums,
+                           run_.engine.dtype16() == Dtype16::fp16 ? "float16" : "bfloat16", offsets, error_log_);
+  std::string error = agreed(g, mine);
+
+  const auto tw = Clock::now();
+  if (error.empty()) {
+    g.all_reduce_sum(offsets.data(), offsets.size());  // rank 0's, on every rank
+    phase.progress("writing its pieces");
+    mine.clear();
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+    const std::string who = strprintf("rank %d (%s)", run_.groups.world->rank(), host_name().c_str());
+    if (fd < 0) mine = strprintf("%s: opening '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
+    for (size_t i = 0; i < parts_.size() && mine.empty(); ++i) {
+      if (stall_halfway && i == parts_.size() / 2) {
+        log_warn("fault injection: rank stalls in the middle of the checkpoint save of step %lld", (long long)step);
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      const Part& p = parts_[i];
+      const char* src = staging_.data() + p.staged;
+      for (const auto& [first, n] : p.runs) {
+        size_t left = n * p.elem;
+        off_t at = static_cast<off_t>(offsets[p.spec] + first * p.elem);
+        while (left > 0 && mine.empty()) {
+          const ssize_t w = ::pwrite(fd, src, left, at);
+          if (w < 0 && errno == EINTR) continue;
+          if (w <= 0) {
+            mine = strprintf("%s: writing '%s': %s", who.c_str(), tmp.c_str(), w < 0 ? strerror(errno) : "wrote nothing");
+            break;
+          }
+          src += w, at += w, left -= static_cast<size_t>(w);
+        }
+      }
+      phase.progress(strprintf("writing its pieces: dataset %zu of %zu", p.spec + 1, specs_.size()));
+    }
+    if (fd >= 0 && mine.empty() && ::fsync(fd) != 0)
+      mine = strprintf("%s: fsync of '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
+    if (fd >= 0 && ::close(fd) != 0 && mine.empty())
+      mine = strprintf("%s: closing '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
+    error = agreed(g, mine);
+  }
+  const auto tc = Clock::now();
+  r.io.transfer_s = std::chrono::duration<double>(tc - t0).count();
+  phase.progress("committing");
+  if (error.empty()) {
+    error = agreed(g, g.rank() == 0 ? commit_checkpoint(dir_, tmp, final_path, cfg_.keep_last) : "");
+  } else if (g.rank() == 0) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+  }
+  r.io.file = final_path;
+  r.io.bytes = file_bytes_;
+  r.io.commit_s = g.all_reduce_max(seconds_since(tc));
+  r.io.transfer_s = g.all_reduce_max(r.io.transfer_s);
+  r.io.stage_s = g.all_reduce_max(r.io.stage_s);
+  r.io.seconds = g.all_reduce_max(seconds_since(t0)) + r.io.stage_s;  // staging, then the write
+  if (error.empty()) {
+    bandwidth_ = static_cast<double>(file_bytes_) / std::max(1e-3, g.all_reduce_max(seconds_since(tw)));
+  } else {
+    const std::string latest = read_latest(dir_);
+    r.error = strprintf("checkpoint of step %lld failed: %s; the partial file is removed and %s", (long long)step,
+                        error.c_str(),
+                        latest.empty() ? "there is no committed checkpoint yet" : ("'latest' still names " + latest).c_str());
+  }
+}
+
+}  // namespace zero3d
