@@ -5,6 +5,7 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 
 namespace zero3d {
 
@@ -27,18 +28,39 @@ std::string mpi_error_string(int code) {
   return std::string(buf, len);
 }
 
-void fatal(const char* library, const std::string& message, const char* statement, const char* file, int line) {
-  int initialized = 0, finalized = 0, rank = -1;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+namespace {
+// This rank (-1 before MPI_Init or after MPI_Finalize) and its host, for a last line.
+struct Where {
+  int rank = -1;
+  bool mpi = false;
   char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  fprintf(stderr, "zero3d: fatal %s error on rank %d (%s) at %s:%d\n  %s\n  -> %s\n", library, rank, host, file,
+  Where() {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    mpi = initialized && !finalized;
+    if (mpi) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    gethostname(host, sizeof host - 1);
+  }
+  [[noreturn]] void abort(int code) const {
+    fflush(stderr);
+    if (mpi) MPI_Abort(MPI_COMM_WORLD, code);
+    std::exit(code);
+  }
+};
+}  // namespace
+
+void fatal(const char* library, const std::string& message, const char* statement, const char* file, int line) {
+  const Where w;
+  fprintf(stderr, "zero3d: fatal %s error on rank %d (%s) at %s:%d\n  %s\n  -> %s\n", library, w.rank, w.host, file,
           line, statement, message.c_str());
-  fflush(stderr);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
+  w.abort(1);
+}
+
+void abort_job(const std::string& message, int exit_code) {
+  const Where w;
+  fprintf(stderr, "zero3d: error (rank %d, %s): %s\n", w.rank, w.host, message.c_str());
+  w.abort(exit_code);
 }
 
 }  // namespace zero3d

@@ -20,6 +20,10 @@ constexpr int kExitCheckpointFailed = 7;  // a checkpoint could not be written (
 [[noreturn]] void fatal(const char* library, const std::string& message, const char* statement,
                         const char* file, int line);
 
+// A failure that one rank finds in the middle of a run (a file changed under it), where the others
+// cannot agree on it: one line naming the rank, then MPI_Abort with exit_code.
+[[noreturn]] void abort_job(const std::string& message, int exit_code);
+
 struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

@@ -1,8 +1,7 @@
-// data/loader.cpp: the mmap'd token file and the seeded, layout-independent sequence order.
+// data/loader.cpp: the token file, read with pread, and the seeded, layout-independent sequence order.
 #include "data/loader.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,7 +53,7 @@ struct SplitMix64 {
 
 }  // namespace
 
-TokenFile::TokenFile(const std::string& path, int vocab_size) : path_(path) {
+TokenFile::TokenFile(const std::string& path, int vocab_size) : path_(path), vocab_size_(vocab_size) {
   FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (fd.fd < 0) throw UserError(strprintf("cannot open token file '%s': %s", path.c_str(), strerror(errno)));
   struct stat st {};
@@ -66,52 +65,72 @@ TokenFile::TokenFile(const std::string& path, int vocab_size) : path_(path) {
     throw UserError(strprintf("'%s' is not an llm.c token file (%llu bytes, shorter than the %llu-byte header)",
                               path.c_str(), static_cast<unsigned long long>(file_bytes),
                               static_cast<unsigned long long>(kHeaderBytes)));
-
-  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd.fd, 0);
-  if (map == MAP_FAILED)
-    throw UserError(strprintf("cannot map token file '%s': %s", path.c_str(), strerror(errno)));
-  map_ = map;
-  map_bytes_ = file_bytes;
-  // From here a throw skips the destructor, so unmap by hand.
-  try {
-    int32_t header[kTokenFileHeaderInts];
-    std::memcpy(header, map_, sizeof header);
-    if (header[0] != kTokenFileMagic)
-      throw UserError(strprintf("'%s' is not an llm.c token file (magic %d, expected %d)", path.c_str(), header[0],
-                                kTokenFileMagic));
-    if (header[1] != kTokenFileVersion)
-      throw UserError(strprintf("'%s' is an llm.c token file of version %d, but zero3d reads version %d (uint16 tokens)",
-                                path.c_str(), header[1], kTokenFileVersion));
-    // llm.c writes the count as int32; read it unsigned so a corrupt negative count is caught as
-    // truncation below instead of wrapping to a huge size.
-    const uint64_t count = static_cast<uint32_t>(header[2]);
-    const uint64_t needed = kHeaderBytes + count * sizeof(uint16_t);
-    if (file_bytes < needed)
-      throw UserError(strprintf("'%s' is truncated: header promises %llu tokens (%llu bytes) but the file has %llu bytes",
-                                path.c_str(), static_cast<unsigned long long>(count),
-                                static_cast<unsigned long long>(needed), static_cast<unsigned long long>(file_bytes)));
-    // Bytes past the promised tokens are ignored, as llm.c does.
-    tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + kHeaderBytes);
-    num_tokens_ = count;
-
-    // One pass for the maximum (vectorises), a second only to name the first bad position.
-    if (vocab_size <= 65535 && count > 0) {
-      const uint16_t max_id = *std::max_element(tokens_, tokens_ + count);
-      if (max_id >= vocab_size) {
-        const uint16_t* bad = std::find_if(tokens_, tokens_ + count, [&](uint16_t t) { return t >= vocab_size; });
-        throw UserError(strprintf("'%s' holds token id %d at position %llu, but model.vocab_size is %d", path.c_str(),
-                                  static_cast<int>(*bad), static_cast<unsigned long long>(bad - tokens_), vocab_size));
-      }
-    }
-  } catch (...) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
-    throw;
+  int32_t header[kTokenFileHeaderInts];
+  if (::pread(fd.fd, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header))
+    throw UserError(strprintf("cannot read the header of token file '%s': %s", path.c_str(), strerror(errno)));
+  if (header[0] != kTokenFileMagic)
+    throw UserError(strprintf("'%s' is not an llm.c token file (magic %d, expected %d)", path.c_str(), header[0],
+                              kTokenFileMagic));
+  if (header[1] != kTokenFileVersion)
+    throw UserError(strprintf("'%s' is an llm.c token file of version %d, but zero3d reads version %d (uint16 tokens)",
+                              path.c_str(), header[1], kTokenFileVersion));
+  // llm.c writes the count as int32; read it unsigned so a corrupt negative count is caught as
+  // truncation below instead of wrapping to a huge size.
+  const uint64_t count = static_cast<uint32_t>(header[2]);
+  const uint64_t needed = kHeaderBytes + count * sizeof(uint16_t);
+  if (file_bytes < needed)
+    throw UserError(strprintf("'%s' is truncated: header promises %llu tokens (%llu bytes) but the file has %llu bytes",
+                              path.c_str(), static_cast<unsigned long long>(count),
+                              static_cast<unsigned long long>(needed), static_cast<unsigned long long>(file_bytes)));
+  // Bytes past the promised tokens are ignored, as llm.c does.
+  num_tokens_ = count;
+  // Every token id in range, a block at a time (one pass for the maximum; a second names the first bad one).
+  std::vector<uint16_t> block(uint64_t(1) << 20);
+  for (uint64_t at = 0; at < count && vocab_size <= 65535; at += block.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), count - at));
+    if (!read_tokens(fd.fd, at, n, block.data()))
+      throw UserError(strprintf("cannot read token file '%s': %s", path.c_str(), strerror(errno)));
+    if (*std::max_element(block.begin(), block.begin() + n) < vocab_size) continue;
+    const auto bad = std::find_if(block.begin(), block.end(), [&](uint16_t t) { return t >= vocab_size; });
+    throw UserError(strprintf("'%s' holds token id %d at position %llu, but model.vocab_size is %d", path.c_str(),
+                              static_cast<int>(*bad), static_cast<unsigned long long>(at + (bad - block.begin())),
+                              vocab_size));
   }
+  fd_ = std::exchange(fd.fd, -1);
 }
 
 TokenFile::~TokenFile() {
-  if (map_) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+bool TokenFile::read_tokens(int fd, uint64_t first, size_t n, uint16_t* out) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, reinterpret_cast<char*>(out) + done * sizeof(uint16_t),
+                              (n - done) * sizeof(uint16_t), static_cast<off_t>(kHeaderBytes + (first + done) * 2));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0 || r % 2 != 0) return false;
+    done += static_cast<size_t>(r) / sizeof(uint16_t);
+  }
+  return true;
+}
+
+void TokenFile::read(uint64_t first, size_t n, uint16_t* out) const {
+  // Read, not mapped: a file truncated or rewritten under the run is one clear line, not a SIGBUS.
+  // Only this rank sees it, so the job ends here.
+  errno = 0;
+  if (!read_tokens(fd_, first, n, out))
+    abort_job(strprintf("token file '%s' changed under the run: tokens %llu-%llu can no longer be read (%s); the "
+                        "file was truncated or replaced. Restore it and resume from the last checkpoint",
+                        path_.c_str(), static_cast<unsigned long long>(first),
+                        static_cast<unsigned long long>(first + n - 1), errno ? strerror(errno) : "end of file"),
+              kExitUserError);
+  for (size_t i = 0; i < n; ++i)
+    if (out[i] >= vocab_size_)
+      abort_job(strprintf("token file '%s' changed under the run: token %llu is %d, beyond model.vocab_size %d. "
+                          "Restore it and resume from the last checkpoint",
+                          path_.c_str(), static_cast<unsigned long long>(first + i), out[i], vocab_size_),
+                kExitUserError);
 }
 
 DataLoader::DataLoader(const std::string& path, int seq_len, int vocab_size, uint64_t seed, bool shuffle)
@@ -143,9 +162,11 @@ uint64_t DataLoader::sequence_of(uint64_t sample) {
 
 void DataLoader::load(uint64_t first_sample, int count, int32_t* inputs, int32_t* targets) {
   const size_t T = static_cast<size_t>(seq_len_);
+  seq_.resize(T + 1);
   for (int k = 0; k < count; ++k) {
     // Sequence s covers tokens [s*T, s*T + T]; its last target is at most S*T <= num_tokens - 1.
-    const uint16_t* seq = file_.tokens() + sequence_of(first_sample + static_cast<uint64_t>(k)) * T;
+    file_.read(sequence_of(first_sample + static_cast<uint64_t>(k)) * T, T + 1, seq_.data());
+    const uint16_t* seq = seq_.data();
     int32_t* in = inputs + static_cast<size_t>(k) * T;
     int32_t* tg = targets + static_cast<size_t>(k) * T;
     for (size_t t = 0; t < T; ++t) {

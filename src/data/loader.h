@@ -12,7 +12,8 @@
 
 namespace zero3d {
 
-// Read-only memory map of one token file; validates header, size and token range on open.
+// One token file, read with pread (not mapped: a file truncated under the run must be an error,
+// not a SIGBUS); validates header, size and token range on open, and each read again.
 class TokenFile {
  public:
   // Throws UserError naming the file for: missing/unreadable, foreign magic, unknown version,
@@ -24,13 +25,15 @@ class TokenFile {
 
   const std::string& path() const { return path_; }
   uint64_t num_tokens() const { return num_tokens_; }
-  const uint16_t* tokens() const { return tokens_; }
+  // Tokens [first, first + n) into out. A file changed under the run (truncated, or rewritten with
+  // tokens out of range) ends the job with one line naming it (exit 2): only this rank knows.
+  void read(uint64_t first, size_t n, uint16_t* out) const;
 
  private:
+  static bool read_tokens(int fd, uint64_t first, size_t n, uint16_t* out);
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  int vocab_size_ = 0;
+  int fd_ = -1;
   uint64_t num_tokens_ = 0;
 };
 
@@ -53,6 +56,7 @@ class DataLoader {
   uint64_t num_sequences_;
   int64_t perm_epoch_ = -1;
   std::vector<uint64_t> perm_;
+  std::vector<uint16_t> seq_;  // one sequence and its last target, as read
 };
 
 // Header constants of the llm.c token format.

@@ -208,7 +208,7 @@ SaveResult CheckpointWriter::wait() {
   Z3D_ASSERT(pending_, "wait() without a pending checkpoint save");
   const auto t0 = Clock::now();
   if (async_) {
-    Watchdog::Phase phase(strprintf("waiting for the checkpoint writer (step %lld)", (long long)staged_.step),
+    Watchdog::Phase phase(strprintf("a wait for the checkpoint writer (step %lld)", (long long)staged_.step),
                           timeout_s() + 30);
     std::unique_lock<std::mutex> lock(m_);
     cv_.wait(lock, [&] { return done_; });

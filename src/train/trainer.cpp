@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -118,7 +119,7 @@ struct Trainer::State {
   std::unique_ptr<RunDirLock> lock;         // rank 0: this run owns the run dir
   std::unique_ptr<CheckpointWriter> writer;  // saves (io/ckpt_writer.h)
   void check_storage();
-  int finish_save(const SaveResult& r);
+  void finish_save(const SaveResult& r);
   // The run's phases (Trainer::run) and what they share, set by start_run.
   struct StepResult;
   void start_run();
@@ -135,7 +136,7 @@ struct Trainer::State {
 
   bool is_root() const { return groups.world_rank == 0; }
   bool out_of_time() const;
-  int save(int step);
+  void save(int step);
   void write_io_record(const char* action, int64_t step, const CheckpointIO& io, const SaveResult* save = nullptr);
   double validate(int step);
   double train_micro_batches(float dloss, double& t_fwd, double& t_bwd);
@@ -200,14 +201,36 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     s.cursor = st.data_cursor;
     if (st.loss_scaler_dynamic && s.scaler.dynamic()) s.scaler.restore(st.loss_scaler);
   }
-  // Everything above validated the inputs; only now does the run directory appear.
+  // Everything above validated the inputs; only now does the run directory appear, locked by
+  // this run, with the checkpoint directory checked before anything is written there.
+  bool created_run_dir = false;
   world.agree([&] {
     if (!s.is_root()) return;
+    std::error_code ec;
+    created_run_dir = !fs::exists(s.opt.run_dir, ec);
     create_directory(s.opt.run_dir, "run directory");
     std::string warning;
     s.lock = std::make_unique<RunDirLock>(s.opt.run_dir, warning);  // one run per run dir
     if (!warning.empty()) log_warn("%s", warning.c_str());
     if (config.checkpoint.save_interval > 0) create_directory(s.ckpt_dir, "checkpoint directory (checkpoint.dir)");
+  });
+  s.writer = std::make_unique<CheckpointWriter>(CheckpointRun{config, groups, s.engine}, s.ckpt_dir, config.checkpoint,
+                                                s.opt.run_dir + "/hdf5_errors.log");
+  if (config.checkpoint.save_interval > 0) {
+    try {
+      s.check_storage();
+    } catch (const UserError&) {  // leave no trace of this run: it never started
+      if (s.is_root()) {
+        s.lock.reset();
+        std::error_code ec;
+        fs::remove(s.ckpt_dir, ec);  // only if empty
+        if (created_run_dir) fs::remove(s.opt.run_dir, ec);
+      }
+      throw;
+    }
+  }
+  world.agree([&] {
+    if (!s.is_root()) return;
     nlohmann::json written = config.resolved;  // every value, and where it came from (read back: ignored)
     written["provenance"] = config.provenance;
     write_file_atomic(s.opt.run_dir + "/config.json", written.dump(2) + "\n");
@@ -218,9 +241,6 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     if (config.csv_monitor.enabled)
       s.csv = std::make_unique<CsvMonitor>(config.csv_monitor, s.opt.run_dir, static_cast<int64_t>(s.cursor));
   });
-  s.writer = std::make_unique<CheckpointWriter>(CheckpointRun{config, groups, s.engine}, s.ckpt_dir, config.checkpoint,
-                                                s.opt.run_dir + "/hdf5_errors.log");
-  if (config.checkpoint.save_interval > 0) s.check_storage();
 }
 
 // The checkpoint directory, before training: writable from every rank's node (a probe file each),
@@ -275,10 +295,9 @@ void Trainer::State::write_io_record(const char* action, int64_t step, const Che
 }
 
 // A checkpoint of the state after `step` (collective): the previous save's result first, then
-// this one staged and written (in the background, or before this returns). Returns an exit code
-// when a failed save stops the run, else -1.
-int Trainer::State::save(int step) {
-  int rc = writer->pending() ? finish_save(writer->wait()) : -1;
+// this one staged and written (in the background, or before this returns).
+void Trainer::State::save(int step) {
+  if (writer->pending()) finish_save(writer->wait());
   TrainingState st;
   st.step = step;
   st.optimizer_steps = engine.optimizer_steps();
@@ -287,31 +306,39 @@ int Trainer::State::save(int step) {
   st.loss_scaler = scaler.state();
   if (is_root()) {  // it may be a stop before any interval checkpoint (checkpoint.save_interval = 0)
     std::error_code ec;
-    fs::create_directories(ckpt_dir, ec);
-    Z3D_ASSERT(!ec, strprintf("cannot create checkpoint directory '%s': %s", ckpt_dir.c_str(), ec.message().c_str()));
+    fs::create_directories(ckpt_dir, ec);  // a failure here fails the save, cleanly (the writer reports it)
   }
+  const std::string filler = ckpt_dir + "/.fill";
+  if (fault.at("fill_disk", groups.world_rank, step)) {
+    const int64_t left = free_bytes(ckpt_dir) - (512 << 10);
+    std::FILE* f = std::fopen(filler.c_str(), "wb");
+    if (f && left > 0 && posix_fallocate(fileno(f), 0, left) == 0)
+      log_warn("fault injection: filled the checkpoint file system before the save of step %d", step);
+    if (f) std::fclose(f);
+  }
+  if (fault.at("free_disk", groups.world_rank, step)) std::remove(filler.c_str());
   groups.world->barrier();  // the directory exists before anyone opens the file
   writer->save(st, fault.at("stall_save", groups.world_rank, step));
-  if (!writer->async()) rc = std::max(rc, finish_save(writer->wait()));
-  return rc;
+  if (!writer->async()) finish_save(writer->wait());
 }
 
 // A save that finished (committed or failed, alike on every rank): its record and line, and what
-// a failure means (checkpoint.on_failure). Returns kExitCheckpointFailed to stop, else -1.
-int Trainer::State::finish_save(const SaveResult& r) {
+// a failure means (checkpoint.on_failure): a RunError (exit 7, on every rank) or a warning.
+void Trainer::State::finish_save(const SaveResult& r) {
   write_io_record("save", r.step, r.io, &r);
   if (!r.error.empty()) {
-    const bool stop = cfg.checkpoint.on_failure == "stop";
+    if (cfg.checkpoint.on_failure == "stop")
+      throw RunError(r.error + "; stopping (checkpoint.on_failure = stop): fix the storage, then run again with "
+                               "checkpoint.load=auto to resume from the last committed checkpoint",
+                     kExitCheckpointFailed);
     if (is_root())
-      log_warn("%s; %s", r.error.c_str(),
-               stop ? strprintf("stopping (exit code %d; checkpoint.on_failure = stop)", kExitCheckpointFailed).c_str()
-                    : "training goes on and tries again at the next interval (checkpoint.on_failure = continue)");
-    return stop ? kExitCheckpointFailed : -1;
+      log_warn("%s; training goes on and tries again at the next interval (checkpoint.on_failure = continue)",
+               r.error.c_str());
+    return;
   }
   last_save_s = r.io.seconds;
   log_info("step %6lld | checkpoint %s: %.1f MB in %.2f s (%.1f MB/s), training waited %.2f s", (long long)r.step,
            r.io.file.c_str(), r.io.bytes / 1e6, r.io.seconds, r.io.bytes / 1e6 / r.io.seconds, r.stall_s);
-  return -1;
 }
 
 // The validation set: global batch k is val samples [k*micro*dp, (k+1)*micro*dp), each rank
@@ -700,15 +727,13 @@ int Trainer::State::step_boundary(int step, const StepResult& r) {
   if (is_root() && step < c.train_steps && out_of_time()) stop = std::max<int64_t>(stop, 1);
   stop = world.all_reduce_max(stop);
   const int interval = c.checkpoint.save_interval;
-  int rc = -1;
   // A background save that every rank's writer has finished: its record, its failure policy.
   if (writer->pending() && world.all_reduce_max(static_cast<int64_t>(!writer->done_here())) == 0)
-    rc = finish_save(writer->wait());
-  if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) rc = std::max(rc, save(step));
+    finish_save(writer->wait());
+  if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) save(step);
   // Nothing ends before the last save committed (or failed).
-  if ((stop != 0 || step == c.train_steps || rc >= 0) && writer->pending()) rc = std::max(rc, finish_save(writer->wait()));
-  if (stop != 0 || step == c.train_steps || rc >= 0) report_kernels(), report_comms();
-  if (rc >= 0) return rc;
+  if ((stop != 0 || step == c.train_steps) && writer->pending()) finish_save(writer->wait());
+  if (stop != 0 || step == c.train_steps) report_kernels(), report_comms();
   if (stop == 1) {
     log_info("stopping after step %d: another step (%.1f s) and a checkpoint (%.1f s) would overrun the time budget "
              "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed; run again with "

@@ -114,7 +114,9 @@ TEST_F(DataTest, PrepareRoundTrip) {
 
   TokenFile tf(out, 256);
   ASSERT_EQ(tf.num_tokens(), text.size());
-  for (size_t i = 0; i < text.size(); ++i) EXPECT_EQ(tf.tokens()[i], static_cast<unsigned char>(text[i])) << i;
+  std::vector<uint16_t> tokens(text.size());
+  tf.read(0, tokens.size(), tokens.data());
+  for (size_t i = 0; i < text.size(); ++i) EXPECT_EQ(tokens[i], static_cast<unsigned char>(text[i])) << i;
 
   // T = 4: S = (22 - 1) / 4 = 5 sequences, file order when unshuffled.
   DataLoader dl(out, 4, 256, 1234, false);
