@@ -3,7 +3,8 @@
 # on the same file system, measured in the same run, alternating, ROUNDS times (each after `sync`):
 #   dd        one writer: dd conv=fsync of the checkpoint's byte count
 #   bench io  the same ranks writing the same bytes with raw collective MPI-IO + sync (zero3d bench io)
-#   save      zero3d train for one step with checkpoint.save_interval=1 (the "checkpoint" record)
+#   save      zero3d train for one step with checkpoint.save_interval=1, written in place
+#             (checkpoint.async=false: the whole save, staging to commit; the "checkpoint" record)
 #   load      a second zero3d train resuming that checkpoint (read, verified, resharded to ZeRO-3)
 # usage: jobscripts/ckpt_bandwidth.sh [DIR [RANKS [CONFIG [ROUNDS]]]]
 #        defaults: runs/ckpt-bandwidth, 4, input/gpt2-124m.json (fp32: weights + Adam m, v = 1.49 GB), 3
@@ -32,7 +33,7 @@ print(next(r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "checkp
 }
 for round in $(seq "$rounds"); do
   sync; sleep 1
-  train "save$round" --set zero_optimization.stage=1 --set checkpoint.save_interval=1
+  train "save$round" --set zero_optimization.stage=1 --set checkpoint.save_interval=1 --set checkpoint.async=false
   bytes=$(record "save$round" bytes)
   save=$(record "save$round" bytes_per_s)
   sync; sleep 1

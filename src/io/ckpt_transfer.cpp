@@ -1,6 +1,10 @@
 #include "io/ckpt_transfer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "core/check.h"
 
@@ -19,6 +23,32 @@ void select_blocks(hid_t space, const std::vector<LogicalBlock>& blocks) {
   }
 }
 }  // namespace
+
+std::vector<std::pair<uint64_t, uint64_t>> element_runs(const CheckpointPiece& p, const std::vector<hsize_t>& dims) {
+  const uint64_t cols = dims.size() > 1 ? dims[1] : 1;
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  auto add = [&](uint64_t first, uint64_t n) {
+    if (!runs.empty() && runs.back().first + runs.back().second == first) runs.back().second += n;
+    else runs.push_back({first, n});
+  };
+  for (const LogicalBlock& b : p.blocks) {
+    if (b.cols == cols) add(b.r0 * cols, b.rows * cols);
+    else
+      for (size_t r = b.r0; r < b.r0 + b.rows; ++r) add(r * cols + b.c0, b.cols);
+  }
+  return runs;
+}
+
+std::string read_bytes(int fd, char* dst, size_t n, uint64_t at) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, dst, n, static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return strerror(errno);
+    if (r == 0) return "the file ends early (truncated)";
+    dst += r, at += static_cast<uint64_t>(r), n -= static_cast<size_t>(r);
+  }
+  return "";
+}
 
 Hid mpio_file_access(MPI_Comm comm) {
   Hid fapl(H5Pcreate(H5P_FILE_ACCESS));

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/host_buffer.h"
 #include "io/checkpoint.h"
 
 namespace zero3d {
@@ -77,7 +78,7 @@ class CheckpointWriter {
   std::unique_ptr<ProcessGroup> group_;  // the world again, for the writer alone
   std::vector<DatasetSpec> specs_;
   std::vector<Part> parts_;
-  std::vector<char> staging_;  // every part, in spec order
+  HostBuffer staging_;         // every part, in spec order
   uint64_t file_bytes_ = 0;
   double bandwidth_ = 100e6;   // bytes/s of the last write (a cautious guess before the first)
   std::string mode_;
