@@ -1,5 +1,6 @@
-// The checkpoint directory protocol alone (no MPI, no HDF5): names, ordering, `latest`, commit's
-// rename and pruning, and the cleanup of dead saves' temp files.
+// The checkpoint directory protocol and the storage checks alone (no MPI, no HDF5): names,
+// ordering, `latest`, commit's rename and pruning, a failed commit, the cleanup of dead saves' temp
+// files; the run dir's lock, the probe file and the space a run needs.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 
 #include "core/check.h"
 #include "io/ckpt_dir.h"
+#include "io/storage.h"
 
 using namespace zero3d;
 namespace fs = std::filesystem;
@@ -76,4 +78,56 @@ TEST(CkptDir, CommitPublishesPrunesAndCleans) {
   std::getline(f, text);
   EXPECT_EQ(text, "data 30");
   EXPECT_EQ(checkpoint_file(d.path + "/step_00000020.h5"), d.path + "/step_00000020.h5");
+}
+
+TEST(CkptDir, FailedCommitLeavesLatest) {
+  TempDir d;
+  d.touch("step_00000010.h5.tmp", "data 10");
+  ASSERT_EQ(commit_checkpoint(d.path, d.path + "/step_00000010.h5.tmp", d.path + "/step_00000010.h5", 0), "");
+  // A save whose file never appeared (the writer failed before creating it): an error, nothing moves.
+  const std::string e = commit_checkpoint(d.path, d.path + "/step_00000020.h5.tmp", d.path + "/step_00000020.h5", 0);
+  EXPECT_THAT(e, ::testing::HasSubstr("step_00000020.h5.tmp"));
+  EXPECT_EQ(read_latest(d.path), "step_00000010.h5");
+  EXPECT_FALSE(fs::exists(d.path + "/step_00000020.h5"));
+}
+
+TEST(Storage, RunDirLockRefusesASecondHolderAndTakesOverADeadOne) {
+  TempDir d;
+  std::string warning;
+  {
+    RunDirLock first(d.path, warning);
+    EXPECT_EQ(warning, "");
+    // flock is per open file description: a second open in this process conflicts like another run.
+    try {
+      RunDirLock second(d.path, warning);
+      ADD_FAILURE() << "a second lock on the same run dir was granted";
+    } catch (const UserError& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("is in use by another zero3d run (host "));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("pid " + std::to_string(getpid())));
+    }
+  }
+  EXPECT_FALSE(fs::exists(d.path + "/.lock"));  // released and removed
+  d.touch(".lock", "host gone pid 1 since 2026-01-01T00:00:00\n");  // a run that died: no flock held
+  {
+    RunDirLock again(d.path, warning);
+    EXPECT_THAT(warning, ::testing::HasSubstr("was locked by a run that is gone (host gone pid 1"));
+  }
+  EXPECT_FALSE(fs::exists(d.path + "/.lock"));
+}
+
+TEST(Storage, ProbeAndSpace) {
+  TempDir d;
+  EXPECT_EQ(probe_writable(d.path, 3), "");
+  EXPECT_TRUE(fs::is_empty(d.path));  // the probe file is gone
+  EXPECT_THAT(probe_writable(d.path + "/none", 0), ::testing::HasSubstr("No such file or directory"));
+  EXPECT_GT(free_bytes(d.path), 0);
+  EXPECT_EQ(free_bytes(d.path + "/none"), -1);
+  // keep_last 0: every save stays; keep_last 2 from empty: two kept plus one being written;
+  // already two there: one more at a time; fewer saves than that: only those.
+  EXPECT_EQ(checkpoint_space_needed(10, 5, 0, 0), 50u);
+  EXPECT_EQ(checkpoint_space_needed(10, 5, 2, 0), 30u);
+  EXPECT_EQ(checkpoint_space_needed(10, 5, 2, 2), 10u);
+  EXPECT_EQ(checkpoint_space_needed(10, 5, 2, 7), 10u);
+  EXPECT_EQ(checkpoint_space_needed(10, 1, 3, 0), 10u);
+  EXPECT_EQ(checkpoint_space_needed(10, 0, 3, 0), 0u);
 }
