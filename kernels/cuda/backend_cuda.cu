@@ -1,6 +1,8 @@
 // kernels/cuda/backend_cuda.cu: the CUDA backend. Thin launchers around kernels/math/*.h (the same
 // per-element / per-row functions the host backend runs) plus cuBLAS for GEMM. It owns one
 // non-blocking stream, one cuBLAS handle bound to it and an 8-byte device scratch for reductions.
+// Built as a module (libzero3d_cuda.so) that kernels/cuda_module.cpp loads only where a driver
+// is: the CUDA libraries cost every process 0.65 s of CPU to load, on CPU nodes for nothing.
 //
 // Invariants:
 //  - Every op is enqueued on the backend's stream, in call order; the host waits only where it
@@ -540,7 +542,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
 
 // No driver, no device or a driver too old all mean "no CUDA here": 0, so the caller falls back to
 // the host backend instead of aborting.
-int cuda_device_count() {
+static int device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();  // clear the error so later checked calls do not inherit it
@@ -549,8 +551,8 @@ int cuda_device_count() {
   return count;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
-  int count = cuda_device_count();
+static std::unique_ptr<Backend> make_backend(int device) {
+  int count = device_count();
   if (count == 0)
     throw UserError(strprintf("CUDA device %d requested but no CUDA device is visible (no driver, or "
                               "CUDA_VISIBLE_DEVICES is empty); use the host backend",
@@ -563,3 +565,7 @@ std::unique_ptr<Backend> make_cuda_backend(int device) {
 }
 
 }  // namespace zero3d
+
+// The module's entry points (kernels/cuda_module.h loads them with dlopen).
+extern "C" int zero3d_cuda_device_count() { return zero3d::device_count(); }
+extern "C" zero3d::Backend* zero3d_make_cuda_backend(int device) { return zero3d::make_backend(device).release(); }

@@ -1,0 +1,75 @@
+// kernels/cuda_module.cpp: make_cuda_backend and cuda_device_count, from the CUDA backend module
+// (libzero3d_cuda.so, next to the binary in ../lib), loaded with dlopen on first use and only
+// where an NVIDIA driver is (libcuda.so.1 loads). A CPU node never maps the CUDA libraries: they
+// cost each process 0.65 s of CPU at start-up (measured: `zero3d --version` 0.29 s of CPU without
+// them, 0.93 s with). The module takes zero3d's own symbols (strprintf, fatal) from the
+// executable that loads it, which exports them (CMake: -rdynamic).
+#include <dlfcn.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/check.h"
+#include "kernels/backend.h"
+
+namespace zero3d {
+
+namespace {
+
+struct CudaModule {
+  int (*device_count)() = nullptr;
+  Backend* (*make)(int) = nullptr;
+  std::string why;  // why there is none: no driver, or the module did not load
+};
+
+// ZERO3D_CUDA_MODULE, else ../lib/libzero3d_cuda.so next to this executable, else the loader's path.
+std::string module_path() {
+  if (const char* e = std::getenv("ZERO3D_CUDA_MODULE"); e && *e) return e;
+  char exe[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    std::string dir(exe, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    const std::string path = dir + "/../lib/libzero3d_cuda.so";
+    if (access(path.c_str(), R_OK) == 0) return path;
+  }
+  return "libzero3d_cuda.so";
+}
+
+const CudaModule& module() {
+  static const CudaModule m = [] {
+    CudaModule out;
+    if (!dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+      out.why = "no NVIDIA driver (libcuda.so.1 does not load)";
+      return out;
+    }
+    const std::string path = module_path();
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      out.why = strprintf("the CUDA backend module '%s' does not load: %s", path.c_str(), dlerror());
+      return out;
+    }
+    out.device_count = reinterpret_cast<int (*)()>(dlsym(h, "zero3d_cuda_device_count"));
+    out.make = reinterpret_cast<Backend* (*)(int)>(dlsym(h, "zero3d_make_cuda_backend"));
+    if (!out.device_count || !out.make) out.why = strprintf("'%s' is not a zero3d CUDA module", path.c_str());
+    return out;
+  }();
+  return m;
+}
+
+}  // namespace
+
+int cuda_device_count() {
+  const CudaModule& m = module();
+  return m.device_count ? m.device_count() : 0;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  const CudaModule& m = module();
+  if (!m.make) throw UserError("the CUDA backend is not available here: " + m.why);
+  return std::unique_ptr<Backend>(m.make(device));
+}
+
+}  // namespace zero3d
