@@ -63,6 +63,16 @@ struct SchedulerConfig {
   double cos_min_ratio = 0.0001;    // WarmupCosineLR
 };
 
+// zero_optimization.offload_optimizer / offload_param (DeepSpeed's runtime/zero/offload_config.py):
+// where the optimizer state, or stage 3's parameter shards, live between uses (zero/offload.h).
+enum class OffloadDevice { none, cpu, nvme };
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::none;
+  std::string nvme_path;       // nvme: the directory for this run's swap files (one per rank)
+  int buffer_count = 4;        // optimizer on nvme: sub-groups in memory at once
+  double ratio = 1.0;          // optimizer: the fraction of the state offloaded (the rest stays)
+};
+
 struct ZeroConfig {  // zero_optimization.*, DeepSpeed's names and defaults
   int stage = 0;
   bool overlap_comm = false;
@@ -74,6 +84,14 @@ struct ZeroConfig {  // zero_optimization.*, DeepSpeed's names and defaults
   int64_t stage3_max_live_parameters = 1000000000;
   int64_t stage3_max_reuse_distance = 1000000000;
   int64_t stage3_param_persistence_threshold = 100000;
+  int64_t sub_group_size = 1000000000;  // offloaded optimizer state streams through memory this much at a time
+  OffloadConfig offload_optimizer, offload_param;
+};
+
+// aio.*: DeepSpeed's asynchronous I/O settings (swap_tensor/aio_config.py), used by NVMe offload.
+struct AioConfig {
+  int64_t block_size = 1048576;  // bytes per request: transfers are split into blocks of this size
+  int thread_count = 1;          // I/O threads per swap file
 };
 
 // fp16.*: DeepSpeed's names and defaults (deepspeed/runtime/precision_config.py DeepSpeedFP16Config).
@@ -143,6 +161,7 @@ struct Config {
   int tp_size = 1;
   int pp_size = 1;
   ZeroConfig zero;
+  AioConfig aio;
   double comm_timeout_s = 600;  // ours: the collective watchdog's deadline
   double max_minutes = 0;       // ours (run.max_minutes): wall-time budget; 0 = none
   ModelConfig model;

@@ -347,6 +347,27 @@ class Resolver {
     }
     if (value("fp16.enabled") == true && value("bf16.enabled") == true)
       fail({"fp16.enabled", "bf16.enabled"}, "fp16.enabled and bf16.enabled are both true; choose one precision");
+    // Offload (DeepSpeed's rules, except that NVMe optimizer offload works from stage 1, not only 3).
+    const json stage = value("zero_optimization.stage");
+    for (const char* what : {"offload_optimizer", "offload_param"}) {
+      const std::string key = std::string("zero_optimization.") + what;
+      const json device = value(key + ".device");
+      if (device == "none") continue;
+      if (std::string(what) == "offload_param" && stage != 3)
+        fail({key + ".device", "zero_optimization.stage"},
+             strprintf("%s.device = %s needs zero_optimization.stage 3 (stages 0-2 keep every parameter on every "
+                       "rank; offload the optimizer state with offload_optimizer instead)", key.c_str(),
+                       show(device).c_str()));
+      if (stage == 0)
+        fail({key + ".device", "zero_optimization.stage"},
+             strprintf("%s.device = %s needs zero_optimization.stage 1, 2 or 3 (stage 0 does not partition the "
+                       "optimizer state)", key.c_str(), show(device).c_str()));
+      if (device == "nvme" && (value(key + ".nvme_path").is_null() || value(key + ".nvme_path") == ""))
+        fail({key + ".nvme_path", key + ".device"},
+             strprintf("%s.device = \"nvme\" needs %s.nvme_path: a directory on the storage to swap to", key.c_str(),
+                       key.c_str()));
+    }
+
     // DeepSpeed silently forces adam_w_mode on for AdamW; refuse the contradiction instead.
     if (value("optimizer.type") == "AdamW" && value("optimizer.params.adam_w_mode") == false)
       fail({"optimizer.params.adam_w_mode", "optimizer.type"},

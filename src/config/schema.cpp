@@ -37,6 +37,7 @@ using config_json::quoted_list;
 std::vector<std::string> names(OptimizerType*) { return {"AdamW", "Adam"}; }
 std::vector<std::string> names(SchedulerType*) { return {"", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}; }
 std::vector<std::string> names(WarmupType*) { return {"log", "linear"}; }
+std::vector<std::string> names(OffloadDevice*) { return {"none", "cpu", "nvme"}; }
 
 template <class T>
 using Ref = std::function<T&(Config&)>;
@@ -47,6 +48,11 @@ Ref<T> at(T Config::*m) {
 template <class S, class T>
 Ref<T> at(S Config::*s, T S::*m) {
   return [s, m](Config& c) -> T& { return (c.*s).*m; };
+}
+
+template <class T>
+Ref<T> offload_at(OffloadConfig ZeroConfig::*o, T OffloadConfig::*m) {
+  return [o, m](Config& c) -> T& { return (c.zero.*o).*m; };
 }
 
 // An honoured key stored in the member `ref` points to; kind and default come from the member.
@@ -106,6 +112,7 @@ std::vector<Key> build() {
   using DC = DataConfig;
   using CC = CheckpointConfig;
   using XC = ComputeConfig;
+  using OFC = OffloadConfig;
   std::vector<Key> keys = {
       // Batch (DeepSpeed rule: any two determine the third; train = micro * gas * dp).
       field("train_batch_size", at(&Config::train_batch_size), "sequences per optimizer step over all data-parallel ranks")
@@ -213,6 +220,34 @@ std::vector<Key> build() {
             "tensors smaller than this stay whole on every rank").range(0, kInf)
           .auto_from("10 * model.d_model (as the Hugging Face integration)",
                      [](const Lookup& get) { return json(10 * d_model_of(get)); }),
+
+      // Offload (runtime/zero/offload_config.py; zero/offload.h): the optimizer state of stages 1-3, and
+      // stage 3's parameter shards, in host memory or in swap files on NVMe.
+      field("zero_optimization.offload_optimizer.device", offload_at(&ZC::offload_optimizer, &OFC::device),
+            "where the fp32 master, exp_avg and exp_avg_sq of this rank's shard live: none (in the compute "
+            "backend's memory), cpu (host memory; the host backend's state is there already), nvme (swap files "
+            "under nvme_path, streamed through memory sub_group_size elements at a time); stages 1-3"),
+      field("zero_optimization.offload_optimizer.nvme_path", offload_at(&ZC::offload_optimizer, &OFC::nvme_path),
+            "device nvme: directory for the swap files (node-local NVMe; a run-scoped subdirectory is made and "
+            "removed)"),
+      field("zero_optimization.offload_optimizer.buffer_count", offload_at(&ZC::offload_optimizer, &OFC::buffer_count),
+            "device nvme: sub-groups in memory at once (read ahead, being updated, being written back)")
+          .range(2, 64),
+      field("zero_optimization.offload_optimizer.ratio", offload_at(&ZC::offload_optimizer, &OFC::ratio),
+            "the fraction of the optimizer state offloaded, in whole sub-groups from the start; the rest stays")
+          .range(0, 1, true),
+      field("zero_optimization.offload_param.device", offload_at(&ZC::offload_param, &OFC::device),
+            "stage 3: where this rank's parameter shards live between gathers: none, cpu (host memory), nvme "
+            "(a swap file under nvme_path, read ahead of each gather)"),
+      field("zero_optimization.offload_param.nvme_path", offload_at(&ZC::offload_param, &OFC::nvme_path),
+            "device nvme: directory for the parameter swap files"),
+      field("zero_optimization.sub_group_size", at(&Config::zero, &ZC::sub_group_size),
+            "offloaded optimizer state is read, updated and written back this many elements at a time")
+          .range(1, kInf),
+      field("aio.block_size", at(&Config::aio, &AioConfig::block_size),
+            "bytes per swap-file request (transfers are split into blocks)").range(4096, kInf),
+      field("aio.thread_count", at(&Config::aio, &AioConfig::thread_count), "I/O threads per swap file")
+          .range(1, 64),
 
       // Activation checkpointing: DeepSpeed's section (deepspeed/runtime/activation_checkpointing/
       // config.py); `enabled` is ours (in DeepSpeed the model calls checkpoint() itself).

@@ -10,8 +10,11 @@
 namespace zero3d::config_schema {
 
 namespace {
-const char* kOffload = "offload to host memory or NVMe is not implemented yet (issue #14)";
-const char* kNoNvme = "no NVMe offload yet (issue #14): asynchronous I/O settings are unused";
+const char* kPinned =
+    "the host backend's memory is host memory already; offload on the CUDA backend is not built yet";
+const char* kThreadIo =
+    "swap files are read and written by aio.thread_count threads, each with one block request in flight (pread and "
+    "pwrite in blocks of aio.block_size)";
 const char* kNoGpu = "a GPU/kernel detail of DeepSpeed's implementation; zero3d's result does not depend on it";
 const char* kNoPipeline =
     "zero3d's pipeline is pipeline_parallel.pp_size with 1F1B over whole transformer blocks; DeepSpeed's "
@@ -51,7 +54,6 @@ std::vector<Key> deepspeed_keys() {
       only("zero_optimization.use_multi_rank_bucket_allreduce", true, "buckets are reduced across all dp ranks"),
       only("zero_optimization.load_from_fp32_weights", true, "a resume loads the fp32 master weights"),
       inert("zero_optimization.elastic_checkpoint", false, "zero3d's checkpoints load on any layout anyway"),
-      inert("zero_optimization.sub_group_size", 1000000000, "the optimizer steps the whole shard at once"),
       only("zero_optimization.round_robin_gradients", false, "gradients are partitioned contiguously"),
       inert("zero_optimization.ignore_unused_parameters", true, "every GPT parameter gets a gradient"),
       inert("zero_optimization.stage3_model_persistence_threshold", 9223372036854775807.0,
@@ -71,20 +73,21 @@ std::vector<Key> deepspeed_keys() {
       inert("zero_optimization.pipeline_loading_checkpoint", false, kNoGpu),
       inert("zero_optimization.override_module_apply", true, kNoGpu),
       inert("zero_optimization.log_trace_cache_warnings", false, kNoGpu),
-      only("zero_optimization.offload_param.device", "none", kOffload),
-      inert("zero_optimization.offload_param.nvme_path", nullptr, kOffload),
-      inert("zero_optimization.offload_param.buffer_count", 5, kOffload),
-      inert("zero_optimization.offload_param.buffer_size", 100000000, kOffload),
-      inert("zero_optimization.offload_param.max_in_cpu", 1000000000, kOffload),
-      inert("zero_optimization.offload_param.pin_memory", false, kOffload),
-      only("zero_optimization.offload_optimizer.device", "none", kOffload),
-      inert("zero_optimization.offload_optimizer.nvme_path", nullptr, kOffload),
-      inert("zero_optimization.offload_optimizer.buffer_count", 4, kOffload),
-      inert("zero_optimization.offload_optimizer.pin_memory", false, kOffload),
-      inert("zero_optimization.offload_optimizer.pipeline_read", false, kOffload),
-      inert("zero_optimization.offload_optimizer.pipeline_write", false, kOffload),
-      inert("zero_optimization.offload_optimizer.fast_init", false, kOffload),
-      inert("zero_optimization.offload_optimizer.ratio", 1.0, kOffload),
+      inert("zero_optimization.offload_optimizer.pin_memory", false, kPinned),
+      inert("zero_optimization.offload_param.pin_memory", false, kPinned),
+      inert("zero_optimization.offload_param.buffer_count", 5,
+            "parameter shards are read straight into the gather slots the stage-3 pool already has"),
+      inert("zero_optimization.offload_param.buffer_size", 100000000,
+            "parameter shards are read straight into the gather slots, whatever a tensor's size"),
+      inert("zero_optimization.offload_param.max_in_cpu", 1000000000,
+            "with offload_param on nvme every shard element lives in the swap file (the page cache keeps what "
+            "memory allows)"),
+      inert("zero_optimization.offload_optimizer.pipeline_read", false,
+            "offloaded state is always read ahead of the update (buffer_count buffers)"),
+      inert("zero_optimization.offload_optimizer.pipeline_write", false,
+            "offloaded state is always written back behind the update"),
+      inert("zero_optimization.offload_optimizer.fast_init", false,
+            "swap files are preallocated: unwritten state reads as zeros, so initialisation is always fast"),
 
       // Optimizer and scheduler params zero3d's Adam and schedules do not take.
       refuse("optimizer.params.max_grad_norm",
@@ -96,13 +99,11 @@ std::vector<Key> deepspeed_keys() {
            "a resumed run's schedule position comes from the checkpoint's optimizer step"),
 
       // Asynchronous I/O (swap_tensor/aio_config.py): NVMe offload's engine.
-      inert("aio.block_size", 1048576, kNoNvme),
-      inert("aio.queue_depth", 8, kNoNvme),
-      inert("aio.intra_op_parallelism", 1, kNoNvme),
-      inert("aio.thread_count", 1, kNoNvme),
-      inert("aio.single_submit", false, kNoNvme),
-      inert("aio.overlap_events", true, kNoNvme),
-      inert("aio.use_gds", false, kNoNvme),
+      inert("aio.queue_depth", 8, kThreadIo),
+      inert("aio.intra_op_parallelism", 1, kThreadIo),
+      inert("aio.single_submit", false, kThreadIo),
+      inert("aio.overlap_events", true, kThreadIo),
+      inert("aio.use_gds", false, "no GPUDirect Storage: swap transfers go through host memory"),
 
       // DeepSpeed's checkpoint section, beside zero3d's own checkpoint keys.
       inert("checkpoint.tag_validation", "Warn",

@@ -16,6 +16,8 @@ constexpr int kExitLossScale = 5;     // fp16 overflow at fp16.min_loss_scale (D
 constexpr int kExitStopped = 6;       // stopped early on SIGUSR1/SIGTERM after a committed checkpoint: resume it
 constexpr int kExitCheckpointFailed = 7;  // a checkpoint could not be written (disk full, I/O error): the last
                                           // committed one is intact; fix the storage and resume it
+constexpr int kExitSwapFailed = 8;    // offloaded state could not be read or written (I/O error, swap file
+                                      // truncated): the last committed checkpoint is intact; resume it
 
 [[noreturn]] void fatal(const char* library, const std::string& message, const char* statement,
                         const char* file, int line);

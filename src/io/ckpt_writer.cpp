@@ -159,7 +159,10 @@ CheckpointWriter::CheckpointWriter(const CheckpointRun& run, std::string dir, co
     at = part.staged + p->piece.size * elem;
     parts_.push_back(std::move(part));
   }
-  staging_ = HostBuffer(at);  // allocated and touched once: a save copies at memory speed
+  staging_bytes_ = at;  // allocated and touched at the first save, so a save copies at memory speed
+  // With state swapped to nvme, memory is what the run is short of: the staging lives only
+  // from a save's copy to the end of its write.
+  keep_staging_ = run_.engine.memory().swapped == 0;
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
   async_ = cfg_.async && provided >= MPI_THREAD_MULTIPLE;
@@ -190,6 +193,7 @@ void CheckpointWriter::save(const TrainingState& st, bool stall_halfway) {
   Z3D_ASSERT(!pending_, "a checkpoint save while the previous one is pending");
   const auto t0 = Clock::now();
   ZeroEngine& engine = run_.engine;
+  if (staging_.size() < staging_bytes_) staging_ = HostBuffer(staging_bytes_);
   for (const Part& p : parts_) {
     const DatasetSpec& spec = specs_[p.spec];
     char* out = staging_.data() + p.staged;
@@ -230,6 +234,7 @@ SaveResult CheckpointWriter::wait() {
     cv_.wait(lock, [&] { return done_; });
   }
   pending_ = false;
+  if (!keep_staging_) staging_ = HostBuffer();
   SaveResult r = result_;
   r.stall_s += seconds_since(t0);
   return r;

@@ -78,7 +78,9 @@ class CheckpointWriter {
   std::unique_ptr<ProcessGroup> group_;  // the world again, for the writer alone
   std::vector<DatasetSpec> specs_;
   std::vector<Part> parts_;
-  HostBuffer staging_;         // every part, in spec order
+  HostBuffer staging_;         // every part, in spec order (allocated at the first save)
+  size_t staging_bytes_ = 0;
+  bool keep_staging_ = true;   // false with swapped state: freed after each save
   uint64_t file_bytes_ = 0;
   double bandwidth_ = 100e6;   // bytes/s of the last write (a cautious guess before the first)
   std::string mode_;

@@ -30,12 +30,12 @@ AdamW::AdamW(Backend& backend, const OptimizerConfig& config, size_t num_params)
 void AdamW::step(float* params, const float* grads, double lr, const std::vector<DecaySegment>& segments) {
   Z3D_ASSERT(tiles(segments, m_.size()),
              strprintf("AdamW::step: decay segments do not tile the %zu parameters", m_.size()));
-  std::vector<AdamSegment> s;
-  for (const DecaySegment& d : segments) s.push_back({params + d.offset, grads + d.offset, d.offset, d.size, d.decay});
-  step(s, lr);
+  begin_step(lr);
+  for (const DecaySegment& d : segments)
+    update(params + d.offset, m_.data() + d.offset, v_.data() + d.offset, grads + d.offset, d.size, d.decay);
 }
 
-void AdamW::step(const std::vector<AdamSegment>& segments, double lr) {
+void AdamW::begin_step(double lr) {
   ++step_;
 
   // multi_tensor_adam.cu: bias_correction1 = 1 - beta1^t, bias_correction2 = 1 - beta2^t (both 1
@@ -47,22 +47,20 @@ void AdamW::step(const std::vector<AdamSegment>& segments, double lr) {
     bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step_));
     bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step_));
   }
+  a_.lr = static_cast<float>(lr);
+  a_.beta1 = beta1;
+  a_.beta2 = beta2;
+  a_.eps = static_cast<float>(cfg_.eps);
+  a_.bias_correction1 = static_cast<float>(bc1);
+  a_.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  a_.decoupled = decoupled();
+}
 
-  math::AdamParams a{};
-  a.lr = static_cast<float>(lr);
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.eps = static_cast<float>(cfg_.eps);
-  a.bias_correction1 = static_cast<float>(bc1);
-  a.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
-  a.decoupled = decoupled();
-
-  for (const AdamSegment& s : segments) {
-    if (s.size == 0) continue;
-    Z3D_ASSERT(s.state_offset + s.size <= m_.size(), "AdamW segment outside the optimizer state");
-    a.weight_decay = s.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-    be_.adam_step(s.params, m_.data() + s.state_offset, v_.data() + s.state_offset, s.grads, s.size, a);
-  }
+void AdamW::update(float* params, float* m, float* v, const float* grads, size_t n, bool decay) const {
+  if (n == 0) return;
+  math::AdamParams a = a_;
+  a.weight_decay = decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+  be_.adam_step(params, m, v, grads, n, a);
 }
 
 }  // namespace zero3d

@@ -21,25 +21,20 @@ struct DecaySegment {
   bool decay = true;
 };
 
-// One contiguous run of parameters updated with one decay setting: params and grads where they
-// live (a ZeRO shard's slice of a bucket, say), state_offset into the optimizer's m and v.
-struct AdamSegment {
-  float* params = nullptr;
-  const float* grads = nullptr;
-  size_t state_offset = 0;
-  size_t size = 0;
-  bool decay = true;
-};
-
+// The update rule and the step count. Where m and v live is the caller's (zero/optimizer_state.h);
+// the flat form below keeps its own, for one buffer of parameters.
 class AdamW {
  public:
-  AdamW(Backend& backend, const OptimizerConfig& config, size_t num_params);
+  AdamW(Backend& backend, const OptimizerConfig& config, size_t num_params = 0);  // num_params: the flat form's state
 
-  // One update of params[0..n) from grads; lr from the schedule; increments the step count.
-  // `segments` covers [0, n) and says where weight decay applies.
+  // A step in parts: begin_step counts it and fixes lr and the bias corrections, then update()
+  // runs once on every piece of the state (in any order and any split: each element is independent).
+  void begin_step(double lr);
+  void update(float* params, float* m, float* v, const float* grads, size_t n, bool decay) const;
+
+  // The flat form: one update of params[0..n) from grads with the state kept here; `segments`
+  // covers [0, n) and says where weight decay applies.
   void step(float* params, const float* grads, double lr, const std::vector<DecaySegment>& segments);
-  // The general form: one step over segments that together cover the optimizer state once.
-  void step(const std::vector<AdamSegment>& segments, double lr);
 
   int64_t step_count() const { return step_; }  // applied updates so far
   bool decoupled() const { return cfg_.type == OptimizerType::AdamW || cfg_.adam_w_mode; }
@@ -53,6 +48,7 @@ class AdamW {
   OptimizerConfig cfg_;
   DeviceBuffer<float> m_, v_;
   int64_t step_ = 0;
+  math::AdamParams a_{};  // this step's
 };
 
 }  // namespace zero3d

@@ -10,6 +10,8 @@
 //   fill_disk:R:S   before step S's save, rank R fills the checkpoint file system up to its last
 //                 512 KiB with a file .fill (a disk that fills during the run: the save must fail
 //                 cleanly); free_disk:R:S removes that file before step S's save
+//   truncate_swap:R:S  before step S, rank R truncates its swap files (offload to nvme) to nothing (a
+//                 swap file that fails under the run: the job must stop with exit 8 naming the file)
 // Unset in normal runs; the trainer reads it once.
 #pragma once
 #include <cstdlib>

@@ -25,6 +25,7 @@
 #include "io/checkpoint.h"
 #include "io/ckpt_writer.h"
 #include "io/storage.h"
+#include "io/swap_file.h"
 #include "parallel/watchdog.h"
 #include "model/gpt.h"
 #include "optim/lr_schedule.h"
@@ -57,12 +58,13 @@ static int64_t minor_page_faults() {
 }
 
 struct Trainer::State {
-  State(const Config& c, const RunOptions& o, Backend& b, ProcessGroups& g)
+  State(const Config& c, const RunOptions& o, Backend& b, ProcessGroups& g, const SwapFiles& swap)
       : cfg(c), opt(o), be(b), groups(g), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
         dp(g.topo.dp), dp_rank(g.coord.dp),
         train_data(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true),
-        engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision, g.topo.tp, g.coord.tp, g.topo.pp, g.coord.pp),
-        stage(pipeline_stage(c.model, g.topo.pp, g.coord.pp)), scaler(c.fp16) {
+        engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision, g.topo.tp, g.coord.tp, g.topo.pp, g.coord.pp,
+               swap),
+        stage(pipeline_stage(c.model, g.topo.pp, g.coord.pp)), scaler(c.fp16), swap(swap) {
     // 1F1B keeps at most pp - stage micro-batches in flight: one set of activations each.
     const int slots = g.topo.pp == 1 ? 1 : std::min(g.topo.pp - g.coord.pp, c.gradient_accumulation_steps);
     for (int k = 0; k < slots; ++k)
@@ -90,6 +92,7 @@ struct Trainer::State {
   ZeroEngine engine;
   PipelineStage stage;
   LossScaler scaler;
+  SwapFiles swap;  // this rank's swap files (offload to nvme), for the truncate_swap fault
   std::vector<std::unique_ptr<GPT>> models;       // one per micro-batch in flight (1 without pp)
   std::vector<std::vector<PendingOp>> sends;      // per model: p2p sends still in flight
   std::vector<PipeStep> schedule;                 // this stage's 1F1B operation list
@@ -129,6 +132,7 @@ struct Trainer::State {
   double tokens_per_step = 0;
   MemoryAccount mem;
   int64_t mem_bytes = 0;
+  bool mem_swapped_any = false;  // some rank offloads to nvme
   bool validating = false;
   Fault fault;
   Clock::time_point run_start;
@@ -171,10 +175,46 @@ static void drop_metrics_after(const std::string& path, int64_t step) {
   write_file_atomic(path, kept);
 }
 
+// Offload to nvme: this rank's swap files under each nvme_path (checked: a writable directory),
+// after the files of runs that died there are removed. Collective over the world (UserError on all).
+static SwapFiles prepare_swap(const Config& c, const RunOptions& o, ProcessGroups& g) {
+  SwapFiles files;
+  files.aio = c.aio;
+  auto file_for = [&](const OffloadConfig& off, const char* key, const char* what) {
+    if (off.device != OffloadDevice::nvme) return std::string();
+    std::error_code ec;
+    if (!fs::is_directory(off.nvme_path, ec))
+      throw UserError(strprintf("zero_optimization.%s.nvme_path '%s' is not a directory (create it on the storage to "
+                                "swap to, e.g. node-local NVMe)", key, off.nvme_path.c_str()));
+    if (const std::string e = probe_writable(off.nvme_path, g.world_rank); !e.empty())
+      throw UserError(strprintf("zero_optimization.%s.nvme_path is not writable from rank %d: %s", key, g.world_rank,
+                                e.c_str()));
+    const std::string dir = swap_dir(off.nvme_path, o.run_dir);
+    uint64_t bytes = 0;
+    if (const int n = remove_dead_swap_files(off.nvme_path, &bytes); n > 0)
+      log_warn("removed %d swap files (%.2f GB) under %s left by runs that died", n, bytes / 1e9,
+               off.nvme_path.c_str());
+    return strprintf("%s/rank%d.%d.%s", dir.c_str(), g.world_rank, static_cast<int>(getpid()), what);
+  };
+  g.world->agree([&] {
+    files.optimizer = file_for(c.zero.offload_optimizer, "offload_optimizer", "optimizer");
+    if (c.zero.stage == 3) files.param = file_for(c.zero.offload_param, "offload_param", "param");
+  });
+  g.world->agree([&] {  // after every rank's clean-up: the directories, made by whoever comes first
+    for (const std::string& f : {files.optimizer, files.param}) {
+      std::error_code ec;
+      if (!f.empty() && !fs::create_directories(fs::path(f).parent_path(), ec) && ec)
+        throw UserError(strprintf("cannot create the swap directory for '%s': %s", f.c_str(), ec.message().c_str()));
+    }
+  });
+  return files;
+}
+
 Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backend, ProcessGroups& groups) {
   ProcessGroup& world = *groups.world;
   comm_context().timeout_s = config.comm_timeout_s;
-  world.agree([&] { s_ = std::make_unique<State>(config, options, backend, groups); });
+  const SwapFiles swap = prepare_swap(config, options, groups);
+  world.agree([&] { s_ = std::make_unique<State>(config, options, backend, groups, swap); });
   State& s = *s_;
   if (config.max_minutes > 0) s.time_budget_s = config.max_minutes * 60;
   s.time_budget_s = std::min(s.time_budget_s, options.job.seconds_left);
@@ -501,7 +541,19 @@ struct Trainer::State::StepResult {
   bool skipped = false;
   double t_fwd = 0, t_bwd = 0, t_reduce = 0, t_opt = 0, t_gather = 0, step_time = 0, idle_s = 0, recompute = 0;
   int64_t faults = 0, comm_bytes = 0;
+  SwapIo swap;  // offload to nvme: the slowest rank's waits and I/O time, and the bytes of all ranks
 };
+
+// Where offloaded state lives, for the run record.
+static std::string offload_text(const OffloadConfig& o, Backend& be) {
+  switch (o.device) {
+    case OffloadDevice::none: return "none";
+    case OffloadDevice::cpu:
+      return be.memory_kind() == MemKind::host ? "cpu: the host backend keeps it in host memory already" : "cpu";
+    case OffloadDevice::nvme: return "nvme: swap files under " + o.nvme_path;
+  }
+  return "?";
+}
 
 // The run record, the start line, the resume record, validation at step 0, the profilers' bounds.
 void Trainer::State::start_run() {
@@ -511,6 +563,7 @@ void Trainer::State::start_run() {
   tokens_per_step = static_cast<double>(G) * T;
   mem = engine.memory();
   mem_bytes = world.all_reduce_max(static_cast<int64_t>(mem.total()));
+  mem_swapped_any = world.all_reduce_max(static_cast<int64_t>(mem.swapped)) > 0;
   if (metrics)
     metrics->write(MetricsRecord("run")
                          .add("backend", be.describe())
@@ -551,7 +604,10 @@ void Trainer::State::start_run() {
                          .add("mem_params_bytes", static_cast<int64_t>(mem.params))
                          .add("mem_grads_bytes", static_cast<int64_t>(mem.grads))
                          .add("mem_optimizer_bytes", static_cast<int64_t>(mem.optimizer))
-                         .add("mem_buffers_bytes", static_cast<int64_t>(mem.buffers)));
+                         .add("mem_buffers_bytes", static_cast<int64_t>(mem.buffers))
+                         .add("mem_swapped_bytes", static_cast<int64_t>(mem.swapped))
+                         .add("offload_optimizer", offload_text(c.zero.offload_optimizer, be))
+                         .add("offload_param", c.zero.stage == 3 ? offload_text(c.zero.offload_param, be) : "none"));
   log_info("zero3d: %zu parameters per rank, %s, %d ranks (dp %d x tp %d x pp %d, ZeRO stage %d, %s), global batch "
            "%lld x %d tokens, %d steps, run dir %s",
            engine.layout().num_params, be.describe().c_str(), groups.topo.world, dp, groups.topo.tp,
@@ -607,6 +663,9 @@ Trainer::State::StepResult Trainer::State::train_step(int step) {
   // global batch), times the fp16 loss scale.
   const float dloss = static_cast<float>((1.0 / tokens_per_step) * r.loss_scale);
   if (fault.at("inf", groups.world_rank, step)) EngineFaults::inject_inf_gradient(engine);
+  if (fault.at("truncate_swap", groups.world_rank, step))
+    for (const std::string& f : {swap.optimizer, swap.param})
+      if (!f.empty() && ::truncate(f.c_str(), 0) != 0) log_warn("truncate_swap: %s: %s", f.c_str(), strerror(errno));
   const double loss_sum = train_micro_batches(dloss, r.t_fwd, r.t_bwd);
   cursor += static_cast<uint64_t>(c.train_batch_size);
   if (fault.at("hang", groups.world_rank, step))
@@ -650,6 +709,14 @@ Trainer::State::StepResult Trainer::State::train_step(int step) {
   if (comms.active) comms.active = false, ++comm_steps;
   for (auto& m : models) r.recompute += m->take_recompute_seconds();
   r.idle_s = world.all_reduce_max(pipeline_idle_s);  // every rank: it is a collective
+  if (mem_swapped_any) {
+    r.swap = engine.take_swap_io();
+    r.swap.wait_s = world.all_reduce_max(r.swap.wait_s);
+    r.swap.busy_s = world.all_reduce_max(r.swap.busy_s);
+    uint64_t bytes[2] = {r.swap.bytes_read, r.swap.bytes_written};
+    world.all_reduce_sum(bytes, 2);
+    r.swap.bytes_read = bytes[0], r.swap.bytes_written = bytes[1];
+  }
   return r;
 }
 
@@ -672,6 +739,11 @@ void Trainer::State::report_step(int step, const StepResult& r) {
       m.add("forward_s", r.t_fwd).add("backward_s", r.t_bwd).add("reduce_s", r.t_reduce).add("optimizer_s", r.t_opt)
           .add("allgather_s", r.t_gather).add("recompute_s", r.recompute)
           .add("pipeline_idle_s", r.idle_s).add("pipeline_idle_fraction", r.idle_s / r.step_time);
+    if (mem_swapped_any)  // offload to nvme: I/O time, the part the step waited for, and what it hid
+      m.add("swap_io_s", r.swap.busy_s).add("swap_wait_s", r.swap.wait_s)
+          .add("swap_hidden_s", std::max(0.0, r.swap.busy_s - r.swap.wait_s))
+          .add("swap_read_bytes", static_cast<int64_t>(r.swap.bytes_read))
+          .add("swap_written_bytes", static_cast<int64_t>(r.swap.bytes_written));
     metrics->write(m);
   }
   if (module_profile.on) {

@@ -8,7 +8,7 @@ namespace zero3d {
 
 ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
                        const OptimizerConfig& optimizer, Precision precision, int tp_size, int tp_rank,
-                       int pp_size, int pp_rank)
+                       int pp_size, int pp_rank, const SwapFiles& swap)
     : be_(be), dp_(dp), cfg_(zero), n_layer_(model.n_layer),
       layout_(make_flat_layout(
           gpt_param_table(model, tp_size, tp_rank, pp_size, pp_rank), dp.size(),
@@ -20,8 +20,19 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   if (mixed_) s16_.emplace(be, dt_);
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
 
-  // The parts, chosen once by stage and precision.
-  params_ = make_param_storage(be, dp, layout_, view_, cfg_.stage, s16_);  // what a rank keeps
+  // The parts, chosen once by stage, precision and offload.
+  if (be.memory_kind() == MemKind::device && (!swap.optimizer.empty() || !swap.param.empty()))
+    throw UserError("offload to nvme is built for the host backend only so far: run with the host backend, or "
+                    "without offload_optimizer/offload_param");
+  const bool params_swapped = cfg_.stage == 3 && !swap.param.empty();
+  try {  // a swap file that cannot be made (no space, no permission) is the user's to fix
+    state_ = std::make_unique<OptimizerState>(be, owned_total, mixed_ || params_swapped, cfg_.offload_optimizer,
+                                              cfg_.sub_group_size, swap.aio, swap.optimizer);
+    params_ = make_param_storage(be, dp, layout_, view_, cfg_.stage, s16_, *state_,
+                                 params_swapped ? swap.param : "", swap.aio);  // what a rank keeps
+  } catch (const IoError& e) {
+    throw UserError(strprintf("offload to nvme: %s", e.what()));
+  }
   if (cfg_.stage == 3 || mixed_) {  // the model reads gathered (stage 3) or widened (mixed) parameters from slots
     ParamPool::Policy policy;
     policy.gathered = cfg_.stage == 3;
@@ -34,20 +45,22 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   }
 
   sync_ = make_grad_sync(be, dp, layout_, view_, cfg_, s16_);  // the gradients, by stage
-  adam_ = std::make_unique<AdamW>(be, optimizer, owned_total);
+  adam_ = std::make_unique<AdamW>(be, optimizer);
 
   // Accounting by role, from what was allocated above.
   mem_.params = params_->param_bytes();
   mem_.grads = sync_->grad_bytes();
-  mem_.optimizer = 2 * adam_->size() * sizeof(float) + params_->master_bytes();
-  mem_.buffers = sync_->buffer_bytes();
+  mem_.optimizer = state_->resident_bytes() - state_->buffer_bytes();
+  mem_.buffers = sync_->buffer_bytes() + state_->buffer_bytes();
   if (pool_) mem_.buffers += pool_->bytes();
+  mem_.swapped = state_->swapped_bytes() + params_->swapped_bytes();
 
   // Optimizer segments: the owned part of each tensor of each bucket, with its decay setting.
   for (const Piece& piece : view_.owned_pieces()) {
     const Bucket& b = view_.bucket_of(piece.tensor);
     const size_t at = view_.offset_in_owned(piece);
-    segments_.push_back({params_->owned(b) + at, sync_->owned(b) + at, view_.state_base(b) + at, piece.size,
+    float* kept = params_->owned(b);
+    segments_.push_back({kept ? kept + at : nullptr, sync_->owned(b) + at, view_.state_base(b) + at, piece.size,
                          layout_.tensors[piece.tensor].decay});
   }
   // The norm counts what a checkpoint saves: every parameter of the grid once.
@@ -97,28 +110,63 @@ void ZeroEngine::scale_grads(float s) {
 
 void ZeroEngine::optimizer_step(double lr) {
   if (pool_) pool_->invalidate();  // slots hold the old weights; no gather may read a slice mid-update
-  adam_->step(segments_, lr);
-  params_->round_master();
+  adam_->begin_step(lr);
+  state_->stream([this](const OptimizerState::Span& s) { update(s); });
+}
+
+// Adam on the segments' parts inside the span, then the updated master into the weights.
+void ZeroEngine::update(const OptimizerState::Span& s) {
+  auto seg = std::lower_bound(segments_.begin(), segments_.end(), s.begin,
+                              [](const Segment& g, size_t at) { return g.state_offset + g.size <= at; });
+  for (; seg != segments_.end() && seg->state_offset < s.begin + s.n; ++seg) {
+    const size_t lo = std::max(seg->state_offset, s.begin), hi = std::min(seg->state_offset + seg->size, s.begin + s.n);
+    float* p = s.field[OptimizerState::master] ? s.field[OptimizerState::master] + (lo - s.begin)
+                                               : seg->params + (lo - seg->state_offset);
+    adam_->update(p, s.field[OptimizerState::exp_avg] + (lo - s.begin), s.field[OptimizerState::exp_avg_sq] + (lo - s.begin),
+                  seg->grads + (lo - seg->state_offset), hi - lo, seg->decay);
+  }
+  if (s.field[OptimizerState::master]) params_->take_updated(s.begin, s.n, s.field[OptimizerState::master]);
+}
+
+SwapIo ZeroEngine::take_swap_io() {
+  const OptimizerState::Io o = state_->take_io();
+  const SwapFile::Stats p = params_->swap_stats();
+  SwapIo io;
+  io.wait_s = o.wait_read_s + o.wait_write_s;
+  io.busy_s = o.read_s + o.write_s + (p.read_s - param_io_.read_s) + (p.write_s - param_io_.write_s);
+  io.bytes_read = o.bytes_read + (p.bytes_read - param_io_.bytes_read);
+  io.bytes_written = o.bytes_written + (p.bytes_written - param_io_.bytes_written);
+  param_io_ = p;
+  return io;
 }
 
 void ZeroEngine::gather_updated_params() { params_->gather_updated(); }
 
 // ---- checkpoints ----
 
-float* ZeroEngine::state_of(State kind, const Piece& p) {
-  const Bucket& b = view_.bucket_of(p.tensor);
-  const size_t at = view_.offset_in_owned(p);
-  return kind == State::exp_avg      ? adam_->exp_avg() + view_.state_base(b) + at
-         : kind == State::exp_avg_sq ? adam_->exp_avg_sq() + view_.state_base(b) + at
-                                     : params_->owned(b) + at;
+float* ZeroEngine::kept_master(const Piece& p) {
+  float* kept = params_->owned(view_.bucket_of(p.tensor));
+  return kept ? kept + view_.offset_in_owned(p) : nullptr;
 }
 
-void ZeroEngine::read_state(State kind, const Piece& p, float* out) const {
-  be_.copy_to_host(out, const_cast<ZeroEngine*>(this)->state_of(kind, p), p.size * sizeof(float));
+namespace {
+OptimizerState::Field field_of(ZeroEngine::State kind) {
+  return kind == ZeroEngine::State::exp_avg      ? OptimizerState::exp_avg
+         : kind == ZeroEngine::State::exp_avg_sq ? OptimizerState::exp_avg_sq
+                                                 : OptimizerState::master;
+}
+}  // namespace
+
+void ZeroEngine::read_state(State kind, const Piece& p, float* out) {
+  float* kept = kind == State::master ? kept_master(p) : nullptr;
+  if (kept) return be_.copy_to_host(out, kept, p.size * sizeof(float));
+  state_->read(field_of(kind), view_.state_base(view_.bucket_of(p.tensor)) + view_.offset_in_owned(p), p.size, out);
 }
 
 void ZeroEngine::write_state(State kind, const Piece& p, const float* in) {
-  be_.copy_from_host(state_of(kind, p), in, p.size * sizeof(float));
+  float* kept = kind == State::master ? kept_master(p) : nullptr;
+  if (kept) return be_.copy_from_host(kept, in, p.size * sizeof(float));
+  state_->write(field_of(kind), view_.state_base(view_.bucket_of(p.tensor)) + view_.offset_in_owned(p), p.size, in);
 }
 
 void ZeroEngine::read_weights16(const Piece& p, uint16_t* out) const {
@@ -129,7 +177,10 @@ void ZeroEngine::read_weights16(const Piece& p, uint16_t* out) const {
 void ZeroEngine::finish_load(int64_t optimizer_steps) {
   adam_->set_step_count(optimizer_steps);
   if (pool_) pool_->invalidate();
-  params_->round_master();  // as after every step
+  if (state_->has_master())  // the weights from the loaded master, as after every step
+    state_->stream([this](const OptimizerState::Span& s) {
+      params_->take_updated(s.begin, s.n, s.field[OptimizerState::master]);
+    });
   gather_updated_params();
   be_.synchronize();
 }

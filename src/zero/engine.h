@@ -34,10 +34,17 @@
 // The invariant every stage keeps: all ranks of the group hold bitwise-identical parameters after
 // each step, and the gradient norm counts every parameter once (each rank sums its own slices).
 //
+// Offload (DeepSpeed's offload_optimizer / offload_param): the optimizer state (master, m, v) of
+// stages 1-3 in a swap file streamed through memory per sub-group, and stage 3's parameter slices
+// in a swap file read at gather time (zero/optimizer_state.h, zero/param_storage.h). Every
+// element's update is the same arithmetic wherever it lives, so offloaded runs are bitwise equal
+// to in-memory ones. "cpu" on the host backend changes nothing: its memory is host memory.
+//
 // The engine composes parts chosen once at construction, each with one concern: the shard view
 // (what this rank owns and saves), the 16-bit storage (none in fp32), the parameter storage (full
-// or sharded), the slot pool (stage 3 or mixed), the gradient sync (at the boundary, or per unit),
-// and AdamW over the owned segments. Only the constructor looks at the stage.
+// or sharded; kept in memory or swapped), the optimizer state (in memory or swapped), the slot
+// pool (stage 3 or mixed), the gradient sync (at the boundary, or per unit), and AdamW over the
+// owned segments. Only the constructor looks at the stage.
 #pragma once
 #include <memory>
 #include <optional>
@@ -48,6 +55,7 @@
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "zero/grad_sync.h"
+#include "zero/optimizer_state.h"
 #include "zero/param_pool.h"
 #include "zero/param_storage.h"
 #include "zero/shard_view.h"
@@ -56,8 +64,22 @@
 namespace zero3d {
 
 struct MemoryAccount {
-  size_t params = 0, grads = 0, optimizer = 0, buffers = 0;  // bytes on this rank
+  size_t params = 0, grads = 0, optimizer = 0, buffers = 0;  // bytes in this rank's memory
+  size_t swapped = 0;  // bytes of model state in swap files (offload to nvme), not in memory
   size_t total() const { return params + grads + optimizer + buffers; }
+};
+
+// The swap files of offload on nvme ("" = that state stays in memory) and how to drive them.
+struct SwapFiles {
+  std::string optimizer, param;
+  AioConfig aio;
+};
+
+// What swapping cost since the last take_swap_io(): time the training thread waited for swap
+// reads and writes (exposed), the I/O threads' busy time, and the bytes moved.
+struct SwapIo {
+  double wait_s = 0, busy_s = 0;
+  uint64_t bytes_read = 0, bytes_written = 0;
 };
 
 class ZeroEngine final : public ParamStore {
@@ -66,7 +88,7 @@ class ZeroEngine final : public ParamStore {
   // model (gpt_param_table(model, tp_size, tp_rank)).
   ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
              const OptimizerConfig& optimizer, Precision precision = Precision::fp32, int tp_size = 1,
-             int tp_rank = 0, int pp_size = 1, int pp_rank = 0);
+             int tp_rank = 0, int pp_size = 1, int pp_rank = 0, const SwapFiles& swap = {});
   ~ZeroEngine() override;
 
   // ParamStore
@@ -98,6 +120,7 @@ class ZeroEngine final : public ParamStore {
   void check_replicas_consistent(int64_t step);
 
   MemoryAccount memory() const { return mem_; }
+  SwapIo take_swap_io();
   int stage() const { return cfg_.stage; }
   bool mixed() const { return mixed_; }
   Dtype16 dtype16() const { return dt_; }
@@ -110,7 +133,7 @@ class ZeroEngine final : public ParamStore {
   // off tp rank 0 and the tied embedding's copy; loaded = the optimizer state it holds).
   const std::vector<CheckpointPiece>& save_pieces() const { return view_.save_pieces(); }
   const std::vector<CheckpointPiece>& load_pieces() const { return view_.load_pieces(); }
-  void read_state(State kind, const Piece& p, float* out) const;  // p inside an owned piece
+  void read_state(State kind, const Piece& p, float* out);        // p inside an owned piece
   void read_weights16(const Piece& p, uint16_t* out) const;       // mixed: the 16-bit weights of a saved piece
   void write_state(State kind, const Piece& p, const float* in);  // p inside an owned piece
   // After every owned piece was written: rebuild the weights the model reads from the master
@@ -120,7 +143,18 @@ class ZeroEngine final : public ParamStore {
 
  private:
   friend struct EngineFaults;  // zero/engine_faults.h: fault injection reaches the parts, not the interface
-  float* state_of(State kind, const Piece& p);  // where the owned piece's master, m or v lives
+  // One contiguous run of owned parameters with one decay setting: where Adam reads and writes
+  // them when they are the kept fp32 parameters (else nullptr: the master is in the state), the
+  // reduced gradient, and the run's place in the optimizer state.
+  struct Segment {
+    float* params = nullptr;
+    const float* grads = nullptr;
+    size_t state_offset = 0, size = 0;
+    bool decay = true;
+  };
+  void update(const OptimizerState::Span& s);  // Adam on one span of the state
+  // Where an owned piece's master lives when it is the kept parameters (nullptr: in the state).
+  float* kept_master(const Piece& p);
 
   Backend& be_;
   ProcessGroup& dp_;
@@ -131,13 +165,15 @@ class ZeroEngine final : public ParamStore {
   FlatLayout layout_;
   ShardView view_;                        // what this rank owns and saves of layout_
   std::optional<Storage16> s16_;          // mixed precision: the 16-bit storage; none in fp32
+  std::unique_ptr<OptimizerState> state_; // master, m, v of the owned elements (zero/optimizer_state.h)
   std::unique_ptr<ParamStorage> params_;  // what this rank keeps of the weights (zero/param_storage.h)
   std::unique_ptr<ParamPool> pool_;       // stage 3 or mixed: the slots the model reads (filled from params_)
   std::unique_ptr<GradSync> sync_;        // the gradients: accumulation and reduction (zero/grad_sync.h)
   std::unique_ptr<AdamW> adam_;
-  std::vector<AdamSegment> segments_;
+  std::vector<Segment> segments_;  // in state order
   std::vector<std::pair<const float*, size_t>> norm_segments_;  // what this rank counts in the norm
   MemoryAccount mem_;
+  SwapFile::Stats param_io_;  // the parameter swap file's totals at the last take_swap_io()
 };
 
 }  // namespace zero3d

@@ -1,6 +1,7 @@
 #include "zero/param_storage.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/check.h"
 #include "model/param_store.h"  // gpt_initial_params
@@ -19,20 +20,35 @@ void ParamStorage::flip_first_replicated_bit(Backend& be) {
 
 namespace {
 
+// The parameter swap file's checksum of a bucket slice: a sum over its elements of a mix of the
+// element's bits and its index in the shard. A sum, so the optimizer's spans (in shard order, not
+// aligned to buckets) add their parts as they write them, and a gather checks the whole slice.
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+template <class T>
+uint64_t sum_of(const T* v, size_t n, size_t first) {
+  uint64_t h = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, v + i, sizeof(T));
+    h += mix(bits ^ (uint64_t(first + i) << 32));
+  }
+  return h;
+}
+
 // Stages 0-2: the whole flat layout on every rank.
 class FullParams final : public ParamStorage {
  public:
   FullParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, int stage,
-             const std::optional<Storage16>& s16)
-      : ParamStorage(be, dp, L, view, s16), stage0_(stage == 0) {
-    if (s16_) {
-      params16_ = DeviceBuffer<uint16_t>(be, L.total);
-      master_ = DeviceBuffer<float>(be, stage0_ ? L.total : L.shard_size);
-    } else {
-      params_ = DeviceBuffer<float>(be, L.total);
-    }
+             const std::optional<Storage16>& s16, OptimizerState& state)
+      : ParamStorage(be, dp, L, view, s16, state), stage0_(stage == 0) {
+    if (s16_) params16_ = DeviceBuffer<uint16_t>(be, L.total);
+    else params_ = DeviceBuffer<float>(be, L.total);
     param_bytes_ = params_.bytes() + params16_.bytes();
-    master_bytes_ = master_.bytes();
   }
 
   void init(uint64_t seed, int n_layer) override {
@@ -42,20 +58,25 @@ class FullParams final : public ParamStorage {
       be_.copy_from_host(params_.data(), kept.data(), kept.size() * sizeof(float));
       return;
     }
-    std::vector<float> master(master_.size());
+    std::vector<float> master(state_.size());
     if (stage0_) {
       master = kept;  // stage 0 owns everything
     } else {
       for (const Bucket& b : L_.buckets)
         std::copy_n(kept.begin() + view_.owned_offset(b), view_.owned_size(b), master.begin() + b.shard_offset);
     }
-    be_.copy_from_host(master_.data(), master.data(), master.size() * sizeof(float));
+    init_master(master);
     const std::vector<uint16_t> kept16 = s16_->narrow_host(kept);
     be_.copy_from_host(params16_.data(), kept16.data(), kept16.size() * sizeof(uint16_t));
   }
-  float* owned(const Bucket& b) override {
-    if (s16_) return master_.data() + (stage0_ ? b.offset : b.shard_offset);
-    return params_.data() + view_.owned_offset(b);
+  float* owned(const Bucket& b) override { return s16_ ? nullptr : params_.data() + view_.owned_offset(b); }
+  void take_updated(size_t begin, size_t n, const float* master) override {  // mixed: round into the weights
+    if (!s16_) return;
+    for (const Bucket& b : L_.buckets) {
+      const size_t base = view_.state_base(b);
+      const size_t lo = std::max(begin, base), hi = std::min(begin + n, base + view_.owned_size(b));
+      if (lo < hi) s16_->narrow(params16_.data() + view_.owned_offset(b) + (lo - base), master + (lo - begin), hi - lo);
+    }
   }
   const float* resident_unit(int unit) override {
     return s16_ ? nullptr : params_.data() + L_.units[unit].offset;
@@ -63,13 +84,6 @@ class FullParams final : public ParamStorage {
   void fill(ParamSlot& s, int unit) override {  // mixed: widen the kept 16-bit weights
     const Unit& u = L_.units[unit];
     s16_->widen(s.buf.data(), params16_.data() + u.offset, u.size);
-  }
-  void round_master() override {
-    if (!s16_) return;
-    if (stage0_) s16_->narrow(params16_.data(), master_.data(), master_.size());
-    else
-      for (const Bucket& b : L_.buckets)
-        s16_->narrow(params16_.data() + view_.owned_offset(b), owned(b), view_.owned_size(b));
   }
   void gather_updated() override {
     if (stage0_) return;  // every rank updated everything
@@ -97,26 +111,31 @@ class FullParams final : public ParamStorage {
 
  private:
   bool stage0_;
-  DeviceBuffer<float> params_, master_;
+  DeviceBuffer<float> params_;
   DeviceBuffer<uint16_t> params16_;
 };
 
-// Stage 3: this rank's slice of every bucket, and the persistent buckets whole.
+// Stage 3: this rank's slice of every bucket (in memory, or in a swap file with offload_param on
+// nvme), and the persistent buckets whole (always in memory).
 class ShardedParams final : public ParamStorage {
  public:
   ShardedParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view,
-                const std::optional<Storage16>& s16)
-      : ParamStorage(be, dp, L, view, s16) {
-    if (s16_) {
+                const std::optional<Storage16>& s16, OptimizerState& state, const std::string& swap,
+                const AioConfig& aio)
+      : ParamStorage(be, dp, L, view, s16, state), elem_(s16 ? sizeof(uint16_t) : sizeof(float)) {
+    if (!swap.empty()) {
+      swap_ = std::make_unique<SwapFile>(swap, uint64_t(L.shard_size) * elem_,
+                                         SwapFile::Options{static_cast<size_t>(aio.block_size), aio.thread_count});
+      swapped_bytes_ = L.shard_size * elem_;
+      sums_.assign(L.buckets.size(), 0);
+    } else if (s16_) {
       params16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
-      resident16_ = DeviceBuffer<uint16_t>(be, L.resident_size);
-      master_ = DeviceBuffer<float>(be, L.shard_size);
     } else {
       shard_params_ = DeviceBuffer<float>(be, L.shard_size);
-      resident_ = DeviceBuffer<float>(be, L.resident_size);
     }
+    if (s16_) resident16_ = DeviceBuffer<uint16_t>(be, L.resident_size);
+    else resident_ = DeviceBuffer<float>(be, L.resident_size);
     param_bytes_ = shard_params_.bytes() + resident_.bytes() + params16_.bytes() + resident16_.bytes();
-    master_bytes_ = master_.bytes();
   }
 
   void init(uint64_t seed, int n_layer) override {
@@ -128,56 +147,76 @@ class ShardedParams final : public ParamStorage {
       if (b.persistent)
         gpt_initial_params(L_, n_layer, seed, b.offset, b.offset + b.size, resident.data() + b.resident_offset);
     }
-    if (!s16_) {
-      be_.copy_from_host(shard_params_.data(), kept.data(), kept.size() * sizeof(float));
+    init_master(kept);  // exactly its slices
+    if (s16_) {
+      const std::vector<uint16_t> resident16 = s16_->narrow_host(resident);
+      be_.copy_from_host(resident16_.data(), resident16.data(), resident16.size() * sizeof(uint16_t));
+    } else {
       be_.copy_from_host(resident_.data(), resident.data(), resident.size() * sizeof(float));
-      return;
     }
-    be_.copy_from_host(master_.data(), kept.data(), kept.size() * sizeof(float));  // exactly its slices
-    const std::vector<uint16_t> kept16 = s16_->narrow_host(kept), resident16 = s16_->narrow_host(resident);
-    be_.copy_from_host(params16_.data(), kept16.data(), kept16.size() * sizeof(uint16_t));
-    be_.copy_from_host(resident16_.data(), resident16.data(), resident16.size() * sizeof(uint16_t));
+    if (s16_ || swap_) take_updated(0, kept.size(), kept.data());  // the kept slices from their master
+    else be_.copy_from_host(shard_params_.data(), kept.data(), kept.size() * sizeof(float));
   }
   float* owned(const Bucket& b) override {
-    return (s16_ ? master_.data() : shard_params_.data()) + b.shard_offset;
+    return shard_params_.size() ? shard_params_.data() + b.shard_offset : nullptr;  // else: master in the state
+  }
+  void take_updated(size_t begin, size_t n, const float* master) override {  // state order = shard order
+    if (!swap_) {
+      if (s16_) s16_->narrow(params16_.data() + begin, master, n);
+      return;
+    }
+    if (begin == 0) std::fill(sums_.begin(), sums_.end(), 0);  // a new pass over the whole shard
+    std::vector<uint16_t> w;  // swapping runs on the host backend only: host pointers
+    const void* data = master;
+    if (s16_) {
+      w.resize(n);
+      s16_->narrow(w.data(), master, n);
+      data = w.data();
+    }
+    for (size_t i = 0; i < L_.buckets.size(); ++i) {  // each bucket slice's part of the span
+      const Bucket& b = L_.buckets[i];
+      const size_t lo = std::max(begin, b.shard_offset), hi = std::min(begin + n, b.shard_offset + b.size / dp_.size());
+      if (lo < hi) sums_[i] += s16_ ? sum_of(w.data() + (lo - begin), hi - lo, lo) : sum_of(master + (lo - begin), hi - lo, lo);
+    }
+    swap_wait(*swap_, swap_->write(begin * elem_, data, n * elem_));
   }
   const float* resident_unit(int) override { return nullptr; }
   // Start the all-gathers of the unit's slices (into buf16 first in mixed precision); the
-  // persistent buckets are copied whole.
+  // persistent buckets are copied whole. A swapped slice is read into its place in the slot first
+  // and gathered in place.
   void fill(ParamSlot& s, int unit) override {
     const Unit& u = L_.units[unit];
     for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
       const Bucket& b = L_.buckets[i];
-      const size_t at = b.offset - u.offset, n = b.size / dp_.size();
-      if (!s16_ && b.persistent)
-        be_.copy(s.buf.data() + at, resident_.data() + b.resident_offset, b.size * sizeof(float));
-      else if (!s16_)
-        s.ops.push_back(dp_.iall_gather(shard_params_.mem(b.shard_offset), s.buf.mem(at), n));
-      else if (b.persistent)
-        be_.copy(s.buf16.data() + at, resident16_.data() + b.resident_offset, b.size * sizeof(uint16_t));
-      else
-        s.ops.push_back(dp_.iall_gather(params16_.mem(b.shard_offset), s.buf16.mem(at), n));
+      const size_t at = b.offset - u.offset, n = b.size / dp_.size(), mine = at + dp_.rank() * n;
+      if (b.persistent) {
+        if (s16_) be_.copy(s.buf16.data() + at, resident16_.data() + b.resident_offset, b.size * sizeof(uint16_t));
+        else be_.copy(s.buf.data() + at, resident_.data() + b.resident_offset, b.size * sizeof(float));
+      } else if (s16_) {
+        s.ops.push_back(dp_.iall_gather(slice16(b, s.buf16.data() + mine), s.buf16.mem(at), n));
+      } else {
+        s.ops.push_back(dp_.iall_gather(slice32(b, s.buf.data() + mine), s.buf.mem(at), n));
+      }
     }
     s.widen_pending = s16_.has_value();
-  }
-  void round_master() override {
-    if (s16_) s16_->narrow(params16_.data(), master_.data(), master_.size());
   }
   void gather_updated() override {  // the persistent buckets only
     std::vector<PendingOp> ops;
     for (const Bucket& b : L_.buckets) {
       if (!b.persistent) continue;
-      const size_t n = b.size / dp_.size();
-      if (s16_)
-        ops.push_back(dp_.iall_gather(params16_.mem(b.shard_offset), resident16_.mem(b.resident_offset), n));
-      else
-        ops.push_back(dp_.iall_gather(shard_params_.mem(b.shard_offset), resident_.mem(b.resident_offset), n));
+      const size_t n = b.size / dp_.size(), mine = b.resident_offset + dp_.rank() * n;
+      if (s16_) ops.push_back(dp_.iall_gather(slice16(b, resident16_.data() + mine), resident16_.mem(b.resident_offset), n));
+      else ops.push_back(dp_.iall_gather(slice32(b, resident_.data() + mine), resident_.mem(b.resident_offset), n));
     }
     for (auto& op : ops) op.wait();
   }
   void read_weights16(const Piece& p, uint16_t* out) const override {  // the slices in shard order
-    const size_t at = view_.bucket_of(p.tensor).shard_offset + view_.offset_in_owned(p);
-    be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
+    const Bucket& b = view_.bucket_of(p.tensor);
+    const size_t at = b.shard_offset + view_.offset_in_owned(p);
+    if (!swap_) return be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
+    std::vector<uint16_t> slice(b.size / dp_.size());  // read and checked whole
+    read_slice(b, slice.data());
+    std::copy_n(slice.begin() + (at - b.shard_offset), p.size, out);
   }
   Replicated replicated() const override {  // the persistent buckets, at their resident offsets
     std::vector<std::pair<size_t, size_t>> tensors;
@@ -190,17 +229,48 @@ class ShardedParams final : public ParamStorage {
   }
 
  private:
-  DeviceBuffer<float> shard_params_, resident_, master_;
+  // This rank's slice of bucket b as the send buffer of an all-gather: where it is kept, or, when
+  // swapped, read into `dst` (its place in the receive buffer: the gather runs in place).
+  MemRef<const uint16_t> slice16(const Bucket& b, uint16_t* dst) {
+    if (!swap_) return params16_.mem(b.shard_offset);
+    read_slice(b, dst);
+    return host_mem(static_cast<const uint16_t*>(dst));
+  }
+  MemRef<const float> slice32(const Bucket& b, float* dst) {
+    if (!swap_) return shard_params_.mem(b.shard_offset);
+    read_slice(b, dst);
+    return host_mem(static_cast<const float*>(dst));
+  }
+  // Bucket b's slice from the swap file into dst, checked against the sum it was written with.
+  template <class T>
+  void read_slice(const Bucket& b, T* dst) const {
+    const size_t n = b.size / dp_.size();
+    swap_wait(*swap_, swap_->read(b.shard_offset * elem_, dst, n * elem_));
+    if (sum_of(dst, n, b.shard_offset) != sums_[&b - L_.buckets.data()])
+      abort_job(strprintf("swap file '%s': the slice of bucket %zu (%zu bytes at offset %zu) does not read back what "
+                          "was written (checksum mismatch: the file was changed under the run). The last committed "
+                          "checkpoint is intact: fix the storage and resume from it",
+                          swap_->path().c_str(), static_cast<size_t>(&b - L_.buckets.data()), n * elem_,
+                          b.shard_offset * elem_),
+                kExitSwapFailed);
+  }
+
+  size_t elem_;
+  std::vector<uint64_t> sums_;  // swapped: per bucket, the checksum of its slice as written
+  DeviceBuffer<float> shard_params_, resident_;
   DeviceBuffer<uint16_t> params16_, resident16_;
 };
 
 }  // namespace
 
+SwapFile::Stats ParamStorage::swap_stats() const { return swap_ ? swap_->stats() : SwapFile::Stats{}; }
+
 std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
                                                  const ShardView& view, int stage,
-                                                 const std::optional<Storage16>& s16) {
-  if (stage < 3) return std::make_unique<FullParams>(be, dp, layout, view, stage, s16);
-  return std::make_unique<ShardedParams>(be, dp, layout, view, s16);
+                                                 const std::optional<Storage16>& s16, OptimizerState& state,
+                                                 const std::string& param_swap, const AioConfig& aio) {
+  if (stage < 3) return std::make_unique<FullParams>(be, dp, layout, view, stage, s16, state);
+  return std::make_unique<ShardedParams>(be, dp, layout, view, s16, state, param_swap, aio);
 }
 
 }  // namespace zero3d

@@ -7,10 +7,13 @@
 //     gathered after the step), plus the persistent buckets whole (all-gathered after each step).
 //
 // In mixed precision the kept weights are 16-bit and the optimizer's owned range has an fp32
-// master beside them (rounded into the 16-bit weights after each update); the model reads fp32
-// from the slot pool (widened, or gathered then widened). In fp32 stages 0-2 the model reads the
-// kept buffer directly. Invariant: after gather_updated() every rank of the dp group holds
-// bitwise-identical replicated() bytes.
+// master beside them, in the optimizer state (zero/optimizer_state.h), rounded into the 16-bit
+// weights as each part of the state is updated (take_updated); the model reads fp32 from the slot
+// pool (widened, or gathered then widened). In fp32 stages 0-2 the model reads the kept buffer
+// directly. With offload_param on nvme (stage 3) the rank's slices live in a swap file and are read
+// straight into the slot at gather time; the master is then in the optimizer state even in fp32.
+// Invariant: after gather_updated() every rank of the dp group holds bitwise-identical
+// replicated() bytes.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,7 +22,9 @@
 #include <vector>
 
 #include "config/config.h"
+#include "io/swap_file.h"
 #include "parallel/comm.h"
+#include "zero/optimizer_state.h"
 #include "zero/param_pool.h"
 #include "zero/shard_view.h"
 #include "zero/storage16.h"
@@ -29,15 +34,18 @@ namespace zero3d {
 class ParamStorage {
  public:
   virtual ~ParamStorage() = default;
-  // This rank's kept parameters (and master) from the counter-based GPT-2 initialisation.
+  // This rank's kept parameters (and the state's master) from the counter-based GPT-2 initialisation.
   virtual void init(uint64_t seed, int n_layer) = 0;
-  // The fp32 parameters of bucket b's owned range, what Adam updates (the master in mixed precision).
+  // The fp32 parameters of bucket b's owned range that Adam updates in place, or nullptr where the
+  // master is in the optimizer state (then take_updated() receives what Adam wrote there).
   virtual float* owned(const Bucket& b) = 0;
+  // The master of owned-state elements [begin, begin + n) was updated (or loaded): keep its
+  // rounding (mixed) or copy (swapped fp32) as the weights.
+  virtual void take_updated(size_t begin, size_t n, const float* master) = 0;
   // The unit's fp32 parameters where they are resident in fp32 (fp32 stages 0-2), else nullptr:
   // then the model reads them from the pool, which fill() serves.
   virtual const float* resident_unit(int unit) = 0;
   virtual void fill(ParamSlot& slot, int unit) = 0;  // gather (stage 3) or widen (mixed) into a slot
-  virtual void round_master() = 0;                   // mixed: 16-bit weights = rounding of the master
   virtual void gather_updated() = 0;                 // after the step: the replicated copies whole again
   virtual void read_weights16(const Piece& p, uint16_t* out) const = 0;  // mixed: a saved piece's weights
 
@@ -51,13 +59,18 @@ class ParamStorage {
   virtual Replicated replicated() const = 0;
   void flip_first_replicated_bit(Backend& be);  // fault injection (a no-op with nothing replicated)
 
-  size_t param_bytes() const { return param_bytes_; }    // the kept weights (ZeRO's 2 or 4 Psi)
-  size_t master_bytes() const { return master_bytes_; }  // the fp32 master (optimizer state)
+  size_t param_bytes() const { return param_bytes_; }      // the kept weights in memory (ZeRO's 2 or 4 Psi)
+  size_t swapped_bytes() const { return swapped_bytes_; }  // the kept weights in a swap file (offload_param)
+  SwapFile::Stats swap_stats() const;                       // the swap file's transfers so far
 
  protected:
   ParamStorage(Backend& be, ProcessGroup& dp, const FlatLayout& layout, const ShardView& view,
-               const std::optional<Storage16>& s16)
-      : be_(be), dp_(dp), L_(layout), view_(view), s16_(s16) {}
+               const std::optional<Storage16>& s16, OptimizerState& state)
+      : be_(be), dp_(dp), L_(layout), view_(view), s16_(s16), state_(state) {}
+  // The master's initial values: the kept fp32 parameters of the owned range, in state order.
+  void init_master(const std::vector<float>& owned) {
+    if (state_.has_master()) state_.write(OptimizerState::master, 0, owned.size(), owned.data());
+  }
   // The stored bytes and element offsets of `tensors` of the buffer that holds them (16-bit in mixed precision).
   Replicated describe(const void* data, size_t count, std::vector<std::pair<size_t, size_t>> tensors) const {
     return {data, count, s16_ ? sizeof(uint16_t) : sizeof(float), std::move(tensors)};
@@ -68,11 +81,15 @@ class ParamStorage {
   const FlatLayout& L_;
   const ShardView& view_;
   const std::optional<Storage16>& s16_;
-  size_t param_bytes_ = 0, master_bytes_ = 0;
+  OptimizerState& state_;
+  std::unique_ptr<SwapFile> swap_;  // offload_param on nvme: the rank's slices
+  size_t param_bytes_ = 0, swapped_bytes_ = 0;
 };
 
+// param_swap: the swap file for stage 3's slices ("" = in memory).
 std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
                                                  const ShardView& view, int stage,
-                                                 const std::optional<Storage16>& s16);
+                                                 const std::optional<Storage16>& s16, OptimizerState& state,
+                                                 const std::string& param_swap, const AioConfig& aio);
 
 }  // namespace zero3d

@@ -9,14 +9,15 @@
 set -u
 source "$(dirname "$0")/common.sh" "$@"
 mnt="$tmp/mnt"
-mkdir -p "$mnt/ro_src" "$mnt/ro" "$mnt/small" "$mnt/mid"
+mkdir -p "$mnt/ro_src" "$mnt/ro" "$mnt/small" "$mnt/mid" "$mnt/swap"
 cleanup() {
-  for m in "$mnt/ro" "$mnt/small" "$mnt/mid"; do mountpoint -q "$m" && umount "$m"; done
+  for m in "$mnt/ro" "$mnt/small" "$mnt/mid" "$mnt/swap"; do mountpoint -q "$m" && umount "$m"; done
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 if ! mount --bind "$mnt/ro_src" "$mnt/ro" 2>/dev/null || ! mount -o remount,bind,ro "$mnt/ro" 2>/dev/null ||
-   ! mount -t tmpfs -o size=12m tmpfs "$mnt/small" 2>/dev/null || ! mount -t tmpfs -o size=40m tmpfs "$mnt/mid"; then
+   ! mount -t tmpfs -o size=12m tmpfs "$mnt/small" 2>/dev/null || ! mount -t tmpfs -o size=40m tmpfs "$mnt/mid" ||
+   ! mount -t tmpfs -o size=4m tmpfs "$mnt/swap"; then
   echo "SKIP: this machine does not let the test mount file systems (needs root)"
   exit 77
 fi
@@ -188,4 +189,19 @@ for step in (2, 4, 6):
 print("same metrics and 3 x 208 identical datasets")
 PY
 echo "ok   background and in-place saves: the same metrics and the same checkpoint files"
+
+# ---- 10. offload to nvme on storage that cannot take it: exit 2 at start, nothing left behind ----
+swap_opt=(--set zero_optimization.stage=1 --set zero_optimization.offload_optimizer.device=nvme)
+run swap_ro 2 --run-dir "$tmp/swap_ro" --set train_steps=4 "${swap_opt[@]}" \
+  --set zero_optimization.offload_optimizer.nvme_path="$mnt/ro"
+expect_rc swap_ro 2
+has swap_ro "^zero3d: error: zero_optimization.offload_optimizer.nvme_path is not writable from rank 0: cannot create a file in '$mnt/ro': Read-only file system$"
+# 2 ranks x 3.3 MB of Adam moments on a 4 MiB tmpfs: the second reservation fails.
+run swap_full 2 --run-dir "$tmp/swap_full" --set train_steps=4 "${swap_opt[@]}" \
+  --set zero_optimization.offload_optimizer.nvme_path="$mnt/swap"
+expect_rc swap_full 2
+has swap_full "^zero3d: error: offload to nvme: cannot reserve 3\.[0-9] MB for swap file '$mnt/swap/zero3d-[0-9a-f]{8}/rank[01]\.[0-9]+\.optimizer': No space left on device \([0-9.]+ MB free there\)$"
+[[ ! -e $tmp/swap_ro && ! -e $tmp/swap_full ]] || fail "swap: a run dir was created by a run that never started"
+[[ -z $(find "$mnt/swap" -mindepth 1) ]] || fail "swap_full: left behind: $(find "$mnt/swap" -mindepth 1)"
+echo "ok   offload to nvme: a read-only or too small nvme_path is refused at start (exit 2), nothing left"
 echo "storage: all passed"

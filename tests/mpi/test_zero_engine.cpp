@@ -9,11 +9,17 @@
 // - The checkpoint pieces: save_pieces() of all ranks tile every tensor exactly once,
 //   load_pieces() once per rank at stage 0 and exactly once over the group from stage 1 on; the
 //   runs each rank counts in the checksums cover every logical element exactly once, for both.
+// - Offload: with the optimizer state (and, at stage 3, the parameter slices) in swap files, small
+//   sub-groups, few buffers and ratio < 1, three steps give bitwise the same parameters, norms and
+//   optimizer state as the same engine in memory; so does an offloaded engine loaded from the
+//   in-memory one's state (a resume), one step later.
 // Failures are summed over the world into the exit code.
 // usage: mpirun -np N test_zero_engine
 #include <mpi.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -204,6 +210,83 @@ void run_case(Backend& be, ProcessGroup& world, int stage, Precision precision, 
   check_tiling(L, engine.load_pieces(), world, stage == 0 ? p : 1, name + ": load pieces");
 }
 
+// Everything a step leaves behind on this rank, as bytes: the parameters the model reads (unit
+// by unit), and the optimizer state of every owned piece.
+std::vector<float> snapshot(ZeroEngine& e) {
+  std::vector<float> out;
+  const FlatLayout& L = e.layout();
+  for (int u = 0; u < static_cast<int>(L.units.size()); ++u) {
+    const float* w = e.acquire_params(u);
+    out.insert(out.end(), w, w + L.units[u].size);
+    e.release_params(u);
+  }
+  for (const CheckpointPiece& p : e.load_pieces())
+    for (auto kind : {ZeroEngine::State::master, ZeroEngine::State::exp_avg, ZeroEngine::State::exp_avg_sq}) {
+      std::vector<float> v(p.piece.size);
+      e.read_state(kind, p.piece, v.data());
+      out.insert(out.end(), v.begin(), v.end());
+    }
+  return out;
+}
+
+double one_step(ZeroEngine& e, int rank, double lr) {
+  e.begin_step();
+  for (int mb = 0; mb < 2; ++mb) micro_batch(e, rank, mb);
+  e.finish_gradients();
+  const double norm_sq = e.grad_norm_sq();
+  e.optimizer_step(lr);
+  e.gather_updated_params();
+  return norm_sq;
+}
+
+void run_offload_case(Backend& be, ProcessGroup& world, int stage, Precision precision, bool params_too,
+                      double ratio, const std::string& dir) {
+  const ModelConfig m = tiny();
+  ZeroConfig z;
+  z.stage = stage, z.overlap_comm = true;
+  z.reduce_bucket_size = z.allgather_bucket_size = 3000;
+  z.stage3_param_persistence_threshold = 100;  // some persistent buckets beside the swapped slices
+  z.stage3_max_live_parameters = 1;
+  OptimizerConfig opt;
+  opt.weight_decay = 0.1;
+  ZeroConfig off = z;
+  off.sub_group_size = 2000;  // several sub-groups: rounded up to 2048 elements
+  off.offload_optimizer = {OffloadDevice::nvme, dir, 3, ratio};
+  SwapFiles swap;
+  swap.optimizer = dir + "/optimizer." + std::to_string(world.rank());
+  if (params_too) swap.param = dir + "/param." + std::to_string(world.rank());
+  swap.aio.block_size = 8192;  // several blocks per transfer
+  swap.aio.thread_count = 2;
+  std::filesystem::create_directories(dir);  // the last swap file out removes it
+  const std::string name = "offload stage " + std::to_string(stage) + " " + name_of(precision) +
+                           (params_too ? " +params" : "") + " ratio " + std::to_string(ratio);
+  ZeroEngine mem(be, world, m, z, opt, precision);
+  ZeroEngine swapped(be, world, m, off, opt, precision, 1, 0, 1, 0, swap);
+  check(swapped.memory().swapped > 0, name + ": something is swapped");
+  check(swapped.memory().optimizer < mem.memory().optimizer, name + ": less optimizer state in memory");
+  mem.init_weights(7);
+  swapped.init_weights(7);
+  check(snapshot(mem) == snapshot(swapped), name + ": initial state");
+  for (int step = 1; step <= 3; ++step) {
+    const double a = one_step(mem, world.rank(), 1e-3 * step), b = one_step(swapped, world.rank(), 1e-3 * step);
+    check(a == b, name + ": gradient norm at step " + std::to_string(step));
+    check(snapshot(mem) == snapshot(swapped), name + ": parameters and state after step " + std::to_string(step));
+  }
+  // A resume: the in-memory engine's state loaded into a fresh offloaded one.
+  ZeroEngine resumed(be, world, m, off, opt, precision, 1, 0, 1, 0, swap);
+  for (const CheckpointPiece& p : mem.load_pieces())
+    for (auto kind : {ZeroEngine::State::master, ZeroEngine::State::exp_avg, ZeroEngine::State::exp_avg_sq}) {
+      std::vector<float> v(p.piece.size);
+      mem.read_state(kind, p.piece, v.data());
+      resumed.write_state(kind, p.piece, v.data());
+    }
+  resumed.finish_load(mem.optimizer_steps());
+  check(snapshot(mem) == snapshot(resumed), name + ": loaded state");
+  one_step(mem, world.rank(), 5e-3);
+  one_step(resumed, world.rank(), 5e-3);
+  check(snapshot(mem) == snapshot(resumed), name + ": a step after the load");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -220,6 +303,20 @@ int main(int argc, char** argv) {
               if (stage < 3 && persist != 0) continue;  // persistence is a stage-3 notion
               run_case(*be, *world, stage, precision, rs, overlap, persist);
             }
+    // Offload: swap files in a directory of this rank's.
+    char tmpl[] = "/tmp/zero3d_offload_XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    for (Precision precision : {Precision::fp32, Precision::bf16})
+      for (int stage = 1; stage <= 3; ++stage)
+        for (bool params_too : {false, true})
+          for (double ratio : {1.0, 0.5}) {
+            if (params_too && (stage != 3 || ratio != 1.0)) continue;
+            run_offload_case(*be, *world, stage, precision, params_too, ratio, dir);
+          }
+    run_offload_case(*be, *world, 3, Precision::fp16, true, 1.0, dir);
+    std::error_code ec;
+    check(!std::filesystem::exists(dir, ec), "swap files (and their directory) removed with their engines");
+    std::filesystem::remove_all(dir, ec);
   }
   int total = failures, all_checks = checks;
   MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

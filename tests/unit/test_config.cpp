@@ -251,10 +251,7 @@ TEST(Config, DeepSpeedOldNamesMapToTheCurrentOnes) {
   Config c = load_config({run, ds, {}}, 2);
   EXPECT_EQ(c.zero.stage, 2);
   ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})");
-  EXPECT_THAT(load_error(run, {}, 1, ds),
-              HasSubstr("ds.json: 'zero_optimization.offload_optimizer.device' ('zero_optimization.cpu_offload') = "
-                        "\"cpu\" is a DeepSpeed setting zero3d does not implement (zero3d: offload to host memory or "
-                        "NVMe is not implemented yet"));
+  EXPECT_EQ(load_config({run, ds, {}}, 1).zero.offload_optimizer.device, OffloadDevice::cpu);
   // both names, different values
   ds = dir.write("ds.json", R"({"zero_optimization": {"stage3_prefetch_bucket_size": 5, "prefetch_bucket_size": 6}})");
   EXPECT_THAT(load_error(run, {}, 1, ds), HasSubstr("contradicts"));
@@ -338,6 +335,36 @@ TEST(Config, AutoTakesTheRunConfigsValueOrADerivedOne) {
   EXPECT_EQ(load_config({run, "", {"checkpoint.load=auto"}}, 1).checkpoint.load, LoadMode::latest);
 }
 
+// Offload (issue #14): DeepSpeed's keys stored, its rules enforced with one line each.
+TEST(Config, OffloadKeysAndRules) {
+  TempDir dir;
+  std::string run = dir.write("run.json", minimal());
+  std::string ds = dir.write("ds.json", R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e7,
+    "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 6, "ratio": 0.5},
+    "offload_param": {"device": "nvme", "nvme_path": "/p", "buffer_size": 1e8, "max_in_cpu": 1e9}},
+    "aio": {"block_size": 262144, "thread_count": 2}})");
+  Config c = load_config({run, ds, {}}, 1);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::nvme);
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/local_nvme");
+  EXPECT_EQ(c.zero.offload_optimizer.buffer_count, 6);
+  EXPECT_EQ(c.zero.offload_optimizer.ratio, 0.5);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::nvme);
+  EXPECT_EQ(c.zero.offload_param.nvme_path, "/p");
+  EXPECT_EQ(c.zero.sub_group_size, 10000000);
+  EXPECT_EQ(c.aio.block_size, 262144);
+  EXPECT_EQ(c.aio.thread_count, 2);
+  EXPECT_THAT(load_error(run, {"zero_optimization.stage=2", "zero_optimization.offload_param.device=cpu"}),
+              HasSubstr("zero_optimization.offload_param.device = \"cpu\" needs zero_optimization.stage 3"));
+  EXPECT_THAT(load_error(run, {"zero_optimization.offload_optimizer.device=cpu"}),
+              HasSubstr("offload_optimizer.device = \"cpu\" needs zero_optimization.stage 1, 2 or 3"));
+  EXPECT_THAT(load_error(run, {"zero_optimization.stage=1", "zero_optimization.offload_optimizer.device=nvme"}),
+              HasSubstr("needs zero_optimization.offload_optimizer.nvme_path"));
+  EXPECT_THAT(load_error(run, {"zero_optimization.stage=1", "zero_optimization.offload_optimizer.device=disk"}),
+              HasSubstr("one of \"none\", \"cpu\", \"nvme\""));
+  EXPECT_THAT(load_error(run, {"zero_optimization.offload_optimizer.buffer_count=1"}), HasSubstr("buffer_count"));
+  EXPECT_THAT(load_error(run, {"zero_optimization.offload_optimizer.ratio=0"}), HasSubstr("ratio"));
+}
+
 TEST(Config, KeysWithoutEffectAreListedOnce) {
   TempDir dir;
   std::string run = dir.write("run.json", minimal());
@@ -346,7 +373,8 @@ TEST(Config, KeysWithoutEffectAreListedOnce) {
   Config c = load_config({run, ds, {}}, 1);
   ASSERT_EQ(c.notices.size(), 1u);
   EXPECT_THAT(c.notices[0], HasSubstr("wandb.enabled, wandb.project"));
-  EXPECT_THAT(c.notices[0], HasSubstr("aio.block_size"));
+  EXPECT_THAT(c.notices[0], HasSubstr("aio.queue_depth"));
+  EXPECT_EQ(c.aio.block_size, 1048576);
   ds = dir.write("ds.json", R"({"elasticity": {"enabled": true}})");
   EXPECT_THAT(load_error(run, {}, 1, ds), HasSubstr("'elasticity.enabled' = true: a DeepSpeed feature zero3d does not "
                                                     "implement: no elastic training"));

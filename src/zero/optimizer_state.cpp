@@ -1,0 +1,202 @@
+#include "zero/optimizer_state.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace zero3d {
+
+namespace {
+constexpr size_t kGroupAlign = 1024;  // elements: records and fields start on 4 KiB boundaries (O_DIRECT)
+
+size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+void swap_wait(SwapFile& f, SwapFile::Ticket t) {
+  try {
+    f.wait(t);
+  } catch (const IoError& e) {
+    abort_job(strprintf("%s. Offloaded training state is lost on this rank; the last committed checkpoint is "
+                        "intact: fix the storage and resume from it", e.what()),
+              kExitSwapFailed);
+  }
+}
+
+OptimizerState::OptimizerState(Backend& be, size_t n, bool with_master, const OffloadConfig& offload,
+                               int64_t sub_group_size, const AioConfig& aio, const std::string& swap_path)
+    : be_(be), n_(n), with_master_(with_master) {
+  if (offload.device == OffloadDevice::nvme && n_ > 0) {
+    group_ = std::min(round_up(static_cast<size_t>(sub_group_size), kGroupAlign), round_up(n_, kGroupAlign));
+    const size_t all_groups = (n_ + group_ - 1) / group_;
+    groups_ = std::min(all_groups, static_cast<size_t>(std::ceil(offload.ratio * double(all_groups) - 1e-9)));
+    groups_ = std::max<size_t>(groups_, 1);
+    swapped_n_ = std::min(n_, groups_ * group_);
+    stride_ = group_ * fields() * sizeof(float);
+    file_ = std::make_unique<SwapFile>(swap_path, uint64_t(groups_) * stride_,
+                                       SwapFile::Options{static_cast<size_t>(aio.block_size), aio.thread_count});
+    const int nbuf = static_cast<int>(std::min<size_t>(offload.buffer_count, groups_));
+    for (int b = 0; b < nbuf; ++b) bufs_.emplace_back(stride_);
+    buf_write_.assign(nbuf, 0);
+    group_write_.assign(groups_, 0);
+    sums_.assign(groups_, swap_checksum(bufs_[0].data(), stride_));  // preallocated: zeros, as the fresh buffer
+    // Reads ahead: all buffers but the one being updated and the one being written back.
+    lookahead_ = static_cast<size_t>(std::max(1, nbuf - 2));
+  }
+  for (int f = 0; f < fields(); ++f) arrays_.emplace_back(be, n_ - swapped_n_);  // zeroed
+}
+
+OptimizerState::~OptimizerState() {
+  if (file_) {
+    flush();
+    drop_ahead();
+    try {
+      file_->wait_all();
+    } catch (const IoError&) {  // the run is ending anyway
+    }
+  }
+}
+
+size_t OptimizerState::resident_bytes() const {
+  size_t b = buffer_bytes();
+  for (const auto& a : arrays_) b += a.bytes();
+  return b;
+}
+
+size_t OptimizerState::swapped_bytes() const { return swapped_n_ * fields() * sizeof(float); }
+
+size_t OptimizerState::buffer_bytes() const { return bufs_.size() * stride_; }
+
+void OptimizerState::issue_read(size_t k) {
+  const int b = next_buf_;
+  next_buf_ = (next_buf_ + 1) % static_cast<int>(bufs_.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  swap_wait(*file_, buf_write_[b]);    // the buffer's last sub-group is written back
+  swap_wait(*file_, group_write_[k]);  // and this sub-group's own last write is on file
+  io_.wait_write_s += seconds_since(t0);
+  ahead_.push_back({k, b, file_->read(record_offset(k), bufs_[b].data(), stride_)});
+}
+
+void OptimizerState::drop_ahead() {
+  for (const Ahead& a : ahead_) swap_wait(*file_, a.ticket);
+  ahead_.clear();
+  next_read_ = 0;
+}
+
+void OptimizerState::wait_writes(size_t k0, size_t k1) {
+  for (size_t k = k0; k < k1; ++k) swap_wait(*file_, group_write_[k]);
+}
+
+void OptimizerState::stream(const Update& update) {
+  if (file_) flush(), cached_ = kNone;  // the stream reuses the buffers
+  for (size_t k = 0; k < groups_; ++k) {
+    // The reads ahead: sub-groups k .. k + lookahead - 1 (some were issued by the last stream).
+    while (next_read_ < std::min(groups_, k + lookahead_)) issue_read(next_read_++);
+    const Ahead a = ahead_.front();
+    ahead_.pop_front();
+    Z3D_ASSERT(a.group == k, "optimizer state: sub-groups read out of order");
+    const auto t0 = std::chrono::steady_clock::now();
+    swap_wait(*file_, a.ticket);
+    io_.wait_read_s += seconds_since(t0);
+
+    char* rec = bufs_[a.buf].data();
+    verify(k, rec);
+    Span s;
+    s.begin = k * group_, s.n = group_size(k);
+    for (Field f : {master, exp_avg, exp_avg_sq})
+      if (f != master || with_master_) s.field[f] = reinterpret_cast<float*>(rec + slot(f) * group_ * sizeof(float));
+    update(s);
+    sums_[k] = swap_checksum(rec, stride_);
+    buf_write_[a.buf] = group_write_[k] = file_->write(record_offset(k), rec, stride_);
+  }
+  if (n_ > swapped_n_) {  // what stays in memory
+    Span s;
+    s.begin = swapped_n_, s.n = n_ - swapped_n_;
+    for (Field f : {master, exp_avg, exp_avg_sq})
+      if (f != master || with_master_) s.field[f] = resident(f);
+    update(s);
+  }
+  if (file_) {  // the next step's first reads, behind its forward and backward
+    next_read_ = 0;
+    while (next_read_ < std::min(groups_, lookahead_)) issue_read(next_read_++);
+  }
+}
+
+// Checkpoints and loads reach the swapped state one record at a time, through the first stream
+// buffer (the reads ahead are dropped: the next stream issues them again).
+char* OptimizerState::record(size_t k) {
+  if (cached_ == k) return bufs_[0].data();
+  flush();
+  drop_ahead();
+  swap_wait(*file_, buf_write_[0]);
+  wait_writes(k, k + 1);
+  swap_wait(*file_, file_->read(record_offset(k), bufs_[0].data(), stride_));
+  verify(k, bufs_[0].data());
+  cached_ = k;
+  return bufs_[0].data();
+}
+
+void OptimizerState::flush() {
+  if (!dirty_) return;
+  sums_[cached_] = swap_checksum(bufs_[0].data(), stride_);
+  swap_wait(*file_, group_write_[cached_] = file_->write(record_offset(cached_), bufs_[0].data(), stride_));
+  dirty_ = false;
+}
+
+void OptimizerState::verify(size_t k, const char* rec) const {
+  if (swap_checksum(rec, stride_) != sums_[k])
+    abort_job(strprintf("swap file '%s': sub-group %zu (%zu bytes at offset %llu) does not read back what was "
+                        "written (checksum mismatch: the file was changed under the run). Offloaded training state "
+                        "is lost on this rank; the last committed checkpoint is intact: fix the storage and resume "
+                        "from it",
+                        file_->path().c_str(), k, stride_, static_cast<unsigned long long>(record_offset(k))),
+              kExitSwapFailed);
+}
+
+void OptimizerState::read(Field f, size_t at, size_t n, float* out) {
+  Z3D_ASSERT(at + n <= n_ && (f != master || with_master_), "optimizer state: read outside the state");
+  for (size_t end = at + n; at < end;) {
+    if (at >= swapped_n_) {
+      be_.copy_to_host(out, resident(f) + (at - swapped_n_), (end - at) * sizeof(float));
+      return;
+    }
+    const size_t k = at / group_, take = std::min(end, (k + 1) * group_) - at;
+    const float* field = reinterpret_cast<const float*>(record(k)) + slot(f) * group_;
+    std::copy_n(field + (at - k * group_), take, out);
+    at += take, out += take;
+  }
+}
+
+void OptimizerState::write(Field f, size_t at, size_t n, const float* in) {
+  Z3D_ASSERT(at + n <= n_ && (f != master || with_master_), "optimizer state: write outside the state");
+  for (size_t end = at + n; at < end;) {
+    if (at >= swapped_n_) {
+      be_.copy_from_host(resident(f) + (at - swapped_n_), in, (end - at) * sizeof(float));
+      return;
+    }
+    const size_t k = at / group_, take = std::min(end, (k + 1) * group_) - at;
+    float* field = reinterpret_cast<float*>(record(k)) + slot(f) * group_;
+    std::copy_n(in, take, field + (at - k * group_));
+    dirty_ = true;
+    at += take, in += take;
+  }
+}
+
+OptimizerState::Io OptimizerState::take_io() {
+  if (file_) {
+    const SwapFile::Stats s = file_->stats();
+    io_.read_s = s.read_s - taken_.read_s, io_.write_s = s.write_s - taken_.write_s;
+    io_.bytes_read = s.bytes_read - taken_.bytes_read, io_.bytes_written = s.bytes_written - taken_.bytes_written;
+    taken_ = s;
+  }
+  const Io out = io_;
+  io_ = Io{};
+  return out;
+}
+
+}  // namespace zero3d
