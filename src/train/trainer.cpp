@@ -510,7 +510,7 @@ void Trainer::State::report_memory(int step) {
   const ResidentMemory rss = resident_memory();
   const std::vector<uint64_t> mine = {mem.params, mem.grads, mem.optimizer, mem.buffers,
                                       models.size() * models[0]->activation_bytes(), static_cast<uint64_t>(rss.rss),
-                                      static_cast<uint64_t>(rss.peak)};
+                                      static_cast<uint64_t>(rss.peak), mem.swapped};
   std::vector<uint64_t> all;
   groups.world->all_gather_u64(mine, all);
   if (!is_root()) return;
@@ -518,8 +518,9 @@ void Trainer::State::report_memory(int step) {
   for (size_t r = 0; r * mine.size() < all.size(); ++r) {
     const uint64_t* v = &all[r * mine.size()];
     lines += strprintf("  rank %3zu: params %.1f MB, grads %.1f MB, optimizer %.1f MB, buffers %.1f MB, activations "
-                       "%.1f MB, resident %.1f MB (peak %.1f MB)\n",
-                       r, v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6, v[6] / 1e6);
+                       "%.1f MB, resident %.1f MB (peak %.1f MB)%s\n",
+                       r, v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6, v[6] / 1e6,
+                       v[7] ? strprintf(", swapped to nvme %.1f MB", v[7] / 1e6).c_str() : "");
     if (metrics)
       metrics->write(MetricsRecord("memory")
                          .add("step", step)
@@ -530,7 +531,8 @@ void Trainer::State::report_memory(int step) {
                          .add("buffers_bytes", static_cast<int64_t>(v[3]))
                          .add("activations_bytes", static_cast<int64_t>(v[4]))
                          .add("rss_bytes", static_cast<int64_t>(v[5]))
-                         .add("rss_peak_bytes", static_cast<int64_t>(v[6])));
+                         .add("rss_peak_bytes", static_cast<int64_t>(v[6]))
+                         .add("swapped_bytes", static_cast<int64_t>(v[7])));
   }
   log_info("zero3d: memory after step %d (memory_breakdown)\n%s", step, lines.c_str());
 }

@@ -21,9 +21,10 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
 
   // The parts, chosen once by stage, precision and offload.
-  if (be.memory_kind() == MemKind::device && (!swap.optimizer.empty() || !swap.param.empty()))
-    throw UserError("offload to nvme is built for the host backend only so far: run with the host backend, or "
-                    "without offload_optimizer/offload_param");
+  if (be.memory_kind() == MemKind::device &&
+      (cfg_.offload_optimizer.device != OffloadDevice::none || cfg_.offload_param.device != OffloadDevice::none))
+    throw UserError("zero_optimization.offload_optimizer/offload_param: offload is built for the host backend only so "
+                    "far (on the CUDA backend the state would stay in device memory): run without offload there");
   const bool params_swapped = cfg_.stage == 3 && !swap.param.empty();
   try {  // a swap file that cannot be made (no space, no permission) is the user's to fix
     state_ = std::make_unique<OptimizerState>(be, owned_total, mixed_ || params_swapped, cfg_.offload_optimizer,
@@ -132,7 +133,8 @@ SwapIo ZeroEngine::take_swap_io() {
   const OptimizerState::Io o = state_->take_io();
   const SwapFile::Stats p = params_->swap_stats();
   SwapIo io;
-  io.wait_s = o.wait_read_s + o.wait_write_s;
+  io.wait_s = o.wait_read_s + o.wait_write_s + (params_->swap_wait_s() - param_wait_s_);
+  param_wait_s_ = params_->swap_wait_s();
   io.busy_s = o.read_s + o.write_s + (p.read_s - param_io_.read_s) + (p.write_s - param_io_.write_s);
   io.bytes_read = o.bytes_read + (p.bytes_read - param_io_.bytes_read);
   io.bytes_written = o.bytes_written + (p.bytes_written - param_io_.bytes_written);

@@ -30,7 +30,7 @@ ParamPool::ParamPool(Backend& be, const FlatLayout& layout, const Policy& policy
 }
 
 ParamPool::~ParamPool() {
-  for (auto& s : slots_) s->ops.clear();  // waits for anything in flight
+  for (auto& s : slots_) s->finish();  // waits for anything in flight
 }
 
 size_t ParamPool::bytes() const {
@@ -75,8 +75,7 @@ ParamSlot* ParamPool::free_slot_for(int unit, bool may_wait) {
     }
   }
   if (pick) {
-    for (auto& op : pick->ops) op.wait();
-    pick->ops.clear();
+    pick->finish();
     pick->unit = -1;
     pick->widen_pending = false;
   }
@@ -100,8 +99,7 @@ const float* ParamPool::acquire(int unit) {
     Z3D_ASSERT(s != nullptr, "ZeRO: no parameter slot free (more units in use than the pool holds)");
     fill(*s, unit);
   }
-  for (auto& op : s->ops) op.wait();
-  s->ops.clear();
+  s->finish();
   if (s->widen_pending) {
     s16_->widen(s->buf.data(), s->buf16.data(), layout_.units[unit].size);
     s->widen_pending = false;
@@ -124,8 +122,7 @@ void ParamPool::release(int unit) {
 
 void ParamPool::invalidate() {
   for (auto& s : slots_) {
-    for (auto& op : s->ops) op.wait();
-    s->ops.clear();
+    s->finish();
     s->unit = -1;
     s->in_use = false;
     s->widen_pending = false;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "model/flat_layout.h"
@@ -22,14 +23,22 @@
 namespace zero3d {
 
 // A unit's full fp32 parameters for compute, with the requests that fill it (into buf16 first
-// when widen_pending: buf16 -> buf once they are done).
+// when widen_pending: buf16 -> buf once they are done). A fill may leave a second stage in
+// `then_start` (swapped slices: the reads were issued, the gathers start once they are in),
+// which the pool runs before it waits for ops.
 struct ParamSlot {
   DeviceBuffer<float> buf;
   DeviceBuffer<uint16_t> buf16;
   int unit = -1;        // the unit held (valid once ops are done), -1 when free
   bool in_use = false;  // between acquire and release
   bool widen_pending = false;
+  std::function<void()> then_start;
   std::vector<PendingOp> ops;
+  void finish() {  // every request of the fill done
+    if (then_start) std::exchange(then_start, nullptr)();
+    for (auto& op : ops) op.wait();
+    ops.clear();
+  }
 };
 
 class ParamPool {

@@ -1,6 +1,7 @@
 #include "zero/param_storage.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/check.h"
@@ -138,24 +139,26 @@ class ShardedParams final : public ParamStorage {
     param_bytes_ = shard_params_.bytes() + resident_.bytes() + params16_.bytes() + resident16_.bytes();
   }
 
+  // Bucket by bucket, in shard order, so a model whose shard does not fit in memory beside the
+  // rest (offload) never holds more than one bucket's slice here.
   void init(uint64_t seed, int n_layer) override {
-    std::vector<float> kept(L_.shard_size), resident(L_.resident_size);
+    std::vector<float> resident(L_.resident_size), kept;
     for (const Bucket& b : L_.buckets) {
       const ShardInfo sl = L_.slice(b, dp_.rank());
-      gpt_initial_params(L_, n_layer, seed, b.offset + sl.offset, b.offset + sl.offset + sl.size,
-                         kept.data() + b.shard_offset);
+      kept.resize(sl.size);
+      gpt_initial_params(L_, n_layer, seed, b.offset + sl.offset, b.offset + sl.offset + sl.size, kept.data());
+      if (state_.has_master()) state_.write(OptimizerState::master, b.shard_offset, kept.size(), kept.data());
+      if (s16_ || swap_) take_updated(b.shard_offset, kept.size(), kept.data());  // a pass in shard order
+      else be_.copy_from_host(shard_params_.data() + b.shard_offset, kept.data(), kept.size() * sizeof(float));
       if (b.persistent)
         gpt_initial_params(L_, n_layer, seed, b.offset, b.offset + b.size, resident.data() + b.resident_offset);
     }
-    init_master(kept);  // exactly its slices
     if (s16_) {
       const std::vector<uint16_t> resident16 = s16_->narrow_host(resident);
       be_.copy_from_host(resident16_.data(), resident16.data(), resident16.size() * sizeof(uint16_t));
     } else {
       be_.copy_from_host(resident_.data(), resident.data(), resident.size() * sizeof(float));
     }
-    if (s16_ || swap_) take_updated(0, kept.size(), kept.data());  // the kept slices from their master
-    else be_.copy_from_host(shard_params_.data(), kept.data(), kept.size() * sizeof(float));
   }
   float* owned(const Bucket& b) override {
     return shard_params_.size() ? shard_params_.data() + b.shard_offset : nullptr;  // else: master in the state
@@ -178,26 +181,48 @@ class ShardedParams final : public ParamStorage {
       const size_t lo = std::max(begin, b.shard_offset), hi = std::min(begin + n, b.shard_offset + b.size / dp_.size());
       if (lo < hi) sums_[i] += s16_ ? sum_of(w.data() + (lo - begin), hi - lo, lo) : sum_of(master + (lo - begin), hi - lo, lo);
     }
+    const auto t0 = std::chrono::steady_clock::now();
     swap_wait(*swap_, swap_->write(begin * elem_, data, n * elem_));
+    swap_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const float* resident_unit(int) override { return nullptr; }
   // Start the all-gathers of the unit's slices (into buf16 first in mixed precision); the
-  // persistent buckets are copied whole. A swapped slice is read into its place in the slot first
-  // and gathered in place.
+  // persistent buckets are copied whole. Swapped slices are read into their place in the slot in
+  // the background; the gathers (in place) start when the pool next needs the slot, so a
+  // prefetched unit's reads overlap the compute of the one before.
   void fill(ParamSlot& s, int unit) override {
     const Unit& u = L_.units[unit];
+    std::vector<std::pair<int, SwapFile::Ticket>> reads;
     for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
       const Bucket& b = L_.buckets[i];
       const size_t at = b.offset - u.offset, n = b.size / dp_.size(), mine = at + dp_.rank() * n;
       if (b.persistent) {
         if (s16_) be_.copy(s.buf16.data() + at, resident16_.data() + b.resident_offset, b.size * sizeof(uint16_t));
         else be_.copy(s.buf.data() + at, resident_.data() + b.resident_offset, b.size * sizeof(float));
+      } else if (swap_) {
+        void* dst = s16_ ? static_cast<void*>(s.buf16.data() + mine) : static_cast<void*>(s.buf.data() + mine);
+        reads.push_back({i, swap_->read(b.shard_offset * elem_, dst, n * elem_)});
       } else if (s16_) {
-        s.ops.push_back(dp_.iall_gather(slice16(b, s.buf16.data() + mine), s.buf16.mem(at), n));
+        s.ops.push_back(dp_.iall_gather(params16_.mem(b.shard_offset), s.buf16.mem(at), n));
       } else {
-        s.ops.push_back(dp_.iall_gather(slice32(b, s.buf.data() + mine), s.buf.mem(at), n));
+        s.ops.push_back(dp_.iall_gather(shard_params_.mem(b.shard_offset), s.buf.mem(at), n));
       }
     }
+    if (!reads.empty())
+      s.then_start = [this, &s, unit, reads] {
+        const Unit& u = L_.units[unit];
+        for (auto [i, ticket] : reads) {
+          const Bucket& b = L_.buckets[i];
+          const size_t at = b.offset - u.offset, n = b.size / dp_.size(), mine = at + dp_.rank() * n;
+          if (s16_) {
+            finish_read(b, ticket, s.buf16.data() + mine);
+            s.ops.push_back(dp_.iall_gather(host_mem(static_cast<const uint16_t*>(s.buf16.data() + mine)), s.buf16.mem(at), n));
+          } else {
+            finish_read(b, ticket, s.buf.data() + mine);
+            s.ops.push_back(dp_.iall_gather(host_mem(static_cast<const float*>(s.buf.data() + mine)), s.buf.mem(at), n));
+          }
+        }
+      };
     s.widen_pending = s16_.has_value();
   }
   void gather_updated() override {  // the persistent buckets only
@@ -244,8 +269,14 @@ class ShardedParams final : public ParamStorage {
   // Bucket b's slice from the swap file into dst, checked against the sum it was written with.
   template <class T>
   void read_slice(const Bucket& b, T* dst) const {
+    finish_read(b, swap_->read(b.shard_offset * elem_, dst, b.size / dp_.size() * elem_), dst);
+  }
+  template <class T>
+  void finish_read(const Bucket& b, SwapFile::Ticket ticket, T* dst) const {
     const size_t n = b.size / dp_.size();
-    swap_wait(*swap_, swap_->read(b.shard_offset * elem_, dst, n * elem_));
+    const auto t0 = std::chrono::steady_clock::now();
+    swap_wait(*swap_, ticket);
+    swap_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (sum_of(dst, n, b.shard_offset) != sums_[&b - L_.buckets.data()])
       abort_job(strprintf("swap file '%s': the slice of bucket %zu (%zu bytes at offset %zu) does not read back what "
                           "was written (checksum mismatch: the file was changed under the run). The last committed "
