@@ -14,6 +14,7 @@
 # memory), so the in-memory column is also the cpu column.
 # usage: jobscripts/offload_bench.sh [DIR [RANKS [CONFIG [STEPS [MICRO [SUB_GROUP [ROUNDS]]]]]]]
 #        defaults: runs/offload-bench, 2, input/gpt2-124m.json, 6, 2, 4000000, 1
+#        STAGES="1 2 3" (the default) in the environment picks the stages
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-runs/offload-bench}
@@ -27,13 +28,15 @@ z3d=${ZERO3D_BIN:-build/bin/zero3d}
 MPIRUN=${MPIRUN:-mpirun --oversubscribe}
 rm -rf "$dir"
 mkdir -p "$dir/nvme"
+# Stage 3 prefetches the next unit (a gpt2-124m block is 7.1M elements), in memory and swapped
+# alike: that is what lets swapped parameters be read while the unit before is computed on.
 common=(--peak-flops 1e11 --set data.val= --set train_steps="$steps" --set train_micro_batch_size_per_gpu="$micro"
-        --set memory_breakdown=true --set steps_per_print="$steps")
+        --set memory_breakdown=true --set steps_per_print="$steps" --set zero_optimization.stage3_prefetch_bucket_size=1e7)
 opt=(--set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path="$dir/nvme"
      --set zero_optimization.sub_group_size="$sub_group")
 param=(--set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path="$dir/nvme")
 for round in $(seq "$rounds"); do
-  for stage in 1 2 3; do
+  for stage in ${STAGES:-1 2 3}; do
     for mode in memory nvme nvme_param; do
       [[ $mode == nvme_param && $stage != 3 ]] && continue
       args=(); [[ $mode != memory ]] && args+=("${opt[@]}"); [[ $mode == nvme_param ]] && args+=("${param[@]}")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "core/check.h"
 
@@ -44,6 +45,7 @@ OptimizerState::OptimizerState(Backend& be, size_t n, bool with_master, const Of
     for (int b = 0; b < nbuf; ++b) bufs_.emplace_back(stride_);
     buf_write_.assign(nbuf, 0);
     group_write_.assign(groups_, 0);
+    fresh_.assign(groups_, true);
     sums_.assign(groups_, swap_checksum(bufs_[0].data(), stride_));  // preallocated: zeros, as the fresh buffer
     // Reads ahead: all buffers but the one being updated and the one being written back.
     lookahead_ = static_cast<size_t>(std::max(1, nbuf - 2));
@@ -79,6 +81,11 @@ void OptimizerState::issue_read(size_t k) {
   swap_wait(*file_, buf_write_[b]);    // the buffer's last sub-group is written back
   swap_wait(*file_, group_write_[k]);  // and this sub-group's own last write is on file
   io_.wait_write_s += seconds_since(t0);
+  if (fresh_[k]) {  // never written: the preallocated file holds zeros, no need to read them
+    std::memset(bufs_[b].data(), 0, stride_);
+    ahead_.push_back({k, b, 0});
+    return;
+  }
   ahead_.push_back({k, b, file_->read(record_offset(k), bufs_[b].data(), stride_)});
 }
 
@@ -113,6 +120,7 @@ void OptimizerState::stream(const Update& update) {
     update(s);
     sums_[k] = swap_checksum(rec, stride_);
     buf_write_[a.buf] = group_write_[k] = file_->write(record_offset(k), rec, stride_);
+    fresh_[k] = false;
   }
   if (n_ > swapped_n_) {  // what stays in memory
     Span s;
@@ -135,7 +143,8 @@ char* OptimizerState::record(size_t k) {
   drop_ahead();
   swap_wait(*file_, buf_write_[0]);
   wait_writes(k, k + 1);
-  swap_wait(*file_, file_->read(record_offset(k), bufs_[0].data(), stride_));
+  if (fresh_[k]) std::memset(bufs_[0].data(), 0, stride_);
+  else swap_wait(*file_, file_->read(record_offset(k), bufs_[0].data(), stride_));
   verify(k, bufs_[0].data());
   cached_ = k;
   return bufs_[0].data();
@@ -145,6 +154,7 @@ void OptimizerState::flush() {
   if (!dirty_) return;
   sums_[cached_] = swap_checksum(bufs_[0].data(), stride_);
   swap_wait(*file_, group_write_[cached_] = file_->write(record_offset(cached_), bufs_[0].data(), stride_));
+  fresh_[cached_] = false;
   dirty_ = false;
 }
 

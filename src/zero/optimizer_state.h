@@ -101,6 +101,7 @@ class OptimizerState {
   std::vector<SwapFile::Ticket> buf_write_;    // per buffer: the write of what it held last
   std::vector<SwapFile::Ticket> group_write_;  // per sub-group: its last write
   std::vector<uint64_t> sums_;                 // per sub-group: the checksum of its record as written
+  std::vector<bool> fresh_;                    // per sub-group: never written (reads as zeros without I/O)
   static constexpr size_t kNone = ~size_t{0};
   size_t cached_ = kNone;  // the record read()/write() hold in bufs_[0]
   bool dirty_ = false;
