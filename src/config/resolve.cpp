@@ -353,15 +353,17 @@ class Resolver {
       const std::string key = std::string("zero_optimization.") + what;
       const json device = value(key + ".device");
       if (device == "none") continue;
+      const std::string named =  // DeepSpeed's old name too, when the config used it (cpu_offload)
+          key + ".device" + (renamed_.count(key + ".device") ? " ('" + renamed_.at(key + ".device") + "')" : "");
       if (std::string(what) == "offload_param" && stage != 3)
         fail({key + ".device", "zero_optimization.stage"},
-             strprintf("%s.device = %s needs zero_optimization.stage 3 (stages 0-2 keep every parameter on every "
-                       "rank; offload the optimizer state with offload_optimizer instead)", key.c_str(),
+             strprintf("%s = %s needs zero_optimization.stage 3 (stages 0-2 keep every parameter on every rank; "
+                       "offload the optimizer state with offload_optimizer instead)", named.c_str(),
                        show(device).c_str()));
       if (stage == 0)
         fail({key + ".device", "zero_optimization.stage"},
-             strprintf("%s.device = %s needs zero_optimization.stage 1, 2 or 3 (stage 0 does not partition the "
-                       "optimizer state)", key.c_str(), show(device).c_str()));
+             strprintf("%s = %s needs zero_optimization.stage 1, 2 or 3 (stage 0 does not partition the optimizer "
+                       "state)", named.c_str(), show(device).c_str()));
       if (device == "nvme" && (value(key + ".nvme_path").is_null() || value(key + ".nvme_path") == ""))
         fail({key + ".nvme_path", key + ".device"},
              strprintf("%s.device = \"nvme\" needs %s.nvme_path: a directory on the storage to swap to", key.c_str(),

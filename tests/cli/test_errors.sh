@@ -91,7 +91,8 @@ expect set-overflow       "--set train_steps=1e400: number overflow" train $tiny
 expect file-overflow      "huge.json: invalid JSON: number overflow" train "$tmp/huge.json"
 expect duplicate-key      "key 'train_steps' appears twice"        train "$tmp/dup.json"
 expect set-swallows       "option --set needs a value"             train $tiny --set --deepspeed "$tmp/dup.json"
-expect old-cpu-offload    "('zero_optimization.cpu_offload')"      train $tiny --set zero_optimization.cpu_offload=true
+expect old-cpu-offload    "offload_optimizer.device ('zero_optimization.cpu_offload') = \"cpu\" needs zero_optimization.stage 1, 2 or 3" \
+                                                                     train $tiny --set zero_optimization.cpu_offload=true
 # --help-config: the schema alone; after CONFIG every resolved value with its source
 if out=$("$z3d" train --help-config 2>&1) && grep -q "^zero_optimization.contiguous_gradients .*\[only the value zero3d implements\]" <<< "$out" &&
    grep -q "^data.val_interval .*0 = only at step 0 and at the last step" <<< "$out" &&
