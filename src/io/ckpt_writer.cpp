@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "io/ckpt_transfer.h"
 #include "parallel/watchdog.h"
@@ -20,7 +21,6 @@
 namespace zero3d {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 struct CheckpointWriter::Part {
   size_t spec = 0;                                   // index in specs_
@@ -31,8 +31,6 @@ struct CheckpointWriter::Part {
 };
 
 namespace {
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 constexpr size_t kPage = 4096;  // the alignment O_DIRECT asks for (logical block size up to 4 KiB)
 

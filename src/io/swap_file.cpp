@@ -10,8 +10,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "core/check.h"
+#include "core/clock.h"
+#include "core/hash.h"
 #include "io/storage.h"
 
 namespace zero3d {
@@ -43,9 +46,9 @@ uint64_t swap_checksum(const void* data, size_t bytes) {
 
 std::string swap_dir(const std::string& nvme_path, const std::string& run_dir) {
   std::error_code ec;
-  const std::string where = std::filesystem::weakly_canonical(run_dir, ec).string();
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (char c : ec ? run_dir : where) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  std::string where = std::filesystem::weakly_canonical(run_dir, ec).string();
+  if (ec) where = run_dir;
+  const uint64_t h = fnv1a(where.data(), where.size());
   return strprintf("%s/zero3d-%08llx", nvme_path.c_str(), static_cast<unsigned long long>(h & 0xffffffffull));
 }
 
@@ -135,7 +138,9 @@ void SwapFile::wait(Ticket t) {
   std::unique_lock lk(mu_);
   auto it = pending_.find(t);
   if (it == pending_.end()) return;  // done (or empty) already
+  const auto t0 = Clock::now();
   done_cv_.wait(lk, [&] { return it->second.blocks == 0; });
+  stats_.wait_s += seconds_since(t0);
   const std::string error = it->second.error;
   pending_.erase(it);
   if (!error.empty()) throw IoError(error);
@@ -150,9 +155,9 @@ void SwapFile::wait_all() {
   for (Ticket t : all) wait(t);
 }
 
-SwapFile::Stats SwapFile::stats() const {
+SwapFile::Stats SwapFile::take_stats() {
   std::lock_guard lk(mu_);
-  return stats_;
+  return std::exchange(stats_, Stats{});
 }
 
 void SwapFile::worker() {
@@ -165,9 +170,9 @@ void SwapFile::worker() {
       b = queue_.front();
       queue_.pop_front();
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     const std::string error = transfer(b);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = seconds_since(t0);
     std::lock_guard lk(mu_);
     (b.write ? stats_.write_s : stats_.read_s) += s;
     (b.write ? stats_.bytes_written : stats_.bytes_read) += error.empty() ? b.n : 0;

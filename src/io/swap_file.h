@@ -65,14 +65,13 @@ class SwapFile {
   void wait_all();
 
   const std::string& path() const { return path_; }
-  uint64_t bytes() const { return bytes_; }
-  bool direct() const { return fd_direct_ >= 0; }  // O_DIRECT available
 
   struct Stats {
     uint64_t bytes_read = 0, bytes_written = 0;
-    double read_s = 0, write_s = 0;  // time the I/O threads spent in each (busy, not waited for)
+    double read_s = 0, write_s = 0;  // time the I/O threads spent in each (busy)
+    double wait_s = 0;               // time callers spent blocked in wait() (exposed)
   };
-  Stats stats() const;
+  Stats take_stats();  // since the last call
 
  private:
   struct Block {

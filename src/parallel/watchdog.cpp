@@ -14,19 +14,17 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "parallel/comm.h"
 
 namespace zero3d {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr int kAsk = 7301, kAnswer = 7302;
 constexpr double kGraceS = 3.0;      // how long the asking rank collects answers
 constexpr double kDeferS = 10.0;     // how long a higher asking rank lets the lowest one print first
 const char* const kSlotNames[Watchdog::kSlots] = {"training", "checkpoint writer"};
-
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 struct Frame {
   std::string what, detail;
@@ -84,11 +82,11 @@ Report my_report(State& s) {
     if (slot.stack.empty()) {
       if (i != static_cast<int>(Watchdog::Slot::training)) continue;  // an idle writer says nothing
       text = "computing, in no collective or I/O,";
-      r.seconds = std::max(r.seconds, since(slot.idle_since));
+      r.seconds = std::max(r.seconds, seconds_since(slot.idle_since));
     } else {
       for (const Frame& f : slot.stack) text += (text.empty() ? "in " : ", in ") + f.what;
       if (!slot.stack.back().detail.empty()) text += " (" + slot.stack.back().detail + ")";
-      r.seconds = std::max(r.seconds, since(slot.stack.back().start));
+      r.seconds = std::max(r.seconds, seconds_since(slot.stack.back().start));
     }
     r.key += (r.key.empty() ? "" : "; ") + std::string(kSlotNames[i]) + " thread " + text;
   }
@@ -168,7 +166,7 @@ class Worker {
     std::map<int, Report> answers;
     answers[s_.rank] = my_report(s_);
     const auto t0 = Clock::now();
-    while (since(t0) < kGraceS && static_cast<int>(answers.size()) < s_.size) {
+    while (seconds_since(t0) < kGraceS && static_cast<int>(answers.size()) < s_.size) {
       answer();
       int flag = 0;
       MPI_Status st;
@@ -183,7 +181,7 @@ class Worker {
     }
     // One line per job: a lower rank that asked too prints it; give it the time to.
     const auto t1 = Clock::now();
-    while (std::any_of(askers_.begin(), askers_.end(), [&](int r) { return r < s_.rank; }) && since(t1) < kDeferS) {
+    while (std::any_of(askers_.begin(), askers_.end(), [&](int r) { return r < s_.rank; }) && seconds_since(t1) < kDeferS) {
       answer();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

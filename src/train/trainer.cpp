@@ -20,6 +20,7 @@
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "data/loader.h"
 #include "io/checkpoint.h"
@@ -44,11 +45,6 @@
 namespace zero3d {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-static double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Minor page faults of this process so far: first touches of fresh memory (1-2.5 GB/s in a VM).
 static int64_t minor_page_faults() {
@@ -58,13 +54,13 @@ static int64_t minor_page_faults() {
 }
 
 struct Trainer::State {
-  State(const Config& c, const RunOptions& o, Backend& b, ProcessGroups& g, const SwapFiles& swap)
+  State(const Config& c, const RunOptions& o, Backend& b, ProcessGroups& g, const SwapFiles& swap_files)
       : cfg(c), opt(o), be(b), groups(g), micro(c.train_micro_batch_size_per_gpu), T(c.model.seq_len),
         dp(g.topo.dp), dp_rank(g.coord.dp),
         train_data(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true),
         engine(b, *g.dp, c.model, c.zero, c.optimizer, c.precision, g.topo.tp, g.coord.tp, g.topo.pp, g.coord.pp,
-               swap),
-        stage(pipeline_stage(c.model, g.topo.pp, g.coord.pp)), scaler(c.fp16), swap(swap) {
+               swap_files),
+        stage(pipeline_stage(c.model, g.topo.pp, g.coord.pp)), scaler(c.fp16), swap(swap_files) {
     // 1F1B keeps at most pp - stage micro-batches in flight: one set of activations each.
     const int slots = g.topo.pp == 1 ? 1 : std::min(g.topo.pp - g.coord.pp, c.gradient_accumulation_steps);
     for (int k = 0; k < slots; ++k)

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/hash.h"
 
 namespace zero3d {
 
@@ -130,15 +131,13 @@ void ZeroEngine::update(const OptimizerState::Span& s) {
 }
 
 SwapIo ZeroEngine::take_swap_io() {
-  const OptimizerState::Io o = state_->take_io();
-  const SwapFile::Stats p = params_->swap_stats();
   SwapIo io;
-  io.wait_s = o.wait_read_s + o.wait_write_s + (params_->swap_wait_s() - param_wait_s_);
-  param_wait_s_ = params_->swap_wait_s();
-  io.busy_s = o.read_s + o.write_s + (p.read_s - param_io_.read_s) + (p.write_s - param_io_.write_s);
-  io.bytes_read = o.bytes_read + (p.bytes_read - param_io_.bytes_read);
-  io.bytes_written = o.bytes_written + (p.bytes_written - param_io_.bytes_written);
-  param_io_ = p;
+  for (const SwapFile::Stats& s : {state_->take_io(), params_->take_swap_io()}) {
+    io.wait_s += s.wait_s;
+    io.busy_s += s.read_s + s.write_s;
+    io.bytes_read += s.bytes_read;
+    io.bytes_written += s.bytes_written;
+  }
   return io;
 }
 
@@ -197,11 +196,7 @@ void ZeroEngine::check_replicas_consistent(int64_t step) {
   be_.copy_to_host(host.data(), rep.data, host.size());
   const auto& tensors = rep.tensors;  // (tensor index, element offset in host)
   std::vector<uint64_t> mine;
-  for (auto [index, at] : tensors) {  // FNV-1a over the tensor's bytes
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = at * elem; i < (at + layout_.tensors[index].size) * elem; ++i) h = (h ^ host[i]) * 1099511628211ull;
-    mine.push_back(h);
-  }
+  for (auto [index, at] : tensors) mine.push_back(fnv1a(host.data() + at * elem, layout_.tensors[index].size * elem));
   std::vector<uint64_t> all;
   dp_.all_gather_u64(mine, all);
   const size_t n = mine.size();

@@ -173,8 +173,6 @@ class ZeroEngine final : public ParamStore {
   std::vector<Segment> segments_;  // in state order
   std::vector<std::pair<const float*, size_t>> norm_segments_;  // what this rank counts in the norm
   MemoryAccount mem_;
-  SwapFile::Stats param_io_;  // the parameter swap file's totals at the last take_swap_io()
-  double param_wait_s_ = 0;
 };
 
 }  // namespace zero3d

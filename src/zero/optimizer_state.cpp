@@ -1,7 +1,6 @@
 #include "zero/optimizer_state.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -13,19 +12,19 @@ namespace {
 constexpr size_t kGroupAlign = 1024;  // elements: records and fields start on 4 KiB boundaries (O_DIRECT)
 
 size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 }  // namespace
+
+void swap_failed(const std::string& what) {
+  abort_job(what + ". Offloaded training state is lost on this rank; the last committed checkpoint is intact: fix "
+                   "the storage and resume from it",
+            kExitSwapFailed);
+}
 
 void swap_wait(SwapFile& f, SwapFile::Ticket t) {
   try {
     f.wait(t);
   } catch (const IoError& e) {
-    abort_job(strprintf("%s. Offloaded training state is lost on this rank; the last committed checkpoint is "
-                        "intact: fix the storage and resume from it", e.what()),
-              kExitSwapFailed);
+    swap_failed(e.what());
   }
 }
 
@@ -46,7 +45,7 @@ OptimizerState::OptimizerState(Backend& be, size_t n, bool with_master, const Of
     buf_write_.assign(nbuf, 0);
     group_write_.assign(groups_, 0);
     fresh_.assign(groups_, true);
-    sums_.assign(groups_, swap_checksum(bufs_[0].data(), stride_));  // preallocated: zeros, as the fresh buffer
+    sums_.assign(groups_, 0);  // set by each record's first write; a fresh record is zeroed, not read
     // Reads ahead: all buffers but the one being updated and the one being written back.
     lookahead_ = static_cast<size_t>(std::max(1, nbuf - 2));
   }
@@ -77,10 +76,8 @@ size_t OptimizerState::buffer_bytes() const { return bufs_.size() * stride_; }
 void OptimizerState::issue_read(size_t k) {
   const int b = next_buf_;
   next_buf_ = (next_buf_ + 1) % static_cast<int>(bufs_.size());
-  const auto t0 = std::chrono::steady_clock::now();
   swap_wait(*file_, buf_write_[b]);    // the buffer's last sub-group is written back
   swap_wait(*file_, group_write_[k]);  // and this sub-group's own last write is on file
-  io_.wait_write_s += seconds_since(t0);
   if (fresh_[k]) {  // never written: the preallocated file holds zeros, no need to read them
     std::memset(bufs_[b].data(), 0, stride_);
     ahead_.push_back({k, b, 0});
@@ -107,12 +104,10 @@ void OptimizerState::stream(const Update& update) {
     const Ahead a = ahead_.front();
     ahead_.pop_front();
     Z3D_ASSERT(a.group == k, "optimizer state: sub-groups read out of order");
-    const auto t0 = std::chrono::steady_clock::now();
     swap_wait(*file_, a.ticket);
-    io_.wait_read_s += seconds_since(t0);
 
     char* rec = bufs_[a.buf].data();
-    verify(k, rec);
+    if (!fresh_[k]) verify(k, rec);  // a fresh record was zeroed here, not read
     Span s;
     s.begin = k * group_, s.n = group_size(k);
     for (Field f : {master, exp_avg, exp_avg_sq})
@@ -143,9 +138,12 @@ char* OptimizerState::record(size_t k) {
   drop_ahead();
   swap_wait(*file_, buf_write_[0]);
   wait_writes(k, k + 1);
-  if (fresh_[k]) std::memset(bufs_[0].data(), 0, stride_);
-  else swap_wait(*file_, file_->read(record_offset(k), bufs_[0].data(), stride_));
-  verify(k, bufs_[0].data());
+  if (fresh_[k]) {
+    std::memset(bufs_[0].data(), 0, stride_);
+  } else {
+    swap_wait(*file_, file_->read(record_offset(k), bufs_[0].data(), stride_));
+    verify(k, bufs_[0].data());
+  }
   cached_ = k;
   return bufs_[0].data();
 }
@@ -160,53 +158,35 @@ void OptimizerState::flush() {
 
 void OptimizerState::verify(size_t k, const char* rec) const {
   if (swap_checksum(rec, stride_) != sums_[k])
-    abort_job(strprintf("swap file '%s': sub-group %zu (%zu bytes at offset %llu) does not read back what was "
-                        "written (checksum mismatch: the file was changed under the run). Offloaded training state "
-                        "is lost on this rank; the last committed checkpoint is intact: fix the storage and resume "
-                        "from it",
-                        file_->path().c_str(), k, stride_, static_cast<unsigned long long>(record_offset(k))),
-              kExitSwapFailed);
+    swap_failed(strprintf("swap file '%s': sub-group %zu (%zu bytes at offset %llu) does not read back what was "
+                          "written (checksum mismatch: the file was changed under the run)",
+                          file_->path().c_str(), k, stride_, static_cast<unsigned long long>(record_offset(k))));
 }
 
-void OptimizerState::read(Field f, size_t at, size_t n, float* out) {
-  Z3D_ASSERT(at + n <= n_ && (f != master || with_master_), "optimizer state: read outside the state");
-  for (size_t end = at + n; at < end;) {
-    if (at >= swapped_n_) {
-      be_.copy_to_host(out, resident(f) + (at - swapped_n_), (end - at) * sizeof(float));
-      return;
-    }
-    const size_t k = at / group_, take = std::min(end, (k + 1) * group_) - at;
-    const float* field = reinterpret_cast<const float*>(record(k)) + slot(f) * group_;
-    std::copy_n(field + (at - k * group_), take, out);
-    at += take, out += take;
-  }
-}
+void OptimizerState::read(Field f, size_t at, size_t n, float* out) { copy(f, at, n, out, false); }
 
 void OptimizerState::write(Field f, size_t at, size_t n, const float* in) {
-  Z3D_ASSERT(at + n <= n_ && (f != master || with_master_), "optimizer state: write outside the state");
+  copy(f, at, n, const_cast<float*>(in), true);
+}
+
+// Elements [at, at + n) of field f and host memory, either way: record by record where swapped,
+// in one piece where in memory.
+void OptimizerState::copy(Field f, size_t at, size_t n, float* host, bool into_state) {
+  Z3D_ASSERT(at + n <= n_ && (f != master || with_master_), "optimizer state: access outside the state");
   for (size_t end = at + n; at < end;) {
     if (at >= swapped_n_) {
-      be_.copy_from_host(resident(f) + (at - swapped_n_), in, (end - at) * sizeof(float));
+      float* mem = resident(f) + (at - swapped_n_);
+      const size_t bytes = (end - at) * sizeof(float);
+      if (into_state) be_.copy_from_host(mem, host, bytes);
+      else be_.copy_to_host(host, mem, bytes);
       return;
     }
     const size_t k = at / group_, take = std::min(end, (k + 1) * group_) - at;
-    float* field = reinterpret_cast<float*>(record(k)) + slot(f) * group_;
-    std::copy_n(in, take, field + (at - k * group_));
-    dirty_ = true;
-    at += take, in += take;
+    float* field = reinterpret_cast<float*>(record(k)) + slot(f) * group_ + (at - k * group_);
+    if (into_state) std::copy_n(host, take, field), dirty_ = true;
+    else std::copy_n(field, take, host);
+    at += take, host += take;
   }
-}
-
-OptimizerState::Io OptimizerState::take_io() {
-  if (file_) {
-    const SwapFile::Stats s = file_->stats();
-    io_.read_s = s.read_s - taken_.read_s, io_.write_s = s.write_s - taken_.write_s;
-    io_.bytes_read = s.bytes_read - taken_.bytes_read, io_.bytes_written = s.bytes_written - taken_.bytes_written;
-    taken_ = s;
-  }
-  const Io out = io_;
-  io_ = Io{};
-  return out;
 }
 
 }  // namespace zero3d

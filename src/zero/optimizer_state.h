@@ -31,8 +31,10 @@
 
 namespace zero3d {
 
-// Waits for a swap transfer the run cannot do without: an I/O error ends the job with one line
-// naming the file (exit 8, kExitSwapFailed); checkpoints are untouched.
+// Ends a job whose swapped state failed (an I/O error, a file changed under the run): one line,
+// `what` (naming the file) and what to do, exit 8 (kExitSwapFailed); checkpoints are untouched.
+[[noreturn]] void swap_failed(const std::string& what);
+// Waits for a swap transfer the run cannot do without: an IoError ends the job (swap_failed).
 void swap_wait(SwapFile& f, SwapFile::Ticket t);
 
 class OptimizerState {
@@ -63,13 +65,8 @@ class OptimizerState {
   size_t swapped_bytes() const;   // in the swap file (the state's own bytes, without padding)
   size_t buffer_bytes() const;    // the stream buffers alone
 
-  // What the swap costs a step, since the last call: time the training thread waited for reads
-  // and for writes, and the I/O threads' busy time and bytes.
-  struct Io {
-    double wait_read_s = 0, wait_write_s = 0, read_s = 0, write_s = 0;
-    uint64_t bytes_read = 0, bytes_written = 0;
-  };
-  Io take_io();
+  // What the swap file did since the last call (nothing when in memory).
+  SwapFile::Stats take_io() { return file_ ? file_->take_stats() : SwapFile::Stats{}; }
 
  private:
   struct Ahead {  // a read issued ahead of its update
@@ -87,6 +84,7 @@ class OptimizerState {
   char* record(size_t k);                  // sub-group k's record, read and verified into bufs_[0]
   void flush();                            // write back a record that read()/write() changed
   void verify(size_t k, const char* rec) const;  // the record as written, or the job ends (exit 8)
+  void copy(Field f, size_t at, size_t n, float* host, bool into_state);  // read() and write()
   float* resident(Field f) { return arrays_[slot(f)].data(); }
 
   Backend& be_;
@@ -109,8 +107,6 @@ class OptimizerState {
   size_t next_read_ = 0;  // the next sub-group to read ahead
   int next_buf_ = 0;
   size_t lookahead_ = 1;
-  Io io_;
-  SwapFile::Stats taken_;
 };
 
 }  // namespace zero3d

@@ -1,7 +1,6 @@
 #include "zero/param_storage.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "core/check.h"
@@ -181,9 +180,7 @@ class ShardedParams final : public ParamStorage {
       const size_t lo = std::max(begin, b.shard_offset), hi = std::min(begin + n, b.shard_offset + b.size / dp_.size());
       if (lo < hi) sums_[i] += s16_ ? sum_of(w.data() + (lo - begin), hi - lo, lo) : sum_of(master + (lo - begin), hi - lo, lo);
     }
-    const auto t0 = std::chrono::steady_clock::now();
     swap_wait(*swap_, swap_->write(begin * elem_, data, n * elem_));
-    swap_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const float* resident_unit(int) override { return nullptr; }
   // Start the all-gathers of the unit's slices (into buf16 first in mixed precision); the
@@ -192,7 +189,12 @@ class ShardedParams final : public ParamStorage {
   // prefetched unit's reads overlap the compute of the one before.
   void fill(ParamSlot& s, int unit) override {
     const Unit& u = L_.units[unit];
-    std::vector<std::pair<int, SwapFile::Ticket>> reads;
+    struct Read {
+      const Bucket* b;
+      size_t at, mine;  // the bucket's place in the slot, and this rank's slice's
+      SwapFile::Ticket ticket;
+    };
+    std::vector<Read> reads;
     for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
       const Bucket& b = L_.buckets[i];
       const size_t at = b.offset - u.offset, n = b.size / dp_.size(), mine = at + dp_.rank() * n;
@@ -201,7 +203,7 @@ class ShardedParams final : public ParamStorage {
         else be_.copy(s.buf.data() + at, resident_.data() + b.resident_offset, b.size * sizeof(float));
       } else if (swap_) {
         void* dst = s16_ ? static_cast<void*>(s.buf16.data() + mine) : static_cast<void*>(s.buf.data() + mine);
-        reads.push_back({i, swap_->read(b.shard_offset * elem_, dst, n * elem_)});
+        reads.push_back({&b, at, mine, swap_->read(b.shard_offset * elem_, dst, n * elem_)});
       } else if (s16_) {
         s.ops.push_back(dp_.iall_gather(params16_.mem(b.shard_offset), s.buf16.mem(at), n));
       } else {
@@ -209,17 +211,17 @@ class ShardedParams final : public ParamStorage {
       }
     }
     if (!reads.empty())
-      s.then_start = [this, &s, unit, reads] {
-        const Unit& u = L_.units[unit];
-        for (auto [i, ticket] : reads) {
-          const Bucket& b = L_.buckets[i];
-          const size_t at = b.offset - u.offset, n = b.size / dp_.size(), mine = at + dp_.rank() * n;
+      s.then_start = [this, &s, reads] {
+        for (const Read& r : reads) {
+          const size_t n = r.b->size / dp_.size();
           if (s16_) {
-            finish_read(b, ticket, s.buf16.data() + mine);
-            s.ops.push_back(dp_.iall_gather(host_mem(static_cast<const uint16_t*>(s.buf16.data() + mine)), s.buf16.mem(at), n));
+            finish_read(*r.b, r.ticket, s.buf16.data() + r.mine);
+            s.ops.push_back(dp_.iall_gather(host_mem(static_cast<const uint16_t*>(s.buf16.data() + r.mine)),
+                                            s.buf16.mem(r.at), n));
           } else {
-            finish_read(b, ticket, s.buf.data() + mine);
-            s.ops.push_back(dp_.iall_gather(host_mem(static_cast<const float*>(s.buf.data() + mine)), s.buf.mem(at), n));
+            finish_read(*r.b, r.ticket, s.buf.data() + r.mine);
+            s.ops.push_back(dp_.iall_gather(host_mem(static_cast<const float*>(s.buf.data() + r.mine)),
+                                            s.buf.mem(r.at), n));
           }
         }
       };
@@ -274,16 +276,12 @@ class ShardedParams final : public ParamStorage {
   template <class T>
   void finish_read(const Bucket& b, SwapFile::Ticket ticket, T* dst) const {
     const size_t n = b.size / dp_.size();
-    const auto t0 = std::chrono::steady_clock::now();
     swap_wait(*swap_, ticket);
-    swap_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (sum_of(dst, n, b.shard_offset) != sums_[&b - L_.buckets.data()])
-      abort_job(strprintf("swap file '%s': the slice of bucket %zu (%zu bytes at offset %zu) does not read back what "
-                          "was written (checksum mismatch: the file was changed under the run). The last committed "
-                          "checkpoint is intact: fix the storage and resume from it",
-                          swap_->path().c_str(), static_cast<size_t>(&b - L_.buckets.data()), n * elem_,
-                          b.shard_offset * elem_),
-                kExitSwapFailed);
+      swap_failed(strprintf("swap file '%s': the slice of bucket %zu (%zu bytes at offset %zu) does not read back "
+                            "what was written (checksum mismatch: the file was changed under the run)",
+                            swap_->path().c_str(), static_cast<size_t>(&b - L_.buckets.data()), n * elem_,
+                            b.shard_offset * elem_));
   }
 
   size_t elem_;
@@ -293,8 +291,6 @@ class ShardedParams final : public ParamStorage {
 };
 
 }  // namespace
-
-SwapFile::Stats ParamStorage::swap_stats() const { return swap_ ? swap_->stats() : SwapFile::Stats{}; }
 
 std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
                                                  const ShardView& view, int stage,

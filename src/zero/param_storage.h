@@ -61,8 +61,7 @@ class ParamStorage {
 
   size_t param_bytes() const { return param_bytes_; }      // the kept weights in memory (ZeRO's 2 or 4 Psi)
   size_t swapped_bytes() const { return swapped_bytes_; }  // the kept weights in a swap file (offload_param)
-  SwapFile::Stats swap_stats() const;                       // the swap file's transfers so far
-  double swap_wait_s() const { return swap_wait_s_; }      // time spent waiting for them so far
+  SwapFile::Stats take_swap_io() { return swap_ ? swap_->take_stats() : SwapFile::Stats{}; }  // since the last call
 
  protected:
   ParamStorage(Backend& be, ProcessGroup& dp, const FlatLayout& layout, const ShardView& view,
@@ -85,7 +84,6 @@ class ParamStorage {
   OptimizerState& state_;
   std::unique_ptr<SwapFile> swap_;  // offload_param on nvme: the rank's slices
   size_t param_bytes_ = 0, swapped_bytes_ = 0;
-  mutable double swap_wait_s_ = 0;  // the swap transfers are synchronous: all of it is waited for
 };
 
 // param_swap: the swap file for stage 3's slices ("" = in memory).

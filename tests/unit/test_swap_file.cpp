@@ -55,7 +55,7 @@ TEST(SwapFile, ReadsBackWhatItWroteAlignedOrNot) {
   EXPECT_EQ(std::memcmp(in.data() + 12345, part.data(), part.size()), 0);
   EXPECT_EQ(std::memcmp(in.data(), out.data(), 12345), 0);
   f.wait(0);  // a ticket waited for before (or never issued) returns at once
-  const SwapFile::Stats s = f.stats();
+  const SwapFile::Stats s = f.take_stats();
   EXPECT_EQ(s.bytes_written, bytes + part.size() + 777);
   EXPECT_EQ(s.bytes_read, 2 * bytes + part.size());
 }
