@@ -85,7 +85,7 @@ SwapFile::SwapFile(std::string path, uint64_t bytes, Options options)
     const int err = posix_fallocate(fd_, 0, static_cast<off_t>(bytes_));
     if (err != 0) {
       ::close(fd_);
-      ::unlink(path_.c_str());
+      remove_file();
       const int64_t free = free_bytes(std::filesystem::path(path_).parent_path().string());
       throw IoError(strprintf("cannot reserve %.1f MB for swap file '%s': %s (%.1f MB free there)", double(bytes_) / 1e6,
                               path_.c_str(), strerror(err), double(free) / 1e6));
@@ -104,8 +104,12 @@ SwapFile::~SwapFile() {
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
   if (fd_direct_ >= 0) ::close(fd_direct_);
-  ::unlink(path_.c_str());
+  remove_file();
   if (fd_ >= 0) ::close(fd_);
+}
+
+void SwapFile::remove_file() const {
+  ::unlink(path_.c_str());
   ::rmdir(std::filesystem::path(path_).parent_path().c_str());  // the last one out removes the directory
 }
 

@@ -88,6 +88,7 @@ class SwapFile {
   Ticket submit(bool write, uint64_t offset, char* buf, size_t n);
   void worker();
   std::string transfer(const Block& b);  // "" or what failed
+  void remove_file() const;              // and its directory, if that leaves it empty
 
   std::string path_;
   uint64_t bytes_ = 0;
