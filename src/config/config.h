@@ -125,6 +125,13 @@ struct ComputeConfig {
   std::string bf16_gemm = "auto";  // with bf16: "auto", "on", "off"
 };
 
+// comm.*: how data collectives move (ours; parallel/comm.h CollectiveImpl, shm_collectives.h).
+struct CommConfig {
+  std::string collectives = "auto";   // "auto", "mpi", "shm"
+  int64_t shm_min_bytes = 65536;      // auto: shared memory from this message size up
+  int64_t shm_chunk_bytes = 262144;   // shared memory: bytes a rank publishes per round
+};
+
 // DeepSpeed's monitors and logs (monitor/config.py, comm/config.py).
 struct MonitorConfig {  // csv_monitor.*: one CSV per metric under output_path/job_name/
   bool enabled = false;
@@ -174,6 +181,7 @@ struct Config {
   Precision precision = Precision::fp32;  // from fp16.enabled / bf16.enabled
   CheckpointConfig checkpoint;
   ComputeConfig compute;
+  CommConfig comm;
   MonitorConfig csv_monitor;
   CommsLoggerConfig comms_logger;
   FlopsProfilerConfig flops_profiler;

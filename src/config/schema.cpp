@@ -112,6 +112,7 @@ std::vector<Key> build() {
   using DC = DataConfig;
   using CC = CheckpointConfig;
   using XC = ComputeConfig;
+  using CM = CommConfig;
   using OFC = OffloadConfig;
   std::vector<Key> keys = {
       // Batch (DeepSpeed rule: any two determine the third; train = micro * gas * dp).
@@ -294,6 +295,17 @@ std::vector<Key> build() {
             "a checkpoint save or load still running after this many seconds aborts the job (exit 3) naming where "
             "every rank is; 0 = derived: 3x its bytes at the last measured bandwidth, at least comm_timeout_s")
           .range(0, kInf),
+      choice("comm.collectives", at(&Config::comm, &CM::collectives), {"auto", "mpi", "shm"},
+             "ours: how all-reduce, reduce-scatter and all-gather on host memory move: through the node's shared "
+             "memory (shm; groups whose ranks share a node, others use MPI), MPI's own collectives (mpi), or auto "
+             "(shared memory from comm.shm_min_bytes up, MPI below; `zero3d bench comm` measures both)"),
+      field("comm.shm_min_bytes", at(&Config::comm, &CM::shm_min_bytes),
+            "ours: with comm.collectives auto, messages from this many bytes up go through shared memory")
+          .range(0, kInf),
+      field("comm.shm_chunk_bytes", at(&Config::comm, &CM::shm_chunk_bytes),
+            "ours: shared-memory collectives move this many bytes per rank and round (the pipelining grain; each "
+            "group maps 4 such slots per rank)")
+          .range(4096, 1 << 30),
       choice("compute.gemm", at(&Config::compute, &XC::gemm), {"auto", "onednn", "cblas"},
              "host GEMM library: oneDNN (ISA picked at run time), the CBLAS linked in (a site's tuned BLAS), or "
              "auto (oneDNN; weight gradients on an OpenBLAS that runs its own kernels for this CPU)"),

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -26,6 +27,41 @@ CommLog& comm_log() {
 
 size_t elem_bytes(CommType t) { return t == CommType::f32 ? 4 : 2; }
 
+// ---- comm time (wall_clock_breakdown) ----
+
+namespace {
+struct CommTimer {
+  CommTime total;
+  int in_flight = 0;
+  Clock::time_point busy_since{};
+};
+thread_local CommTimer comm_timer;
+}  // namespace
+
+CommTime take_comm_time() {
+  CommTimer& t = comm_timer;
+  if (t.in_flight > 0) {  // an operation spans the call: count its time so far here
+    const auto now = Clock::now();
+    t.total.busy_s += std::chrono::duration<double>(now - t.busy_since).count();
+    t.busy_since = now;
+  }
+  return std::exchange(t.total, CommTime{});
+}
+
+void AsyncCompletion::finish() {
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    at_ = Clock::now();
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+void AsyncCompletion::wait_for(std::chrono::microseconds d) {
+  std::unique_lock<std::mutex> lock(m_);
+  cv_.wait_for(lock, d, [&] { return done(); });
+}
+
 namespace {
 int count_of(size_t n) {
   Z3D_ASSERT(n <= static_cast<size_t>(INT_MAX), "message larger than 2^31 elements: lower the bucket size");
@@ -46,11 +82,15 @@ PendingOp::PendingOp(MPI_Request r, std::string what, const ProcessGroup* group,
       issued_(std::chrono::steady_clock::now()) {
   if (req_ == MPI_REQUEST_NULL) completed();
 }
+PendingOp::PendingOp(std::shared_ptr<AsyncCompletion> a, std::string what, const ProcessGroup* group)
+    : async_(std::move(a)), pending_(true), what_(std::move(what)), group_(group),
+      issued_(std::chrono::steady_clock::now()) {}
 PendingOp::PendingOp(PendingOp&& o) noexcept
-    : req_(o.req_), pending_(o.pending_), then_(std::move(o.then_)), what_(std::move(o.what_)), group_(o.group_),
-      logged_(o.logged_), seq_(o.seq_), issued_(o.issued_) {
+    : req_(o.req_), async_(std::move(o.async_)), pending_(o.pending_), tracked_(o.tracked_), then_(std::move(o.then_)),
+      what_(std::move(o.what_)), group_(o.group_), logged_(o.logged_), seq_(o.seq_), issued_(o.issued_) {
   o.req_ = MPI_REQUEST_NULL;
   o.pending_ = false;
+  o.tracked_ = false;
   o.then_ = nullptr;
   o.logged_ = nullptr;
 }
@@ -58,7 +98,9 @@ PendingOp& PendingOp::operator=(PendingOp&& o) noexcept {
   if (this != &o) {
     wait();
     req_ = o.req_;
+    async_ = std::move(o.async_);
     pending_ = o.pending_;
+    tracked_ = o.tracked_;
     then_ = std::move(o.then_);
     what_ = std::move(o.what_);
     group_ = o.group_;
@@ -67,6 +109,7 @@ PendingOp& PendingOp::operator=(PendingOp&& o) noexcept {
     issued_ = o.issued_;
     o.req_ = MPI_REQUEST_NULL;
     o.pending_ = false;
+    o.tracked_ = false;
     o.then_ = nullptr;
     o.logged_ = nullptr;
   }
@@ -77,7 +120,8 @@ PendingOp::~PendingOp() { wait(); }
 bool PendingOp::test() {
   if (!pending_) return true;
   int flag = 1;
-  if (req_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+  if (async_) flag = async_->done();
+  else if (req_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
   if (flag) completed();
   return flag != 0;
 }
@@ -86,6 +130,18 @@ void PendingOp::completed() {
   pending_ = false;
   if (then_) std::exchange(then_, nullptr)();
   record();
+  if (!tracked_) return;
+  tracked_ = false;
+  CommTimer& t = comm_timer;
+  if (async_) t.total.busy_s += async_->seconds();  // the helper's own timing
+  else if (--t.in_flight == 0) t.total.busy_s += seconds_since(t.busy_since);  // a busy interval ends
+}
+
+void PendingOp::track() {
+  if (!pending_) return;
+  tracked_ = true;
+  CommTimer& t = comm_timer;
+  if (!async_ && t.in_flight++ == 0) t.busy_since = issued_;
 }
 
 void PendingOp::log_to(CommOpStats* logged) {
@@ -125,10 +181,15 @@ void PendingOp::wait() {
   std::optional<Watchdog::Phase> phase;
   if (watched) phase.emplace(describe(), timeout);
   const auto start = clock::now();
+  const bool exposed = tracked_;
   long polls = 0;
   while (!test()) {
-    // Spin briefly (latency), then yield the core to other ranks on an oversubscribed node.
-    if (++polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // A helper thread's operation: sleep until it is done (it needs the core more than we do).
+    // MPI's: it advances only inside MPI calls, so poll; after a brief spin, yield the core
+    // between polls, so other ranks of an oversubscribed node run (a sleep here would stall
+    // the collective between its steps).
+    if (async_) async_->wait_for(std::chrono::milliseconds(5));
+    else if (++polls > 1000) std::this_thread::yield();
     const double waited = std::chrono::duration<double>(clock::now() - start).count();
     if (!watched && waited > timeout) {
       int world_rank = -1;
@@ -144,6 +205,7 @@ void PendingOp::wait() {
       MPI_Abort(MPI_COMM_WORLD, kExitWatchdog);
     }
   }
+  if (exposed) comm_timer.total.exposed_s += std::chrono::duration<double>(clock::now() - start).count();
 }
 
 // ---- ProcessGroup: the front ends count, the transport moves ----
@@ -182,6 +244,7 @@ PendingOp ProcessGroup::counted(const char* op, uint64_t msg_bytes, uint64_t sen
   PendingOp out = issue();
   out.seq_ = ++ops_issued_;
   out.log_to(logged);
+  out.track();
   return out;
 }
 

@@ -29,17 +29,21 @@
 #pragma once
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/mem.h"
 
 namespace zero3d {
@@ -53,12 +57,50 @@ enum class RedOp : uint8_t { sum, max };
 size_t elem_bytes(CommType t);
 inline CommType comm_type(Dtype16 t) { return t == Dtype16::bf16 ? CommType::bf16 : CommType::fp16; }
 
-// What the watchdog reports and how long it waits; one per process, shared by all groups.
+// Which implementation moves a group's host-memory data collectives: MPI's own, the node's
+// shared memory (parallel/shm_collectives.h) for every size, or shared memory from
+// shm_min_bytes up where the group's ranks share a node (auto).
+enum class CollectiveImpl : uint8_t { automatic, mpi, shm };
+
+// What the watchdog reports and how long it waits, and how collectives are moved; one per
+// process, shared by all groups (a group reads the collectives settings when it is made).
 struct CommContext {
   double timeout_s = 600;
   int64_t step = 0;  // training step, for the watchdog message
+  CollectiveImpl collectives = CollectiveImpl::automatic;
+  size_t shm_min_bytes = 64 << 10;    // auto: smaller messages go to MPI (its latency is lower)
+  size_t shm_chunk_bytes = 256 << 10;  // bytes a rank publishes per round (the pipelining grain)
+  int ranks_per_node = 0;  // tests: > 0 makes world ranks [k i, k i + k) look like one node each
 };
 CommContext& comm_context();
+
+// Time the calling thread's data collectives took (wall_clock_breakdown): busy_s, their running
+// time (a helper thread's operation from the moment every rank has joined it to its end; MPI's,
+// which only advance inside MPI calls, while at least one is between issue and observed
+// completion, which includes waiting for the group's slowest rank), and
+// exposed_s, the part spent blocked in wait(); busy - exposed is what hid behind other work.
+struct CommTime {
+  double busy_s = 0, exposed_s = 0;
+};
+CommTime take_comm_time();  // since the last call, on this thread
+
+// The completion of an operation that a helper thread runs (shared-memory collectives): the
+// helper calls begin() (when the operation's time starts) and finish(); the owner polls done() or
+// sleeps in wait_for().
+class AsyncCompletion {
+ public:
+  void begin() { began_ = Clock::now(); }
+  void finish();
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  void wait_for(std::chrono::microseconds d);
+  double seconds() const { return std::chrono::duration<double>(at_ - began_).count(); }  // once done()
+
+ private:
+  std::atomic<bool> done_{false};
+  std::mutex m_;
+  std::condition_variable cv_;
+  Clock::time_point began_{}, at_{};
+};
 
 // One (group, collective) of the comms log.
 struct CommOpStats {
@@ -84,6 +126,7 @@ class PendingOp {
   using Then = std::function<void()>;
   PendingOp() = default;
   PendingOp(MPI_Request r, std::string what, const class ProcessGroup* group, Then then = {});
+  PendingOp(std::shared_ptr<AsyncCompletion> a, std::string what, const class ProcessGroup* group);
   PendingOp(PendingOp&& o) noexcept;
   PendingOp& operator=(PendingOp&& o) noexcept;
   PendingOp(const PendingOp&) = delete;
@@ -97,11 +140,14 @@ class PendingOp {
 
  private:
   friend class ProcessGroup;
-  void completed();  // runs `then`, adds the latency to the comms log
+  void completed();  // runs `then`, adds the latency to the comms log and the comm time
   void record();     // the latency, into the comms log
+  void track();      // a data collective: counted in the thread's CommTime until completed
   std::string describe() const;  // "all-reduce #17 on the dp group"
   MPI_Request req_ = MPI_REQUEST_NULL;
+  std::shared_ptr<AsyncCompletion> async_;  // set: a helper thread runs it (req_ unused)
   bool pending_ = false;
+  bool tracked_ = false;
   Then then_;
   std::string what_;
   const ProcessGroup* group_ = nullptr;
@@ -135,6 +181,8 @@ class ProcessGroup {
   virtual void use_device_memory(DeviceMemory* dev) = 0;
   // How device buffers travel, for the run record ("host memory only", "CUDA-aware MPI", ...).
   virtual std::string device_path() const = 0;
+  // How host-memory collectives travel, for the run record ("shared memory", "MPI", ...).
+  virtual std::string collectives_path() const = 0;
 
   // In place: buf = sum (max) over the group.
   PendingOp iall_reduce_sum(MemRef<float> buf, size_t n) { return all_reduce(buf, n, CommType::f32, RedOp::sum); }

@@ -1,5 +1,9 @@
 // parallel/mpi_group.cpp: the data collectives over MPI (non-blocking: MPI_Iallreduce,
-// MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast, MPI_Isend/Irecv).
+// MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast, MPI_Isend/Irecv), except that
+// all-reduce, reduce-scatter and all-gather on host memory go through the node's shared memory
+// (parallel/shm_collectives.h) when the group's ranks share a node, or through shared memory
+// inside each node and MPI across (Hierarchy) when they span nodes, as the settings of
+// comm_context() at the group's creation say (CollectiveImpl, shm_min_bytes).
 //
 // 16-bit sums: MPI has no 16-bit float type, so they run through a user-defined MPI_Op that
 // converts each pair to float, adds, and rounds back to nearest even (see comm.h).
@@ -23,6 +27,7 @@
 #include "core/check.h"
 #include "kernels/math/dtype.h"
 #include "parallel/comm.h"
+#include "parallel/shm_collectives.h"
 
 namespace zero3d {
 
@@ -100,6 +105,117 @@ bool mpi_reads_device_memory() {
 #endif
 }
 
+// The collectives of a group that spans nodes, with the same number k of its ranks on every node:
+// the node's shared memory inside the node, MPI across nodes among the ranks at the same place on
+// their nodes, on 1/k of the data (reduce-scatter inside the node, then across; all-gather across,
+// then inside; all-reduce: reduce-scatter inside, all-reduce across, all-gather inside). It all
+// runs on the node's helper thread, which then calls MPI: MPI_THREAD_MULTIPLE is required.
+// Sums: each node's in rank order, then MPI's across nodes (one addition for 2 nodes).
+class Hierarchy {
+ public:
+  // Collective over comm; null where it does not apply (one node, one rank per node, unequal
+  // nodes, no MPI_THREAD_MULTIPLE, no shared memory).
+  static std::unique_ptr<Hierarchy> create(MPI_Comm comm, size_t chunk_bytes) {
+    int level = MPI_THREAD_SINGLE, p = 1, me = 0;
+    MPI_CHECK(MPI_Query_thread(&level));
+    MPI_CHECK(MPI_Comm_size(comm, &p));
+    MPI_CHECK(MPI_Comm_rank(comm, &me));
+    MPI_Comm node = split_node_comm(comm);
+    int k = 1, l = 0;
+    MPI_CHECK(MPI_Comm_size(node, &k));
+    MPI_CHECK(MPI_Comm_rank(node, &l));
+    int range[2] = {-k, k};
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, comm));
+    if (level < MPI_THREAD_MULTIPLE || -range[0] != range[1] || k == 1 || k == p) {
+      MPI_CHECK(MPI_Comm_free(&node));
+      return nullptr;
+    }
+    auto h = std::unique_ptr<Hierarchy>(new Hierarchy());
+    h->k_ = k, h->l_ = l;
+    h->node_ = ShmCollectives::create(node, chunk_bytes);
+    MPI_CHECK(MPI_Comm_free(&node));
+    MPI_CHECK(MPI_Comm_split(comm, l, me, &h->cross_));
+    MPI_CHECK(MPI_Comm_size(h->cross_, &h->n_));
+    int j = 0;
+    MPI_CHECK(MPI_Comm_rank(h->cross_, &j));
+    int place = j * k + l, ok = h->node_ != nullptr;
+    std::vector<int> places(p);
+    MPI_CHECK(MPI_Allgather(&place, 1, MPI_INT, places.data(), 1, MPI_INT, comm));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm));
+    if (!ok) return nullptr;
+    h->grank_.assign(p, 0);
+    for (int g = 0; g < p; ++g) h->grank_[places[g]] = g;
+    return h;
+  }
+  ~Hierarchy() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    node_.reset();  // joins the helper
+    if (cross_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&cross_);
+  }
+  std::string describe() const {
+    return strprintf("shared memory in each node (%d ranks), MPI across the %d nodes", k_, n_);
+  }
+
+  PendingOp reduce_scatter(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) {
+    return node_->run("reduce-scatter", g, [=, this] {
+      const size_t e = elem_bytes(t), block = count * e;
+      // Place l of every node takes the blocks of the ranks at place l, node by node.
+      char* a = scratch(a_, k_ * n_ * block);
+      for (int l = 0; l < k_; ++l)
+        for (int j = 0; j < n_; ++j)
+          std::memcpy(a + (l * n_ + j) * block, static_cast<const char*>(send) + grank(j, l) * block, block);
+      char* b = scratch(b_, n_ * block);
+      node_->reduce_scatter_here(a, b, n_ * count, t);
+      MPI_CHECK(MPI_Reduce_scatter_block(b, recv, count_of(count), mpi_type(t), mpi_op(t, RedOp::sum), cross_));
+    });
+  }
+
+  PendingOp all_gather(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) {
+    return node_->run("all-gather", g, [=, this] {
+      const size_t e = elem_bytes(t), block = count * e;
+      char* a = scratch(a_, n_ * block);
+      MPI_CHECK(MPI_Allgather(send, count_of(count), mpi_type(t), a, count_of(count), mpi_type(t), cross_));
+      char* b = scratch(b_, k_ * n_ * block);
+      node_->all_gather_here(a, b, n_ * count, t);
+      for (int l = 0; l < k_; ++l)
+        for (int j = 0; j < n_; ++j)
+          std::memcpy(static_cast<char*>(recv) + grank(j, l) * block, b + (l * n_ + j) * block, block);
+    });
+  }
+
+  PendingOp all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) {
+    return node_->run("all-reduce", g, [=, this] {
+      const size_t e = elem_bytes(t), c = (n + k_ - 1) / k_;  // padded to k equal parts
+      char* a = scratch(a_, k_ * c * e);
+      std::memcpy(a, buf, n * e);
+      std::memset(a + n * e, 0, (k_ * c - n) * e);
+      char* b = scratch(b_, c * e);
+      if (op == RedOp::sum) node_->reduce_scatter_here(a, b, c, t);
+      else {  // max: the whole buffer inside the node, then this place's part
+        node_->all_reduce_here(a, k_ * c, t, op);
+        std::memcpy(b, a + l_ * c * e, c * e);
+      }
+      MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, b, count_of(c), mpi_type(t), mpi_op(t, op), cross_));
+      node_->all_gather_here(b, a, c, t);
+      std::memcpy(buf, a, n * e);
+    });
+  }
+
+ private:
+  Hierarchy() = default;
+  size_t grank(int node, int place) const { return static_cast<size_t>(grank_[node * k_ + place]); }
+  static char* scratch(std::vector<char>& v, size_t bytes) {
+    if (v.size() < bytes) v.resize(bytes);
+    return v.data();
+  }
+  std::unique_ptr<ShmCollectives> node_;
+  MPI_Comm cross_ = MPI_COMM_NULL;
+  int k_ = 1, l_ = 0, n_ = 1;
+  std::vector<int> grank_;      // [node * k + place]: the group rank there
+  std::vector<char> a_, b_;     // the helper's scratch
+};
+
 class MpiGroup;
 
 // One operation's buffers as MPI sees them: host pointers, where device buffers are staged
@@ -126,7 +242,14 @@ class Staging {
 
 class MpiGroup final : public ProcessGroup {
  public:
-  MpiGroup(MPI_Comm comm, bool owned, std::string name) : ProcessGroup(comm, owned, std::move(name)) {}
+  MpiGroup(MPI_Comm comm, bool owned, std::string name) : ProcessGroup(comm, owned, std::move(name)) {
+    const CommContext& ctx = comm_context();
+    if (comm != MPI_COMM_NULL && ctx.collectives != CollectiveImpl::mpi) {
+      shm_ = ShmCollectives::create(comm, ctx.shm_chunk_bytes);
+      if (!shm_) hier_ = Hierarchy::create(comm, ctx.shm_chunk_bytes);
+      shm_min_bytes_ = ctx.collectives == CollectiveImpl::shm ? 0 : ctx.shm_min_bytes;
+    }
+  }
   ~MpiGroup() override {
     for (const Pinned& b : pinned_) dev_->free_pinned(b.p);
   }
@@ -140,9 +263,16 @@ class MpiGroup final : public ProcessGroup {
     if (!dev_) return "host memory only";
     return cuda_aware_ ? "device buffers to MPI (CUDA-aware MPI)" : "device buffers staged through pinned host buffers";
   }
+  std::string collectives_path() const override {
+    if (!shm_ && !hier_) return "MPI";
+    const std::string how = shm_ ? "shared memory" : hier_->describe();
+    return shm_min_bytes_ ? strprintf("%s from %zu bytes, MPI below", how.c_str(), shm_min_bytes_) : how;
+  }
 
  protected:
   PendingOp all_reduce_impl(MemRef<void> buf, size_t n, CommType t, RedOp op) override {
+    if (on_shm(n * elem_bytes(t), buf.kind))
+      return shm_ ? shm_->all_reduce(buf.ptr, n, t, op, this) : hier_->all_reduce(buf.ptr, n, t, op, this);
     Staging st(*this);
     void* b = host_view(st, buf, n * elem_bytes(t));
     MPI_Request r = MPI_REQUEST_NULL;
@@ -152,6 +282,9 @@ class MpiGroup final : public ProcessGroup {
 
   PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) override {
     const size_t eb = elem_bytes(t);
+    if (on_shm(size() * count * eb, send.kind, recv.kind))
+      return shm_ ? shm_->reduce_scatter(send.ptr, recv.ptr, count, t, this)
+                  : hier_->reduce_scatter(send.ptr, recv.ptr, count, t, this);
     Staging st(*this);
     const void* s = host_in(st, send, size() * count * eb);
     void* d = host_out(st, recv, count * eb);
@@ -165,6 +298,9 @@ class MpiGroup final : public ProcessGroup {
 
   PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) override {
     const size_t eb = elem_bytes(t), block = count * eb, at = static_cast<size_t>(rank()) * block;
+    if (on_shm(size() * block, send.kind, recv.kind))
+      return shm_ ? shm_->all_gather(send.ptr, recv.ptr, count, t, this)
+                  : hier_->all_gather(send.ptr, recv.ptr, count, t, this);
     const bool in_place = send.ptr == static_cast<const char*>(recv.ptr) + at;
     Staging st(*this);
     char* d = static_cast<char*>(host_out(st, recv, size() * block, /*load=*/false));
@@ -214,6 +350,12 @@ class MpiGroup final : public ProcessGroup {
   void* host_view(Staging& st, MemRef<void> ref, size_t bytes, bool load = true) {
     return host_out(st, ref, bytes, load);
   }
+  // Whether a collective of `bytes` (the whole buffer) on memory of these kinds goes through
+  // shared memory: host memory only (device buffers take MPI's path, staged or CUDA-aware).
+  bool on_shm(size_t bytes, MemKind a, MemKind b = MemKind::host) const {
+    return (shm_ || hier_) && a == MemKind::host && b == MemKind::host && bytes >= shm_min_bytes_;
+  }
+
   bool direct(MemKind kind) {
     if (kind == MemKind::host) return true;
     Z3D_ASSERT(dev_, "a device buffer reached a group without device memory (use_device_memory)");
@@ -246,6 +388,9 @@ class MpiGroup final : public ProcessGroup {
   DeviceMemory* dev_ = nullptr;
   bool cuda_aware_ = false;
   std::vector<Pinned> pinned_;
+  std::unique_ptr<ShmCollectives> shm_;  // the group on one node
+  std::unique_ptr<Hierarchy> hier_;      // the group across nodes (both null: MPI moves everything)
+  size_t shm_min_bytes_ = 0;
 };
 
 const void* Staging::in(MemRef<const void> ref, size_t bytes) {

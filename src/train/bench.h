@@ -52,4 +52,18 @@ double known_accelerator_peak(const std::string& device_name);
 // slowest rank's seconds from the first write to the end of the sync. Collective.
 double measure_collective_write(MPI_Comm comm, const std::string& dir, uint64_t bytes);
 
+// zero3d bench comm (train/bench_comm.cpp): every collective through MPI and through shared
+// memory, per type and size, with the memcpy rate of the same run. Returns the wrong elements
+// found in all (0: every result was exact). Collective over the world.
+struct CommBenchOptions {
+  size_t min_bytes = 1024, max_bytes = 256u << 20;
+  double factor = 4;                      // each size is the previous one times this
+  double bytes_per_point = 2e9;           // calls per size: this many bytes, at least 3 and at most 1000
+  size_t chunk_bytes = 0;                 // 0: comm_context()'s
+  int group_size = 0;                     // 0: the world; else groups of this many consecutive ranks, all at once
+  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
+  std::vector<std::string> types = {"float", "bf16"};  // float, bf16, half
+};
+int64_t bench_comm(const CommBenchOptions& o);
+
 }  // namespace zero3d

@@ -51,6 +51,7 @@ const char* kDataUsage =
 const char* kBenchUsage =
     "usage: zero3d bench gemm [--sizes N,N,...] [--seconds S] [--config FILE] [--backend NAME]\n"
     "       zero3d bench io [--dir DIR] [--bytes N]\n"
+    "       zero3d bench comm [--min-bytes N] [--max-bytes N] [--factor F] [--ops LIST] [--types LIST] [--group N]\n"
     "  gemm: the GEMM rates a training run gets. Names the CPU, the ISA level of the host loops, the\n"
     "        GEMM libraries and the ISA they run, measures one thread's FMA peak, then GFLOP/s per\n"
     "        square size N (C = A B^T; default 512,1024,2048,4096; at least S seconds each, default 1)\n"
@@ -61,7 +62,14 @@ const char* kBenchUsage =
     "        (oneDNN; inputs rounded to bf16, fp32 accumulation). Under mpirun every rank measures at\n"
     "        once (a node's load) and rank 0 prints its own rates.\n"
     "  io:   collective MPI-IO write rate of N bytes (default 1 GiB) over all ranks into a new file in\n"
-    "        DIR (default .), synced to disk: the raw baseline for the checkpoint bandwidth.\n";
+    "        DIR (default .), synced to disk: the raw baseline for the checkpoint bandwidth.\n"
+    "  comm: the collectives, nccl-tests style: for each of LIST (default all_reduce,reduce_scatter,\n"
+    "        all_gather) and type (default float,bf16; also half), sizes from --min-bytes (1024) to\n"
+    "        --max-bytes (268435456), each F (4) times the last: time per call, algbw and busbw (GB/s),\n"
+    "        and the wrong elements summed over the ranks, through MPI and through shared memory side by\n"
+    "        side, with the memcpy rate of the same run and the size from which shared memory wins (set\n"
+    "        comm.shm_min_bytes to it). --group N: groups of N consecutive ranks at once. --chunk-bytes:\n"
+    "        the shared-memory pipelining grain (comm.shm_chunk_bytes). Exit 1 on any wrong element.\n";
 
 const char* kCkptUsage =
     "usage: zero3d ckpt inspect CKPT\n"
@@ -231,6 +239,14 @@ int cmd_train(const Args& a) {
   // Every rank reads the same files and arguments, so every rank reaches the same verdict here.
   Config cfg = load_config(src, world);
   for (const std::string& n : cfg.notices) log_info("zero3d: notice: %s", n.c_str());
+  CommContext& comm = comm_context();  // read by every group as it is made
+  comm.collectives = cfg.comm.collectives == "mpi"   ? CollectiveImpl::mpi
+                     : cfg.comm.collectives == "shm" ? CollectiveImpl::shm
+                                                     : CollectiveImpl::automatic;
+  comm.shm_min_bytes = static_cast<size_t>(cfg.comm.shm_min_bytes);
+  comm.shm_chunk_bytes = static_cast<size_t>(cfg.comm.shm_chunk_bytes);
+  // Tests: one node made to look like nodes of this many ranks (the hierarchical collectives).
+  if (const char* e = std::getenv("ZERO3D_RANKS_PER_NODE"); e && *e) comm.ranks_per_node = std::atoi(e);
   ProcessGroups groups = ProcessGroups::create(cfg.tp_size, cfg.pp_size);
   struct WatchdogScope {  // stopped (joined) however cmd_train ends
     WatchdogScope() { Watchdog::start(); }
@@ -381,6 +397,30 @@ int cmd_bench(const Args& a) {
     log_info("# collective MPI-IO write + sync, %d ranks, %s\n%.0f bytes in %.3f s: %.1f MB/s", world->size(),
              dir.c_str(), bytes, t, bytes / t / 1e6);
     return 0;
+  }
+  if (a[0] == "comm") {
+    CommBenchOptions o;
+    auto list = [](const std::string& s) {
+      std::vector<std::string> out;
+      for (size_t pos = 0; pos <= s.size();) {
+        const size_t comma = std::min(s.find(',', pos), s.size());
+        out.push_back(s.substr(pos, comma - pos));
+        pos = comma + 1;
+      }
+      return out;
+    };
+    for (size_t i = 1; i < a.size(); ++i) {
+      if (a[i] == "--min-bytes") o.min_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--min-bytes"));
+      else if (a[i] == "--max-bytes") o.max_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--max-bytes"));
+      else if (a[i] == "--factor") o.factor = parse_double(option_value(a, i, kBenchUsage), "--factor");
+      else if (a[i] == "--chunk-bytes") o.chunk_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--chunk-bytes"));
+      else if (a[i] == "--group") o.group_size = static_cast<int>(parse_double(option_value(a, i, kBenchUsage), "--group"));
+      else if (a[i] == "--ops") o.ops = list(option_value(a, i, kBenchUsage));
+      else if (a[i] == "--types") o.types = list(option_value(a, i, kBenchUsage));
+      else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
+    }
+    if (o.factor <= 1) throw UserError("bench comm: --factor must be above 1");
+    return bench_comm(o) == 0 ? 0 : 1;
   }
   if (a[0] != "gemm") throw UserError(strprintf("unknown bench '%s'\n%s", a[0].c_str(), kBenchUsage));
   std::vector<int> sizes = {512, 1024, 2048, 4096};

@@ -539,6 +539,7 @@ struct Trainer::State::StepResult {
   bool skipped = false;
   double t_fwd = 0, t_bwd = 0, t_reduce = 0, t_opt = 0, t_gather = 0, step_time = 0, idle_s = 0, recompute = 0;
   int64_t faults = 0, comm_bytes = 0;
+  CommTime comm;  // wall_clock_breakdown: the data collectives' time and its exposed part (slowest rank's)
   SwapIo swap;  // offload to nvme: the slowest rank's waits and I/O time, and the bytes of all ranks
 };
 
@@ -594,6 +595,7 @@ void Trainer::State::start_run() {
                          .add("gemm", be.describe_gemm())
                          .add("compute", opt.compute_choice)
                          .add("comm_device_buffers", groups.dp->device_path())
+                         .add("comm_collectives", groups.dp->collectives_path())
                          .add("checkpoint_writes", writer->mode())
                          .add("watchdog", Watchdog::running() ? "a thread per rank; on a timeout it asks every rank "
                                                                 "where it is (one line per job)"
@@ -654,8 +656,9 @@ Trainer::State::StepResult Trainer::State::train_step(int step) {
   comms.active = comms.enabled;  // the comms log covers what comm_bytes covers
   if (step == profiled_step) module_profile.reset_times(), module_profile.on = true;
   auto t0 = Clock::now();
+  take_comm_time();  // from here on: this step's
   const int64_t faults0 = minor_page_faults();
-  engine.begin_step();
+  engine.begin_step(c.gradient_accumulation_steps);
   r.loss_scale = scaler.scale();
   // Each rank's gradient is already its share of the global mean: dloss = 1 / (tokens in the
   // global batch), times the fp16 loss scale.
@@ -699,7 +702,12 @@ Trainer::State::StepResult Trainer::State::train_step(int step) {
   auto tg = Clock::now();
   if (!r.skipped) engine.gather_updated_params();
   r.t_gather = seconds_since(tg);
+  r.comm = take_comm_time();
   r.step_time = world.all_reduce_max(seconds_since(t0));
+  if (c.wall_clock_breakdown) {
+    r.comm.busy_s = world.all_reduce_max(r.comm.busy_s);
+    r.comm.exposed_s = world.all_reduce_max(r.comm.exposed_s);
+  }
   r.faults = minor_page_faults() - faults0;  // this rank's, during the step
   r.comm_bytes = world.all_reduce_max(static_cast<int64_t>(groups.dp->bytes_sent() + groups.tp->bytes_sent() +
                                                            groups.pp->bytes_sent() +
@@ -736,7 +744,9 @@ void Trainer::State::report_step(int step, const StepResult& r) {
     if (c.wall_clock_breakdown)
       m.add("forward_s", r.t_fwd).add("backward_s", r.t_bwd).add("reduce_s", r.t_reduce).add("optimizer_s", r.t_opt)
           .add("allgather_s", r.t_gather).add("recompute_s", r.recompute)
-          .add("pipeline_idle_s", r.idle_s).add("pipeline_idle_fraction", r.idle_s / r.step_time);
+          .add("pipeline_idle_s", r.idle_s).add("pipeline_idle_fraction", r.idle_s / r.step_time)
+          .add("comm_s", r.comm.busy_s).add("comm_exposed_s", r.comm.exposed_s)
+          .add("comm_hidden_s", std::max(0.0, r.comm.busy_s - r.comm.exposed_s));
     if (mem_swapped_any)  // offload to nvme: I/O time, the part the step waited for, and what it hid
       m.add("swap_io_s", r.swap.busy_s).add("swap_wait_s", r.swap.wait_s)
           .add("swap_hidden_s", std::max(0.0, r.swap.busy_s - r.swap.wait_s))

@@ -90,7 +90,7 @@ void ZeroEngine::release_params(int unit) {
 
 float* ZeroEngine::acquire_grads(int unit) { return sync_->acquire(unit); }
 void ZeroEngine::grads_done(int unit) { sync_->done(unit); }
-void ZeroEngine::begin_step() { sync_->begin_step(); }
+void ZeroEngine::begin_step(int micro_batches) { sync_->begin_step(micro_batches); }
 void ZeroEngine::finish_gradients() { sync_->finish(); }
 
 double ZeroEngine::grad_norm_sq() {

@@ -100,8 +100,8 @@ class ZeroEngine final : public ParamStore {
 
   void init_weights(uint64_t seed);
   // Step protocol: begin_step, then per micro-batch forward/backward, then finish_gradients,
-  // then the norm/clip/step calls.
-  void begin_step();
+  // then the norm/clip/step calls. micro_batches: how many backward passes this step runs.
+  void begin_step(int micro_batches);
   void finish_gradients();
   // Squared gradient norm over the dp group, every parameter once; tensors replicated across tp
   // count on tp rank 0 only, so the caller's sum over the tp group counts them once too.

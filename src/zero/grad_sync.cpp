@@ -87,82 +87,72 @@ class SlabSync : public GradSync {
   bool inject_inf_ = false;
 };
 
-// Stages 0-1: the full gradient accumulates; it is reduced at the boundary.
+// Stages 0-1: the full gradient accumulates over the micro-batches. Its buckets are reduced
+// unit by unit as the last micro-batch's backward completes each unit (overlap_comm), or all at
+// the boundary. Stage 1 reduce-scatters each bucket into the rank's shard of the gradient.
 class BoundarySync final : public SlabSync {
  public:
   BoundarySync(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& cfg,
                const std::optional<Storage16>& s16)
       : SlabSync(be, L), dp_(dp), view_(view), stage_(cfg.stage), scatter_(cfg.stage == 1 && cfg.reduce_scatter),
-        s16_(s16) {
-    const int p = dp.size();
-    size_t max_bucket = 0;
-    for (const Bucket& b : L.buckets) max_bucket = std::max(max_bucket, b.size);
+        overlap_(cfg.overlap_comm), s16_(s16), micro_done_(L.units.size(), 0), started_(L.units.size(), false) {
     if (s16_) grads16_ = DeviceBuffer<uint16_t>(be, L.total);
     else grads_ = DeviceBuffer<float>(be, L.total);
-    if (scatter_) {
-      if (s16_) scratch16_ = DeviceBuffer<uint16_t>(be, max_bucket / p);
-      else scratch_ = DeviceBuffer<float>(be, max_bucket / p);
+    if (scatter_) {  // the reduce-scatters land here, laid out like the shard (b.shard_offset)
+      if (s16_) shard16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
+      else shard_ = DeviceBuffer<float>(be, L.shard_size);
     }
     if (s16_) {
-      make_slabs(p, false, false, false);  // fp32 unit gradients, rounded into grads16_ at done()
+      make_slabs(dp.size(), false, false, false);  // fp32 unit gradients, rounded into grads16_ at done()
       grads32_ = DeviceBuffer<float>(be, stage_ == 0 ? L.total : L.shard_size);
     }
     grad_bytes_ = grads_.bytes() + grads16_.bytes();
-    buffer_bytes_ += scratch_.bytes() + scratch16_.bytes() + grads32_.bytes();
+    buffer_bytes_ += shard_.bytes() + shard16_.bytes() + grads32_.bytes();
   }
 
-  void begin_step() override {
+  void begin_step(int micro_batches) override {
+    micro_batches_ = micro_batches;
+    std::fill(micro_done_.begin(), micro_done_.end(), 0);
+    std::fill(started_.begin(), started_.end(), false);
     be_.zero(grads_.data(), grads_.bytes());
     be_.zero(grads16_.data(), grads16_.bytes());
   }
   float* acquire(int unit) override {
+    for (auto& op : ops_) op.test();  // progress the reductions in flight (MPI has no progress thread)
     return s16_ ? take(unit) : grads_.data() + L_.units[unit].offset;  // fp32: in place
   }
   void done(int unit) override {
-    if (!s16_) return;
-    Slab& s = close(unit);
-    const Unit& u = L_.units[unit];
-    s16_->accumulate(grads16_.data() + u.offset, s.grads.data(), u.size);
-    s.unit = -1;
-    s.reducing = false;
+    if (s16_) {
+      Slab& s = close(unit);
+      const Unit& u = L_.units[unit];
+      s16_->accumulate(grads16_.data() + u.offset, s.grads.data(), u.size);
+      s.unit = -1;
+      s.reducing = false;
+    }
+    if (overlap_ && ++micro_done_[unit] == micro_batches_) start(unit);  // the unit's gradient is final
   }
   void finish() override {
-    const int p = dp_.size();
-    const Dtype16 t = s16_ ? s16_->type() : Dtype16::bf16;
-    if (!scatter_) {
-      std::vector<PendingOp> ops;  // bucketed all-reduce, all buckets in flight together
-      for (const Bucket& b : L_.buckets)
-        ops.push_back(s16_ ? dp_.iall_reduce_sum(grads16_.mem(b.offset), b.size, t)
-                           : dp_.iall_reduce_sum(grads_.mem(b.offset), b.size));
-      for (auto& op : ops) op.wait();
-    } else {
-      for (const Bucket& b : L_.buckets) {
-        if (s16_) {
-          dp_.reduce_scatter_sum(grads16_.mem(b.offset), scratch16_.mem(), b.size / p, t);
-          be_.copy(grads16_.data() + view_.owned_offset(b), scratch16_.data(), (b.size / p) * sizeof(uint16_t));
-        } else {
-          dp_.reduce_scatter_sum(grads_.mem(b.offset), scratch_.mem(), b.size / p);
-          be_.copy(owned(b), scratch_.data(), (b.size / p) * sizeof(float));
-        }
-      }
-    }
+    for (size_t u = 0; u < L_.units.size(); ++u) start(static_cast<int>(u));  // what is not in flight yet
+    for (auto& op : ops_) op.wait();
+    ops_.clear();
     if (!s16_) return;
     // Widen the optimizer-owned 16-bit gradients into grads32_ (laid out like the master).
     if (stage_ == 0) s16_->widen(grads32_.data(), grads16_.data(), L_.total);
     else
       for (const Bucket& b : L_.buckets)
-        s16_->widen(owned(b), grads16_.data() + view_.owned_offset(b), view_.owned_size(b));
+        s16_->widen(owned(b), scatter_ ? shard16_.data() + b.shard_offset : grads16_.data() + view_.owned_offset(b),
+                    view_.owned_size(b));
   }
   float* owned(const Bucket& b) override {
     if (s16_) return grads32_.data() + (stage_ == 0 ? b.offset : b.shard_offset);
-    return grads_.data() + view_.owned_offset(b);
+    return scatter_ ? shard_.data() + b.shard_offset : grads_.data() + view_.owned_offset(b);
   }
   // Stage 0 holds the whole reduced bucket but counts its dp slice, so the slices of all ranks
   // cover every parameter once.
   const float* reduced_slice(const Bucket& b) const override {
     const size_t slice = L_.slice(b, dp_.rank()).offset;
     if (s16_) return grads32_.data() + (stage_ == 0 ? b.offset + slice : b.shard_offset);
-    return grads_.data() + b.offset + slice;
+    return scatter_ ? shard_.data() + b.shard_offset : grads_.data() + b.offset + slice;
   }
   void inject_inf() override {
     if (s16_) {  // at the next unit backward hands over
@@ -174,13 +164,38 @@ class BoundarySync final : public SlabSync {
   }
 
  private:
+  // Issues the reductions of a unit's buckets (once per step): all-reduce in place, or
+  // reduce-scatter into the shard.
+  void start(int unit) {
+    if (started_[unit]) return;
+    started_[unit] = true;
+    const Unit& u = L_.units[unit];
+    const int p = dp_.size();
+    const Dtype16 t = s16_ ? s16_->type() : Dtype16::bf16;
+    for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
+      const Bucket& b = L_.buckets[i];
+      if (!scatter_)
+        ops_.push_back(s16_ ? dp_.iall_reduce_sum(grads16_.mem(b.offset), b.size, t)
+                            : dp_.iall_reduce_sum(grads_.mem(b.offset), b.size));
+      else if (s16_)
+        ops_.push_back(dp_.ireduce_scatter_sum(grads16_.mem(b.offset), shard16_.mem(b.shard_offset), b.size / p, t));
+      else
+        ops_.push_back(dp_.ireduce_scatter_sum(grads_.mem(b.offset), shard_.mem(b.shard_offset), b.size / p));
+    }
+  }
+
   ProcessGroup& dp_;
   const ShardView& view_;
   int stage_;
   bool scatter_;  // stage 1 with reduce_scatter: reduce-scatter per bucket, else all-reduce
+  bool overlap_;
   const std::optional<Storage16>& s16_;
-  DeviceBuffer<float> grads_, scratch_, grads32_;
-  DeviceBuffer<uint16_t> grads16_, scratch16_;
+  DeviceBuffer<float> grads_, shard_, grads32_;
+  DeviceBuffer<uint16_t> grads16_, shard16_;
+  int micro_batches_ = 1;
+  std::vector<int> micro_done_;  // per unit: micro-batches whose backward completed it this step
+  std::vector<bool> started_;    // per unit: its reductions were issued this step
+  std::vector<PendingOp> ops_;
 };
 
 // Stages 2-3: each unit's gradient is reduced as soon as backward hands it over, into the
@@ -198,7 +213,7 @@ class UnitSync final : public SlabSync {
     buffer_bytes_ += grads32_.bytes();
   }
 
-  void begin_step() override {
+  void begin_step(int) override {
     be_.zero(shard_grads_.data(), shard_grads_.bytes());
     be_.zero(shard_grads16_.data(), shard_grads16_.bytes());
   }

@@ -2,9 +2,11 @@
 // group, one strategy per ZeRO stage family, chosen once (make_grad_sync):
 //
 //   boundary (stages 0-1): every rank accumulates the full gradient over the micro-batches, in
-//     place (fp32) or rounded into a full 16-bit gradient through a unit buffer (mixed). At the
-//     accumulation boundary the buckets are all-reduced (stage 0, and stage 1 with
-//     reduce_scatter=false), or reduce-scattered one by one into the rank's slice (stage 1).
+//     place (fp32) or rounded into a full 16-bit gradient through a unit buffer (mixed). The
+//     buckets are all-reduced (stage 0, and stage 1 with reduce_scatter=false), or
+//     reduce-scattered into the rank's shard of the gradient (stage 1): with overlap_comm each
+//     unit's buckets as soon as the last micro-batch's backward has completed the unit (DeepSpeed's
+//     overlap_comm), the rest at the accumulation boundary; without, all at the boundary.
 //   per unit (stages 2-3): backward hands each unit over as soon as it is complete (done); its
 //     buckets are reduce-scattered (or all-reduced, keeping the slice) straight away from one of
 //     three unit buffers (the embeddings' and two rotating ones) into the rank's shard of the
@@ -31,7 +33,8 @@ namespace zero3d {
 class GradSync {
  public:
   virtual ~GradSync() = default;
-  virtual void begin_step() = 0;        // zero the accumulators
+  // Zero the accumulators; backward hands every unit over micro_batches times this step.
+  virtual void begin_step(int micro_batches) = 0;
   virtual float* acquire(int unit) = 0;  // where backward accumulates (+=) the unit's gradient
   virtual void done(int unit) = 0;       // backward finished the unit for this micro-batch
   virtual void finish() = 0;             // the accumulation boundary: reduce what is left

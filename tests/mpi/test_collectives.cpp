@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -316,8 +317,151 @@ static void test_control(ProcessGroup& g, int me, const std::string& tag) {
   check(got == (g.size() == 1 ? "failed on group rank 0" : "failed on group rank 1"), tag + " agree: " + got, me);
 }
 
+// ---- shared-memory collectives against MPI's ----
+
+// Non-integer values, so sums round and their order shows in the bits.
+static float fuzzy(int world_rank, size_t i) {
+  return static_cast<float>((world_rank * 2654435761u + i * 40503u) % 10007u) / 1009.0f - 4.9f;
+}
+
+// The sum of every member's fuzzy(m, i) as the shared-memory collectives make it, each term
+// rounded by `round`: in group-rank order, in fp32; with ranks_per_node = k > 0 (one node made to
+// look like several), each node's sum in rank order, rounded by `round` as it leaves the node, then
+// the node sums (in node order: for two nodes MPI's one addition, commutative; more nodes are not
+// checked bit for bit).
+static int ranks_per_node = 0;
+static int node_of(int world_rank) { return ranks_per_node > 0 ? world_rank / ranks_per_node : 0; }
+template <typename Round>
+static float shm_sum(const std::vector<int>& members, size_t i, Round round) {
+  std::vector<float> partial;
+  std::vector<int> nodes;
+  for (int m : members) {
+    const float x = round(fuzzy(m, i));
+    auto at = std::find(nodes.begin(), nodes.end(), node_of(m));
+    if (at == nodes.end()) nodes.push_back(node_of(m)), partial.push_back(x);
+    else partial[at - nodes.begin()] += x;
+  }
+  if (partial.size() == 1) return partial[0];
+  float acc = round(partial[0]);  // a node's sum is rounded to the type before it leaves the node
+  for (size_t j = 1; j < partial.size(); ++j) acc += round(partial[j]);
+  return acc;
+}
+// How a group's collectives travel: one node (or one rank): shared memory (MPI for one rank);
+// several nodes with the same number k > 1 of members each: the hierarchy; else MPI.
+static std::string expected_path(const std::vector<int>& members) {
+  std::vector<int> nodes, count;
+  for (int m : members) {
+    auto at = std::find(nodes.begin(), nodes.end(), node_of(m));
+    if (at == nodes.end()) nodes.push_back(node_of(m)), count.push_back(1);
+    else ++count[at - nodes.begin()];
+  }
+  if (members.size() == 1) return "MPI";
+  if (nodes.size() == 1) return "shared memory";
+  const bool even = std::count(count.begin(), count.end(), count[0]) == static_cast<long>(count.size());
+  if (!even || count[0] == 1) return "MPI";
+  return "shared memory in each node (" + std::to_string(count[0]) + " ranks), MPI across the " +
+         std::to_string(nodes.size()) + " nodes";
+}
+
+// The same operations through shared memory (s) and through MPI (m), same groups: s's results
+// are exactly the rank-order sums (deterministic), equal to MPI's bit for bit on 2 ranks (one
+// addition, whatever the order), within rounding on more. Sizes: empty, one element, odd, and
+// several rounds of the small chunk the pass sets; in place and out of place; three in flight.
+static void test_shm_against_mpi(ProcessGroup& s, ProcessGroup& m, const std::vector<int>& members, int me,
+                                 const std::string& tag) {
+  const int p = s.size();
+  const std::string path = expected_path(members);
+  // The expected bits are known for one node, and for two (MPI's one addition across them).
+  const bool exact = path == "shared memory" || path.find("across the 2 nodes") != std::string::npos;
+  check(s.collectives_path() == path && m.collectives_path() == "MPI",
+        tag + " paths: " + s.collectives_path() + " / " + m.collectives_path(), me);
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  auto close = [](float a, float b) { return std::abs(a - b) <= 1e-5f * (1 + std::abs(b)); };
+  auto ident = [](float x) { return x; };
+  for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1003}, size_t{5001}}) {
+    const std::string at = tag + " count " + std::to_string(count);
+    // all-reduce (in place), n = count * p + 1: blocks of unequal size
+    const size_t n = count * p + 1;
+    std::vector<float> a(n), b(n);
+    for (size_t i = 0; i < n; ++i) a[i] = b[i] = fuzzy(me, i);
+    PendingOp op = s.iall_reduce_sum(host_mem(a.data()), n);
+    m.all_reduce_sum(host_mem(b.data()), n);
+    op.wait();
+    bool det = true, vs_mpi = true;
+    for (size_t i = 0; i < n; ++i) {
+      det &= !exact || same(a[i], shm_sum(members, i, ident));
+      vs_mpi &= p <= 2 ? same(a[i], b[i]) : close(a[i], b[i]);
+    }
+    check(det && vs_mpi, at + " all-reduce f32", me);
+
+    // reduce-scatter and all-gather, three operations in flight on the shared-memory group
+    std::vector<float> send(count * p), rs(count + 1, -7.0f), rm(count + 1, -7.0f), mine(count), ag(count * p, -1.0f),
+        agm(count * p, -1.0f), inplace(count * p, -1.0f);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = fuzzy(me, i);
+    for (size_t k = 0; k < count; ++k) mine[k] = inplace[s.rank() * count + k] = fuzzy(me, 3 * k);
+    PendingOp o1 = s.ireduce_scatter_sum(host_mem(send.data()), host_mem(rs.data()), count);
+    PendingOp o2 = s.iall_gather(host_mem(mine.data()), host_mem(ag.data()), count);
+    PendingOp o3 = s.iall_gather(host_mem(inplace.data() + s.rank() * count), host_mem(inplace.data()), count);
+    m.reduce_scatter_sum(host_mem(send.data()), host_mem(rm.data()), count);
+    m.all_gather(host_mem(mine.data()), host_mem(agm.data()), count);
+    o3.wait(), o2.wait(), o1.wait();
+    det = rs[count] == -7.0f, vs_mpi = true;  // nothing past the block is written
+    for (size_t k = 0; k < count; ++k) {
+      det &= !exact || same(rs[k], shm_sum(members, s.rank() * count + k, ident));
+      vs_mpi &= p <= 2 ? same(rs[k], rm[k]) : close(rs[k], rm[k]);
+    }
+    check(det && vs_mpi, at + " reduce-scatter f32", me);
+    check(ag == agm && inplace == agm, at + " all-gather f32 (out of place, in place)", me);
+
+    // 16-bit: widened, summed in rank order in fp32, rounded once
+    for (Dtype16 t : {Dtype16::bf16, Dtype16::fp16}) {
+      uint16_t (*to16)(float) = t == Dtype16::bf16 ? math::bf16_from_float : math::fp16_from_float;
+      float (*from16)(uint16_t) = t == Dtype16::bf16 ? math::float_from_bf16 : math::float_from_fp16;
+      auto round = [&](float x) { return from16(to16(x)); };
+      // MPI rounds after each of its p-1 additions, each off by at most eps times the partial
+      // sum, itself at most the sum of the terms' magnitudes.
+      const float eps = t == Dtype16::bf16 ? 1.0f / 256 : 1.0f / 2048;
+      auto near_mpi = [&](uint16_t got, uint16_t mpi, size_t i) {
+        if (p <= 2) return got == mpi;
+        float magnitude = 0;
+        for (int r : members) magnitude += std::abs(fuzzy(r, i));
+        return std::abs(from16(got) - from16(mpi)) <= p * eps * magnitude;
+      };
+      const std::string name = at + (t == Dtype16::bf16 ? " bf16" : " fp16");
+      std::vector<uint16_t> h(n), hm(n), hs(count * p), hr(count), hrm(count), hg(count * p), hgm(count * p);
+      for (size_t i = 0; i < n; ++i) h[i] = hm[i] = to16(fuzzy(me, i));
+      for (size_t i = 0; i < hs.size(); ++i) hs[i] = to16(fuzzy(me, i));
+      s.all_reduce_sum(host_mem(h.data()), n, t);
+      m.all_reduce_sum(host_mem(hm.data()), n, t);
+      s.reduce_scatter_sum(host_mem(hs.data()), host_mem(hr.data()), count, t);
+      m.reduce_scatter_sum(host_mem(hs.data()), host_mem(hrm.data()), count, t);
+      s.all_gather(host_mem(hr.data()), host_mem(hg.data()), count);
+      m.all_gather(host_mem(hr.data()), host_mem(hgm.data()), count);
+      det = true, vs_mpi = true;
+      for (size_t i = 0; i < n; ++i) {
+        det &= !exact || h[i] == to16(shm_sum(members, i, round));
+        vs_mpi &= near_mpi(h[i], hm[i], i);
+      }
+      for (size_t k = 0; k < count; ++k) {
+        det &= !exact || hr[k] == to16(shm_sum(members, s.rank() * count + k, round));
+        vs_mpi &= near_mpi(hr[k], hrm[k], s.rank() * count + k);
+      }
+      check(det, name + " all-reduce and reduce-scatter in rank order", me);
+      check(vs_mpi, name + " all-reduce and reduce-scatter against MPI", me);
+      check(hg == hgm, name + " all-gather", me);
+    }
+  }
+  // max (the float all-reduce's other operation)
+  std::vector<float> x(4099), xm(4099);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = xm[i] = fuzzy(me, i);
+  s.all_reduce_max(host_mem(x.data()), x.size());
+  m.all_reduce_max(host_mem(xm.data()), xm.size());
+  check(x == xm, tag + " all-reduce max", me);
+}
+
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // the hierarchical collectives call MPI from their helper thread
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   {
     int world = 1, me = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -354,6 +498,35 @@ int main(int argc, char** argv) {
               std::to_string(pinned_after_first_pass) + " after one",
           me);
     check(device.bytes_to_host > 0 && device.bytes_to_device > 0, "device buffers were staged", me);
+
+    // Shared-memory collectives for every size, with a small chunk (many rounds), beside MPI's;
+    // then with the world cut into pretend nodes of k ranks (groups that span them compose
+    // shared memory inside each node with MPI across).
+    fake_device = nullptr;
+    CommContext& ctx = comm_context();
+    for (int k : {0, 2, 4}) {
+      if (k && (world < 2 * k || world % k || provided < MPI_THREAD_MULTIPLE)) continue;
+      ranks_per_node = ctx.ranks_per_node = k;
+      for (int tp = 1; tp <= world; tp *= 2)
+        for (int pp = 1; tp * pp <= world; pp *= 2) {
+          if (world % (tp * pp)) continue;
+          ctx.collectives = CollectiveImpl::mpi;
+          ProcessGroups gm = ProcessGroups::create(tp, pp);
+          ctx.collectives = CollectiveImpl::shm, ctx.shm_chunk_bytes = 4096;
+          ProcessGroups gs = ProcessGroups::create(tp, pp);
+          const std::string layout = (k ? "nodes of " + std::to_string(k) + " " : std::string()) + "shm tp" +
+                                     std::to_string(tp) + "pp" + std::to_string(pp) + " ";
+          test_group(*gs.dp, gs.topo.dp_group(me), me, layout + "dp");  // the integer tests too
+          test_group(*gs.tp, gs.topo.tp_group(me), me, layout + "tp");
+          test_shm_against_mpi(*gs.dp, *gm.dp, gs.topo.dp_group(me), me, layout + "dp");
+          test_shm_against_mpi(*gs.tp, *gm.tp, gs.topo.tp_group(me), me, layout + "tp");
+          test_shm_against_mpi(*gs.pp, *gm.pp, gs.topo.pp_group(me), me, layout + "pp");
+          std::vector<int> everyone(world);
+          for (int r = 0; r < world; ++r) everyone[r] = r;
+          test_shm_against_mpi(*gs.world, *gm.world, everyone, me, layout + "world");
+        }
+    }
+    ctx = CommContext{};
     int local[2] = {checks, failures}, total[2] = {0, 0};
     MPI_Allreduce(local, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (me == 0) printf("collectives on %d ranks: %d passed, %d failed\n", world, total[0] - total[1], total[1]);

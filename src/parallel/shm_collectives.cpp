@@ -1,0 +1,363 @@
+#include "parallel/shm_collectives.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "kernels/math/dtype.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define Z3D_CPU_RELAX() _mm_pause()
+#else
+#define Z3D_CPU_RELAX() ((void)0)
+#endif
+
+namespace zero3d {
+
+namespace {
+
+constexpr int kSlots = 2;          // K in the header comment
+constexpr size_t kHeaderBytes = 4096;
+
+// One rank's counters, each on its own cache line (a writer never invalidates another's line).
+struct alignas(64) Counter {
+  std::atomic<uint64_t> v{0};
+};
+struct RankHeader {
+  Counter posted, reduced, freed;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory counters need lock-free 64-bit atomics");
+static_assert(sizeof(RankHeader) <= kHeaderBytes);
+
+// Waits until `c` reaches v: spin (the other rank is usually about to write), then yield, then
+// sleep, so a rank waiting for a slower one gives its core to the ranks that compute.
+void await(const std::atomic<uint64_t>& c, uint64_t v) {
+  for (int i = 0; c.load(std::memory_order_acquire) < v; ++i) {
+    if (i < 512) Z3D_CPU_RELAX();
+    else if (i < 4096) sched_yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+// out[i] = src[0][i] (+ or max) src[1][i] ... src[p-1][i], in that order, in fp32; 16-bit values
+// are widened and the result rounded once. out may be one of the sources.
+template <float (*load)(const void*, size_t), void (*store)(void*, size_t, float)>
+void reduce_typed(void* out, const void* const* src, int p, size_t n, RedOp op) {
+  constexpr size_t kTile = 1024;
+  float acc[kTile];
+  for (size_t at = 0; at < n; at += kTile) {
+    const size_t len = std::min(kTile, n - at);
+    for (size_t i = 0; i < len; ++i) acc[i] = load(src[0], at + i);
+    for (int q = 1; q < p; ++q) {
+      if (op == RedOp::sum)
+        for (size_t i = 0; i < len; ++i) acc[i] += load(src[q], at + i);
+      else
+        for (size_t i = 0; i < len; ++i) {
+          const float x = load(src[q], at + i);
+          acc[i] = acc[i] < x ? x : acc[i];
+        }
+    }
+    for (size_t i = 0; i < len; ++i) store(out, at + i, acc[i]);
+  }
+}
+
+float load_f32(const void* p, size_t i) { return static_cast<const float*>(p)[i]; }
+void store_f32(void* p, size_t i, float x) { static_cast<float*>(p)[i] = x; }
+float load_bf16(const void* p, size_t i) { return math::float_from_bf16(static_cast<const uint16_t*>(p)[i]); }
+void store_bf16(void* p, size_t i, float x) { static_cast<uint16_t*>(p)[i] = math::bf16_from_float(x); }
+float load_fp16(const void* p, size_t i) { return math::float_from_fp16(static_cast<const uint16_t*>(p)[i]); }
+void store_fp16(void* p, size_t i, float x) { static_cast<uint16_t*>(p)[i] = math::fp16_from_float(x); }
+
+void reduce(void* out, const void* const* src, int p, size_t n, CommType t, RedOp op) {
+  Z3D_ASSERT(t == CommType::f32 || op == RedOp::sum, "16-bit collectives only sum");
+  switch (t) {
+    case CommType::f32: return reduce_typed<load_f32, store_f32>(out, src, p, n, op);
+    case CommType::bf16: return reduce_typed<load_bf16, store_bf16>(out, src, p, n, op);
+    case CommType::fp16: return reduce_typed<load_fp16, store_fp16>(out, src, p, n, op);
+  }
+}
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+struct ShmCollectives::Impl {
+  int p = 0, me = 0;
+  size_t chunk = 0;   // C: bytes per slot
+  size_t region = 0;  // one rank's part of the segment
+  char* base = nullptr;
+  size_t bytes = 0;
+  std::vector<RankHeader*> hdr;
+  std::vector<char*> pub, res;  // rank i's slots: pub[i] + s * chunk
+  uint64_t rounds = 0;          // rounds done: the same on every rank (the helper's alone)
+  AsyncCompletion* running = nullptr;  // the operation on the helper, until every rank has joined it
+
+  std::thread helper;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> jobs;
+  bool stop = false;
+
+  ~Impl() {
+    if (helper.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stop = true;
+      }
+      cv.notify_all();
+      helper.join();
+    }
+    if (base) munmap(base, bytes);
+  }
+
+  void run_helper() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !jobs.empty(); });
+        if (jobs.empty()) return;
+        job = std::move(jobs.front());
+        jobs.pop_front();
+      }
+      job();
+    }
+  }
+
+  PendingOp submit(const char* what, const ProcessGroup* g, std::function<void()> work) {
+    auto done = std::make_shared<AsyncCompletion>();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!helper.joinable()) helper = std::thread([this] { run_helper(); });
+      jobs.push_back([this, work = std::move(work), done] {
+        running = done.get();
+        work();
+        if (running) done->begin();  // no rounds: nothing to wait for
+        running = nullptr;
+        done->finish();
+      });
+    }
+    cv.notify_one();
+    return PendingOp(std::move(done), what, g);
+  }
+
+  void await_all(Counter RankHeader::*c, uint64_t v) {
+    for (int i = 0; i < p; ++i)
+      if (i != me) await((hdr[i]->*c).v, v);
+    // The operation's time starts when every rank has posted its first round: the wait for a
+    // rank still computing is the caller's skew, not communication.
+    if (running && c == &RankHeader::posted) std::exchange(running, nullptr)->begin();
+  }
+  // Starts a round: its number G, once every rank has freed the slot's previous round.
+  uint64_t begin_round() {
+    const uint64_t g = rounds++;
+    if (g >= kSlots) await_all(&RankHeader::freed, g + 1 - kSlots);
+    return g;
+  }
+  void mark(Counter RankHeader::*c, uint64_t g) { (hdr[me]->*c).v.store(g + 1, std::memory_order_release); }
+  char* slot(const std::vector<char*>& area, int rank, uint64_t g) const { return area[rank] + (g % kSlots) * chunk; }
+  // Where writer w puts block j (j != w) in its publish slot: the p-1 other blocks, packed.
+  static int pos(int w, int j) { return j < w ? j : j - 1; }
+
+  void reduce_scatter(const char* send, char* recv, size_t count, CommType t) {
+    const size_t e = elem_bytes(t), m = chunk / ((p - 1) * e);
+    std::vector<const void*> src(p);
+    for (size_t lo = 0; lo < count; lo += m) {
+      const size_t len = std::min(m, count - lo);
+      const uint64_t g = begin_round();
+      char* mine = slot(pub, me, g);
+      for (int j = 0; j < p; ++j)
+        if (j != me) std::memcpy(mine + pos(me, j) * m * e, send + (j * count + lo) * e, len * e);
+      mark(&RankHeader::posted, g);
+      await_all(&RankHeader::posted, g + 1);
+      for (int i = 0; i < p; ++i)
+        src[i] = i == me ? send + (me * count + lo) * e : slot(pub, i, g) + pos(i, me) * m * e;
+      reduce(recv + lo * e, src.data(), p, len, t, RedOp::sum);
+      mark(&RankHeader::freed, g);
+    }
+  }
+
+  void all_gather(const char* send, char* recv, size_t count, CommType t) {
+    const size_t e = elem_bytes(t), m = chunk / e;
+    char* own = recv + me * count * e;
+    for (size_t lo = 0; lo < count; lo += m) {
+      const size_t len = std::min(m, count - lo);
+      const uint64_t g = begin_round();
+      std::memcpy(slot(pub, me, g), send + lo * e, len * e);
+      if (send != own) std::memmove(own + lo * e, send + lo * e, len * e);
+      mark(&RankHeader::posted, g);
+      await_all(&RankHeader::posted, g + 1);
+      for (int i = 0; i < p; ++i)
+        if (i != me) std::memcpy(recv + (i * count + lo) * e, slot(pub, i, g), len * e);
+      mark(&RankHeader::freed, g);
+    }
+  }
+
+  // Block j of the buffer: [lo(j), lo(j+1)), sizes differing by at most one element.
+  size_t block_lo(size_t n, int j) const { return n * j / p; }
+
+  void all_reduce(char* buf, size_t n, CommType t, RedOp op) {
+    const size_t e = elem_bytes(t), m = chunk / ((p - 1) * e), longest = (n + p - 1) / p;
+    // Round k's part of block j: [at, at + len).
+    auto part = [&](int j, size_t k, size_t& at) {
+      const size_t lo = block_lo(n, j) + k, hi = block_lo(n, j + 1);
+      at = lo;
+      return lo < hi ? std::min(m, hi - lo) : size_t{0};
+    };
+    std::vector<const void*> src(p);
+    for (size_t k = 0; k < longest; k += m) {
+      const uint64_t g = begin_round();
+      char* mine = slot(pub, me, g);
+      size_t at = 0;
+      for (int j = 0; j < p; ++j)
+        if (j != me) {
+          const size_t len = part(j, k, at);
+          std::memcpy(mine + pos(me, j) * m * e, buf + at * e, len * e);
+        }
+      mark(&RankHeader::posted, g);
+      await_all(&RankHeader::posted, g + 1);
+      const size_t len = part(me, k, at);
+      for (int i = 0; i < p; ++i) src[i] = i == me ? buf + at * e : slot(pub, i, g) + pos(i, me) * m * e;
+      char* result = slot(res, me, g);
+      reduce(result, src.data(), p, len, t, op);
+      std::memcpy(buf + at * e, result, len * e);
+      mark(&RankHeader::reduced, g);
+      await_all(&RankHeader::reduced, g + 1);
+      for (int i = 0; i < p; ++i)
+        if (i != me) {
+          const size_t li = part(i, k, at);
+          std::memcpy(buf + at * e, slot(res, i, g), li * e);
+        }
+      mark(&RankHeader::freed, g);
+    }
+  }
+};
+
+MPI_Comm split_node_comm(MPI_Comm comm) {
+  int me = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &me));
+  MPI_Comm node = MPI_COMM_NULL;
+  if (const int k = comm_context().ranks_per_node; k > 0) {
+    int world_rank = 0;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+    MPI_CHECK(MPI_Comm_split(comm, world_rank / k, me, &node));
+  } else {
+    MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, me, MPI_INFO_NULL, &node));
+  }
+  return node;
+}
+
+ShmCollectives::ShmCollectives(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ShmCollectives::~ShmCollectives() = default;
+
+size_t ShmCollectives::chunk_bytes() const { return impl_->chunk; }
+
+std::unique_ptr<ShmCollectives> ShmCollectives::create(MPI_Comm comm, size_t chunk_bytes) {
+  int p = 1, me = 0;
+  MPI_CHECK(MPI_Comm_size(comm, &p));
+  MPI_CHECK(MPI_Comm_rank(comm, &me));
+  if (p < 2) return nullptr;
+  MPI_Comm node = split_node_comm(comm);
+  int node_size = 0;
+  MPI_CHECK(MPI_Comm_size(node, &node_size));
+  MPI_CHECK(MPI_Comm_free(&node));
+  int one_node = node_size == p;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm));
+  if (!one_node) return nullptr;
+
+  auto impl = std::make_unique<Impl>();
+  impl->p = p, impl->me = me;
+  impl->chunk = std::max<size_t>(round_up(chunk_bytes, 64), 4096);
+  impl->region = round_up(kHeaderBytes + 2 * kSlots * impl->chunk, 4096);
+  impl->bytes = impl->region * p;
+
+  // Rank 0 makes the object (its pages reserved, so a full /dev/shm fails here, not later with
+  // SIGBUS), every rank maps it, then rank 0 removes its name.
+  struct {
+    char name[64];
+    int ok;
+  } made{};
+  static int serial = 0;
+  std::snprintf(made.name, sizeof made.name, "/zero3d-%d-%d", static_cast<int>(getpid()), serial++);
+  int fd = -1, err = 0;
+  if (me == 0) {
+    fd = shm_open(made.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) err = posix_fallocate(fd, 0, static_cast<off_t>(impl->bytes));
+    made.ok = fd >= 0 && err == 0;
+    if (!made.ok) err = fd < 0 ? errno : err;
+  }
+  MPI_CHECK(MPI_Bcast(&made, sizeof made, MPI_BYTE, 0, comm));
+  if (me != 0 && made.ok) fd = shm_open(made.name, O_RDWR, 0600);
+  void* at = MAP_FAILED;
+  if (fd >= 0) {
+    at = mmap(nullptr, impl->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+  }
+  int mapped = made.ok && at != MAP_FAILED;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &mapped, 1, MPI_INT, MPI_MIN, comm));
+  if (me == 0 && fd >= 0) shm_unlink(made.name);
+  if (!mapped) {
+    if (at != MAP_FAILED) munmap(at, impl->bytes);
+    if (me == 0)
+      log_warn("shared-memory collectives: cannot make a %zu-byte segment in /dev/shm (%s); MPI moves everything",
+               impl->bytes, std::strerror(err ? err : EINVAL));
+    return nullptr;
+  }
+  impl->base = static_cast<char*>(at);
+  for (int i = 0; i < p; ++i) {
+    char* r = impl->base + i * impl->region;
+    if (i == me) new (r) RankHeader();
+    impl->hdr.push_back(reinterpret_cast<RankHeader*>(r));
+    impl->pub.push_back(r + kHeaderBytes);
+    impl->res.push_back(r + kHeaderBytes + kSlots * impl->chunk);
+  }
+  MPI_CHECK(MPI_Barrier(comm));  // every header constructed before anyone reads one
+  return std::unique_ptr<ShmCollectives>(new ShmCollectives(std::move(impl)));
+}
+
+PendingOp ShmCollectives::run(const char* what, const ProcessGroup* g, std::function<void()> work) {
+  return impl_->submit(what, g, std::move(work));
+}
+void ShmCollectives::all_reduce_here(void* buf, size_t n, CommType t, RedOp op) {
+  impl_->all_reduce(static_cast<char*>(buf), n, t, op);
+}
+void ShmCollectives::reduce_scatter_here(const void* send, void* recv, size_t count, CommType t) {
+  impl_->reduce_scatter(static_cast<const char*>(send), static_cast<char*>(recv), count, t);
+}
+void ShmCollectives::all_gather_here(const void* send, void* recv, size_t count, CommType t) {
+  impl_->all_gather(static_cast<const char*>(send), static_cast<char*>(recv), count, t);
+}
+
+PendingOp ShmCollectives::all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) {
+  return impl_->submit("all-reduce", g, [this, b = static_cast<char*>(buf), n, t, op] { impl_->all_reduce(b, n, t, op); });
+}
+
+PendingOp ShmCollectives::reduce_scatter(const void* send, void* recv, size_t count, CommType t,
+                                         const ProcessGroup* g) {
+  return impl_->submit("reduce-scatter", g, [this, s = static_cast<const char*>(send), r = static_cast<char*>(recv),
+                                             count, t] { impl_->reduce_scatter(s, r, count, t); });
+}
+
+PendingOp ShmCollectives::all_gather(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) {
+  return impl_->submit("all-gather", g, [this, s = static_cast<const char*>(send), r = static_cast<char*>(recv),
+                                         count, t] { impl_->all_gather(s, r, count, t); });
+}
+
+}  // namespace zero3d

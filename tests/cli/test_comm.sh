@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Collectives in training and in `zero3d bench comm`:
+# - gpt-tiny on 2 ranks logs bitwise the same losses and gradient norms with MPI's collectives,
+#   with shared memory for every message, and with the default (auto), at stages 0-3, fp32 and
+#   bf16, with and without overlap_comm: on 2 ranks every sum is one addition, whoever makes it,
+#   and overlap changes when a reduction runs, not what it adds.
+# - on 4 ranks (tp 2 x dp 2, and dp 4 with nodes of 2 ranks made up: the hierarchical path) the
+#   shared-memory runs stay within 1e-5 of MPI's (the order of a sum over 4 ranks differs);
+# - the run record names the path, wall_clock_breakdown reports comm_s >= comm_exposed_s >= 0;
+# - bench comm checks every result (exit 0, no wrong element) on 2 and 3 ranks, and refuses an
+#   unknown collective (exit 2).
+# usage: test_comm.sh ZERO3D_BINARY SOURCE_DIR
+set -eu
+source "$(dirname "$0")/common.sh" "$@"
+tiny=(input/gpt-tiny.json --peak-flops 1e11 --set data.val="" --set train_batch_size=16 --set train_steps=4
+      --set gradient_accumulation_steps=2 --set train_micro_batch_size_per_gpu=4 --set zero_optimization.reduce_bucket_size=20000
+      --set zero_optimization.allgather_bucket_size=20000)
+run() {  # run NAME NP ARGS...: must succeed
+  local name=$1 np=$2
+  shift 2
+  timeout 120 $MPIRUN -np "$np" "$z3d" train "${tiny[@]}" --run-dir "$tmp/$name" "$@" > "$tmp/$name.log" 2>&1 ||
+    { cat "$tmp/$name.log"; fail "$name failed"; }
+}
+compare() {  # compare A B TOLERANCE: train records' loss and grad_norm equal (0: bitwise) or within
+  /usr/bin/python3 - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY' || fail "$1 vs $2 differ"
+import json, sys
+def recs(p): return {r["step"]: (r["loss"], r["grad_norm"]) for r in map(json.loads, open(p)) if r["kind"] == "train"}
+a, b, tol = recs(sys.argv[1]), recs(sys.argv[2]), float(sys.argv[3])
+ok = a.keys() == b.keys() and all(abs(x - y) <= tol * abs(y) if tol else x == y
+                                  for s in a for x, y in zip(a[s], b[s]))
+if not ok: print(a, b); sys.exit(1)
+PY
+}
+record() {  # record NAME KEY: the run record's value
+  /usr/bin/python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())[sys.argv[2]])" \
+    "$tmp/$1/metrics.jsonl" "$2"
+}
+
+# ---- 2 ranks: every path and overlap, bitwise ----
+for prec in fp32 bf16; do
+  p=(); [[ $prec == bf16 ]] && p=(--set bf16.enabled=true)
+  for stage in 0 1 2 3; do
+    base="mpi_${prec}_s$stage"
+    run "$base" 2 "${p[@]}" --set zero_optimization.stage=$stage --set comm.collectives=mpi
+    for variant in shm auto; do
+      for overlap in false true; do
+        name="${variant}_${prec}_s${stage}_$overlap"
+        run "$name" 2 "${p[@]}" --set zero_optimization.stage=$stage --set comm.collectives=$variant \
+          --set zero_optimization.overlap_comm=$overlap --set wall_clock_breakdown=$overlap
+        compare "$base" "$name" 0
+      done
+    done
+    echo "ok   $prec stage $stage: shared memory and auto, with and without overlap_comm, bitwise equal to MPI"
+  done
+done
+[[ $(record shm_fp32_s1_true comm_collectives) == "shared memory" ]] || fail "run record: $(record shm_fp32_s1_true comm_collectives)"
+[[ $(record mpi_fp32_s1 comm_collectives) == "MPI" ]] || fail "run record: $(record mpi_fp32_s1 comm_collectives)"
+/usr/bin/python3 - "$tmp/auto_fp32_s2_true/metrics.jsonl" <<'PY' || fail "comm time missing or inconsistent"
+import json, sys
+train = [r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "train"]
+assert all(r["comm_s"] > 0 and 0 <= r["comm_exposed_s"] and r["comm_hidden_s"] >= 0 for r in train), train
+assert all(abs(r["comm_hidden_s"] - max(0, r["comm_s"] - r["comm_exposed_s"])) < 1e-9 for r in train), train
+PY
+echo "ok   the run record names the path; comm_s, comm_exposed_s, comm_hidden_s are consistent"
+
+# ---- 4 ranks: tp 2 x dp 2, and dp 4 across made-up nodes of 2 (shared memory inside, MPI across) ----
+run mpi_grid 4 --set tensor_parallel.tp_size=2 --set zero_optimization.stage=2 --set comm.collectives=mpi
+run shm_grid 4 --set tensor_parallel.tp_size=2 --set zero_optimization.stage=2 --set comm.collectives=shm \
+  --set zero_optimization.overlap_comm=true
+compare mpi_grid shm_grid 1e-5
+run mpi_dp4 4 --set zero_optimization.stage=1 --set comm.collectives=mpi --set train_micro_batch_size_per_gpu=2
+ZERO3D_RANKS_PER_NODE=2 run hier_dp4 4 --set zero_optimization.stage=1 --set comm.collectives=shm \
+  --set train_micro_batch_size_per_gpu=2 \
+  --set zero_optimization.overlap_comm=true
+compare mpi_dp4 hier_dp4 1e-5
+[[ $(record hier_dp4 comm_collectives) == "shared memory in each node (2 ranks), MPI across the 2 nodes" ]] ||
+  fail "run record: $(record hier_dp4 comm_collectives)"
+echo "ok   4 ranks: shared memory (tp 2 x dp 2) and the node hierarchy (dp 4) within 1e-5 of MPI"
+
+# ---- bench comm ----
+for np in 2 3; do
+  timeout 120 $MPIRUN -np $np "$z3d" bench comm --max-bytes 1048576 --factor 32 --types float,bf16,half \
+    > "$tmp/bench$np.log" 2>&1 || { cat "$tmp/bench$np.log"; fail "bench comm on $np ranks failed"; }
+  grep -q "wrong elements in all: 0" "$tmp/bench$np.log" || { cat "$tmp/bench$np.log"; fail "bench comm $np: wrong"; }
+  [[ $(grep -c "reduce_scatter |" "$tmp/bench$np.log") -ge 3 ]] || { cat "$tmp/bench$np.log"; fail "bench comm rows"; }
+done
+echo "ok   bench comm on 2 and 3 ranks: every result exact"
+expect_exit 2 bench_bad "unknown collective 'all_to_all'" $MPIRUN -np 2 "$z3d" bench comm --ops all_to_all
+echo "ok   bench comm refuses an unknown collective"
