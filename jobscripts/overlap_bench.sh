@@ -4,8 +4,10 @@
 # (false, true), runs alternating ROUNDS times, and per run
 #   step      median step time from step 3 on (warm-up left out), and its ratio to stage 0's
 #             step with the same collectives and overlap
-#   comm      median per step of the data collectives' time (comm_s), the part the step waited
-#             for (comm_exposed_s) and its share of comm_s (wall_clock_breakdown; the slowest rank)
+#   comm      median per step of the data collectives' running time (comm_s), the part the step
+#             waited for while they ran (comm_exposed_s) and its share of comm_s, and the waits for
+#             the slower rank to join (comm_skew_s; shared memory only, MPI's count as exposed)
+#             (wall_clock_breakdown; each the slowest rank's)
 # usage: jobscripts/overlap_bench.sh [DIR [RANKS [CONFIG [STEPS [ROUNDS]]]]]
 #        defaults: runs/overlap-bench, 2, input/bench-cpu.json, 8, 1
 #        STAGES="0 1 2 3", IMPLS="mpi auto", OVERLAPS="false true" in the environment pick the runs
@@ -46,16 +48,17 @@ for path in sorted(glob.glob(os.path.join(root, "r*-z*"))):
     train = [r for r in train if r["step"] >= 3]
     key = (int(m.group(2)), m.group(3), m.group(4))
     rows.setdefault(key, []).append({k: statistics.median(r[k] for r in train)
-                                     for k in ("step_time_s", "comm_s", "comm_exposed_s")})
+                                     for k in ("step_time_s", "comm_s", "comm_exposed_s", "comm_skew_s")})
 def med(key, k):
     return statistics.median(r[k] for r in rows[key])
 print(f"# {root}: median over steps >= 3 and over rounds; comm: data collectives per step, slowest rank")
-print(f"{'stage':>5} {'collectives':>11} {'overlap':>7} | {'step s':>8} {'x stage 0':>9} | {'comm s':>8} {'exposed s':>9} {'exposed %':>9}")
+print(f"{'stage':>5} {'collectives':>11} {'overlap':>7} | {'step s':>8} {'x stage 0':>9} | {'comm s':>8} {'exposed s':>9} "
+      f"{'exposed %':>9} {'skew s':>8}")
 for key in sorted(rows):
     stage, impl, overlap = key
     base = (0, impl, overlap)
     ratio = med(key, "step_time_s") / med(base, "step_time_s") if base in rows else float("nan")
     comm, exp = med(key, "comm_s"), med(key, "comm_exposed_s")
     print(f"{stage:>5} {impl:>11} {overlap:>7} | {med(key, 'step_time_s'):8.3f} {ratio:9.2f} | {comm:8.3f} {exp:9.3f} "
-          f"{100 * exp / comm if comm else 0:8.0f}%")
+          f"{100 * exp / comm if comm else 0:8.0f}% {med(key, 'comm_skew_s'):8.3f}")
 EOF

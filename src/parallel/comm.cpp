@@ -9,6 +9,8 @@
 #include <cstring>
 #include <optional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "parallel/watchdog.h"
@@ -30,22 +32,29 @@ size_t elem_bytes(CommType t) { return t == CommType::f32 ? 4 : 2; }
 // ---- comm time (wall_clock_breakdown) ----
 
 namespace {
+// The calling thread's completed operations' running intervals and waits, until taken.
 struct CommTimer {
-  CommTime total;
-  int in_flight = 0;
-  Clock::time_point busy_since{};
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> running;
+  double exposed_s = 0, skew_s = 0;
 };
 thread_local CommTimer comm_timer;
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return a < b ? std::chrono::duration<double>(b - a).count() : 0.0;
+}
 }  // namespace
 
 CommTime take_comm_time() {
   CommTimer& t = comm_timer;
-  if (t.in_flight > 0) {  // an operation spans the call: count its time so far here
-    const auto now = Clock::now();
-    t.total.busy_s += std::chrono::duration<double>(now - t.busy_since).count();
-    t.busy_since = now;
+  CommTime out;
+  std::sort(t.running.begin(), t.running.end());
+  Clock::time_point reached{};  // the end of the union so far
+  for (const auto& [from, to] : t.running) {
+    out.busy_s += seconds_between(std::max(from, reached), to);
+    reached = std::max(reached, to);
   }
-  return std::exchange(t.total, CommTime{});
+  out.exposed_s = t.exposed_s, out.skew_s = t.skew_s;
+  t = CommTimer{};
+  return out;
 }
 
 void AsyncCompletion::finish() {
@@ -132,17 +141,11 @@ void PendingOp::completed() {
   record();
   if (!tracked_) return;
   tracked_ = false;
-  CommTimer& t = comm_timer;
-  if (async_) t.total.busy_s += async_->seconds();  // the helper's own timing
-  else if (--t.in_flight == 0) t.total.busy_s += seconds_since(t.busy_since);  // a busy interval ends
+  if (async_) comm_timer.running.emplace_back(async_->began(), async_->ended());
+  else comm_timer.running.emplace_back(issued_, Clock::now());
 }
 
-void PendingOp::track() {
-  if (!pending_) return;
-  tracked_ = true;
-  CommTimer& t = comm_timer;
-  if (!async_ && t.in_flight++ == 0) t.busy_since = issued_;
-}
+void PendingOp::track() { tracked_ = pending_; }
 
 void PendingOp::log_to(CommOpStats* logged) {
   logged_ = logged;
@@ -205,7 +208,12 @@ void PendingOp::wait() {
       MPI_Abort(MPI_COMM_WORLD, kExitWatchdog);
     }
   }
-  if (exposed) comm_timer.total.exposed_s += std::chrono::duration<double>(clock::now() - start).count();
+  if (exposed) {  // the wait, split at the moment every rank had joined (helper operations)
+    const auto end = clock::now();
+    const auto joined = async_ ? std::clamp(async_->began(), start, end) : start;
+    comm_timer.skew_s += seconds_between(start, joined);
+    comm_timer.exposed_s += seconds_between(joined, async_ ? std::min(end, async_->ended()) : end);
+  }
 }
 
 // ---- ProcessGroup: the front ends count, the transport moves ----

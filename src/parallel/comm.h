@@ -74,13 +74,16 @@ struct CommContext {
 };
 CommContext& comm_context();
 
-// Time the calling thread's data collectives took (wall_clock_breakdown): busy_s, their running
-// time (a helper thread's operation from the moment every rank has joined it to its end; MPI's,
-// which only advance inside MPI calls, while at least one is between issue and observed
-// completion, which includes waiting for the group's slowest rank), and
-// exposed_s, the part spent blocked in wait(); busy - exposed is what hid behind other work.
+// Time the calling thread's data collectives took (wall_clock_breakdown):
+//  - busy_s: while at least one was running, overlapping ones counted once. A helper thread's
+//    operation runs from the moment every rank has joined it to its end; MPI's, which only
+//    advance inside MPI calls and cannot tell, from issue to observed completion.
+//  - exposed_s: the part of wait() calls during which the operation waited for was running;
+//    busy - exposed is what hid behind other work.
+//  - skew_s: the part of wait() calls before every rank had joined (a helper thread's operations
+//    only; in MPI's this wait counts as exposed): the group's slowest rank, not communication.
 struct CommTime {
-  double busy_s = 0, exposed_s = 0;
+  double busy_s = 0, exposed_s = 0, skew_s = 0;
 };
 CommTime take_comm_time();  // since the last call, on this thread
 
@@ -89,11 +92,12 @@ CommTime take_comm_time();  // since the last call, on this thread
 // sleeps in wait_for().
 class AsyncCompletion {
  public:
-  void begin() { began_ = Clock::now(); }
+  void begin() { began_ = Clock::now(); }  // every rank has joined: from here on it runs
   void finish();
   bool done() const { return done_.load(std::memory_order_acquire); }
   void wait_for(std::chrono::microseconds d);
-  double seconds() const { return std::chrono::duration<double>(at_ - began_).count(); }  // once done()
+  Clock::time_point began() const { return began_; }  // once done()
+  Clock::time_point ended() const { return at_; }     // once done()
 
  private:
   std::atomic<bool> done_{false};

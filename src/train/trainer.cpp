@@ -707,6 +707,7 @@ Trainer::State::StepResult Trainer::State::train_step(int step) {
   if (c.wall_clock_breakdown) {
     r.comm.busy_s = world.all_reduce_max(r.comm.busy_s);
     r.comm.exposed_s = world.all_reduce_max(r.comm.exposed_s);
+    r.comm.skew_s = world.all_reduce_max(r.comm.skew_s);
   }
   r.faults = minor_page_faults() - faults0;  // this rank's, during the step
   r.comm_bytes = world.all_reduce_max(static_cast<int64_t>(groups.dp->bytes_sent() + groups.tp->bytes_sent() +
@@ -746,7 +747,7 @@ void Trainer::State::report_step(int step, const StepResult& r) {
           .add("allgather_s", r.t_gather).add("recompute_s", r.recompute)
           .add("pipeline_idle_s", r.idle_s).add("pipeline_idle_fraction", r.idle_s / r.step_time)
           .add("comm_s", r.comm.busy_s).add("comm_exposed_s", r.comm.exposed_s)
-          .add("comm_hidden_s", std::max(0.0, r.comm.busy_s - r.comm.exposed_s));
+          .add("comm_hidden_s", std::max(0.0, r.comm.busy_s - r.comm.exposed_s)).add("comm_skew_s", r.comm.skew_s);
     if (mem_swapped_any)  // offload to nvme: I/O time, the part the step waited for, and what it hid
       m.add("swap_io_s", r.swap.busy_s).add("swap_wait_s", r.swap.wait_s)
           .add("swap_hidden_s", std::max(0.0, r.swap.busy_s - r.swap.wait_s))

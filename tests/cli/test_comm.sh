@@ -6,7 +6,8 @@
 #   and overlap changes when a reduction runs, not what it adds.
 # - on 4 ranks (tp 2 x dp 2, and dp 4 with nodes of 2 ranks made up: the hierarchical path) the
 #   shared-memory runs stay within 1e-5 of MPI's (the order of a sum over 4 ranks differs);
-# - the run record names the path, wall_clock_breakdown reports comm_s >= comm_exposed_s >= 0;
+# - the run record names the path; wall_clock_breakdown's comm_s, comm_exposed_s, comm_hidden_s and
+#   comm_skew_s are consistent;
 # - bench comm checks every result (exit 0, no wrong element) on 2 and 3 ranks, and refuses an
 #   unknown collective (exit 2).
 # usage: test_comm.sh ZERO3D_BINARY SOURCE_DIR
@@ -58,7 +59,8 @@ done
 /usr/bin/python3 - "$tmp/auto_fp32_s2_true/metrics.jsonl" <<'PY' || fail "comm time missing or inconsistent"
 import json, sys
 train = [r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "train"]
-assert all(r["comm_s"] > 0 and 0 <= r["comm_exposed_s"] and r["comm_hidden_s"] >= 0 for r in train), train
+assert all(r["comm_s"] > 0 and 0 <= r["comm_exposed_s"] and r["comm_hidden_s"] >= 0 and r["comm_skew_s"] >= 0
+           for r in train), train
 assert all(abs(r["comm_hidden_s"] - max(0, r["comm_s"] - r["comm_exposed_s"])) < 1e-9 for r in train), train
 PY
 echo "ok   the run record names the path; comm_s, comm_exposed_s, comm_hidden_s are consistent"
