@@ -111,29 +111,19 @@ bool mpi_reads_device_memory() {
 // then inside; all-reduce: reduce-scatter inside, all-reduce across, all-gather inside). It all
 // runs on the node's helper thread, which then calls MPI: MPI_THREAD_MULTIPLE is required.
 // Sums: each node's in rank order, then MPI's across nodes (one addition for 2 nodes).
-class Hierarchy {
+class Hierarchy final : public HostCollectives {
  public:
-  // Collective over comm; null where it does not apply (one node, one rank per node, unequal
-  // nodes, no MPI_THREAD_MULTIPLE, no shared memory).
-  static std::unique_ptr<Hierarchy> create(MPI_Comm comm, size_t chunk_bytes) {
-    int level = MPI_THREAD_SINGLE, p = 1, me = 0;
-    MPI_CHECK(MPI_Query_thread(&level));
+  // Collective over comm; `node` holds this rank's k ranks of comm on its node (split_node_comm),
+  // the same k on every node. Null without shared memory on some node.
+  static std::unique_ptr<Hierarchy> create(MPI_Comm comm, MPI_Comm node, size_t chunk_bytes) {
+    int p = 1, me = 0, k = 1, l = 0;
     MPI_CHECK(MPI_Comm_size(comm, &p));
     MPI_CHECK(MPI_Comm_rank(comm, &me));
-    MPI_Comm node = split_node_comm(comm);
-    int k = 1, l = 0;
     MPI_CHECK(MPI_Comm_size(node, &k));
     MPI_CHECK(MPI_Comm_rank(node, &l));
-    int range[2] = {-k, k};
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, comm));
-    if (level < MPI_THREAD_MULTIPLE || -range[0] != range[1] || k == 1 || k == p) {
-      MPI_CHECK(MPI_Comm_free(&node));
-      return nullptr;
-    }
     auto h = std::unique_ptr<Hierarchy>(new Hierarchy());
     h->k_ = k, h->l_ = l;
     h->node_ = ShmCollectives::create(node, chunk_bytes);
-    MPI_CHECK(MPI_Comm_free(&node));
     MPI_CHECK(MPI_Comm_split(comm, l, me, &h->cross_));
     MPI_CHECK(MPI_Comm_size(h->cross_, &h->n_));
     int j = 0;
@@ -147,17 +137,17 @@ class Hierarchy {
     for (int g = 0; g < p; ++g) h->grank_[places[g]] = g;
     return h;
   }
-  ~Hierarchy() {
+  ~Hierarchy() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
     node_.reset();  // joins the helper
     if (cross_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&cross_);
   }
-  std::string describe() const {
+  std::string describe() const override {
     return strprintf("shared memory in each node (%d ranks), MPI across the %d nodes", k_, n_);
   }
 
-  PendingOp reduce_scatter(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) {
+  PendingOp reduce_scatter(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) override {
     return node_->run("reduce-scatter", g, [=, this] {
       const size_t e = elem_bytes(t), block = count * e;
       // Place l of every node takes the blocks of the ranks at place l, node by node.
@@ -171,7 +161,7 @@ class Hierarchy {
     });
   }
 
-  PendingOp all_gather(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) {
+  PendingOp all_gather(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) override {
     return node_->run("all-gather", g, [=, this] {
       const size_t e = elem_bytes(t), block = count * e;
       char* a = scratch(a_, n_ * block);
@@ -184,7 +174,7 @@ class Hierarchy {
     });
   }
 
-  PendingOp all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) {
+  PendingOp all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) override {
     return node_->run("all-reduce", g, [=, this] {
       const size_t e = elem_bytes(t), c = (n + k_ - 1) / k_;  // padded to k equal parts
       char* a = scratch(a_, k_ * c * e);
@@ -216,6 +206,28 @@ class Hierarchy {
   std::vector<char> a_, b_;     // the helper's scratch
 };
 
+// The collectives beside MPI's for a group (collective over comm): shared memory when its ranks
+// share a node, the hierarchy when they span nodes with the same number k > 1 on each and MPI
+// allows threads; null (MPI moves everything) otherwise.
+std::unique_ptr<HostCollectives> make_host_collectives(MPI_Comm comm, size_t chunk_bytes) {
+  int p = 1, level = MPI_THREAD_SINGLE;
+  MPI_CHECK(MPI_Comm_size(comm, &p));
+  MPI_CHECK(MPI_Query_thread(&level));
+  if (p < 2) return nullptr;
+  MPI_Comm node = split_node_comm(comm);
+  int k = 1;
+  MPI_CHECK(MPI_Comm_size(node, &k));
+  int range[2] = {-k, k};  // -min and max of k over the group
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_INT, MPI_MAX, comm));
+  std::unique_ptr<HostCollectives> out;
+  if (range[1] == p)  // one node (k == p on one rank means on all)
+    out = ShmCollectives::create(comm, chunk_bytes);
+  else if (level >= MPI_THREAD_MULTIPLE && -range[0] == range[1] && k > 1)
+    out = Hierarchy::create(comm, node, chunk_bytes);
+  MPI_CHECK(MPI_Comm_free(&node));
+  return out;
+}
+
 class MpiGroup;
 
 // One operation's buffers as MPI sees them: host pointers, where device buffers are staged
@@ -245,8 +257,7 @@ class MpiGroup final : public ProcessGroup {
   MpiGroup(MPI_Comm comm, bool owned, std::string name) : ProcessGroup(comm, owned, std::move(name)) {
     const CommContext& ctx = comm_context();
     if (comm != MPI_COMM_NULL && ctx.collectives != CollectiveImpl::mpi) {
-      shm_ = ShmCollectives::create(comm, ctx.shm_chunk_bytes);
-      if (!shm_) hier_ = Hierarchy::create(comm, ctx.shm_chunk_bytes);
+      host_ = make_host_collectives(comm, ctx.shm_chunk_bytes);
       shm_min_bytes_ = ctx.collectives == CollectiveImpl::shm ? 0 : ctx.shm_min_bytes;
     }
   }
@@ -264,15 +275,15 @@ class MpiGroup final : public ProcessGroup {
     return cuda_aware_ ? "device buffers to MPI (CUDA-aware MPI)" : "device buffers staged through pinned host buffers";
   }
   std::string collectives_path() const override {
-    if (!shm_ && !hier_) return "MPI";
-    const std::string how = shm_ ? "shared memory" : hier_->describe();
+    if (!host_) return "MPI";
+    const std::string how = host_->describe();
     return shm_min_bytes_ ? strprintf("%s from %zu bytes, MPI below", how.c_str(), shm_min_bytes_) : how;
   }
 
  protected:
   PendingOp all_reduce_impl(MemRef<void> buf, size_t n, CommType t, RedOp op) override {
     if (on_shm(n * elem_bytes(t), buf.kind))
-      return shm_ ? shm_->all_reduce(buf.ptr, n, t, op, this) : hier_->all_reduce(buf.ptr, n, t, op, this);
+      return host_->all_reduce(buf.ptr, n, t, op, this);
     Staging st(*this);
     void* b = host_view(st, buf, n * elem_bytes(t));
     MPI_Request r = MPI_REQUEST_NULL;
@@ -283,8 +294,7 @@ class MpiGroup final : public ProcessGroup {
   PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) override {
     const size_t eb = elem_bytes(t);
     if (on_shm(size() * count * eb, send.kind, recv.kind))
-      return shm_ ? shm_->reduce_scatter(send.ptr, recv.ptr, count, t, this)
-                  : hier_->reduce_scatter(send.ptr, recv.ptr, count, t, this);
+      return host_->reduce_scatter(send.ptr, recv.ptr, count, t, this);
     Staging st(*this);
     const void* s = host_in(st, send, size() * count * eb);
     void* d = host_out(st, recv, count * eb);
@@ -299,8 +309,7 @@ class MpiGroup final : public ProcessGroup {
   PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) override {
     const size_t eb = elem_bytes(t), block = count * eb, at = static_cast<size_t>(rank()) * block;
     if (on_shm(size() * block, send.kind, recv.kind))
-      return shm_ ? shm_->all_gather(send.ptr, recv.ptr, count, t, this)
-                  : hier_->all_gather(send.ptr, recv.ptr, count, t, this);
+      return host_->all_gather(send.ptr, recv.ptr, count, t, this);
     const bool in_place = send.ptr == static_cast<const char*>(recv.ptr) + at;
     Staging st(*this);
     char* d = static_cast<char*>(host_out(st, recv, size() * block, /*load=*/false));
@@ -353,7 +362,7 @@ class MpiGroup final : public ProcessGroup {
   // Whether a collective of `bytes` (the whole buffer) on memory of these kinds goes through
   // shared memory: host memory only (device buffers take MPI's path, staged or CUDA-aware).
   bool on_shm(size_t bytes, MemKind a, MemKind b = MemKind::host) const {
-    return (shm_ || hier_) && a == MemKind::host && b == MemKind::host && bytes >= shm_min_bytes_;
+    return host_ && a == MemKind::host && b == MemKind::host && bytes >= shm_min_bytes_;
   }
 
   bool direct(MemKind kind) {
@@ -388,8 +397,7 @@ class MpiGroup final : public ProcessGroup {
   DeviceMemory* dev_ = nullptr;
   bool cuda_aware_ = false;
   std::vector<Pinned> pinned_;
-  std::unique_ptr<ShmCollectives> shm_;  // the group on one node
-  std::unique_ptr<Hierarchy> hier_;      // the group across nodes (both null: MPI moves everything)
+  std::unique_ptr<HostCollectives> host_;  // shared memory, or the hierarchy; null: MPI moves everything
   size_t shm_min_bytes_ = 0;
 };
 

@@ -267,20 +267,11 @@ MPI_Comm split_node_comm(MPI_Comm comm) {
 ShmCollectives::ShmCollectives(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ShmCollectives::~ShmCollectives() = default;
 
-size_t ShmCollectives::chunk_bytes() const { return impl_->chunk; }
-
 std::unique_ptr<ShmCollectives> ShmCollectives::create(MPI_Comm comm, size_t chunk_bytes) {
   int p = 1, me = 0;
   MPI_CHECK(MPI_Comm_size(comm, &p));
   MPI_CHECK(MPI_Comm_rank(comm, &me));
   if (p < 2) return nullptr;
-  MPI_Comm node = split_node_comm(comm);
-  int node_size = 0;
-  MPI_CHECK(MPI_Comm_size(node, &node_size));
-  MPI_CHECK(MPI_Comm_free(&node));
-  int one_node = node_size == p;
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, comm));
-  if (!one_node) return nullptr;
 
   auto impl = std::make_unique<Impl>();
   impl->p = p, impl->me = me;
@@ -346,7 +337,8 @@ void ShmCollectives::all_gather_here(const void* send, void* recv, size_t count,
 }
 
 PendingOp ShmCollectives::all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) {
-  return impl_->submit("all-reduce", g, [this, b = static_cast<char*>(buf), n, t, op] { impl_->all_reduce(b, n, t, op); });
+  return impl_->submit("all-reduce", g,
+                       [this, b = static_cast<char*>(buf), n, t, op] { impl_->all_reduce(b, n, t, op); });
 }
 
 PendingOp ShmCollectives::reduce_scatter(const void* send, void* recv, size_t count, CommType t,

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "parallel/comm.h"
 
@@ -42,23 +43,32 @@ namespace zero3d {
 // one node made to look like several. Collective over comm; the caller frees the result.
 MPI_Comm split_node_comm(MPI_Comm comm);
 
-class ShmCollectives {
+// All-reduce, reduce-scatter and all-gather on host memory beside MPI's own: the node's shared
+// memory (ShmCollectives), or that composed with MPI across nodes (mpi_group.cpp). The same
+// contracts as ProcessGroup's (comm.h); the operations return at once and run on a helper thread.
+class HostCollectives {
  public:
-  // Collective over comm. Null (MPI then moves everything) when the ranks of comm do not all
-  // share one node (split_node_comm), when comm has one rank, or when the segment cannot be
-  // made (logged once).
+  virtual ~HostCollectives() = default;
+  virtual PendingOp all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) = 0;
+  virtual PendingOp reduce_scatter(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) = 0;
+  virtual PendingOp all_gather(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) = 0;
+  virtual std::string describe() const = 0;  // for the run record: "shared memory", ...
+};
+
+class ShmCollectives final : public HostCollectives {
+ public:
+  // Collective over comm, whose ranks share one node (the caller knows: split_node_comm). Null
+  // (MPI then moves everything) when comm has one rank or the segment cannot be made (logged).
   static std::unique_ptr<ShmCollectives> create(MPI_Comm comm, size_t chunk_bytes);
-  ~ShmCollectives();
+  ~ShmCollectives() override;
   ShmCollectives(const ShmCollectives&) = delete;
   ShmCollectives& operator=(const ShmCollectives&) = delete;
 
-  // The operations of ProcessGroup on host memory, same contracts (comm.h); they return at once
-  // and run on the helper thread. RedOp::max only on f32.
-  PendingOp all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g);
-  PendingOp reduce_scatter(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g);
-  PendingOp all_gather(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g);
-
-  size_t chunk_bytes() const;
+  // RedOp::max only on f32.
+  PendingOp all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) override;
+  PendingOp reduce_scatter(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) override;
+  PendingOp all_gather(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) override;
+  std::string describe() const override { return "shared memory"; }
 
   // Runs work on the helper thread, in issue order with the operations above (a composition of
   // them with MPI calls: the hierarchical collectives of groups that span nodes).
