@@ -97,6 +97,17 @@ std::string option_value(const Args& a, size_t& i, const char* usage) {
   return a[++i];
 }
 
+// The comma-separated items of s ("a,b,,c": a, b, "", c).
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t pos = 0; pos <= s.size();) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
 double parse_double(const std::string& s, const char* what) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
@@ -400,23 +411,14 @@ int cmd_bench(const Args& a) {
   }
   if (a[0] == "comm") {
     CommBenchOptions o;
-    auto list = [](const std::string& s) {
-      std::vector<std::string> out;
-      for (size_t pos = 0; pos <= s.size();) {
-        const size_t comma = std::min(s.find(',', pos), s.size());
-        out.push_back(s.substr(pos, comma - pos));
-        pos = comma + 1;
-      }
-      return out;
-    };
     for (size_t i = 1; i < a.size(); ++i) {
       if (a[i] == "--min-bytes") o.min_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--min-bytes"));
       else if (a[i] == "--max-bytes") o.max_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--max-bytes"));
       else if (a[i] == "--factor") o.factor = parse_double(option_value(a, i, kBenchUsage), "--factor");
       else if (a[i] == "--chunk-bytes") o.chunk_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--chunk-bytes"));
       else if (a[i] == "--group") o.group_size = static_cast<int>(parse_double(option_value(a, i, kBenchUsage), "--group"));
-      else if (a[i] == "--ops") o.ops = list(option_value(a, i, kBenchUsage));
-      else if (a[i] == "--types") o.types = list(option_value(a, i, kBenchUsage));
+      else if (a[i] == "--ops") o.ops = split_commas(option_value(a, i, kBenchUsage));
+      else if (a[i] == "--types") o.types = split_commas(option_value(a, i, kBenchUsage));
       else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
     }
     if (o.factor <= 1) throw UserError("bench comm: --factor must be above 1");
@@ -436,15 +438,8 @@ int cmd_bench(const Args& a) {
     else if (a[i] == "--config") config = option_value(a, i, kBenchUsage);
     else if (a[i] == "--sizes") {
       sizes.clear();
-      std::string list = option_value(a, i, kBenchUsage);
-      size_t pos = 0;
-      while (pos <= list.size()) {
-        size_t comma = list.find(',', pos);
-        std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+      for (const std::string& item : split_commas(option_value(a, i, kBenchUsage)))
         sizes.push_back(static_cast<int>(parse_double(item, "--sizes entry")));
-        if (comma == std::string::npos) break;
-        pos = comma + 1;
-      }
     } else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
   auto world = ProcessGroup::world();
