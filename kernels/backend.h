@@ -40,6 +40,10 @@ class Backend {
   // Every allocation is counted: a training step allocates nothing after its first (the count is
   // in the metrics; page faults and allocator calls inside the step cost more than the math).
   virtual void* alloc_bytes(size_t bytes) = 0;
+  // Memory that collectives read and write: where a transport can read it in place, allocated so
+  // it can (host: shared memory the other ranks of the node map, core/shared_memory.h); else
+  // alloc_bytes. Freed by free_bytes like any other.
+  virtual void* alloc_comm_bytes(size_t bytes) { return alloc_bytes(bytes); }
   virtual size_t alloc_count() const = 0;
   // Per-op timers (wall_clock_breakdown), or nullptr where the backend has none (CUDA: future work).
   virtual OpProfile* profile() { return nullptr; }
@@ -130,13 +134,16 @@ std::unique_ptr<Backend> make_cuda_backend(int device);
 int cuda_device_count();  // 0 when no driver or no device
 #endif
 
+// What a buffer is for: comm buffers are the ones collectives move (Backend::alloc_comm_bytes).
+enum class BufferUse { compute, comm };
+
 // Typed, move-only buffer in one backend's memory.
 template <typename T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  DeviceBuffer(Backend& be, size_t n) : be_(&be), n_(n) {
-    if (n) p_ = static_cast<T*>(be.alloc_bytes(n * sizeof(T)));
+  DeviceBuffer(Backend& be, size_t n, BufferUse use = BufferUse::compute) : be_(&be), n_(n) {
+    if (n) p_ = static_cast<T*>(use == BufferUse::comm ? be.alloc_comm_bytes(n * sizeof(T)) : be.alloc_bytes(n * sizeof(T)));
   }
   ~DeviceBuffer() { reset(); }
   DeviceBuffer(DeviceBuffer&& o) noexcept : be_(o.be_), p_(o.p_), n_(o.n_) { o.p_ = nullptr; o.n_ = 0; }

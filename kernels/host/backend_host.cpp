@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/shared_memory.h"
 #include "kernels/backend.h"
 #include "kernels/host/cpu_kernels.h"
 #include "kernels/host/gemm.h"
@@ -41,9 +42,17 @@ class HostBackend final : public Backend {
     ++allocs_;
     return p;
   }
+  void* alloc_comm_bytes(size_t bytes) override {
+    void* p = alloc_shared(bytes);
+    if (!p) return alloc_bytes(bytes);  // no memfd here: the collectives copy through their segment
+    ++allocs_;
+    return p;
+  }
   size_t alloc_count() const override { return allocs_; }
   OpProfile* profile() override { return &prof_; }
-  void free_bytes(void* p) override { std::free(p); }
+  void free_bytes(void* p) override {
+    if (!free_shared(p)) std::free(p);
+  }
   void copy_from_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override {

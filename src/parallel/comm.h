@@ -71,6 +71,11 @@ struct CommContext {
   size_t shm_min_bytes = 64 << 10;    // auto: smaller messages go to MPI (its latency is lower)
   size_t shm_chunk_bytes = 256 << 10;  // bytes a rank publishes per round (the pipelining grain)
   int ranks_per_node = 0;  // tests: > 0 makes world ranks [k i, k i + k) look like one node each
+  // Shared memory reads the others' comm buffers in place (one copy) for every reduce-scatter, and
+  // for all-gathers and all-reduces of at least these whole-buffer sizes (below them its two-copy
+  // rounds stay in cache and win; measured with bench comm on 2 ranks). Tests lower them.
+  size_t shm_gather_in_place_bytes = 1 << 20;
+  size_t shm_all_reduce_in_place_bytes = 64 << 20;
 };
 CommContext& comm_context();
 

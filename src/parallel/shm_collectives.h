@@ -24,6 +24,13 @@
 // caller computes (OpenMPI has no progress thread). Waits spin briefly, then yield, then sleep:
 // on an oversubscribed node the ranks that are computing keep their cores.
 //
+// Single copy: where every rank's input is a comm buffer (core/shared_memory.h; the engine
+// allocates its gradient and parameter buffers so), each rank maps the others' buffers and reads
+// them where they lie: a reduce-scatter reads every input once and writes its block once, with no
+// publishing copy. Every rank publishes where its input lies in one extra round and all take the
+// same path; the sums are the same bits as the two-copy path's. Such an operation completes when
+// every rank is done reading, so no input is written while another rank reads it.
+//
 // The segment is a POSIX shared memory object that rank 0 creates and unlinks as soon as every
 // rank has mapped it, so nothing is left behind whatever way the job ends.
 #pragma once
@@ -42,6 +49,9 @@ namespace zero3d {
 // comm_context().ranks_per_node is k > 0 (tests), those whose world ranks share world rank / k:
 // one node made to look like several. Collective over comm; the caller frees the result.
 MPI_Comm split_node_comm(MPI_Comm comm);
+
+// Operations of this process that read the others' buffers in place (tests).
+uint64_t shm_single_copy_ops();
 
 // All-reduce, reduce-scatter and all-gather on host memory beside MPI's own: the node's shared
 // memory (ShmCollectives), or that composed with MPI across nodes (mpi_group.cpp). The same

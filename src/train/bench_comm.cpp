@@ -2,8 +2,11 @@
 // type and size, the time per call, algbw (bytes / time) and busbw (algbw times the share a ring
 // moves: 2(p-1)/p for all-reduce, (p-1)/p for reduce-scatter and all-gather), every result
 // checked against the exact expected values with the wrong elements summed over the ranks; MPI's
-// collectives and the shared-memory ones side by side, and the memcpy rate of the same run.
+// collectives and the shared-memory ones side by side, and the memcpy rate of the same run. The
+// shared-memory collectives run twice: on private buffers (two copies: into the segment and out)
+// and on comm buffers (core/shared_memory.h) that the other ranks read in place, as the engine's.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -12,6 +15,7 @@
 #include "core/check.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/shared_memory.h"
 #include "kernels/math/dtype.h"
 #include "parallel/comm.h"
 #include "train/bench.h"
@@ -31,26 +35,48 @@ double bus_factor(Op op, int p) { return op == Op::all_reduce ? 2.0 * (p - 1) / 
 float seed(int rank, size_t i) { return static_cast<float>(static_cast<int>((rank * 5 + i * 3) % 9) - 4); }
 
 // Buffers as bytes, written and read through the element type.
-void put(std::vector<char>& b, size_t i, CommType t, float x) {
-  if (t == CommType::f32) std::memcpy(b.data() + 4 * i, &x, 4);
+void put(char* b, size_t i, CommType t, float x) {
+  if (t == CommType::f32) std::memcpy(b + 4 * i, &x, 4);
   else {
     const uint16_t h = t == CommType::bf16 ? math::bf16_from_float(x) : math::fp16_from_float(x);
-    std::memcpy(b.data() + 2 * i, &h, 2);
+    std::memcpy(b + 2 * i, &h, 2);
   }
 }
-float get(const std::vector<char>& b, size_t i, CommType t) {
+float get(const char* b, size_t i, CommType t) {
   if (t == CommType::f32) {
     float x;
-    std::memcpy(&x, b.data() + 4 * i, 4);
+    std::memcpy(&x, b + 4 * i, 4);
     return x;
   }
   uint16_t h;
-  std::memcpy(&h, b.data() + 2 * i, 2);
+  std::memcpy(&h, b + 2 * i, 2);
   return t == CommType::bf16 ? math::float_from_bf16(h) : math::float_from_fp16(h);
 }
 
+// One byte buffer, private or shared (a comm buffer).
+class Bytes {
+ public:
+  Bytes(size_t n, bool shared) : n_(n) {
+    p_ = shared ? static_cast<char*>(alloc_shared(n)) : nullptr;
+    if (shared && !p_) throw UserError("bench comm: cannot allocate shared memory (memfd) for the comm buffers");
+    if (!shared) p_ = static_cast<char*>(std::calloc(n, 1));
+  }
+  ~Bytes() {
+    if (!free_shared(p_)) std::free(p_);
+  }
+  Bytes(const Bytes&) = delete;
+  Bytes& operator=(const Bytes&) = delete;
+  char* data() { return p_; }
+  void zero() { std::memset(p_, 0, n_); }
+
+ private:
+  char* p_;
+  size_t n_;
+};
+
 struct Buffers {
-  std::vector<char> a, b;  // all-reduce: a in place; reduce-scatter: a -> b; all-gather: b -> a
+  Bytes a, b;  // all-reduce: a in place; reduce-scatter: a -> b; all-gather: b -> a
+  Buffers(size_t n, bool shared) : a(n, shared), b(n, shared) {}
 };
 
 // One call of op on group g over `count` elements (all-reduce: the buffer; the others: one
@@ -83,7 +109,7 @@ void issue(ProcessGroup& g, Op op, CommType t, Buffers& bufs, size_t count) {
 int64_t check_once(ProcessGroup& g, Op op, CommType t, Buffers& bufs, size_t count) {
   const int p = g.size(), r = g.rank();
   const size_t in = op == Op::all_gather ? count : op == Op::all_reduce ? count : count * p;
-  std::vector<char>& src = op == Op::all_gather ? bufs.b : bufs.a;
+  char* src = op == Op::all_gather ? bufs.b.data() : bufs.a.data();
   for (size_t i = 0; i < in; ++i) put(src, i, t, seed(r, i));
   issue(g, op, t, bufs, count);
   int64_t wrong = 0;
@@ -93,12 +119,12 @@ int64_t check_once(ProcessGroup& g, Op op, CommType t, Buffers& bufs, size_t cou
     return s;
   };
   if (op == Op::all_reduce)
-    for (size_t i = 0; i < count; ++i) wrong += get(bufs.a, i, t) != sum(i);
+    for (size_t i = 0; i < count; ++i) wrong += get(bufs.a.data(), i, t) != sum(i);
   else if (op == Op::reduce_scatter)
-    for (size_t i = 0; i < count; ++i) wrong += get(bufs.b, i, t) != sum(r * count + i);
+    for (size_t i = 0; i < count; ++i) wrong += get(bufs.b.data(), i, t) != sum(r * count + i);
   else
     for (int q = 0; q < p; ++q)
-      for (size_t i = 0; i < count; ++i) wrong += get(bufs.a, q * count + i, t) != seed(q, i);
+      for (size_t i = 0; i < count; ++i) wrong += get(bufs.a.data(), q * count + i, t) != seed(q, i);
   return wrong;
 }
 
@@ -110,8 +136,8 @@ struct Result {
 Result measure(ProcessGroup& g, Op op, CommType t, Buffers& bufs, size_t count, int iters) {
   Result res;
   res.wrong = static_cast<int64_t>(g.all_reduce_sum(static_cast<double>(check_once(g, op, t, bufs, count))));
-  std::fill(bufs.a.begin(), bufs.a.end(), 0);  // zeros while timing: in-place sums stay finite
-  std::fill(bufs.b.begin(), bufs.b.end(), 0);
+  bufs.a.zero();  // zeros while timing: in-place sums stay finite
+  bufs.b.zero();
   issue(g, op, t, bufs, count);  // warm-up
   g.barrier();
   const auto t0 = Clock::now();
@@ -177,35 +203,39 @@ int64_t bench_comm(const CommBenchOptions& o) {
   log_info("# memcpy %.2f GB/s per rank while every rank copies (%.0f MiB)", copy_all / 1e9,
            std::min<size_t>(max_bytes, 256 << 20) / 1048576.0);
   log_info("# size: the whole buffer (all-reduce's, reduce-scatter's input, all-gather's output); count: its elements");
-  log_info("# %12s %11s %6s %15s | %10s %8s %8s %6s | %10s %8s %8s %6s | %7s", "size(B)", "count", "type", "op",
-           "mpi us", "algbw", "busbw", "#wrong", "shm us", "algbw", "busbw", "#wrong", "shm/mpi");
+  log_info("# shm: private buffers (two copies); shm-1: comm buffers the other ranks read in place (one copy)");
+  log_info("# %12s %11s %6s %15s | %9s %7s %7s %6s | %9s %7s %7s %6s | %9s %7s %7s %6s | %6s %6s", "size(B)", "count",
+           "type", "op", "mpi us", "algbw", "busbw", "#wrong", "shm us", "algbw", "busbw", "#wrong", "shm-1 us", "algbw",
+           "busbw", "#wrong", "x mpi", "x mpi");
 
-  Buffers bufs;
-  bufs.a.resize(max_bytes);
-  bufs.b.resize(max_bytes);
+  Buffers priv(max_bytes, false), shared(max_bytes, true);
   int64_t wrong_total = 0;
   for (Op op : ops)
     for (CommType t : types) {
       const size_t e = elem_bytes(t);
-      size_t crossover = 0;  // the smallest size from which shared memory stays faster
+      size_t crossover = 0;  // the smallest size from which shared memory (comm buffers) stays faster
       for (size_t size = std::max<size_t>(o.min_bytes, e * group); size <= max_bytes;
            size = std::max(size + 1, static_cast<size_t>(static_cast<double>(size) * o.factor))) {
         const size_t whole = size / (e * group) * group;  // elements of the whole buffer, a multiple of p
         const size_t count = op == Op::all_reduce ? whole : whole / group;
         const int iters = static_cast<int>(std::clamp<double>(o.bytes_per_point / static_cast<double>(size), 3, 1000));
-        const Result m = measure(*mpi, op, t, bufs, count, iters);
-        const Result s = measure(*shm, op, t, bufs, count, iters);
+        const Result m = measure(*mpi, op, t, priv, count, iters);
+        const Result s = measure(*shm, op, t, priv, count, iters);
+        const Result s1 = measure(*shm, op, t, shared, count, iters);
         const double bytes = static_cast<double>(whole * e), bf = bus_factor(op, group);
-        log_info("  %12.0f %11zu %6s %15s | %10.1f %8.2f %8.2f %6lld | %10.1f %8.2f %8.2f %6lld | %7.2f", bytes, whole,
-                 type_name(t), op_name(op), m.seconds * 1e6, bytes / m.seconds / 1e9, bytes / m.seconds / 1e9 * bf,
-                 static_cast<long long>(m.wrong), s.seconds * 1e6, bytes / s.seconds / 1e9,
-                 bytes / s.seconds / 1e9 * bf, static_cast<long long>(s.wrong), m.seconds / s.seconds);
-        wrong_total += m.wrong + s.wrong;
-        if (s.seconds > m.seconds) crossover = 0;
+        auto cols = [&](const Result& r) {
+          return strprintf("%9.1f %7.2f %7.2f %6lld", r.seconds * 1e6, bytes / r.seconds / 1e9,
+                           bytes / r.seconds / 1e9 * bf, static_cast<long long>(r.wrong));
+        };
+        log_info("  %12.0f %11zu %6s %15s | %s | %s | %s | %6.2f %6.2f", bytes, whole, type_name(t), op_name(op),
+                 cols(m).c_str(), cols(s).c_str(), cols(s1).c_str(), m.seconds / s.seconds, m.seconds / s1.seconds);
+        wrong_total += m.wrong + s.wrong + s1.wrong;
+        if (s1.seconds > m.seconds) crossover = 0;
         else if (!crossover) crossover = static_cast<size_t>(bytes);
       }
       if (crossover)
-        log_info("# %s %s: shared memory is faster from %zu bytes on", op_name(op), type_name(t), crossover);
+        log_info("# %s %s: shared memory (comm buffers) is faster from %zu bytes on", op_name(op), type_name(t),
+                 crossover);
       else
         log_info("# %s %s: MPI is faster at the largest size measured", op_name(op), type_name(t));
     }

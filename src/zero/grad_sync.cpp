@@ -36,9 +36,9 @@ class SlabSync : public GradSync {
     const size_t max_rest = std::max(max_block, L_.units.back().size);
     for (size_t n : {L_.units[0].size, max_rest, max_rest}) {
       auto s = std::make_unique<Slab>();
-      s->grads = DeviceBuffer<float>(be_, n);
+      s->grads = DeviceBuffer<float>(be_, n, BufferUse::comm);
       if (recv) s->recv = DeviceBuffer<float>(be_, n / p);
-      if (g16) s->g16 = DeviceBuffer<uint16_t>(be_, n);
+      if (g16) s->g16 = DeviceBuffer<uint16_t>(be_, n, BufferUse::comm);
       if (recv16) s->recv16 = DeviceBuffer<uint16_t>(be_, n / p);
       buffer_bytes_ += s->grads.bytes() + s->recv.bytes() + s->g16.bytes() + s->recv16.bytes();
       slabs_.push_back(std::move(s));
@@ -96,8 +96,8 @@ class BoundarySync final : public SlabSync {
                const std::optional<Storage16>& s16)
       : SlabSync(be, L), dp_(dp), view_(view), stage_(cfg.stage), scatter_(cfg.stage == 1 && cfg.reduce_scatter),
         overlap_(cfg.overlap_comm), s16_(s16), micro_done_(L.units.size(), 0), started_(L.units.size(), false) {
-    if (s16_) grads16_ = DeviceBuffer<uint16_t>(be, L.total);
-    else grads_ = DeviceBuffer<float>(be, L.total);
+    if (s16_) grads16_ = DeviceBuffer<uint16_t>(be, L.total, BufferUse::comm);
+    else grads_ = DeviceBuffer<float>(be, L.total, BufferUse::comm);
     if (scatter_) {  // the reduce-scatters land here, laid out like the shard (b.shard_offset)
       if (s16_) shard16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
       else shard_ = DeviceBuffer<float>(be, L.shard_size);

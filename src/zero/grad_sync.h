@@ -17,7 +17,8 @@
 // After finish(), owned(b) is the fp32 gradient of bucket b's owned range (what Adam reads; in
 // mixed precision the widening of the 16-bit result) and reduced_slice(b) this rank's dp slice of
 // it (what the norm counts). Invariant: every strategy issues its collectives in the same order
-// on every rank of the group (the order of done() calls and buckets).
+// on every rank of the group (the order of done() calls and buckets). The buffers collectives read
+// are comm buffers (BufferUse::comm), which the shared-memory collectives read in place.
 #pragma once
 #include <cstddef>
 #include <memory>

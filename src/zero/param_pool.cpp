@@ -20,8 +20,8 @@ ParamPool::ParamPool(Backend& be, const FlatLayout& layout, const Policy& policy
   sizes.insert(sizes.end(), blocks, max_block);
   for (size_t n : sizes) {
     auto slot = std::make_unique<ParamSlot>();
-    slot->buf = DeviceBuffer<float>(be, n);
-    if (policy_.slots16) slot->buf16 = DeviceBuffer<uint16_t>(be, n);
+    slot->buf = DeviceBuffer<float>(be, n, BufferUse::comm);  // in-place gathers (offload_param) read it
+    if (policy_.slots16) slot->buf16 = DeviceBuffer<uint16_t>(be, n, BufferUse::comm);
     slots_.push_back(std::move(slot));
   }
   for (int u = 0; u < num_units; ++u) trace_.push_back(u);     // forward: embeddings, blocks, final LN

@@ -46,8 +46,8 @@ class FullParams final : public ParamStorage {
   FullParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, int stage,
              const std::optional<Storage16>& s16, OptimizerState& state)
       : ParamStorage(be, dp, L, view, s16, state), stage0_(stage == 0) {
-    if (s16_) params16_ = DeviceBuffer<uint16_t>(be, L.total);
-    else params_ = DeviceBuffer<float>(be, L.total);
+    if (s16_) params16_ = DeviceBuffer<uint16_t>(be, L.total, BufferUse::comm);
+    else params_ = DeviceBuffer<float>(be, L.total, BufferUse::comm);
     param_bytes_ = params_.bytes() + params16_.bytes();
   }
 
@@ -129,12 +129,12 @@ class ShardedParams final : public ParamStorage {
       swapped_bytes_ = L.shard_size * elem_;
       sums_.assign(L.buckets.size(), 0);
     } else if (s16_) {
-      params16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
+      params16_ = DeviceBuffer<uint16_t>(be, L.shard_size, BufferUse::comm);
     } else {
-      shard_params_ = DeviceBuffer<float>(be, L.shard_size);
+      shard_params_ = DeviceBuffer<float>(be, L.shard_size, BufferUse::comm);
     }
-    if (s16_) resident16_ = DeviceBuffer<uint16_t>(be, L.resident_size);
-    else resident_ = DeviceBuffer<float>(be, L.resident_size);
+    if (s16_) resident16_ = DeviceBuffer<uint16_t>(be, L.resident_size, BufferUse::comm);
+    else resident_ = DeviceBuffer<float>(be, L.resident_size, BufferUse::comm);
     param_bytes_ = shard_params_.bytes() + resident_.bytes() + params16_.bytes() + resident16_.bytes();
   }
 

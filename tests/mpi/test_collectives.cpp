@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/shared_memory.h"
 #include "kernels/math/dtype.h"
 #include "parallel/groups.h"
+#include "parallel/shm_collectives.h"
 
 using namespace zero3d;
 
@@ -459,6 +461,96 @@ static void test_shm_against_mpi(ProcessGroup& s, ProcessGroup& m, const std::ve
   check(x == xm, tag + " all-reduce max", me);
 }
 
+// A comm buffer: shared memory the other ranks of the node can map (core/shared_memory.h).
+template <typename T>
+class SharedVec {
+ public:
+  explicit SharedVec(size_t n) : n_(n), p_(static_cast<T*>(alloc_shared(std::max<size_t>(n, 1) * sizeof(T)))) {}
+  ~SharedVec() { free_shared(p_); }
+  SharedVec(const SharedVec&) = delete;
+  SharedVec& operator=(const SharedVec&) = delete;
+  T* data() { return p_; }
+  T& operator[](size_t i) { return p_[i]; }
+  std::vector<T> vec() const { return std::vector<T>(p_, p_ + n_); }
+
+ private:
+  size_t n_;
+  T* p_;
+};
+
+// The single-copy path: inputs in comm buffers, read in place by the other ranks (the thresholds
+// are 0 in this pass); several operations in flight. The same results as MPI's and as the rank-order sums; a group where one
+// rank's buffer is private takes the two-copy path on every rank, with the same results.
+static void test_single_copy(ProcessGroup& s, ProcessGroup& m, const std::vector<int>& members, int me,
+                             const std::string& tag) {
+  const int p = s.size(), r = s.rank();
+  if (p < 2) return;
+  const std::string path = expected_path(members);
+  const bool exact = path == "shared memory" || path.find("across the 2 nodes") != std::string::npos;
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  auto close = [](float a, float b) { return std::abs(a - b) <= 1e-5f * (1 + std::abs(b)); };
+  auto ident = [](float x) { return x; };
+  for (bool mixed : {false, true}) {
+    const uint64_t before = shm_single_copy_ops();
+    for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1003}, size_t{5001}}) {
+      const std::string at = tag + (mixed ? " one private buffer" : " comm buffers") + " count " + std::to_string(count);
+      // rank 0's buffers private in the mixed case: everyone must take the two-copy path
+      const bool priv = mixed && r == 0;
+      const size_t n = count * p + 1;
+      SharedVec<float> a(n), send(count * p), mine(count), agin(count * p);
+      std::vector<float> pa(n), psend(count * p), pmine(count), pagin(count * p);
+      float* A = priv ? pa.data() : a.data();
+      float* S = priv ? psend.data() : send.data();
+      float* M = priv ? pmine.data() : mine.data();
+      float* G = priv ? pagin.data() : agin.data();
+      std::vector<float> b(n), rs(count + 1, -7.0f), rm(count), ag(count * p), agm(count * p);
+      for (size_t i = 0; i < n; ++i) A[i] = b[i] = fuzzy(me, i);
+      for (size_t i = 0; i < count * p; ++i) S[i] = fuzzy(me, i);
+      for (size_t k = 0; k < count; ++k) M[k] = G[r * count + k] = fuzzy(me, 3 * k);
+      PendingOp o1 = s.iall_reduce_sum(host_mem(A), n);
+      PendingOp o2 = s.ireduce_scatter_sum(host_mem(static_cast<const float*>(S)), host_mem(rs.data()), count);
+      PendingOp o4 = s.iall_gather(host_mem(static_cast<const float*>(M)), host_mem(ag.data()), count);
+      PendingOp o5 = s.iall_gather(host_mem(static_cast<const float*>(G + r * count)), host_mem(G), count);
+      m.all_reduce_sum(host_mem(b.data()), n);
+      m.reduce_scatter_sum(host_mem(static_cast<const float*>(S)), host_mem(rm.data()), count);
+      m.all_gather(host_mem(static_cast<const float*>(M)), host_mem(agm.data()), count);
+      o5.wait(), o4.wait(), o2.wait(), o1.wait();
+      bool det = rs[count] == -7.0f, vs_mpi = true;
+      for (size_t i = 0; i < n; ++i) {
+        det &= !exact || same(A[i], shm_sum(members, i, ident));
+        vs_mpi &= p <= 2 ? same(A[i], b[i]) : close(A[i], b[i]);
+      }
+      for (size_t k = 0; k < count; ++k) {
+        det &= !exact || same(rs[k], shm_sum(members, r * count + k, ident));
+        vs_mpi &= p <= 2 ? same(rs[k], rm[k]) : close(rs[k], rm[k]);
+      }
+      check(det && vs_mpi, at + " all-reduce and reduce-scatter f32", me);
+      check(ag == agm && std::vector<float>(G, G + count * p) == agm, at + " all-gather f32 (out of place, in place)",
+            me);
+
+      // bf16 all-reduce and reduce-scatter: summed in fp32 in rank order, rounded once
+      auto round = [](float x) { return math::float_from_bf16(math::bf16_from_float(x)); };
+      SharedVec<uint16_t> h(n), hs(count * p);
+      std::vector<uint16_t> ph(n), phs(count * p), hr(count);
+      uint16_t* H = priv ? ph.data() : h.data();
+      uint16_t* HS = priv ? phs.data() : hs.data();
+      for (size_t i = 0; i < n; ++i) H[i] = math::bf16_from_float(fuzzy(me, i));
+      for (size_t i = 0; i < count * p; ++i) HS[i] = math::bf16_from_float(fuzzy(me, i));
+      s.all_reduce_sum(host_mem(H), n, Dtype16::bf16);
+      s.reduce_scatter_sum(host_mem(static_cast<const uint16_t*>(HS)), host_mem(hr.data()), count, Dtype16::bf16);
+      det = true;
+      for (size_t i = 0; i < n; ++i) det &= !exact || H[i] == math::bf16_from_float(shm_sum(members, i, round));
+      for (size_t k = 0; k < count; ++k)
+        det &= !exact || hr[k] == math::bf16_from_float(shm_sum(members, r * count + k, round));
+      check(det, at + " bf16 all-reduce and reduce-scatter in rank order", me);
+    }
+    // Which path ran, where one node holds the group: in place unless a buffer is private.
+    const bool in_place = !mixed;
+    if (path == "shared memory") check((shm_single_copy_ops() > before) == in_place, tag + (mixed ? " mixed" : "") + " single-copy path taken: " +
+          std::to_string(shm_single_copy_ops() - before) + " operations", me);
+  }
+}
+
 int main(int argc, char** argv) {
   int provided = 0;  // the hierarchical collectives call MPI from their helper thread
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -513,6 +605,7 @@ int main(int argc, char** argv) {
           ctx.collectives = CollectiveImpl::mpi;
           ProcessGroups gm = ProcessGroups::create(tp, pp);
           ctx.collectives = CollectiveImpl::shm, ctx.shm_chunk_bytes = 4096;
+          ctx.shm_gather_in_place_bytes = ctx.shm_all_reduce_in_place_bytes = 0;
           ProcessGroups gs = ProcessGroups::create(tp, pp);
           const std::string layout = (k ? "nodes of " + std::to_string(k) + " " : std::string()) + "shm tp" +
                                      std::to_string(tp) + "pp" + std::to_string(pp) + " ";
@@ -524,6 +617,8 @@ int main(int argc, char** argv) {
           std::vector<int> everyone(world);
           for (int r = 0; r < world; ++r) everyone[r] = r;
           test_shm_against_mpi(*gs.world, *gm.world, everyone, me, layout + "world");
+          test_single_copy(*gs.dp, *gm.dp, gs.topo.dp_group(me), me, layout + "dp");
+          test_single_copy(*gs.world, *gm.world, everyone, me, layout + "world");
         }
     }
     ctx = CommContext{};
