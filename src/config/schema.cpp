@@ -306,6 +306,11 @@ std::vector<Key> build() {
             "ours: shared-memory collectives move this many bytes per rank and round (the pipelining grain; each "
             "group maps 4 such slots per rank)")
           .range(4096, 1 << 30),
+      field("comm.send_thread", at(&Config::comm, &CM::send_thread),
+            "ours: point-to-point sends on host memory (the pipeline's activations and gradients) are polled by a "
+            "thread of their own, so they advance while the sender computes (needs MPI_THREAD_MULTIPLE; OpenMPI "
+            "moves a large message only inside MPI calls unless its shared-memory transport can read the sender's "
+            "memory itself, CMA)"),
       choice("compute.gemm", at(&Config::compute, &XC::gemm), {"auto", "onednn", "cblas"},
              "host GEMM library: oneDNN (ISA picked at run time), the CBLAS linked in (a site's tuned BLAS), or "
              "auto (oneDNN; weight gradients on an OpenBLAS that runs its own kernels for this CPU)"),

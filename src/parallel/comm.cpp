@@ -174,6 +174,12 @@ std::string PendingOp::describe() const {
                    group_->name().c_str());
 }
 
+void poll_backoff(long& polls, double waited_s) {
+  if (++polls <= 1000) return;
+  if (waited_s < 2e-3) std::this_thread::yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
 void PendingOp::wait() {
   if (!pending_) return;
   using clock = std::chrono::steady_clock;
@@ -188,14 +194,10 @@ void PendingOp::wait() {
   long polls = 0;
   while (!test()) {
     // A helper thread's operation: sleep until it is done (it needs the core more than we do).
-    // MPI's: it advances only inside MPI calls, so poll; after a brief spin, yield the core
-    // between polls, so other ranks of an oversubscribed node run. Sleeping between polls
-    // stalls the collective between its steps (50 us sleeps made 1 MiB reductions 2x slower),
-    // so only a wait past 2 ms, mostly for a rank that is still computing, sleeps.
+    // MPI's: poll (poll_backoff).
     const double waited = std::chrono::duration<double>(clock::now() - start).count();
     if (async_) async_->wait_for(std::chrono::milliseconds(5));
-    else if (++polls > 1000 && waited < 2e-3) std::this_thread::yield();
-    else if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    else poll_backoff(polls, waited);
     if (!watched && waited > timeout) {
       int world_rank = -1;
       MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);

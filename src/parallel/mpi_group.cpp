@@ -28,6 +28,7 @@
 #include "kernels/math/dtype.h"
 #include "parallel/comm.h"
 #include "parallel/shm_collectives.h"
+#include "parallel/worker.h"
 
 namespace zero3d {
 
@@ -260,6 +261,9 @@ class MpiGroup final : public ProcessGroup {
       host_ = make_host_collectives(comm, ctx.shm_chunk_bytes);
       shm_min_bytes_ = ctx.collectives == CollectiveImpl::shm ? 0 : ctx.shm_min_bytes;
     }
+    int level = MPI_THREAD_SINGLE;
+    MPI_CHECK(MPI_Query_thread(&level));
+    send_thread_ = comm != MPI_COMM_NULL && ctx.send_thread && level >= MPI_THREAD_MULTIPLE;
   }
   ~MpiGroup() override {
     for (const Pinned& b : pinned_) dev_->free_pinned(b.p);
@@ -331,6 +335,22 @@ class MpiGroup final : public ProcessGroup {
   }
 
   PendingOp send_impl(MemRef<const void> buf, size_t bytes, int peer, int tag) override {
+    if (send_thread_ && !buf.on_device()) {
+      // Send progress: the group's send thread issues and polls it (MPI's non-overtaking order
+      // holds: every host send of the group goes this way, in order), so a large message moves
+      // while the caller computes even where MPI needs the sender's calls to move it.
+      auto done = std::make_shared<AsyncCompletion>();
+      sender_.post([this, done, b = buf.ptr, bytes, peer, tag] {
+        MPI_Request r = MPI_REQUEST_NULL;
+        MPI_CHECK(MPI_Isend(b, count_of(bytes), MPI_BYTE, peer, tag, comm(), &r));
+        done->begin();
+        const auto t0 = Clock::now();
+        long polls = 0;
+        for (int sent = 0; !sent; poll_backoff(polls, seconds_since(t0))) MPI_CHECK(MPI_Test(&r, &sent, MPI_STATUS_IGNORE));
+        done->finish();
+      });
+      return PendingOp(std::move(done), "send", this);  // the watchdog covers its wait
+    }
     Staging st(*this);
     const void* b = host_in(st, buf, bytes);
     MPI_Request r = MPI_REQUEST_NULL;
@@ -398,6 +418,8 @@ class MpiGroup final : public ProcessGroup {
   bool cuda_aware_ = false;
   std::vector<Pinned> pinned_;
   std::unique_ptr<HostCollectives> host_;  // shared memory, or the hierarchy; null: MPI moves everything
+  bool send_thread_ = false;
+  OrderedWorker sender_;  // the send thread (started by the first send), joined before the members above go
   size_t shm_min_bytes_ = 0;
 };
 

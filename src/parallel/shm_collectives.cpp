@@ -7,11 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -22,6 +19,7 @@
 #include "core/log.h"
 #include "core/shared_memory.h"
 #include "kernels/math/dtype.h"
+#include "parallel/worker.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -157,52 +155,22 @@ struct ShmCollectives::Impl {
   PeerMappings peers;           // the helper's alone
   AsyncCompletion* running = nullptr;  // the operation on the helper, until every rank has joined it
 
-  std::thread helper;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::function<void()>> jobs;
-  bool stop = false;
+  std::unique_ptr<OrderedWorker> helper = std::make_unique<OrderedWorker>();
 
   ~Impl() {
-    if (helper.joinable()) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        stop = true;
-      }
-      cv.notify_all();
-      helper.join();
-    }
+    helper.reset();  // every posted operation done before the segment goes
     if (base) munmap(base, bytes);
-  }
-
-  void run_helper() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || !jobs.empty(); });
-        if (jobs.empty()) return;
-        job = std::move(jobs.front());
-        jobs.pop_front();
-      }
-      job();
-    }
   }
 
   PendingOp submit(const char* what, const ProcessGroup* g, std::function<void()> work) {
     auto done = std::make_shared<AsyncCompletion>();
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!helper.joinable()) helper = std::thread([this] { run_helper(); });
-      jobs.push_back([this, work = std::move(work), done] {
-        running = done.get();
-        work();
-        if (running) done->begin();  // no rounds: nothing to wait for
-        running = nullptr;
-        done->finish();
-      });
-    }
-    cv.notify_one();
+    helper->post([this, work = std::move(work), done] {
+      running = done.get();
+      work();
+      if (running) done->begin();  // no rounds: nothing to wait for
+      running = nullptr;
+      done->finish();
+    });
     return PendingOp(std::move(done), what, g);
   }
 

@@ -8,6 +8,7 @@
 #   shared-memory runs stay within 1e-5 of MPI's (the order of a sum over 4 ranks differs);
 # - the run record names the path; wall_clock_breakdown's comm_s, comm_exposed_s, comm_hidden_s and
 #   comm_skew_s are consistent;
+# - pp 2: sends on the send thread (with CMA and without) give the same bits as without it;
 # - bench comm checks every result (exit 0, no wrong element) on 2 and 3 ranks, and refuses an
 #   unknown collective (exit 2).
 # usage: test_comm.sh ZERO3D_BINARY SOURCE_DIR
@@ -78,6 +79,16 @@ compare mpi_dp4 hier_dp4 1e-5
 [[ $(record hier_dp4 comm_collectives) == "shared memory in each node (2 ranks), MPI across the 2 nodes" ]] ||
   fail "run record: $(record hier_dp4 comm_collectives)"
 echo "ok   4 ranks: shared memory (tp 2 x dp 2) and the node hierarchy (dp 4) within 1e-5 of MPI"
+
+# ---- pipeline sends: polled by the group's send thread (default) or only inside MPI calls ----
+# Without CMA, OpenMPI moves a large message only while the sender is inside MPI: the thread's case.
+pp=(--set pipeline_parallel.pp_size=2 --set zero_optimization.stage=1 --set gradient_accumulation_steps=4)
+run pp_nothread 2 "${pp[@]}" --set comm.send_thread=false
+run pp_thread 2 "${pp[@]}"
+OMPI_MCA_btl_vader_single_copy_mechanism=none run pp_thread_nocma 2 "${pp[@]}" --set wall_clock_breakdown=true
+compare pp_nothread pp_thread 0
+compare pp_nothread pp_thread_nocma 0
+echo "ok   pipeline sends on the send thread (with and without CMA) bitwise equal to sends without it"
 
 # ---- bench comm ----
 for np in 2 3; do
