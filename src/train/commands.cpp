@@ -67,7 +67,9 @@ const char* kBenchUsage =
     "        all_gather) and type (default float,bf16; also half), sizes from --min-bytes (1024) to\n"
     "        --max-bytes (268435456), each F (4) times the last: time per call, algbw and busbw (GB/s),\n"
     "        and the wrong elements summed over the ranks, through MPI and through shared memory side by\n"
-    "        side, with the memcpy rate of the same run and the size from which shared memory wins (set\n"
+    "        side (shared memory twice: on private buffers, two copies, and on comm buffers the other\n"
+    "        ranks read in place, one copy, as training's), with the memcpy rate of the same run and the\n"
+    "        size from which shared memory (comm buffers) wins (set\n"
     "        comm.shm_min_bytes to it). --group N: groups of N consecutive ranks at once. --chunk-bytes:\n"
     "        the shared-memory pipelining grain (comm.shm_chunk_bytes). Exit 1 on any wrong element.\n";
 
