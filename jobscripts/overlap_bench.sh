@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # jobscripts/overlap_bench.sh: what communication costs a training step, per ZeRO stage, measured
 # side by side in one session: for each stage, each comm.collectives (mpi, auto) and overlap_comm
-# (false, true), runs alternating ROUNDS times, and per run
+# (false, true), runs alternating ROUNDS times (even rounds take the stages in reverse order, so
+# a steady drift of the machine's speed does not show as a stage ratio; use an even ROUNDS), and
+# per run
 #   step      median step time from step 3 on (warm-up left out), and its ratio to stage 0's
 #             step with the same collectives and overlap
 #   comm      median per step of the data collectives' running time (comm_s), the part the step
@@ -22,8 +24,12 @@ z3d=${ZERO3D_BIN:-build/bin/zero3d}
 MPIRUN=${MPIRUN:-mpirun --oversubscribe}
 rm -rf "$dir"
 mkdir -p "$dir"
+stages=(${STAGES:-0 1 2 3})
 for round in $(seq "$rounds"); do
-  for stage in ${STAGES:-0 1 2 3}; do
+  # even rounds run the stages backwards, so a drift of the machine's speed cancels over two rounds
+  order=("${stages[@]}")
+  if (( round % 2 == 0 )); then mapfile -t order < <(printf '%s\n' "${stages[@]}" | tac); fi
+  for stage in "${order[@]}"; do
     for impl in ${IMPLS:-mpi auto}; do
       for overlap in ${OVERLAPS:-false true}; do
         run="$dir/r$round-z$stage-$impl-overlap_$overlap"
