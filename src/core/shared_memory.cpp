@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <new>
 #include <mutex>
 
 namespace zero3d {
@@ -74,6 +76,24 @@ SharedRef find_shared(const void* p, size_t bytes) {
   const size_t offset = at - it->first;
   if (offset > a.bytes || bytes > a.bytes - offset) return {};
   return {a.fd, a.serial, a.bytes, offset};
+}
+
+SharedBytes::SharedBytes(size_t n, bool try_shared) : n_(n) {
+  if (try_shared) p_ = static_cast<char*>(alloc_shared(n));
+  if (!p_) p_ = static_cast<char*>(std::calloc(std::max<size_t>(n, 1), 1));
+  if (!p_) throw std::bad_alloc();
+}
+SharedBytes::~SharedBytes() {
+  if (!free_shared(p_)) std::free(p_);
+}
+SharedBytes::SharedBytes(SharedBytes&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+SharedBytes& SharedBytes::operator=(SharedBytes&& o) noexcept {
+  if (this != &o) {
+    if (!free_shared(p_)) std::free(p_);
+    p_ = std::exchange(o.p_, nullptr);
+    n_ = std::exchange(o.n_, 0);
+  }
+  return *this;
 }
 
 PeerMappings::~PeerMappings() {

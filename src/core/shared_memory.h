@@ -30,6 +30,26 @@ bool free_shared(void* p);
 // The allocation holding all of [p, p + bytes), or a ref with serial 0.
 SharedRef find_shared(const void* p, size_t bytes);
 
+// A zeroed byte buffer in shared memory, or in private memory where the system cannot make one
+// or `try_shared` is false (shared() says which). Move-only.
+class SharedBytes {
+ public:
+  SharedBytes() = default;
+  explicit SharedBytes(size_t n, bool try_shared = true);
+  ~SharedBytes();
+  SharedBytes(SharedBytes&& o) noexcept;
+  SharedBytes& operator=(SharedBytes&& o) noexcept;
+  SharedBytes(const SharedBytes&) = delete;
+  SharedBytes& operator=(const SharedBytes&) = delete;
+  char* data() { return p_; }
+  size_t size() const { return n_; }
+  bool shared() const { return find_shared(p_, n_).serial != 0; }
+
+ private:
+  char* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 // Another process's allocations, mapped read-only on first use and kept until the owner's fd
 // number comes back with a new serial (the old one was freed) or this object dies.
 class PeerMappings {

@@ -71,10 +71,10 @@ struct CommContext {
   size_t shm_min_bytes = 64 << 10;    // auto: smaller messages go to MPI (its latency is lower)
   size_t shm_chunk_bytes = 256 << 10;  // bytes a rank publishes per round (the pipelining grain)
   int ranks_per_node = 0;  // tests: > 0 makes world ranks [k i, k i + k) look like one node each
+  bool send_thread = true;  // host-memory sends polled by a thread of the group's (needs MPI_THREAD_MULTIPLE)
   // Shared memory reads the others' comm buffers in place (one copy) for every reduce-scatter, and
   // for all-gathers and all-reduces of at least these whole-buffer sizes (below them its two-copy
   // rounds stay in cache and win; measured with bench comm on 2 ranks). Tests lower them.
-  bool send_thread = true;  // host-memory sends polled by a thread of the group's (needs MPI_THREAD_MULTIPLE)
   size_t shm_gather_in_place_bytes = 1 << 20;
   size_t shm_all_reduce_in_place_bytes = 64 << 20;
 };
@@ -93,15 +93,15 @@ struct CommTime {
 };
 CommTime take_comm_time();  // since the last call, on this thread
 
-// The completion of an operation that a helper thread runs (shared-memory collectives): the
-// helper calls begin() (when the operation's time starts) and finish(); the owner polls done() or
-// sleeps in wait_for().
 // Between two polls of an MPI request: spin for the first 1000, then yield the core until 2 ms
 // have passed, then sleep 50 us. MPI advances only inside MPI calls, so sleeping stalls an
 // operation between its steps (50 us sleeps made 1 MiB reductions 2x slower); a wait past 2 ms is
 // mostly for a rank still computing, and on an oversubscribed node the sleep gives it the core.
 void poll_backoff(long& polls, double waited_s);
 
+// The completion of an operation that a helper thread runs (shared-memory collectives, sends on
+// a send thread): the helper calls begin() (when the operation's time starts) and finish(); the
+// owner polls done() or sleeps in wait_for().
 class AsyncCompletion {
  public:
   void begin() { began_ = Clock::now(); }  // every rank has joined: from here on it runs

@@ -19,10 +19,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -200,33 +198,15 @@ class Hierarchy final : public HostCollectives {
  private:
   Hierarchy() = default;
   size_t grank(int node, int place) const { return static_cast<size_t>(grank_[node * k_ + place]); }
-  // The helper's scratch: comm buffers, so the node's steps on them read each other in place.
-  struct Scratch {
-    char* p = nullptr;
-    size_t n = 0;
-    bool shared = false;
-    ~Scratch() { release(); }
-    void release() {
-      if (shared) free_shared(p);
-      else std::free(p);
-      p = nullptr, n = 0;
-    }
-  };
-  static char* scratch(Scratch& s, size_t bytes) {
-    if (s.n >= bytes) return s.p;
-    s.release();
-    s.p = static_cast<char*>(alloc_shared(bytes));
-    s.shared = s.p != nullptr;
-    if (!s.p) s.p = static_cast<char*>(std::malloc(std::max<size_t>(bytes, 1)));  // two copies then
-    if (!s.p) throw std::bad_alloc();
-    s.n = bytes;
-    return s.p;
+  static char* scratch(SharedBytes& s, size_t bytes) {
+    if (s.size() < bytes) s = SharedBytes(bytes);
+    return s.data();
   }
   std::unique_ptr<ShmCollectives> node_;
   MPI_Comm cross_ = MPI_COMM_NULL;
   int k_ = 1, l_ = 0, n_ = 1;
   std::vector<int> grank_;      // [node * k + place]: the group rank there
-  Scratch a_, b_;
+  SharedBytes a_, b_;  // the helper's scratch, shared: the node's steps on it read in place
 };
 
 // The collectives beside MPI's for a group (collective over comm): shared memory when its ranks

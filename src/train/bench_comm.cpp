@@ -6,7 +6,6 @@
 // shared-memory collectives run twice: on private buffers (two copies: into the segment and out)
 // and on comm buffers (core/shared_memory.h) that the other ranks read in place, as the engine's.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -53,30 +52,12 @@ float get(const char* b, size_t i, CommType t) {
   return t == CommType::bf16 ? math::float_from_bf16(h) : math::float_from_fp16(h);
 }
 
-// One byte buffer, private or shared (a comm buffer).
-class Bytes {
- public:
-  Bytes(size_t n, bool shared) : n_(n) {
-    p_ = shared ? static_cast<char*>(alloc_shared(n)) : nullptr;
-    if (shared && !p_) throw UserError("bench comm: cannot allocate shared memory (memfd) for the comm buffers");
-    if (!shared) p_ = static_cast<char*>(std::calloc(n, 1));
-  }
-  ~Bytes() {
-    if (!free_shared(p_)) std::free(p_);
-  }
-  Bytes(const Bytes&) = delete;
-  Bytes& operator=(const Bytes&) = delete;
-  char* data() { return p_; }
-  void zero() { std::memset(p_, 0, n_); }
-
- private:
-  char* p_;
-  size_t n_;
-};
-
 struct Buffers {
-  Bytes a, b;  // all-reduce: a in place; reduce-scatter: a -> b; all-gather: b -> a
-  Buffers(size_t n, bool shared) : a(n, shared), b(n, shared) {}
+  SharedBytes a, b;  // all-reduce: a in place; reduce-scatter: a -> b; all-gather: b -> a
+  Buffers(size_t n, bool shared) : a(n, shared), b(n, shared) {
+    if (shared && !(a.shared() && b.shared()))
+      throw UserError("bench comm: cannot allocate shared memory (memfd) for the comm buffers");
+  }
 };
 
 // One call of op on group g over `count` elements (all-reduce: the buffer; the others: one
@@ -136,8 +117,8 @@ struct Result {
 Result measure(ProcessGroup& g, Op op, CommType t, Buffers& bufs, size_t count, int iters) {
   Result res;
   res.wrong = static_cast<int64_t>(g.all_reduce_sum(static_cast<double>(check_once(g, op, t, bufs, count))));
-  bufs.a.zero();  // zeros while timing: in-place sums stay finite
-  bufs.b.zero();
+  std::memset(bufs.a.data(), 0, bufs.a.size());  // zeros while timing: in-place sums stay finite
+  std::memset(bufs.b.data(), 0, bufs.b.size());
   issue(g, op, t, bufs, count);  // warm-up
   g.barrier();
   const auto t0 = Clock::now();
