@@ -196,11 +196,13 @@ std::vector<Key> build() {
             "overlap gradient reduction with backward; default: stage == 3 (DeepSpeed's rule)")
           .derived_default([](const Lookup& get) { return json(get("zero_optimization.stage") == 3); }),
       field("zero_optimization.reduce_bucket_size", at(&Config::zero, &ZC::reduce_bucket_size),
-            "elements reduced at a time; 0: one tensor at a time").range(0, kInf)
+            "elements per gradient reduction (a message); parameters are sharded in buckets of the smaller of "
+            "this and allgather_bucket_size; 0: one tensor at a time").range(0, kInf)
           .auto_from("model.d_model^2 (as the Hugging Face integration)",
                      [](const Lookup& get) { return json(d_model_of(get) * d_model_of(get)); }),
       field("zero_optimization.allgather_bucket_size", at(&Config::zero, &ZC::allgather_bucket_size),
-            "elements allgathered at a time; 0: one tensor at a time").range(0, kInf),
+            "elements per parameter all-gather after the step (stages 1-2; a message); 0: one tensor at a time")
+          .range(0, kInf),
       field("zero_optimization.reduce_scatter", at(&Config::zero, &ZC::reduce_scatter),
             "reduce-scatter instead of allreduce for gradients"),
       field("zero_optimization.consistency_check_interval", at(&Config::zero, &ZC::consistency_check_interval),

@@ -56,4 +56,25 @@ FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_
   return L;
 }
 
+std::vector<BucketRun> bucket_runs(const FlatLayout& L, int first, int last, size_t limit) {
+  std::vector<BucketRun> runs;
+  size_t elems = 0;
+  for (int i = first; i < last; ++i) {
+    const size_t n = L.buckets[i].size;
+    if (runs.empty() || elems + n > limit) {
+      runs.push_back({i, i});
+      elems = 0;
+    }
+    runs.back().last = i + 1;
+    elems += n;
+  }
+  return runs;
+}
+
+std::vector<size_t> slice_counts(const FlatLayout& L, BucketRun run) {
+  std::vector<size_t> counts;
+  for (int i = run.first; i < run.last; ++i) counts.push_back(L.buckets[i].size / L.dp);
+  return counts;
+}
+
 }  // namespace zero3d

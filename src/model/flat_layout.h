@@ -55,6 +55,17 @@ struct FlatLayout {
   ShardInfo slice(const Bucket& b, int rank) const { return shard_of(b.size, dp, rank); }
 };
 
+// Consecutive buckets [first, last) that travel as one message: contiguous in the flat buffer,
+// and so are their slices in the shard (reduce_bucket_size, allgather_bucket_size).
+struct BucketRun {
+  int first = 0, last = 0;
+};
+// Buckets [first, last) in runs of at most `limit` elements each (a larger bucket alone; 0: one
+// bucket each), in order.
+std::vector<BucketRun> bucket_runs(const FlatLayout& L, int first, int last, size_t limit);
+// The elements per rank of each bucket of a run (what one rank sends or keeps of each).
+std::vector<size_t> slice_counts(const FlatLayout& L, BucketRun run);
+
 // persist_below: tensors with fewer elements are persistent (ZeRO-3); 0 = none.
 FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_t bucket_elems,
                             size_t persist_below = 0);

@@ -57,6 +57,21 @@ enum class RedOp : uint8_t { sum, max };
 size_t elem_bytes(CommType t);
 inline CommType comm_type(Dtype16 t) { return t == Dtype16::bf16 ? CommType::bf16 : CommType::fp16; }
 
+// One reduce-scatter or all-gather that does the work of several (several layout buckets in one
+// message: reduce_bucket_size, allgather_bucket_size). Piece j has counts[j] elements per rank. A
+// buffer with every rank's data (a reduce-scatter's send, an all-gather's recv) holds the pieces
+// one after another, each as its ranks' blocks in rank order; a buffer with one rank's data (a
+// reduce-scatter's recv, an all-gather's send) holds that rank's blocks of the pieces one after
+// another. One piece of `count` elements is the plain collective.
+struct Pieces {
+  std::vector<size_t> counts;
+  size_t part() const;  // one rank's elements: the sum of counts
+  // Rank r's blocks of every piece, from a buffer with all p ranks' data into one with one rank's
+  // (pack), or back (unpack); elem: bytes per element.
+  void pack(const void* whole, void* part, int p, int r, size_t elem) const;
+  void unpack(const void* part, void* whole, int p, int r, size_t elem) const;
+};
+
 // Which implementation moves a group's host-memory data collectives: MPI's own, the node's
 // shared memory (parallel/shm_collectives.h) for every size, or shared memory from
 // shm_min_bytes up where the group's ranks share a node (auto).
@@ -211,9 +226,18 @@ class ProcessGroup {
   void reduce_scatter_sum(MemRef<const float> send, MemRef<float> recv, size_t count) {
     ireduce_scatter_sum(send, recv, count).wait();
   }
+  // Several in one operation (Pieces): recv gets this rank's blocks of the pieces of send.
+  PendingOp ireduce_scatter_sum(MemRef<const float> send, MemRef<float> recv, const Pieces& pieces) {
+    return reduce_scatter(send, recv, pieces, CommType::f32);
+  }
   // recv (size()*count) = every rank's send (count), in group-rank order. send may be recv + rank*count.
   PendingOp iall_gather(MemRef<const float> send, MemRef<float> recv, size_t count) {
     return all_gather(send, recv, count, CommType::f32);
+  }
+  // Several in place (Pieces): buf holds every rank's data, this rank's blocks filled; afterwards
+  // every rank's are.
+  PendingOp iall_gather_in_place(MemRef<float> buf, const Pieces& pieces) {
+    return all_gather(MemRef<const void>{nullptr, buf.kind}, buf, pieces, CommType::f32);
   }
   void all_gather(MemRef<const float> send, MemRef<float> recv, size_t count) { iall_gather(send, recv, count).wait(); }
   // The same three on 16-bit floats (raw bits); sums round each pairwise addition (see the top).
@@ -227,12 +251,18 @@ class ProcessGroup {
   void reduce_scatter_sum(MemRef<const uint16_t> send, MemRef<uint16_t> recv, size_t count, Dtype16 t) {
     ireduce_scatter_sum(send, recv, count, t).wait();
   }
+  PendingOp ireduce_scatter_sum(MemRef<const uint16_t> send, MemRef<uint16_t> recv, const Pieces& pieces, Dtype16 t) {
+    return reduce_scatter(send, recv, pieces, comm_type(t));
+  }
   // A copy, so any 16-bit type. send may be recv + rank*count.
   PendingOp iall_gather(MemRef<const uint16_t> send, MemRef<uint16_t> recv, size_t count) {
     return all_gather(send, recv, count, CommType::bf16);
   }
   void all_gather(MemRef<const uint16_t> send, MemRef<uint16_t> recv, size_t count) {
     iall_gather(send, recv, count).wait();
+  }
+  PendingOp iall_gather_in_place(MemRef<uint16_t> buf, const Pieces& pieces) {
+    return all_gather(MemRef<const void>{nullptr, buf.kind}, buf, pieces, CommType::bf16);
   }
   void broadcast(MemRef<void> buf, size_t bytes, int root) { broadcast_bytes(buf, bytes, root).wait(); }
   PendingOp isend(MemRef<const float> buf, size_t n, int peer, int tag);
@@ -261,15 +291,20 @@ class ProcessGroup {
   // The data collectives, one implementation per transport; the front ends above count them
   // (bytes_sent, comms log) before calling these, so every transport is counted alike.
   virtual PendingOp all_reduce_impl(MemRef<void> buf, size_t n, CommType t, RedOp op) = 0;
-  virtual PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) = 0;
-  virtual PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) = 0;
+  // all_gather_impl: send.ptr null is in place (this rank's blocks already in recv).
+  virtual PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) = 0;
+  virtual PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) = 0;
   virtual PendingOp broadcast_impl(MemRef<void> buf, size_t bytes, int root) = 0;
   virtual PendingOp send_impl(MemRef<const void> buf, size_t bytes, int peer, int tag) = 0;
   virtual PendingOp recv_impl(MemRef<void> buf, size_t bytes, int peer, int tag) = 0;
 
  private:
   PendingOp all_reduce(MemRef<void> buf, size_t n, CommType t, RedOp op);
-  PendingOp reduce_scatter(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t);
+  PendingOp reduce_scatter(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t);
+  PendingOp all_gather(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t);
+  PendingOp reduce_scatter(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) {
+    return reduce_scatter(send, recv, Pieces{{count}}, t);
+  }
   PendingOp all_gather(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t);
   PendingOp broadcast_bytes(MemRef<void> buf, size_t bytes, int root);
   // Counts a collective in bytes_sent and, when active, in the comms log (its entry, or null).

@@ -129,9 +129,8 @@ class Hierarchy final : public HostCollectives {
     h->node_ = ShmCollectives::create(node, chunk_bytes);
     MPI_CHECK(MPI_Comm_split(comm, l, me, &h->cross_));
     MPI_CHECK(MPI_Comm_size(h->cross_, &h->n_));
-    int j = 0;
-    MPI_CHECK(MPI_Comm_rank(h->cross_, &j));
-    int place = j * k + l, ok = h->node_ != nullptr;
+    MPI_CHECK(MPI_Comm_rank(h->cross_, &h->j_));
+    int place = h->j_ * k + l, ok = h->node_ != nullptr;
     std::vector<int> places(p);
     MPI_CHECK(MPI_Allgather(&place, 1, MPI_INT, places.data(), 1, MPI_INT, comm));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, comm));
@@ -150,30 +149,34 @@ class Hierarchy final : public HostCollectives {
     return strprintf("shared memory in each node (%d ranks), MPI across the %d nodes", k_, n_);
   }
 
-  PendingOp reduce_scatter(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) override {
+  PendingOp reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t, const ProcessGroup* g) override {
     return node_->run("reduce-scatter", g, [=, this] {
-      const size_t e = elem_bytes(t), block = count * e;
-      // Place l of every node takes the blocks of the ranks at place l, node by node.
+      const size_t e = elem_bytes(t), count = pc.part(), block = count * e;
+      // Place l of every node takes the parts of the ranks at place l, node by node.
       char* a = scratch(a_, k_ * n_ * block);
       for (int l = 0; l < k_; ++l)
-        for (int j = 0; j < n_; ++j)
-          std::memcpy(a + (l * n_ + j) * block, static_cast<const char*>(send) + grank(j, l) * block, block);
+        for (int j = 0; j < n_; ++j) pc.pack(send, a + (l * n_ + j) * block, k_ * n_, grank(j, l), e);
       char* b = scratch(b_, n_ * block);
       node_->reduce_scatter_here(a, b, n_ * count, t);
       MPI_CHECK(MPI_Reduce_scatter_block(b, recv, count_of(count), mpi_type(t), mpi_op(t, RedOp::sum), cross_));
     });
   }
 
-  PendingOp all_gather(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) override {
+  PendingOp all_gather(const void* send, void* recv, const Pieces& pc, CommType t, const ProcessGroup* g) override {
     return node_->run("all-gather", g, [=, this] {
-      const size_t e = elem_bytes(t), block = count * e;
-      char* a = scratch(a_, n_ * block);
-      MPI_CHECK(MPI_Allgather(send, count_of(count), mpi_type(t), a, count_of(count), mpi_type(t), cross_));
+      const size_t e = elem_bytes(t), count = pc.part(), block = count * e;
+      const int p = k_ * n_;
+      char* a = scratch(a_, (n_ + 1) * block);
+      const void* mine = send;
+      if (!mine) {  // in place: this rank's blocks, packed
+        pc.pack(recv, a + n_ * block, p, grank(j_, l_), e);
+        mine = a + n_ * block;
+      }
+      MPI_CHECK(MPI_Allgather(mine, count_of(count), mpi_type(t), a, count_of(count), mpi_type(t), cross_));
       char* b = scratch(b_, k_ * n_ * block);
       node_->all_gather_here(a, b, n_ * count, t);
       for (int l = 0; l < k_; ++l)
-        for (int j = 0; j < n_; ++j)
-          std::memcpy(static_cast<char*>(recv) + grank(j, l) * block, b + (l * n_ + j) * block, block);
+        for (int j = 0; j < n_; ++j) pc.unpack(b + (l * n_ + j) * block, recv, p, grank(j, l), e);
     });
   }
 
@@ -204,7 +207,7 @@ class Hierarchy final : public HostCollectives {
   }
   std::unique_ptr<ShmCollectives> node_;
   MPI_Comm cross_ = MPI_COMM_NULL;
-  int k_ = 1, l_ = 0, n_ = 1;
+  int k_ = 1, l_ = 0, n_ = 1, j_ = 0;  // k ranks per node, this rank's place l; n nodes, this one j
   std::vector<int> grank_;      // [node * k + place]: the group rank there
   SharedBytes a_, b_;  // the helper's scratch, shared: the node's steps on it read in place
 };
@@ -231,6 +234,46 @@ std::unique_ptr<HostCollectives> make_host_collectives(MPI_Comm comm, size_t chu
   return out;
 }
 
+// Buffers taken for one operation and given back at its completion: allocated on first need and
+// reused after (the smallest free one that fits), so a step's operations fault in no new pages.
+class BufferPool {
+ public:
+  BufferPool(std::function<void*(size_t)> alloc, std::function<void(void*)> free)
+      : alloc_(std::move(alloc)), free_(std::move(free)) {}
+  ~BufferPool() {
+    for (const Buffer& b : buffers_) free_(b.p);
+  }
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+  void* take(size_t bytes) {
+    bytes = std::max<size_t>(bytes, 1);
+    Buffer* best = nullptr;
+    for (Buffer& b : buffers_)
+      if (!b.busy && b.bytes >= bytes && (!best || b.bytes < best->bytes)) best = &b;
+    if (!best) {
+      buffers_.push_back({alloc_(bytes), bytes, false});
+      best = &buffers_.back();
+    }
+    best->busy = true;
+    return best->p;
+  }
+  void give(void* p) {
+    for (Buffer& b : buffers_)
+      if (b.p == p) b.busy = false;
+  }
+  bool empty() const { return buffers_.empty(); }
+
+ private:
+  struct Buffer {
+    void* p;
+    size_t bytes;
+    bool busy;
+  };
+  std::function<void*(size_t)> alloc_;
+  std::function<void(void*)> free_;
+  std::vector<Buffer> buffers_;
+};
+
 class MpiGroup;
 
 // One operation's buffers as MPI sees them: host pointers, where device buffers are staged
@@ -242,6 +285,10 @@ class Staging {
   const void* in(MemRef<const void> ref, size_t bytes);
   // A host pointer whose bytes go to ref at completion; `load`: it starts with ref's bytes.
   void* out(MemRef<void> ref, size_t bytes, bool load);
+  // Host memory for this operation alone (the group's scratch pool), given back at completion.
+  char* scratch(size_t bytes);
+  // Runs at completion, before the outputs go back to the device.
+  void at_completion(std::function<void()> f) { then_ = std::move(f); }
   PendingOp::Then finish();
 
  private:
@@ -252,7 +299,8 @@ class Staging {
   };
   MpiGroup& g_;
   std::vector<Back> back_;
-  std::vector<void*> taken_;
+  std::vector<std::pair<BufferPool*, void*>> taken_;
+  std::function<void()> then_;
 };
 
 class MpiGroup final : public ProcessGroup {
@@ -267,10 +315,6 @@ class MpiGroup final : public ProcessGroup {
     MPI_CHECK(MPI_Query_thread(&level));
     send_thread_ = comm != MPI_COMM_NULL && ctx.send_thread && level >= MPI_THREAD_MULTIPLE;
   }
-  ~MpiGroup() override {
-    for (const Pinned& b : pinned_) dev_->free_pinned(b.p);
-  }
-
   void use_device_memory(DeviceMemory* dev) override {
     Z3D_ASSERT(pinned_.empty(), "use_device_memory after staging began");
     dev_ = dev;
@@ -297,34 +341,53 @@ class MpiGroup final : public ProcessGroup {
     return PendingOp(r, "all-reduce", this, st.finish());
   }
 
-  PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) override {
-    const size_t eb = elem_bytes(t);
-    if (on_shm(size() * count * eb, send.kind, recv.kind))
-      return host_->reduce_scatter(send.ptr, recv.ptr, count, t, this);
+  // Several pieces go to MPI as one operation on the data in rank order: packed into scratch
+  // (reduce-scatter), or gathered there and unpacked at completion (all-gather).
+  PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) override {
+    const size_t eb = elem_bytes(t), part = pc.part();
+    if (on_shm(size() * part * eb, send.kind, recv.kind))
+      return host_->reduce_scatter(send.ptr, recv.ptr, pc, t, this);
     Staging st(*this);
-    const void* s = host_in(st, send, size() * count * eb);
-    void* d = host_out(st, recv, count * eb);
+    const void* s = host_in(st, send, size() * part * eb);
+    void* d = host_out(st, recv, part * eb);
+    if (pc.counts.size() > 1) {
+      char* packed = st.scratch(size() * part * eb);
+      for (int r = 0; r < size(); ++r) pc.pack(s, packed + r * part * eb, size(), r, eb);
+      s = packed;
+    }
     MPI_Request r = MPI_REQUEST_NULL;
     if (size() > 1)
-      MPI_CHECK(MPI_Ireduce_scatter_block(s, d, count_of(count), mpi_type(t), mpi_op(t, RedOp::sum), comm(), &r));
+      MPI_CHECK(MPI_Ireduce_scatter_block(s, d, count_of(part), mpi_type(t), mpi_op(t, RedOp::sum), comm(), &r));
     else if (s != d)
-      std::memmove(d, s, count * eb);
+      std::memmove(d, s, part * eb);
     return PendingOp(r, "reduce-scatter", this, st.finish());
   }
 
-  PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) override {
-    const size_t eb = elem_bytes(t), block = count * eb, at = static_cast<size_t>(rank()) * block;
-    if (on_shm(size() * block, send.kind, recv.kind))
-      return host_->all_gather(send.ptr, recv.ptr, count, t, this);
-    const bool in_place = send.ptr == static_cast<const char*>(recv.ptr) + at;
+  PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) override {
+    const size_t eb = elem_bytes(t), part = pc.part(), at = static_cast<size_t>(rank()) * part * eb;
+    if (on_shm(size() * part * eb, send.kind, recv.kind))
+      return host_->all_gather(send.ptr, recv.ptr, pc, t, this);
+    const bool in_place = send.ptr == nullptr, one = pc.counts.size() == 1;
     Staging st(*this);
-    char* d = static_cast<char*>(host_out(st, recv, size() * block, /*load=*/false));
-    const void* s = in_place ? nullptr : host_in(st, send, block);
-    if (in_place && d != recv.ptr) s = host_in(st, send, block);  // staged: the own block comes in as input
-    if (s) std::memmove(d + at, s, block);
+    char* d = static_cast<char*>(host_out(st, recv, size() * part * eb, /*load=*/false));
+    if (in_place && d != recv.ptr) {  // staged: this rank's blocks come from the device
+      size_t off = 0;
+      for (size_t c : pc.counts) {
+        const size_t mine = off + rank() * c * eb;
+        dev_->to_host(d + mine, static_cast<const char*>(recv.ptr) + mine, c * eb);
+        off += size() * c * eb;
+      }
+    }
+    char* g = one ? d : st.scratch(size() * part * eb);  // rank-major: MPI's layout
+    if (!in_place) std::memmove(g + at, host_in(st, send, part * eb), part * eb);
+    else if (!one) pc.pack(d, g + at, size(), rank(), eb);
     MPI_Request r = MPI_REQUEST_NULL;
     if (size() > 1)
-      MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, d, count_of(count), mpi_type(t), comm(), &r));
+      MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, g, count_of(part), mpi_type(t), comm(), &r));
+    if (!one)
+      st.at_completion([g, d, pc, p = size(), eb, part] {
+        for (int q = 0; q < p; ++q) pc.unpack(g + q * part * eb, d, p, q, eb);
+      });
     return PendingOp(r, "all-gather", this, st.finish());
   }
 
@@ -394,31 +457,11 @@ class MpiGroup final : public ProcessGroup {
     return cuda_aware_;
   }
 
-  // The pool of page-locked staging buffers: taken for one operation, given back at its completion.
-  struct Pinned {
-    void* p;
-    size_t bytes;
-    bool busy;
-  };
-  void* take(size_t bytes) {
-    Pinned* best = nullptr;  // the smallest free buffer that fits
-    for (Pinned& b : pinned_)
-      if (!b.busy && b.bytes >= bytes && (!best || b.bytes < best->bytes)) best = &b;
-    if (!best) {
-      pinned_.push_back({dev_->alloc_pinned(std::max<size_t>(bytes, 1)), std::max<size_t>(bytes, 1), false});
-      best = &pinned_.back();
-    }
-    best->busy = true;
-    return best->p;
-  }
-  void give(void* p) {
-    for (Pinned& b : pinned_)
-      if (b.p == p) b.busy = false;
-  }
-
   DeviceMemory* dev_ = nullptr;
   bool cuda_aware_ = false;
-  std::vector<Pinned> pinned_;
+  // Page-locked staging buffers for device memory, and host scratch (several pieces in one message).
+  BufferPool pinned_{[this](size_t n) { return dev_->alloc_pinned(n); }, [this](void* p) { dev_->free_pinned(p); }};
+  BufferPool scratch_{[](size_t n) { return ::operator new(n); }, [](void* p) { ::operator delete(p); }};
   std::unique_ptr<HostCollectives> host_;  // shared memory, or the hierarchy; null: MPI moves everything
   bool send_thread_ = false;
   OrderedWorker sender_;  // the send thread (started by the first send), joined before the members above go
@@ -426,26 +469,33 @@ class MpiGroup final : public ProcessGroup {
 };
 
 const void* Staging::in(MemRef<const void> ref, size_t bytes) {
-  void* h = g_.take(bytes);
-  taken_.push_back(h);
+  void* h = g_.pinned_.take(bytes);
+  taken_.push_back({&g_.pinned_, h});
   if (bytes) g_.dev_->to_host(h, ref.ptr, bytes);
   return h;
 }
 
 void* Staging::out(MemRef<void> ref, size_t bytes, bool load) {
-  void* h = g_.take(bytes);
-  taken_.push_back(h);
+  void* h = g_.pinned_.take(bytes);
+  taken_.push_back({&g_.pinned_, h});
   if (load && bytes) g_.dev_->to_host(h, ref.ptr, bytes);
   back_.push_back({ref.ptr, h, bytes});
   return h;
 }
 
+char* Staging::scratch(size_t bytes) {
+  void* h = g_.scratch_.take(bytes);
+  taken_.push_back({&g_.scratch_, h});
+  return static_cast<char*>(h);
+}
+
 PendingOp::Then Staging::finish() {
   if (taken_.empty()) return {};
-  return [g = &g_, back = std::move(back_), taken = std::move(taken_)] {
+  return [g = &g_, back = std::move(back_), taken = std::move(taken_), then = std::move(then_)] {
+    if (then) then();
     for (const Back& b : back)
       if (b.bytes) g->dev_->to_device(b.device, b.host, b.bytes);
-    for (void* p : taken) g->give(p);
+    for (const auto& [pool, p] : taken) pool->give(p);
   };
 }
 

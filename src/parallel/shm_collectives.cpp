@@ -229,14 +229,28 @@ struct ShmCollectives::Impl {
     await_all(&RankHeader::freed, g + 1);
   }
 
-  void reduce_scatter(const char* send, char* recv, size_t count, CommType t) {
-    const size_t e = elem_bytes(t), m = chunk / ((p - 1) * e);
+  // Single copy: every rank reads the others' pieces where they lie, one pass per piece.
+  void reduce_scatter(const char* send, char* recv, const Pieces& pc, CommType t) {
+    const size_t e = elem_bytes(t);
     uint64_t g0 = 0;
-    if (auto in = inputs_in_place(send, p * count * e, true, g0); !in.empty()) {
-      for (const char*& a : in) a += me * count * e;
-      reduce(recv, reinterpret_cast<const void* const*>(in.data()), p, count, t, RedOp::sum, true);
+    if (auto in = inputs_in_place(send, p * pc.part() * e, true, g0); !in.empty()) {
+      std::vector<const char*> src(p);
+      size_t whole = 0, part = 0;  // where the piece starts in the input and in the output
+      for (size_t c : pc.counts) {
+        for (int i = 0; i < p; ++i) src[i] = in[i] + (whole + me * c) * e;
+        reduce(recv + part * e, reinterpret_cast<const void* const*>(src.data()), p, c, t, RedOp::sum, true);
+        whole += p * c, part += c;
+      }
       return release_inputs(g0);
     }
+    size_t whole = 0, part = 0;
+    for (size_t c : pc.counts) {
+      reduce_scatter_rounds(send + whole * e, recv + part * e, c, t);
+      whole += p * c, part += c;
+    }
+  }
+  void reduce_scatter_rounds(const char* send, char* recv, size_t count, CommType t) {
+    const size_t e = elem_bytes(t), m = chunk / ((p - 1) * e);
     std::vector<const void*> src(p);
     for (size_t lo = 0; lo < count; lo += m) {
       const size_t len = std::min(m, count - lo);
@@ -253,16 +267,31 @@ struct ShmCollectives::Impl {
     }
   }
 
-  void all_gather(const char* send, char* recv, size_t count, CommType t) {
-    const size_t e = elem_bytes(t), m = chunk / e;
-    char* own = recv + me * count * e;
+  // send null: in place (this rank's blocks already in recv, which the others then read).
+  void all_gather(const char* send, char* recv, const Pieces& pc, CommType t) {
+    const size_t e = elem_bytes(t), part = pc.part();
+    const char* input = send ? send : recv;
     uint64_t g0 = 0;
-    if (auto in = inputs_in_place(send, count * e, p * count * e >= gather_in_place, g0); !in.empty()) {
-      for (int i = 0; i < p; ++i)
-        if (i != me) std::memcpy(recv + i * count * e, in[i], count * e);
-      if (send != own) std::memmove(own, send, count * e);
+    if (auto in = inputs_in_place(input, (send ? 1 : p) * part * e, p * part * e >= gather_in_place, g0);
+        !in.empty()) {
+      size_t whole = 0, at = 0;  // where the piece starts in recv and in send
+      for (size_t c : pc.counts) {
+        for (int i = 0; i < p; ++i)
+          if (i != me) std::memcpy(recv + (whole + i * c) * e, in[i] + (send ? at : whole + i * c) * e, c * e);
+        if (send) std::memmove(recv + (whole + me * c) * e, send + at * e, c * e);
+        whole += p * c, at += c;
+      }
       return release_inputs(g0);
     }
+    size_t whole = 0, at = 0;
+    for (size_t c : pc.counts) {
+      all_gather_rounds(send ? send + at * e : recv + (whole + me * c) * e, recv + whole * e, c, t);
+      whole += p * c, at += c;
+    }
+  }
+  void all_gather_rounds(const char* send, char* recv, size_t count, CommType t) {
+    const size_t e = elem_bytes(t), m = chunk / e;
+    char* own = recv + me * count * e;
     for (size_t lo = 0; lo < count; lo += m) {
       const size_t len = std::min(m, count - lo);
       const uint64_t g = begin_round();
@@ -440,10 +469,10 @@ void ShmCollectives::all_reduce_here(void* buf, size_t n, CommType t, RedOp op) 
   impl_->all_reduce(static_cast<char*>(buf), n, t, op);
 }
 void ShmCollectives::reduce_scatter_here(const void* send, void* recv, size_t count, CommType t) {
-  impl_->reduce_scatter(static_cast<const char*>(send), static_cast<char*>(recv), count, t);
+  impl_->reduce_scatter(static_cast<const char*>(send), static_cast<char*>(recv), Pieces{{count}}, t);
 }
 void ShmCollectives::all_gather_here(const void* send, void* recv, size_t count, CommType t) {
-  impl_->all_gather(static_cast<const char*>(send), static_cast<char*>(recv), count, t);
+  impl_->all_gather(static_cast<const char*>(send), static_cast<char*>(recv), Pieces{{count}}, t);
 }
 
 PendingOp ShmCollectives::all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) {
@@ -451,15 +480,16 @@ PendingOp ShmCollectives::all_reduce(void* buf, size_t n, CommType t, RedOp op, 
                        [this, b = static_cast<char*>(buf), n, t, op] { impl_->all_reduce(b, n, t, op); });
 }
 
-PendingOp ShmCollectives::reduce_scatter(const void* send, void* recv, size_t count, CommType t,
+PendingOp ShmCollectives::reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t,
                                          const ProcessGroup* g) {
   return impl_->submit("reduce-scatter", g, [this, s = static_cast<const char*>(send), r = static_cast<char*>(recv),
-                                             count, t] { impl_->reduce_scatter(s, r, count, t); });
+                                             pc, t] { impl_->reduce_scatter(s, r, pc, t); });
 }
 
-PendingOp ShmCollectives::all_gather(const void* send, void* recv, size_t count, CommType t, const ProcessGroup* g) {
-  return impl_->submit("all-gather", g, [this, s = static_cast<const char*>(send), r = static_cast<char*>(recv),
-                                         count, t] { impl_->all_gather(s, r, count, t); });
+PendingOp ShmCollectives::all_gather(const void* send, void* recv, const Pieces& pc, CommType t,
+                                     const ProcessGroup* g) {
+  return impl_->submit("all-gather", g, [this, s = static_cast<const char*>(send), r = static_cast<char*>(recv), pc,
+                                         t] { impl_->all_gather(s, r, pc, t); });
 }
 
 }  // namespace zero3d

@@ -30,7 +30,7 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   try {  // a swap file that cannot be made (no space, no permission) is the user's to fix
     state_ = std::make_unique<OptimizerState>(be, owned_total, mixed_ || params_swapped, cfg_.offload_optimizer,
                                               cfg_.sub_group_size, swap.aio, swap.optimizer);
-    params_ = make_param_storage(be, dp, layout_, view_, cfg_.stage, s16_, *state_,
+    params_ = make_param_storage(be, dp, layout_, view_, cfg_, s16_, *state_,
                                  params_swapped ? swap.param : "", swap.aio);  // what a rank keeps
   } catch (const IoError& e) {
     throw UserError(strprintf("offload to nvme: %s", e.what()));

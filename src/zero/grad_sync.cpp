@@ -95,7 +95,8 @@ class BoundarySync final : public SlabSync {
   BoundarySync(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& cfg,
                const std::optional<Storage16>& s16)
       : SlabSync(be, L), dp_(dp), view_(view), stage_(cfg.stage), scatter_(cfg.stage == 1 && cfg.reduce_scatter),
-        overlap_(cfg.overlap_comm), s16_(s16), micro_done_(L.units.size(), 0), started_(L.units.size(), false) {
+        overlap_(cfg.overlap_comm), limit_(static_cast<size_t>(cfg.reduce_bucket_size)), s16_(s16),
+        micro_done_(L.units.size(), 0), started_(L.units.size(), false) {
     if (s16_) grads16_ = DeviceBuffer<uint16_t>(be, L.total, BufferUse::comm);
     else grads_ = DeviceBuffer<float>(be, L.total, BufferUse::comm);
     if (scatter_) {  // the reduce-scatters land here, laid out like the shard (b.shard_offset)
@@ -132,7 +133,10 @@ class BoundarySync final : public SlabSync {
     if (overlap_ && ++micro_done_[unit] == micro_batches_) start(unit);  // the unit's gradient is final
   }
   void finish() override {
-    for (size_t u = 0; u < L_.units.size(); ++u) start(static_cast<int>(u));  // what is not in flight yet
+    if (overlap_)
+      for (size_t u = 0; u < L_.units.size(); ++u) start(static_cast<int>(u));  // what is not in flight yet
+    else
+      reduce(0, static_cast<int>(L_.buckets.size()));  // everything now: a message may span units
     for (auto& op : ops_) op.wait();
     ops_.clear();
     if (!s16_) return;
@@ -164,31 +168,37 @@ class BoundarySync final : public SlabSync {
   }
 
  private:
-  // Issues the reductions of a unit's buckets (once per step): all-reduce in place, or
-  // reduce-scatter into the shard.
+  // Issues the reductions of a unit's buckets, once per step.
   void start(int unit) {
     if (started_[unit]) return;
     started_[unit] = true;
     const Unit& u = L_.units[unit];
-    const int p = dp_.size();
+    reduce(u.first_bucket, u.first_bucket + u.num_buckets);
+  }
+  // Issues the reductions of buckets [first, last) in messages of up to reduce_bucket_size
+  // elements: all-reduce in place, or reduce-scatter into the shard.
+  void reduce(int first, int last) {
     const Dtype16 t = s16_ ? s16_->type() : Dtype16::bf16;
-    for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
-      const Bucket& b = L_.buckets[i];
+    for (const BucketRun& run : bucket_runs(L_, first, last, limit_)) {
+      const Bucket &b = L_.buckets[run.first], &end = L_.buckets[run.last - 1];
+      const size_t n = end.offset + end.size - b.offset;
+      const Pieces pieces{slice_counts(L_, run)};
       if (!scatter_)
-        ops_.push_back(s16_ ? dp_.iall_reduce_sum(grads16_.mem(b.offset), b.size, t)
-                            : dp_.iall_reduce_sum(grads_.mem(b.offset), b.size));
+        ops_.push_back(s16_ ? dp_.iall_reduce_sum(grads16_.mem(b.offset), n, t)
+                            : dp_.iall_reduce_sum(grads_.mem(b.offset), n));
       else if (s16_)
-        ops_.push_back(dp_.ireduce_scatter_sum(grads16_.mem(b.offset), shard16_.mem(b.shard_offset), b.size / p, t));
+        ops_.push_back(dp_.ireduce_scatter_sum(grads16_.mem(b.offset), shard16_.mem(b.shard_offset), pieces, t));
       else
-        ops_.push_back(dp_.ireduce_scatter_sum(grads_.mem(b.offset), shard_.mem(b.shard_offset), b.size / p));
+        ops_.push_back(dp_.ireduce_scatter_sum(grads_.mem(b.offset), shard_.mem(b.shard_offset), pieces));
     }
   }
 
   ProcessGroup& dp_;
   const ShardView& view_;
   int stage_;
-  bool scatter_;  // stage 1 with reduce_scatter: reduce-scatter per bucket, else all-reduce
+  bool scatter_;  // stage 1 with reduce_scatter: reduce-scatter, else all-reduce
   bool overlap_;
+  size_t limit_;  // reduce_bucket_size
   const std::optional<Storage16>& s16_;
   DeviceBuffer<float> grads_, shard_, grads32_;
   DeviceBuffer<uint16_t> grads16_, shard16_;
@@ -204,7 +214,8 @@ class UnitSync final : public SlabSync {
  public:
   UnitSync(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ZeroConfig& cfg,
            const std::optional<Storage16>& s16)
-      : SlabSync(be, L), dp_(dp), scatter_(cfg.reduce_scatter), overlap_(cfg.overlap_comm), s16_(s16) {
+      : SlabSync(be, L), dp_(dp), scatter_(cfg.reduce_scatter), overlap_(cfg.overlap_comm),
+        limit_(static_cast<size_t>(cfg.reduce_bucket_size)), s16_(s16) {
     if (s16_) shard_grads16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
     else shard_grads_ = DeviceBuffer<float>(be, L.shard_size);
     make_slabs(dp.size(), s16_ || scatter_, s16_.has_value(), s16_ && scatter_);
@@ -223,17 +234,20 @@ class UnitSync final : public SlabSync {
     const Unit& u = L_.units[unit];
     if (s16_) s16_->narrow(s.g16.data(), s.grads.data(), u.size);
     const size_t shard_base = L_.buckets[u.first_bucket].shard_offset;
-    for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
-      const Bucket& b = L_.buckets[i];
-      const size_t at = b.offset - u.offset, slice_at = b.shard_offset - shard_base, n = b.size / dp_.size();
+    // In messages of up to reduce_bucket_size elements.
+    for (const BucketRun& run : bucket_runs(L_, u.first_bucket, u.first_bucket + u.num_buckets, limit_)) {
+      const Bucket &b = L_.buckets[run.first], &end = L_.buckets[run.last - 1];
+      const size_t at = b.offset - u.offset, slice_at = b.shard_offset - shard_base;
+      const size_t n = end.offset + end.size - b.offset;
+      const Pieces pieces{slice_counts(L_, run)};
       if (!s16_ && scatter_)
-        s.ops.push_back(dp_.ireduce_scatter_sum(s.grads.mem(at), s.recv.mem(slice_at), n));
+        s.ops.push_back(dp_.ireduce_scatter_sum(s.grads.mem(at), s.recv.mem(slice_at), pieces));
       else if (!s16_)
-        s.ops.push_back(dp_.iall_reduce_sum(s.grads.mem(at), b.size));
+        s.ops.push_back(dp_.iall_reduce_sum(s.grads.mem(at), n));
       else if (scatter_)
-        s.ops.push_back(dp_.ireduce_scatter_sum(s.g16.mem(at), s.recv16.mem(slice_at), n, s16_->type()));
+        s.ops.push_back(dp_.ireduce_scatter_sum(s.g16.mem(at), s.recv16.mem(slice_at), pieces, s16_->type()));
       else
-        s.ops.push_back(dp_.iall_reduce_sum(s.g16.mem(at), b.size, s16_->type()));
+        s.ops.push_back(dp_.iall_reduce_sum(s.g16.mem(at), n, s16_->type()));
     }
     if (!overlap_) complete(s);
   }
@@ -274,6 +288,7 @@ class UnitSync final : public SlabSync {
 
   ProcessGroup& dp_;
   bool scatter_, overlap_;
+  size_t limit_;  // reduce_bucket_size
   const std::optional<Storage16>& s16_;
   DeviceBuffer<float> shard_grads_, grads32_;
   DeviceBuffer<uint16_t> shard_grads16_;

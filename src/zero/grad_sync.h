@@ -6,13 +6,20 @@
 //     buckets are all-reduced (stage 0, and stage 1 with reduce_scatter=false), or
 //     reduce-scattered into the rank's shard of the gradient (stage 1): with overlap_comm each
 //     unit's buckets as soon as the last micro-batch's backward has completed the unit (DeepSpeed's
-//     overlap_comm), the rest at the accumulation boundary; without, all at the boundary.
+//     overlap_comm), the rest at the accumulation boundary; without, all at the boundary, where a
+//     message may span units.
 //   per unit (stages 2-3): backward hands each unit over as soon as it is complete (done); its
 //     buckets are reduce-scattered (or all-reduced, keeping the slice) straight away from one of
 //     three unit buffers (the embeddings' and two rotating ones) into the rank's shard of the
 //     gradient. With overlap_comm the reductions are non-blocking and complete while backward goes
 //     on (each is waited for when its buffer is needed again, or at the boundary); without, each
 //     is waited for at once.
+//
+// Messages: runs of consecutive buckets of at most reduce_bucket_size elements (bucket_runs; a
+// bucket larger than that alone), one collective each (several reduce-scatters in one: Pieces).
+// A message spans units only at stages 0-1 without overlap_comm (elsewhere a unit is what
+// backward hands over). Sums are elementwise, so the grouping never changes what a rank gets
+// (nor its bits where the transport sums in a fixed order: shared memory, or MPI on 2 ranks).
 //
 // After finish(), owned(b) is the fp32 gradient of bucket b's owned range (what Adam reads; in
 // mixed precision the widening of the 16-bit result) and reduced_slice(b) this rank's dp slice of

@@ -43,9 +43,10 @@ uint64_t sum_of(const T* v, size_t n, size_t first) {
 // Stages 0-2: the whole flat layout on every rank.
 class FullParams final : public ParamStorage {
  public:
-  FullParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, int stage,
+  FullParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& zero,
              const std::optional<Storage16>& s16, OptimizerState& state)
-      : ParamStorage(be, dp, L, view, s16, state), stage0_(stage == 0) {
+      : ParamStorage(be, dp, L, view, s16, state), stage0_(zero.stage == 0),
+        gather_limit_(static_cast<size_t>(zero.allgather_bucket_size)) {
     if (s16_) params16_ = DeviceBuffer<uint16_t>(be, L.total, BufferUse::comm);
     else params_ = DeviceBuffer<float>(be, L.total, BufferUse::comm);
     param_bytes_ = params_.bytes() + params16_.bytes();
@@ -85,15 +86,14 @@ class FullParams final : public ParamStorage {
     const Unit& u = L_.units[unit];
     s16_->widen(s.buf.data(), params16_.data() + u.offset, u.size);
   }
-  void gather_updated() override {
+  void gather_updated() override {  // in messages of up to allgather_bucket_size elements, spanning units
     if (stage0_) return;  // every rank updated everything
     std::vector<PendingOp> ops;
-    for (const Bucket& b : L_.buckets) {
-      const size_t n = b.size / dp_.size();
-      if (s16_)
-        ops.push_back(dp_.iall_gather(params16_.mem(view_.owned_offset(b)), params16_.mem(b.offset), n));
-      else
-        ops.push_back(dp_.iall_gather(params_.mem(view_.owned_offset(b)), params_.mem(b.offset), n));
+    for (const BucketRun& run : bucket_runs(L_, 0, static_cast<int>(L_.buckets.size()), gather_limit_)) {
+      const Pieces pieces{slice_counts(L_, run)};
+      const size_t at = L_.buckets[run.first].offset;
+      ops.push_back(s16_ ? dp_.iall_gather_in_place(params16_.mem(at), pieces)
+                         : dp_.iall_gather_in_place(params_.mem(at), pieces));
     }
     for (auto& op : ops) op.wait();
   }
@@ -111,6 +111,7 @@ class FullParams final : public ParamStorage {
 
  private:
   bool stage0_;
+  size_t gather_limit_;  // allgather_bucket_size
   DeviceBuffer<float> params_;
   DeviceBuffer<uint16_t> params16_;
 };
@@ -293,10 +294,10 @@ class ShardedParams final : public ParamStorage {
 }  // namespace
 
 std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
-                                                 const ShardView& view, int stage,
+                                                 const ShardView& view, const ZeroConfig& zero,
                                                  const std::optional<Storage16>& s16, OptimizerState& state,
                                                  const std::string& param_swap, const AioConfig& aio) {
-  if (stage < 3) return std::make_unique<FullParams>(be, dp, layout, view, stage, s16, state);
+  if (zero.stage < 3) return std::make_unique<FullParams>(be, dp, layout, view, zero, s16, state);
   return std::make_unique<ShardedParams>(be, dp, layout, view, s16, state, param_swap, aio);
 }
 

@@ -2,7 +2,8 @@
 // stage family, chosen once (make_param_storage):
 //
 //   full (stages 0-2): every rank keeps every parameter in the flat layout; the optimizer updates
-//     its owned range, and from stage 1 the buckets are all-gathered back in place after the step.
+//     its owned range, and from stage 1 the buckets are all-gathered back in place after the step,
+//     in messages of up to allgather_bucket_size elements (runs of buckets, spanning units).
 //   sharded (stage 3): a rank keeps only its slice of every bucket (updated in place, nothing
 //     gathered after the step), plus the persistent buckets whole (all-gathered after each step).
 //
@@ -88,7 +89,7 @@ class ParamStorage {
 
 // param_swap: the swap file for stage 3's slices ("" = in memory).
 std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
-                                                 const ShardView& view, int stage,
+                                                 const ShardView& view, const ZeroConfig& zero,
                                                  const std::optional<Storage16>& s16, OptimizerState& state,
                                                  const std::string& param_swap, const AioConfig& aio);
 

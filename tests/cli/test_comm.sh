@@ -8,6 +8,9 @@
 #   shared-memory runs stay within 1e-5 of MPI's (the order of a sum over 4 ranks differs);
 # - the run record names the path; wall_clock_breakdown's comm_s, comm_exposed_s, comm_hidden_s and
 #   comm_skew_s are consistent;
+# - reduce_bucket_size and allgather_bucket_size size the messages apart (stage 1 with overlap_comm,
+#   stage 2 in bf16 without): a larger one gives fewer calls of its collective in the comms log,
+#   the same calls of the other, and bitwise the same losses and norms;
 # - pp 2: sends on the send thread (with CMA and without) give the same bits as without it;
 # - bench comm checks every result (exit 0, no wrong element) on 2 and 3 ranks, and refuses an
 #   unknown collective (exit 2).
@@ -65,6 +68,31 @@ assert all(r["comm_s"] > 0 and 0 <= r["comm_exposed_s"] and r["comm_hidden_s"] >
 assert all(abs(r["comm_hidden_s"] - max(0, r["comm_s"] - r["comm_exposed_s"])) < 1e-9 for r in train), train
 PY
 echo "ok   the run record names the path; comm_s, comm_exposed_s, comm_hidden_s are consistent"
+
+# ---- bucket sizes: the layout's buckets are the smaller of the two; the other collective's
+#      messages are runs of them, up to its own size ----
+calls() {  # calls NAME OP: the comms log's calls of OP on the dp group
+  /usr/bin/python3 -c "import json,sys; print(sum(r['calls'] for r in map(json.loads, open(sys.argv[1]))
+    if r['kind'] == 'comms' and r['group'] == 'dp' and r['op'] == sys.argv[2]))" "$tmp/$1/metrics.jsonl" "$2"
+}
+for case in "1 fp32 true" "2 bf16 false"; do
+  read -r stage prec overlap <<< "$case"
+  b=(--set zero_optimization.stage=$stage --set zero_optimization.overlap_comm=$overlap --set comms_logger.enabled=true)
+  [[ $prec == bf16 ]] && b+=(--set bf16.enabled=true)
+  run "bk_$stage" 2 "${b[@]}"
+  run "bk_${stage}_rs" 2 "${b[@]}" --set zero_optimization.reduce_bucket_size=200000
+  run "bk_${stage}_ag" 2 "${b[@]}" --set zero_optimization.allgather_bucket_size=200000
+  compare "bk_$stage" "bk_${stage}_rs" 0
+  compare "bk_$stage" "bk_${stage}_ag" 0
+  rs=$(calls "bk_$stage" reduce_scatter) ag=$(calls "bk_$stage" all_gather)
+  rs_rs=$(calls "bk_${stage}_rs" reduce_scatter) rs_ag=$(calls "bk_${stage}_rs" all_gather)
+  ag_rs=$(calls "bk_${stage}_ag" reduce_scatter) ag_ag=$(calls "bk_${stage}_ag" all_gather)
+  (( rs > 0 && rs_rs < rs && rs_ag == ag && ag_ag < ag && ag_rs == rs )) ||
+    fail "stage $stage calls (reduce-scatter, all-gather): 20000 both: $rs, $ag; reduce 200000: $rs_rs, $rs_ag;" \
+      "allgather 200000: $ag_rs, $ag_ag"
+  echo "ok   $prec stage $stage (overlap_comm $overlap): reduce-scatters $rs -> $rs_rs with reduce_bucket_size," \
+    "all-gathers $ag -> $ag_ag with allgather_bucket_size, bitwise equal"
+done
 
 # ---- 4 ranks: tp 2 x dp 2, and dp 4 across made-up nodes of 2 (shared memory inside, MPI across) ----
 run mpi_grid 4 --set tensor_parallel.tp_size=2 --set zero_optimization.stage=2 --set comm.collectives=mpi

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/check.h"
@@ -102,35 +103,92 @@ class FakeDevice final : public DeviceMemory {
 static FakeDevice* fake_device = nullptr;  // non-null: the buffers below live on it
 
 // A test buffer: its values on the host (data), and where the collective sees them (mem): the
-// same memory, or a fake device copy that put() fills and get() reads back.
+// same memory, or a fake device copy that put() fills and get() reads back. `shared`: the host
+// memory is a comm buffer (core/shared_memory.h), which the shared-memory collectives read in place.
 template <typename T>
 class Buf {
  public:
-  Buf(size_t n, T fill) : host_(n, fill) {
+  Buf(size_t n, T fill, bool shared = false) : n_(n) {
+    if (shared) shared_ = static_cast<T*>(alloc_shared(std::max<size_t>(n, 1) * sizeof(T)));
+    else host_.resize(n);
+    std::fill(data(), data() + n, fill);
     if (fake_device) dev_ = static_cast<T*>(fake_device->alloc(n * sizeof(T)));
   }
   ~Buf() {
     if (dev_) fake_device->free(dev_);
+    if (shared_) free_shared(shared_);
   }
   Buf(const Buf&) = delete;
   Buf& operator=(const Buf&) = delete;
-  T& operator[](size_t i) { return host_[i]; }
-  T* data() { return host_.data(); }
-  size_t size() const { return host_.size(); }
-  MemRef<T> mem(size_t at = 0) { return dev_ ? MemRef<T>{dev_ + at, MemKind::device} : host_mem(host_.data() + at); }
+  T& operator[](size_t i) { return data()[i]; }
+  T* data() { return shared_ ? shared_ : host_.data(); }
+  size_t size() const { return n_; }
+  MemRef<T> mem(size_t at = 0) { return dev_ ? MemRef<T>{dev_ + at, MemKind::device} : host_mem(data() + at); }
   Buf& put() {
-    if (dev_) fake_device->to_device(dev_, host_.data(), host_.size() * sizeof(T));
+    if (dev_) fake_device->to_device(dev_, data(), n_ * sizeof(T));
     return *this;
   }
   Buf& get() {
-    if (dev_) fake_device->to_host(host_.data(), dev_, host_.size() * sizeof(T));
+    if (dev_) fake_device->to_host(data(), dev_, n_ * sizeof(T));
     return *this;
   }
 
  private:
+  size_t n_;
   std::vector<T> host_;
+  T* shared_ = nullptr;
   T* dev_ = nullptr;
 };
+
+// Several reduce-scatters and in-place all-gathers as one operation (Pieces of unequal counts, one
+// empty), float and bf16, both in flight at once: each rank's blocks where the layout puts them.
+// Inputs are integers in [-6, 6], so every sum is exact whatever the order. `shared`: inputs in
+// comm buffers (the single-copy path, where thresholds allow).
+template <typename T>
+static void test_pieces(ProcessGroup& g, const std::vector<int>& members, int me, const std::string& tag,
+                        bool shared) {
+  const int p = g.size(), r = g.rank();
+  const Pieces pc{{5, 0, 1, 1003, 16}};
+  const size_t part = pc.part();
+  auto val = [](int m, size_t i) { return value(m, i) - 6.0f; };
+  auto enc = [](float x) -> T {
+    if constexpr (std::is_same_v<T, float>) return x;
+    else return math::bf16_from_float(x);
+  };
+  auto dec = [](T x) -> float {
+    if constexpr (std::is_same_v<T, float>) return x;
+    else return math::float_from_bf16(x);
+  };
+  Buf<T> send(p * part, enc(0), shared), recv(part + 1, enc(-7)), all(p * part, enc(-1), shared);
+  for (size_t i = 0; i < send.size(); ++i) send[i] = enc(val(me, i));
+  size_t whole = 0;
+  for (size_t c : pc.counts) {
+    for (size_t j = 0; j < c; ++j) all[whole + r * c + j] = enc(val(me, whole + r * c + j));
+    whole += p * c;
+  }
+  PendingOp rs, ag;
+  if constexpr (std::is_same_v<T, float>) rs = g.ireduce_scatter_sum(send.put().mem(), recv.put().mem(), pc);
+  else rs = g.ireduce_scatter_sum(send.put().mem(), recv.put().mem(), pc, Dtype16::bf16);
+  ag = g.iall_gather_in_place(all.put().mem(), pc);
+  ag.wait(), rs.wait();
+  recv.get(), all.get();
+  bool rs_ok = dec(recv[part]) == -7.0f, ag_ok = true;  // nothing past the part is written
+  whole = 0;
+  size_t at = 0;
+  for (size_t c : pc.counts) {
+    for (size_t j = 0; j < c; ++j) {
+      float want = 0;
+      for (int m : members) want += val(m, whole + r * c + j);
+      rs_ok &= dec(recv[at + j]) == want;
+    }
+    for (int q = 0; q < p; ++q)
+      for (size_t j = 0; j < c; ++j) ag_ok &= dec(all[whole + q * c + j]) == val(members[q], whole + q * c + j);
+    whole += p * c, at += c;
+  }
+  const std::string what = tag + (std::is_same_v<T, float> ? " f32" : " bf16") + (shared ? " comm buffers" : "");
+  check(rs_ok, what + " reduce-scatter of pieces", me);
+  check(ag_ok, what + " all-gather of pieces in place", me);
+}
 
 // 16-bit collectives. Inputs are integers in [-6, 6], so every partial sum (|sum| <= 48 on 8 ranks)
 // is exact in bf16 and fp16 and the result does not depend on MPI's reduction order.
@@ -292,6 +350,8 @@ static void test_group(const ProcessGroup& g_const, const std::vector<int>& memb
   check(g.all_reduce_max(static_cast<int64_t>(me)) == members.back(), tag + " scalar max", me);
 
   test_group16(g, members, me, tag);
+  test_pieces<float>(g, members, me, tag, false);
+  test_pieces<uint16_t>(g, members, me, tag, false);
 }
 
 // The control helpers on a group: a barrier, a string of any length from the last rank, and agree():
@@ -619,6 +679,10 @@ int main(int argc, char** argv) {
           std::vector<int> everyone(world);
           for (int r = 0; r < world; ++r) everyone[r] = r;
           test_shm_against_mpi(*gs.world, *gm.world, everyone, me, layout + "world");
+          for (bool shared : {false, true}) {
+            test_pieces<float>(*gs.dp, gs.topo.dp_group(me), me, layout + "dp", shared);
+            test_pieces<uint16_t>(*gs.world, everyone, me, layout + "world", shared);
+          }
           test_single_copy(*gs.dp, *gm.dp, gs.topo.dp_group(me), me, layout + "dp");
           test_single_copy(*gs.world, *gm.world, everyone, me, layout + "world");
         }

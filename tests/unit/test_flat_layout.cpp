@@ -46,3 +46,32 @@ TEST(FlatLayout, BucketsArePaddedAlignedAndBounded) {
     }
   }
 }
+
+// Messages (reduce_bucket_size, allgather_bucket_size): runs cover the buckets once, in order, each
+// at most the limit unless it is one bucket larger than the limit, and no run could take the next
+// bucket without passing the limit (greedy: as few messages as the limit allows).
+TEST(FlatLayout, BucketRunsTileTheBucketsWithinTheLimit) {
+  ModelConfig m{256, 64, 3, 4, 128};
+  FlatLayout L = make_flat_layout(gpt_param_table(m), 2, 4000);
+  const int nb = static_cast<int>(L.buckets.size());
+  for (size_t limit : {size_t(0), size_t(4000), size_t(9000), size_t(50000), size_t(1) << 40}) {
+    const std::vector<BucketRun> runs = bucket_runs(L, 0, nb, limit);
+    int next = 0;
+    for (const BucketRun& r : runs) {
+      EXPECT_EQ(r.first, next);
+      EXPECT_LT(r.first, r.last);
+      size_t elems = 0;
+      for (int i = r.first; i < r.last; ++i) elems += L.buckets[i].size;
+      if (r.last - r.first > 1) EXPECT_LE(elems, limit);
+      if (r.last < nb) EXPECT_GT(elems + L.buckets[r.last].size, limit);
+      const std::vector<size_t> counts = slice_counts(L, r);
+      ASSERT_EQ(counts.size(), size_t(r.last - r.first));
+      for (int i = r.first; i < r.last; ++i) EXPECT_EQ(counts[i - r.first], L.buckets[i].size / 2);
+      next = r.last;
+    }
+    EXPECT_EQ(next, nb);
+    if (limit == 0) EXPECT_EQ(runs.size(), size_t(nb));
+    if (limit == size_t(1) << 40) EXPECT_EQ(runs.size(), 1u);
+  }
+  EXPECT_TRUE(bucket_runs(L, 3, 3, 100).empty());
+}
