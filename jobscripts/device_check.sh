@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# jobscripts/device_check.sh: the GPU path checked in one run on a machine with an NVIDIA GPU (the
+# lent H200), in under 8 minutes, with nothing but the repository:
+#   1. build zero3d with the CUDA backend (sm_90) against the machine's MPI and parallel HDF5 or,
+#      where it has none, the Debian libraries carried in .device/deps (jobscripts/device_deps.sh);
+#   2. test_kernels: every backend op on the CUDA backend against the host references;
+#   3. gpt-tiny for 50 steps on the GPU and on the host, fp32 and bf16, losses compared (fp32
+#      within 1e-4 relative, bf16 within 2e-2);
+#   4. a GPT-2 350M-shape model (d 1024, 24 layers, 16 heads, seq 1024, micro-batch 8) in bf16 for
+#      20 steps on the GPU: tokens/s and MFU against the GPU's dense bf16 peak;
+# then one table. Logs and metrics go under $OUT (the device tool's folder) or runs/device-check.
+#
+# usage: jobscripts/device_check.sh                      on the GPU machine, from the repository root
+#        jobscripts/device_deps.sh fetch .device/deps    here first, once: the libraries to carry
+#        (the device tool's run: carry [".device/deps"], command "bash jobscripts/device_check.sh")
+# Without a GPU it builds, runs the host half and marks the GPU rows skipped: how the script
+# itself is tried before a device is lent. DEVICE_BACKEND=host goes further there: the host stands
+# in for the GPU in every row (its own kernel tests, itself as the "GPU" run, the big model cut to
+# 2 layers and seq 256 for 6 steps), so every step and parser of the script runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+t_start=$SECONDS
+out=${OUT:-runs/device-check}
+mkdir -p "$out"
+log=$out/device_check.log
+: > "$log"
+rows=()
+row() { rows+=("$(printf '| %-34s | %-10s | %s |' "$1" "$2" "$3")"); }
+say() { echo "device_check: $*" | tee -a "$log"; }
+table() {
+  echo
+  printf '| %-34s | %-10s | %s |\n' "check" "result" "detail"
+  printf '|%s|%s|%s|\n' "------------------------------------" "------------" "----------------------------------------"
+  printf '%s\n' "${rows[@]}"
+  echo "($((SECONDS - t_start)) s in all; logs in $out)"
+}
+trap table EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+
+# ---- the machine ----
+gpu="" dev=${DEVICE_BACKEND:-cuda} kernels='*cuda*'
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)
+fi
+if [[ $dev == host ]]; then gpu="none: the host stands in (DEVICE_BACKEND=host)" kernels='*host_sse2*'; fi
+if [[ $dev == host ]]; then row "GPU" "stand-in" "$gpu"
+elif [[ -n $gpu ]]; then row "GPU" "found" "$gpu"
+else row "GPU" "none" "no NVIDIA driver or device: GPU rows are skipped"
+fi
+nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+[[ -x $nvcc ]] || { row "nvcc" "FAIL" "no CUDA compiler (set CUDACXX)"; exit 1; }
+
+# ---- dependencies: the machine's own, else the carried Debian libraries ----
+if command -v mpicc >/dev/null && command -v h5pcc >/dev/null; then
+  row "MPI, HDF5" "machine's" "$(command -v mpicc), $(command -v h5pcc)"
+elif ls .device/deps/*.deb >/dev/null 2>&1; then
+  deps=/tmp/z3d-deps
+  if ! jobscripts/device_deps.sh unpack .device/deps "$deps" >>"$log" 2>&1; then
+    row "carried libraries" "FAIL" "see $log"
+    exit 1
+  fi
+  # shellcheck disable=SC1091
+  source "$deps/env.sh"
+  row "MPI, HDF5" "carried" "Debian 12 libraries unpacked under $deps"
+else
+  row "MPI, HDF5" "FAIL" "none here and nothing carried: run jobscripts/device_deps.sh fetch .device/deps first"
+  exit 1
+fi
+
+# ---- 1. build ----
+t=$SECONDS
+gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
+build=build-device
+if ! { cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZERO3D_CUDA=ON \
+         -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 &&
+       cmake --build "$build" -j "$(nproc)" --target zero3d test_kernels zero3d_cuda; } >>"$log" 2>&1; then
+  row "build (CUDA, sm_90)" "FAIL" "see $log"
+  exit 1
+fi
+row "build (CUDA, sm_90)" "ok" "$((SECONDS - t)) s, $(nproc) cores"
+z3d=$build/bin/zero3d
+mpirun=(mpirun --oversubscribe -np 1)
+
+# ---- 2. kernels on the CUDA backend against the host references ----
+if [[ -n $gpu ]]; then
+  timeout 240 "$build/bin/test_kernels" --gtest_filter="$kernels" >"$out/test_kernels.log" 2>&1
+  rc=$?
+  passed=$(grep -c '^\[       OK \]' "$out/test_kernels.log")
+  failed=$(grep -c '^\[  FAILED  \].*(' "$out/test_kernels.log")
+  first=$(grep '^\[  FAILED  \].*(' "$out/test_kernels.log" | head -3 | sed 's/.*\] //; s/ (.*//' | tr '\n' ' ')
+  row "test_kernels, CUDA backend" "$([[ $rc == 0 && $passed -gt 0 ]] && echo ok || echo FAIL)" \
+    "$passed passed, $failed failed (exit $rc)${first:+: $first}"
+else
+  row "test_kernels, CUDA backend" "skipped" "no GPU"
+fi
+
+# ---- 3. gpt-tiny, GPU against host ----
+tiny=(input/gpt-tiny.json --set data.val= --set train_steps=50 --set steps_per_print=50)
+train() {  # train NAME BACKEND SECONDS ARGS...: exit status
+  local name=$1 backend=$2 limit=$3
+  shift 3
+  rm -rf "$out/$name"
+  timeout "$limit" "${mpirun[@]}" "$z3d" train --backend "$backend" --run-dir "$out/$name" "$@" >"$out/$name.log" 2>&1
+}
+compare() {  # compare A B TOLERANCE: "max relative difference of the losses" or FAIL text
+  python3 - "$out/$1/metrics.jsonl" "$out/$2/metrics.jsonl" "$3" <<'PY'
+import json, sys
+def losses(p):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if r["kind"] == "train"}
+a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+if a.keys() != b.keys() or not a:
+    print(f"FAIL steps differ: {len(a)} vs {len(b)}"); sys.exit(1)
+worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in a)
+last = max(a)
+print(f"{'ok' if worst <= tol else 'FAIL'} max rel diff {worst:.2e} (tol {tol:g}) over {len(a)} steps; "
+      f"last loss {a[last]:.4f} vs {b[last]:.4f}")
+sys.exit(0 if worst <= tol else 1)
+PY
+}
+for prec in fp32 bf16; do
+  p=(); tol=1e-4
+  [[ $prec == bf16 ]] && p=(--set bf16.enabled=true) && tol=2e-2
+  if ! train "tiny_host_$prec" host 180 "${tiny[@]}" "${p[@]}"; then
+    row "gpt-tiny $prec, GPU vs host" "FAIL" "host run failed: $out/tiny_host_$prec.log"
+    continue
+  fi
+  if [[ -z $gpu ]]; then
+    row "gpt-tiny $prec, GPU vs host" "skipped" "no GPU (the host run passed)"
+    continue
+  fi
+  if ! train "tiny_cuda_$prec" "$dev" 180 "${tiny[@]}" "${p[@]}"; then
+    row "gpt-tiny $prec, GPU vs host" "FAIL" "GPU run failed: $(tail -1 "$out/tiny_cuda_$prec.log")"
+    continue
+  fi
+  res=$(compare "tiny_cuda_$prec" "tiny_host_$prec" "$tol")
+  row "gpt-tiny $prec, GPU vs host" "${res%% *}" "${res#* }"
+done
+
+# ---- 4. GPT-2 350M shape, bf16, on the GPU ----
+if [[ -n $gpu ]]; then
+  steps=20
+  big=(input/gpt2-124m.json --set data.val= --set model.d_model=1024 --set model.n_layer=24 --set model.n_head=16
+       --set train_micro_batch_size_per_gpu=8 --set bf16.enabled=true)
+  [[ $dev == host ]] && steps=6 big+=(--set model.n_layer=2 --set model.seq_len=256)
+  big+=(--set train_steps=$steps --set steps_per_print=$steps)
+  if train gpt350m_cuda_bf16 "$dev" 240 "${big[@]}"; then
+    res=$(python3 - "$out/gpt350m_cuda_bf16/metrics.jsonl" "$steps" <<'PY'
+import json, statistics, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+run = next(r for r in recs if r["kind"] == "run")
+first = int(sys.argv[2]) // 4 + 1  # warm-up left out
+train = [r for r in recs if r["kind"] == "train" and r["step"] >= first]
+tps = statistics.median(r["tokens_per_s"] for r in train)
+mfu = statistics.median(r["mfu"] for r in train)
+print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.2f}% of {run.get('peak_flops', 0) / 1e12:.0f} TFLOP/s "
+      f"({run.get('num_params', 0) / 1e6:.0f}M parameters; median of steps {first}-{train[-1]['step']}; "
+      f"loss {train[-1]['loss']:.3f})")
+PY
+)
+    row "GPT-2 350M shape, bf16, $steps steps" "ok" "$res"
+  else
+    row "GPT-2 350M shape, bf16, $steps steps" "FAIL" "$(tail -1 "$out/gpt350m_cuda_bf16.log")"
+  fi
+else
+  row "GPT-2 350M shape, bf16" "skipped" "no GPU"
+fi
+row "NCCL collectives" "not built" "issue 16, item 1: no NCCL group exists yet"
