@@ -20,22 +20,34 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$SECONDS
+deadline=$((t_start + ${DEVICE_CHECK_SECONDS:-540}))  # inside the device tool's 600 s per call
 out=${OUT:-runs/device-check}
 mkdir -p "$out"
 log=$out/device_check.log
 : > "$log"
-rows=()
-row() { rows+=("$(printf '| %-34s | %-10s | %s |' "$1" "$2" "$3")"); }
-say() { echo "device_check: $*" | tee -a "$log"; }
-table() {
-  echo
-  printf '| %-34s | %-10s | %s |\n' "check" "result" "detail"
-  printf '|%s|%s|%s|\n' "------------------------------------" "------------" "----------------------------------------"
-  printf '%s\n' "${rows[@]}"
-  echo "($((SECONDS - t_start)) s in all; logs in $out)"
+# The table grows in $out/table.md row by row, so a run stopped from outside still leaves its rows.
+printf '| %-34s | %-10s | %s |\n|%s|%s|%s|\n' "check" "result" "detail" "------------------------------------" \
+  "------------" "----------------------------------------" > "$out/table.md"
+failures=0
+row() {
+  printf '| %-34s | %-10s | %s |\n' "$1" "$2" "$3" >> "$out/table.md"
+  [[ $2 == FAIL ]] && failures=$((failures + 1))
+  return 0
 }
-trap table EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+# Seconds a step may take: its own limit, or what is left before the deadline (0: skip it).
+limit() {
+  local left=$((deadline - SECONDS - 15))
+  ((left < 30)) && echo 0 || echo $((left < $1 ? left : $1))
+}
+finish() {
+  echo
+  cat "$out/table.md"
+  echo "($((SECONDS - t_start)) s in all; $failures failed; logs in $out)"
+  exit $((failures > 0 ? 1 : 0))
+}
+trap finish EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # the device machine runs us as root
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}  # the host runs' threads (16 cores there)
 
 # ---- the machine ----
 gpu="" dev=${DEVICE_BACKEND:-cuda} kernels='*cuda*'
@@ -51,7 +63,8 @@ nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [[ -x $nvcc ]] || { row "nvcc" "FAIL" "no CUDA compiler (set CUDACXX)"; exit 1; }
 
 # ---- dependencies: the machine's own, else the carried Debian libraries ----
-if command -v mpicc >/dev/null && command -v h5pcc >/dev/null; then
+# (Open MPI only: the runs below use its mpirun options.)
+if command -v ompi_info >/dev/null && command -v mpicc >/dev/null && command -v h5pcc >/dev/null; then
   row "MPI, HDF5" "machine's" "$(command -v mpicc), $(command -v h5pcc)"
 elif ls .device/deps/*.deb >/dev/null 2>&1; then
   deps=/tmp/z3d-deps
@@ -83,7 +96,7 @@ mpirun=(mpirun --oversubscribe -np 1)
 
 # ---- 2. kernels on the CUDA backend against the host references ----
 if [[ -n $gpu ]]; then
-  timeout 240 "$build/bin/test_kernels" --gtest_filter="$kernels" >"$out/test_kernels.log" 2>&1
+  timeout "$(limit 150)" "$build/bin/test_kernels" --gtest_filter="$kernels" >"$out/test_kernels.log" 2>&1
   rc=$?
   passed=$(grep -c '^\[       OK \]' "$out/test_kernels.log")
   failed=$(grep -c '^\[  FAILED  \].*(' "$out/test_kernels.log")
@@ -96,11 +109,14 @@ fi
 
 # ---- 3. gpt-tiny, GPU against host ----
 tiny=(input/gpt-tiny.json --set data.val= --set train_steps=50 --set steps_per_print=50)
-train() {  # train NAME BACKEND SECONDS ARGS...: exit status
-  local name=$1 backend=$2 limit=$3
+train() {  # train NAME BACKEND SECONDS ARGS...: exit status (124: out of time)
+  local name=$1 backend=$2 seconds
+  seconds=$(limit "$3")
   shift 3
   rm -rf "$out/$name"
-  timeout "$limit" "${mpirun[@]}" "$z3d" train --backend "$backend" --run-dir "$out/$name" "$@" >"$out/$name.log" 2>&1
+  ((seconds > 0)) || { echo "no time left for $name" >"$out/$name.log"; return 124; }
+  timeout "$seconds" "${mpirun[@]}" "$z3d" train --backend "$backend" --run-dir "$out/$name" "$@" \
+    >"$out/$name.log" 2>&1
 }
 compare() {  # compare A B TOLERANCE: "max relative difference of the losses" or FAIL text
   python3 - "$out/$1/metrics.jsonl" "$out/$2/metrics.jsonl" "$3" <<'PY'
@@ -110,6 +126,8 @@ def losses(p):
 a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
 if a.keys() != b.keys() or not a:
     print(f"FAIL steps differ: {len(a)} vs {len(b)}"); sys.exit(1)
+if any(v is None for v in (*a.values(), *b.values())):  # non-finite losses are written as null
+    print("FAIL a loss is not finite"); sys.exit(1)
 worst = max(abs(a[s] - b[s]) / abs(b[s]) for s in a)
 last = max(a)
 print(f"{'ok' if worst <= tol else 'FAIL'} max rel diff {worst:.2e} (tol {tol:g}) over {len(a)} steps; "
@@ -120,7 +138,7 @@ PY
 for prec in fp32 bf16; do
   p=(); tol=1e-4
   [[ $prec == bf16 ]] && p=(--set bf16.enabled=true) && tol=2e-2
-  if ! train "tiny_host_$prec" host 180 "${tiny[@]}" "${p[@]}"; then
+  if ! train "tiny_host_$prec" host 60 "${tiny[@]}" "${p[@]}"; then
     row "gpt-tiny $prec, GPU vs host" "FAIL" "host run failed: $out/tiny_host_$prec.log"
     continue
   fi
@@ -128,11 +146,12 @@ for prec in fp32 bf16; do
     row "gpt-tiny $prec, GPU vs host" "skipped" "no GPU (the host run passed)"
     continue
   fi
-  if ! train "tiny_cuda_$prec" "$dev" 180 "${tiny[@]}" "${p[@]}"; then
+  if ! train "tiny_cuda_$prec" "$dev" 90 "${tiny[@]}" "${p[@]}"; then
     row "gpt-tiny $prec, GPU vs host" "FAIL" "GPU run failed: $(tail -1 "$out/tiny_cuda_$prec.log")"
     continue
   fi
-  res=$(compare "tiny_cuda_$prec" "tiny_host_$prec" "$tol")
+  res=$(compare "tiny_cuda_$prec" "tiny_host_$prec" "$tol" 2>>"$log") || [[ $res == FAIL* ]] ||
+    res="FAIL the comparison broke (see $log)"
   row "gpt-tiny $prec, GPU vs host" "${res%% *}" "${res#* }"
 done
 
@@ -143,13 +162,15 @@ if [[ -n $gpu ]]; then
        --set train_micro_batch_size_per_gpu=8 --set bf16.enabled=true)
   [[ $dev == host ]] && steps=6 big+=(--set model.n_layer=2 --set model.seq_len=256)
   big+=(--set train_steps=$steps --set steps_per_print=$steps)
-  if train gpt350m_cuda_bf16 "$dev" 240 "${big[@]}"; then
-    res=$(python3 - "$out/gpt350m_cuda_bf16/metrics.jsonl" "$steps" <<'PY'
+  if train gpt350m_cuda_bf16 "$dev" 180 "${big[@]}"; then
+    res=$(python3 - "$out/gpt350m_cuda_bf16/metrics.jsonl" "$steps" 2>>"$log" <<'PY'
 import json, statistics, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 run = next(r for r in recs if r["kind"] == "run")
 first = int(sys.argv[2]) // 4 + 1  # warm-up left out
 train = [r for r in recs if r["kind"] == "train" and r["step"] >= first]
+if not train or any(r[k] is None for r in train for k in ("tokens_per_s", "mfu", "loss")):
+    sys.exit(1)  # no steps, or a non-finite value (written as null)
 tps = statistics.median(r["tokens_per_s"] for r in train)
 mfu = statistics.median(r["mfu"] for r in train)
 print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.2f}% of {run.get('peak_flops', 0) / 1e12:.0f} TFLOP/s "
@@ -157,7 +178,9 @@ print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.2f}% of {run.get('peak_flops', 0) /
       f"loss {train[-1]['loss']:.3f})")
 PY
 )
-    row "GPT-2 350M shape, bf16, $steps steps" "ok" "$res"
+    if [[ -n $res ]]; then row "GPT-2 350M shape, bf16, $steps steps" "ok" "$res"
+    else row "GPT-2 350M shape, bf16, $steps steps" "FAIL" "no steps or a non-finite value in its metrics"
+    fi
   else
     row "GPT-2 350M shape, bf16, $steps steps" "FAIL" "$(tail -1 "$out/gpt350m_cuda_bf16.log")"
   fi

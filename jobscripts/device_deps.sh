@@ -28,6 +28,7 @@ packages=(
 fetch() {
   local dir=$1
   mkdir -p "$dir"
+  rm -f "$dir"/*.deb  # only this list's versions
   (cd "$dir" && apt-get download -q "${packages[@]}" >/dev/null)
   local n
   n=$(ls "$dir"/*.deb | wc -l)
@@ -58,15 +59,15 @@ unpack() {
   local name found
   for name in crypto.so.3 curl.so.4 sz.so.2 z.so.1; do
     found=$(ls "$lib/lib$name" "$prefix/lib/x86_64-linux-gnu/lib$name" 2>/dev/null | head -1 || true)
-    [[ -n $found ]] || found=$(/sbin/ldconfig -p | awk -v n="lib$name" '$1 == n && /x86-64/ {print $NF; exit}')
+    [[ -n $found ]] || found=$(/sbin/ldconfig -p | awk -v n="lib$name" '$1 == n && /x86-64/ && !f {print $NF; f = 1}')
     [[ -n $found ]] || { echo "device_deps: lib$name is neither carried nor on this machine" >&2; exit 1; }
     ln -sf "$found" "$lib/lib${name%.so.*}.so"
   done
   cat > "$prefix/env.sh" <<EOF
 # Source before building or running zero3d with the libraries under $prefix.
 export PATH="$u/bin:\$PATH"
-libs="$lib:$prefix/lib/x86_64-linux-gnu:$lib/openmpi/lib:$lib/openblas-pthread:$lib/hdf5/openmpi"
-export LD_LIBRARY_PATH="\$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$lib:$prefix/lib/x86_64-linux-gnu:$lib/openmpi/lib:$lib/openblas-pthread:\\
+$lib/hdf5/openmpi\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export LIBRARY_PATH="$lib\${LIBRARY_PATH:+:\$LIBRARY_PATH}"  # the link step of HDF5's wrapper
 export CMAKE_PREFIX_PATH="$u\${CMAKE_PREFIX_PATH:+:\$CMAKE_PREFIX_PATH}"
 export OPAL_PREFIX="$u" OPAL_SYSCONFDIR="$prefix/etc/openmpi" PMIX_INSTALL_PREFIX="$lib/pmix2"

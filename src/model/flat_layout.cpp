@@ -1,5 +1,8 @@
 #include "model/flat_layout.h"
 
+#include <algorithm>
+#include <climits>
+
 #include "core/check.h"
 
 namespace zero3d {
@@ -57,6 +60,7 @@ FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_
 }
 
 std::vector<BucketRun> bucket_runs(const FlatLayout& L, int first, int last, size_t limit) {
+  limit = std::min<size_t>(limit, INT_MAX);  // MPI counts are int
   std::vector<BucketRun> runs;
   size_t elems = 0;
   for (int i = first; i < last; ++i) {

@@ -61,7 +61,7 @@ struct BucketRun {
   int first = 0, last = 0;
 };
 // Buckets [first, last) in runs of at most `limit` elements each (a larger bucket alone; 0: one
-// bucket each), in order.
+// bucket each; never more than INT_MAX, MPI's largest count), in order.
 std::vector<BucketRun> bucket_runs(const FlatLayout& L, int first, int last, size_t limit);
 // The elements per rank of each bucket of a run (what one rank sends or keeps of each).
 std::vector<size_t> slice_counts(const FlatLayout& L, BucketRun run);

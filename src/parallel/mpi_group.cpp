@@ -348,8 +348,9 @@ class MpiGroup final : public ProcessGroup {
     if (on_shm(size() * part * eb, send.kind, recv.kind))
       return host_->reduce_scatter(send.ptr, recv.ptr, pc, t, this);
     Staging st(*this);
-    const void* s = host_in(st, send, size() * part * eb);
-    void* d = host_out(st, recv, part * eb);
+    const bool copied = pc.counts.size() > 1 || size() == 1;  // bytes this code moves itself
+    const void* s = host_in(st, send, size() * part * eb, copied);
+    void* d = host_out(st, recv, part * eb, /*load=*/false, copied);
     if (pc.counts.size() > 1) {
       char* packed = st.scratch(size() * part * eb);
       for (int r = 0; r < size(); ++r) pc.pack(s, packed + r * part * eb, size(), r, eb);
@@ -369,17 +370,11 @@ class MpiGroup final : public ProcessGroup {
       return host_->all_gather(send.ptr, recv.ptr, pc, t, this);
     const bool in_place = send.ptr == nullptr, one = pc.counts.size() == 1;
     Staging st(*this);
-    char* d = static_cast<char*>(host_out(st, recv, size() * part * eb, /*load=*/false));
-    if (in_place && d != recv.ptr) {  // staged: this rank's blocks come from the device
-      size_t off = 0;
-      for (size_t c : pc.counts) {
-        const size_t mine = off + rank() * c * eb;
-        dev_->to_host(d + mine, static_cast<const char*>(recv.ptr) + mine, c * eb);
-        off += size() * c * eb;
-      }
-    }
+    // Staged in place, recv comes in with this rank's blocks (one copy of the whole buffer).
+    const bool copied = !one || !in_place;  // bytes this code moves itself
+    char* d = static_cast<char*>(host_out(st, recv, size() * part * eb, /*load=*/in_place, copied));
     char* g = one ? d : st.scratch(size() * part * eb);  // rank-major: MPI's layout
-    if (!in_place) std::memmove(g + at, host_in(st, send, part * eb), part * eb);
+    if (!in_place) std::memmove(g + at, host_in(st, send, part * eb, /*copied=*/true), part * eb);
     else if (!one) pc.pack(d, g + at, size(), rank(), eb);
     MPI_Request r = MPI_REQUEST_NULL;
     if (size() > 1)
@@ -435,11 +430,13 @@ class MpiGroup final : public ProcessGroup {
   friend class Staging;
 
   // The pointer MPI gets for a buffer: itself (host memory, or a CUDA-aware MPI), else staged.
-  const void* host_in(Staging& st, MemRef<const void> ref, size_t bytes) {
-    return direct(ref.kind) ? ref.ptr : st.in(ref, bytes);
+  // `copied`: this code reads or writes the bytes itself too (packing pieces, the own block), so
+  // device memory is staged even where MPI could read it.
+  const void* host_in(Staging& st, MemRef<const void> ref, size_t bytes, bool copied = false) {
+    return direct(ref.kind, copied) ? ref.ptr : st.in(ref, bytes);
   }
-  void* host_out(Staging& st, MemRef<void> ref, size_t bytes, bool load = false) {
-    return direct(ref.kind) ? ref.ptr : st.out(ref, bytes, load);
+  void* host_out(Staging& st, MemRef<void> ref, size_t bytes, bool load = false, bool copied = false) {
+    return direct(ref.kind, copied) ? ref.ptr : st.out(ref, bytes, load);
   }
   void* host_view(Staging& st, MemRef<void> ref, size_t bytes, bool load = true) {
     return host_out(st, ref, bytes, load);
@@ -450,9 +447,10 @@ class MpiGroup final : public ProcessGroup {
     return host_ && a == MemKind::host && b == MemKind::host && bytes >= shm_min_bytes_;
   }
 
-  bool direct(MemKind kind) {
+  bool direct(MemKind kind, bool copied = false) {
     if (kind == MemKind::host) return true;
     Z3D_ASSERT(dev_, "a device buffer reached a group without device memory (use_device_memory)");
+    if (copied) return false;
     if (cuda_aware_) dev_->synchronize();
     return cuda_aware_;
   }
