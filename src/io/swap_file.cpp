@@ -86,7 +86,8 @@ SwapFile::SwapFile(std::string path, uint64_t bytes, Options options)
     if (err != 0) {
       ::close(fd_);
       remove_file();
-      const int64_t free = free_bytes(std::filesystem::path(path_).parent_path().string());
+      // Asked of nvme_path itself: the run directory may be gone already (the last file out removes it).
+      const int64_t free = free_bytes(std::filesystem::path(path_).parent_path().parent_path().string());
       throw IoError(strprintf("cannot reserve %.1f MB for swap file '%s': %s (%.1f MB free there)", double(bytes_) / 1e6,
                               path_.c_str(), strerror(err), double(free) / 1e6));
     }
