@@ -4,9 +4,13 @@
 #   1. build zero3d with the CUDA backend (sm_90) against the machine's MPI and parallel HDF5 or,
 #      where it has none, the Debian libraries carried in .device/deps (jobscripts/device_deps.sh);
 #   2. test_kernels: every backend op on the CUDA backend against the host references;
-#   3. gpt-tiny for 50 steps on the GPU and on the host, fp32 and bf16, losses compared (fp32
+#   3. test_collectives --cuda: every collective, send and receive of every group on GPU memory
+#      through NCCL, on 1 rank (and, last, on 2 ranks sharing the one GPU: NCCL refuses two ranks
+#      on one device unless they look like two hosts, so each gets its own NCCL_HOSTID and they
+#      talk through NCCL's socket transport on lo);
+#   4. gpt-tiny for 50 steps on the GPU and on the host, fp32 and bf16, losses compared (fp32
 #      within 1e-4 relative, bf16 within 2e-2);
-#   4. a GPT-2 350M-shape model (d 1024, 24 layers, 16 heads, seq 1024, micro-batch 8) in bf16 for
+#   5. a GPT-2 350M-shape model (d 1024, 24 layers, 16 heads, seq 1024, micro-batch 8) in bf16 for
 #      20 steps on the GPU: tokens/s and MFU against the GPU's dense bf16 peak;
 # then one table. Logs and metrics go under $OUT (the device tool's folder) or runs/device-check.
 #
@@ -86,11 +90,12 @@ gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 build=build-device
 if ! { cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZERO3D_CUDA=ON \
          -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 &&
-       cmake --build "$build" -j "$(nproc)" --target zero3d test_kernels zero3d_cuda; } >>"$log" 2>&1; then
+       cmake --build "$build" -j "$(nproc)" --target zero3d test_kernels test_collectives zero3d_cuda; } >>"$log" 2>&1; then
   row "build (CUDA, sm_90)" "FAIL" "see $log"
   exit 1
 fi
 row "build (CUDA, sm_90)" "ok" "$((SECONDS - t)) s, $(nproc) cores"
+nccl=$(grep -o 'zero3d: NCCL .*\|zero3d: no NCCL' "$log" | tail -1)
 z3d=$build/bin/zero3d
 mpirun=(mpirun --oversubscribe -np 1)
 
@@ -107,7 +112,29 @@ else
   row "test_kernels, CUDA backend" "skipped" "no GPU"
 fi
 
-# ---- 3. gpt-tiny, GPU against host ----
+# ---- 3. NCCL: every collective of every group on GPU memory, against the known answers ----
+# (1 rank first: where it fails, the training runs below stage through MPI instead, so they still
+# check the kernels.)
+collectives() {  # collectives NAME SECONDS MPIRUN-ARGS...: a row from test_collectives --cuda
+  local name=$1 seconds
+  seconds=$(limit "$2")
+  shift 2
+  if [[ -z $gpu || $dev == host ]]; then row "$name" "skipped" "no GPU"; return; fi
+  if [[ $nccl != "zero3d: NCCL"* ]]; then row "$name" "FAIL" "built without NCCL (${nccl:-?})"; return; fi
+  ((seconds > 0)) || { row "$name" "FAIL" "no time left"; return; }
+  timeout "$seconds" mpirun --oversubscribe "$@" >"$out/$name.log" 2>&1
+  local rc=$? res
+  res=$(grep -o 'collectives on .*failed' "$out/$name.log" | tail -1)
+  if [[ $rc == 0 && $res == *", 0 failed" ]]; then row "$name" "ok" "$res; ${nccl#zero3d: }"
+  else row "$name" "FAIL" "exit $rc: ${res:-$(grep -m1 -i 'nccl warn\|error' "$out/$name.log" | cut -c1-150)}"
+  fi
+}
+bin_coll=$build/bin/test_collectives
+before=$failures fallback=()
+collectives "NCCL collectives, 1 rank" 60 -np 1 "$bin_coll" --cuda
+((failures > before)) && fallback=(--set comm.device_collectives=mpi)
+
+# ---- 4. gpt-tiny, GPU against host ----
 tiny=(input/gpt-tiny.json --set data.val= --set train_steps=50 --set steps_per_print=50)
 train() {  # train NAME BACKEND SECONDS ARGS...: exit status (124: out of time)
   local name=$1 backend=$2 seconds
@@ -146,7 +173,7 @@ for prec in fp32 bf16; do
     row "gpt-tiny $prec, GPU vs host" "skipped" "no GPU (the host run passed)"
     continue
   fi
-  if ! train "tiny_cuda_$prec" "$dev" 90 "${tiny[@]}" "${p[@]}"; then
+  if ! train "tiny_cuda_$prec" "$dev" 90 "${tiny[@]}" "${p[@]}" "${fallback[@]}"; then
     row "gpt-tiny $prec, GPU vs host" "FAIL" "GPU run failed: $(tail -1 "$out/tiny_cuda_$prec.log")"
     continue
   fi
@@ -155,14 +182,14 @@ for prec in fp32 bf16; do
   row "gpt-tiny $prec, GPU vs host" "${res%% *}" "${res#* }"
 done
 
-# ---- 4. GPT-2 350M shape, bf16, on the GPU ----
+# ---- 5. GPT-2 350M shape, bf16, on the GPU ----
 if [[ -n $gpu ]]; then
   steps=20
   big=(input/gpt2-124m.json --set data.val= --set model.d_model=1024 --set model.n_layer=24 --set model.n_head=16
        --set train_micro_batch_size_per_gpu=8 --set bf16.enabled=true)
   [[ $dev == host ]] && steps=6 big+=(--set model.n_layer=2 --set model.seq_len=256)
   big+=(--set train_steps=$steps --set steps_per_print=$steps)
-  if train gpt350m_cuda_bf16 "$dev" 180 "${big[@]}"; then
+  if train gpt350m_cuda_bf16 "$dev" 180 "${big[@]}" "${fallback[@]}"; then
     res=$(python3 - "$out/gpt350m_cuda_bf16/metrics.jsonl" "$steps" 2>>"$log" <<'PY'
 import json, statistics, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
@@ -187,4 +214,10 @@ PY
 else
   row "GPT-2 350M shape, bf16" "skipped" "no GPU"
 fi
-row "NCCL collectives" "not built" "issue 16, item 1: no NCCL group exists yet"
+
+# ---- 3, last: two ranks, one GPU ----
+# Each rank its own NCCL_HOSTID, so NCCL's duplicate-GPU check passes and the ranks talk through
+# its socket transport on the loopback interface.
+nccl_2=(-x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_NET=Socket -x NCCL_SOCKET_IFNAME=lo)
+collectives "NCCL collectives, 2 ranks, 1 GPU" 90 -np 1 -x NCCL_HOSTID=zero3d-a "${nccl_2[@]}" "$bin_coll" --cuda \
+  : -np 1 -x NCCL_HOSTID=zero3d-b "${nccl_2[@]}" "$bin_coll" --cuda

@@ -33,12 +33,14 @@
 #include "core/check.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/nccl_collectives.h"
 #include "kernels/math/adamw.h"
 #include "kernels/math/crossentropy.h"
 #include "kernels/math/dtype.h"
 #include "kernels/math/gelu.h"
 #include "kernels/math/layernorm.h"
 #include "kernels/math/attention.h"
+#include "parallel/comm.h"
 
 namespace zero3d {
 namespace {
@@ -404,6 +406,11 @@ class CudaBackend final : public Backend, public DeviceMemory {
     return p;
   }
   void free_pinned(void* p) override { CUDA_CHECK(cudaFreeHost(p)); }
+  // NCCL where the build has it (kernels/cuda/nccl_collectives.h), else null: staged.
+  std::unique_ptr<DeviceCollectives> make_collectives(int size, int rank, const std::string& name,
+                                                      const Share& share) override {
+    return make_nccl_collectives(stream(), size, rank, name, share);
+  }
 
   // ---- GEMM (row-major interface on column-major cuBLAS: see the header) ----
 

@@ -131,6 +131,7 @@ struct CommConfig {
   int64_t shm_min_bytes = 65536;      // auto: shared memory from this message size up
   int64_t shm_chunk_bytes = 262144;   // shared memory: bytes a rank publishes per round
   bool send_thread = true;            // point-to-point sends progress on a thread of their own
+  std::string device_collectives = "auto";  // device buffers: "auto" (NCCL where built) or "mpi"
 };
 
 // DeepSpeed's monitors and logs (monitor/config.py, comm/config.py).

@@ -313,6 +313,10 @@ std::vector<Key> build() {
             "thread of their own, so they advance while the sender computes (needs MPI_THREAD_MULTIPLE; OpenMPI "
             "moves a large message only inside MPI calls unless its shared-memory transport can read the sender's "
             "memory itself, CMA)"),
+      choice("comm.device_collectives", at(&Config::comm, &CM::device_collectives), {"auto", "mpi"},
+             "ours: how collectives, sends and receives on device memory (the CUDA backend) move: the device's own "
+             "library, NCCL, where the build has it (auto), or MPI (mpi: handed to a CUDA-aware MPI, else staged "
+             "through pinned host buffers). The run record's comm_device_buffers says which"),
       choice("compute.gemm", at(&Config::compute, &XC::gemm), {"auto", "onednn", "cblas"},
              "host GEMM library: oneDNN (ISA picked at run time), the CBLAS linked in (a site's tuned BLAS), or "
              "auto (oneDNN; weight gradients on an OpenBLAS that runs its own kernels for this CPU)"),

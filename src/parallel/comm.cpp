@@ -27,7 +27,29 @@ CommLog& comm_log() {
   return log;
 }
 
-size_t elem_bytes(CommType t) { return t == CommType::f32 ? 4 : 2; }
+namespace {
+std::mutex device_collectives_mu;
+std::vector<DeviceCollectives*>& device_collectives_live() {
+  static std::vector<DeviceCollectives*> live;
+  return live;
+}
+}  // namespace
+
+void register_device_collectives(DeviceCollectives* d) {
+  std::lock_guard<std::mutex> lock(device_collectives_mu);
+  device_collectives_live().push_back(d);
+}
+
+void unregister_device_collectives(DeviceCollectives* d) {
+  std::lock_guard<std::mutex> lock(device_collectives_mu);
+  auto& live = device_collectives_live();
+  live.erase(std::remove(live.begin(), live.end(), d), live.end());
+}
+
+void abort_device_collectives() {
+  std::lock_guard<std::mutex> lock(device_collectives_mu);
+  for (DeviceCollectives* d : device_collectives_live()) d->abort();
+}
 
 // ---- comm time (wall_clock_breakdown) ----
 
@@ -94,8 +116,11 @@ PendingOp::PendingOp(MPI_Request r, std::string what, const ProcessGroup* group,
 PendingOp::PendingOp(std::shared_ptr<AsyncCompletion> a, std::string what, const ProcessGroup* group)
     : async_(std::move(a)), pending_(true), what_(std::move(what)), group_(group),
       issued_(std::chrono::steady_clock::now()) {}
+PendingOp::PendingOp(DeviceCollectives::OpPtr d, std::string what, const ProcessGroup* group)
+    : device_(std::move(d)), pending_(true), what_(std::move(what)), group_(group),
+      issued_(std::chrono::steady_clock::now()) {}
 PendingOp::PendingOp(PendingOp&& o) noexcept
-    : req_(o.req_), async_(std::move(o.async_)), pending_(o.pending_), tracked_(o.tracked_), then_(std::move(o.then_)),
+    : req_(o.req_), async_(std::move(o.async_)), device_(std::move(o.device_)), pending_(o.pending_), tracked_(o.tracked_), then_(std::move(o.then_)),
       what_(std::move(o.what_)), group_(o.group_), logged_(o.logged_), seq_(o.seq_), issued_(o.issued_) {
   o.req_ = MPI_REQUEST_NULL;
   o.pending_ = false;
@@ -108,6 +133,7 @@ PendingOp& PendingOp::operator=(PendingOp&& o) noexcept {
     wait();
     req_ = o.req_;
     async_ = std::move(o.async_);
+    device_ = std::move(o.device_);
     pending_ = o.pending_;
     tracked_ = o.tracked_;
     then_ = std::move(o.then_);
@@ -130,6 +156,7 @@ bool PendingOp::test() {
   if (!pending_) return true;
   int flag = 1;
   if (async_) flag = async_->done();
+  else if (device_) flag = device_->done();
   else if (req_ != MPI_REQUEST_NULL) MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
   if (flag) completed();
   return flag != 0;
@@ -209,6 +236,7 @@ void PendingOp::wait() {
               world_rank, host, waited, describe().c_str(), group_ ? group_->rank() : -1, group_ ? group_->size() : 0,
               static_cast<long long>(ctx.step));
       fflush(stderr);
+      abort_device_collectives();
       MPI_Abort(MPI_COMM_WORLD, kExitWatchdog);
     }
   }

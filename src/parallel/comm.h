@@ -54,7 +54,7 @@ enum class Dtype16 { bf16, fp16 };
 // The element types the data collectives move (16-bit floats as raw bits) and their reductions.
 enum class CommType : uint8_t { f32, bf16, fp16 };
 enum class RedOp : uint8_t { sum, max };
-size_t elem_bytes(CommType t);
+inline size_t elem_bytes(CommType t) { return t == CommType::f32 ? 4 : 2; }
 inline CommType comm_type(Dtype16 t) { return t == Dtype16::bf16 ? CommType::bf16 : CommType::fp16; }
 
 // One reduce-scatter or all-gather that does the work of several (several layout buckets in one
@@ -72,6 +72,38 @@ struct Pieces {
   void unpack(const void* part, void* whole, int p, int r, size_t elem) const;
 };
 
+// Data collectives on device memory that the device's own library moves (NCCL), one per group,
+// made by the backend (DeviceMemory::make_collectives). Each operation runs on a stream of the
+// group's, after the work queued on the backend's compute stream when it was issued; the host
+// polls its completion. As with MPI, every rank of the group issues the group's operations in the
+// same order. Sends and receives carry no tag: they match in issue order per peer and direction.
+class DeviceCollectives {
+ public:
+  // An issued operation: done() polls without blocking, and fails the job (naming the library's
+  // error) when the library reports one.
+  class Op {
+   public:
+    virtual ~Op() = default;
+    virtual bool done() = 0;
+  };
+  using OpPtr = std::unique_ptr<Op>;
+  virtual ~DeviceCollectives() = default;
+  virtual std::string describe() const = 0;  // for the run record: "NCCL 2.28.9"
+  virtual OpPtr all_reduce(void* buf, size_t n, CommType t, RedOp op) = 0;
+  virtual OpPtr reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t) = 0;
+  virtual OpPtr all_gather(const void* send, void* recv, const Pieces& pc, CommType t) = 0;  // send null: in place
+  virtual OpPtr broadcast(void* buf, size_t bytes, int root) = 0;
+  virtual OpPtr send(const void* buf, size_t bytes, int peer) = 0;
+  virtual OpPtr recv(void* buf, size_t bytes, int peer) = 0;
+  // Stops the library's pending work (ncclCommAbort) so the device is released: the watchdog's
+  // last act before it aborts the job. Any thread may call it.
+  virtual void abort() = 0;
+};
+// Every live DeviceCollectives, so the watchdog can abort them all (called from any thread).
+void register_device_collectives(DeviceCollectives* d);
+void unregister_device_collectives(DeviceCollectives* d);
+void abort_device_collectives();
+
 // Which implementation moves a group's host-memory data collectives: MPI's own, the node's
 // shared memory (parallel/shm_collectives.h) for every size, or shared memory from
 // shm_min_bytes up where the group's ranks share a node (auto).
@@ -87,6 +119,7 @@ struct CommContext {
   size_t shm_chunk_bytes = 256 << 10;  // bytes a rank publishes per round (the pipelining grain)
   int ranks_per_node = 0;  // tests: > 0 makes world ranks [k i, k i + k) look like one node each
   bool send_thread = true;  // host-memory sends polled by a thread of the group's (needs MPI_THREAD_MULTIPLE)
+  bool device_library = true;  // device memory moved by the device's library (NCCL) where the backend has one
   // Shared memory reads the others' comm buffers in place (one copy) for every reduce-scatter, and
   // for all-gathers and all-reduces of at least these whole-buffer sizes (below them its two-copy
   // rounds stay in cache and win; measured with bench comm on 2 ranks). Tests lower them.
@@ -158,6 +191,7 @@ class PendingOp {
   PendingOp() = default;
   PendingOp(MPI_Request r, std::string what, const class ProcessGroup* group, Then then = {});
   PendingOp(std::shared_ptr<AsyncCompletion> a, std::string what, const class ProcessGroup* group);
+  PendingOp(DeviceCollectives::OpPtr d, std::string what, const class ProcessGroup* group);
   PendingOp(PendingOp&& o) noexcept;
   PendingOp& operator=(PendingOp&& o) noexcept;
   PendingOp(const PendingOp&) = delete;
@@ -177,6 +211,7 @@ class PendingOp {
   std::string describe() const;  // "all-reduce #17 on the dp group"
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::shared_ptr<AsyncCompletion> async_;  // set: a helper thread runs it (req_ unused)
+  DeviceCollectives::OpPtr device_;          // set: the device's library runs it (req_ unused)
   bool pending_ = false;
   bool tracked_ = false;
   Then then_;

@@ -315,13 +315,23 @@ class MpiGroup final : public ProcessGroup {
     MPI_CHECK(MPI_Query_thread(&level));
     send_thread_ = comm != MPI_COMM_NULL && ctx.send_thread && level >= MPI_THREAD_MULTIPLE;
   }
+  ~MpiGroup() override {
+    if (device_) unregister_device_collectives(device_.get());
+  }
+  // Collective over the group (the device library's communicator is made here).
   void use_device_memory(DeviceMemory* dev) override {
-    Z3D_ASSERT(pinned_.empty(), "use_device_memory after staging began");
+    Z3D_ASSERT(pinned_.empty() && !device_, "use_device_memory after staging began");
     dev_ = dev;
     cuda_aware_ = dev && mpi_reads_device_memory();
+    if (!dev || comm() == MPI_COMM_NULL || !comm_context().device_library) return;
+    device_ = dev->make_collectives(size(), rank(), name(), [this](const void* mine, void* all, size_t n) {
+      MPI_CHECK(MPI_Allgather(mine, count_of(n), MPI_BYTE, all, count_of(n), MPI_BYTE, comm()));
+    });
+    if (device_) register_device_collectives(device_.get());
   }
   std::string device_path() const override {
     if (!dev_) return "host memory only";
+    if (device_) return "device buffers by " + device_->describe();
     return cuda_aware_ ? "device buffers to MPI (CUDA-aware MPI)" : "device buffers staged through pinned host buffers";
   }
   std::string collectives_path() const override {
@@ -332,6 +342,7 @@ class MpiGroup final : public ProcessGroup {
 
  protected:
   PendingOp all_reduce_impl(MemRef<void> buf, size_t n, CommType t, RedOp op) override {
+    if (on_device(buf.kind)) return PendingOp(device_->all_reduce(buf.ptr, n, t, op), "all-reduce", this);
     if (on_shm(n * elem_bytes(t), buf.kind))
       return host_->all_reduce(buf.ptr, n, t, op, this);
     Staging st(*this);
@@ -345,6 +356,8 @@ class MpiGroup final : public ProcessGroup {
   // (reduce-scatter), or gathered there and unpacked at completion (all-gather).
   PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) override {
     const size_t eb = elem_bytes(t), part = pc.part();
+    if (on_device(send.kind, recv.kind))
+      return PendingOp(device_->reduce_scatter(send.ptr, recv.ptr, pc, t), "reduce-scatter", this);
     if (on_shm(size() * part * eb, send.kind, recv.kind))
       return host_->reduce_scatter(send.ptr, recv.ptr, pc, t, this);
     Staging st(*this);
@@ -366,6 +379,8 @@ class MpiGroup final : public ProcessGroup {
 
   PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) override {
     const size_t eb = elem_bytes(t), part = pc.part(), at = static_cast<size_t>(rank()) * part * eb;
+    if (on_device(send.kind, recv.kind))
+      return PendingOp(device_->all_gather(send.ptr, recv.ptr, pc, t), "all-gather", this);
     if (on_shm(size() * part * eb, send.kind, recv.kind))
       return host_->all_gather(send.ptr, recv.ptr, pc, t, this);
     const bool in_place = send.ptr == nullptr, one = pc.counts.size() == 1;
@@ -387,6 +402,7 @@ class MpiGroup final : public ProcessGroup {
   }
 
   PendingOp broadcast_impl(MemRef<void> buf, size_t bytes, int root) override {
+    if (on_device(buf.kind)) return PendingOp(device_->broadcast(buf.ptr, bytes, root), "broadcast", this);
     Staging st(*this);
     void* b = host_view(st, buf, bytes, /*load=*/rank() == root);
     MPI_Request r = MPI_REQUEST_NULL;
@@ -394,7 +410,10 @@ class MpiGroup final : public ProcessGroup {
     return PendingOp(r, "broadcast", this, st.finish());
   }
 
+  // On the device library, sends and receives match in issue order per peer and direction (no
+  // tags); the pipeline's tags already say the same ("one stream per neighbour and direction").
   PendingOp send_impl(MemRef<const void> buf, size_t bytes, int peer, int tag) override {
+    if (on_device(buf.kind)) return PendingOp(device_->send(buf.ptr, bytes, peer), "send", this);
     if (send_thread_ && !buf.on_device()) {
       // Send progress: the group's send thread issues and polls it (MPI's non-overtaking order
       // holds: every host send of the group goes this way, in order), so a large message moves
@@ -419,6 +438,7 @@ class MpiGroup final : public ProcessGroup {
   }
 
   PendingOp recv_impl(MemRef<void> buf, size_t bytes, int peer, int tag) override {
+    if (on_device(buf.kind)) return PendingOp(device_->recv(buf.ptr, bytes, peer), "receive", this);
     Staging st(*this);
     void* b = host_out(st, buf, bytes, /*load=*/false);
     MPI_Request r = MPI_REQUEST_NULL;
@@ -447,6 +467,12 @@ class MpiGroup final : public ProcessGroup {
     return host_ && a == MemKind::host && b == MemKind::host && bytes >= shm_min_bytes_;
   }
 
+  // Whether an operation on memory of these kinds goes to the device's library: device memory only
+  // (a mix of host and device buffers is staged).
+  bool on_device(MemKind a, MemKind b = MemKind::device) const {
+    return device_ && a == MemKind::device && b == MemKind::device;
+  }
+
   bool direct(MemKind kind, bool copied = false) {
     if (kind == MemKind::host) return true;
     Z3D_ASSERT(dev_, "a device buffer reached a group without device memory (use_device_memory)");
@@ -461,6 +487,7 @@ class MpiGroup final : public ProcessGroup {
   BufferPool pinned_{[this](size_t n) { return dev_->alloc_pinned(n); }, [this](void* p) { dev_->free_pinned(p); }};
   BufferPool scratch_{[](size_t n) { return ::operator new(n); }, [](void* p) { ::operator delete(p); }};
   std::unique_ptr<HostCollectives> host_;  // shared memory, or the hierarchy; null: MPI moves everything
+  std::unique_ptr<DeviceCollectives> device_;  // the device's library (NCCL); null: device buffers staged
   bool send_thread_ = false;
   OrderedWorker sender_;  // the send thread (started by the first send), joined before the members above go
   size_t shm_min_bytes_ = 0;

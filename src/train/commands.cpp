@@ -259,6 +259,7 @@ int cmd_train(const Args& a) {
   comm.shm_min_bytes = static_cast<size_t>(cfg.comm.shm_min_bytes);
   comm.shm_chunk_bytes = static_cast<size_t>(cfg.comm.shm_chunk_bytes);
   comm.send_thread = cfg.comm.send_thread;
+  comm.device_library = cfg.comm.device_collectives == "auto";
   // Tests: one node made to look like nodes of this many ranks (the hierarchical collectives).
   if (const char* e = std::getenv("ZERO3D_RANKS_PER_NODE"); e && *e) comm.ranks_per_node = std::atoi(e);
   ProcessGroups groups = ProcessGroups::create(cfg.tp_size, cfg.pp_size);

@@ -3,8 +3,10 @@
 // the topology alone; failures are summed over the world into the exit code (nccl-tests style).
 // Every data collective runs twice: on host buffers, and on fake device buffers (FakeDevice:
 // memory that faults when touched except through its own copies), which the MPI group must stage
-// through pinned host buffers it allocates once and reuses.
-// usage: mpirun -np N test_collectives
+// through pinned host buffers it allocates once and reuses; then a fake device library
+// (FakeLibrary: NCCL's part) moves them, which the group must hand every device operation to.
+// With --cuda the same checks run on a GPU's memory through NCCL (exit 77, skipped, without one).
+// usage: mpirun -np N test_collectives [--cuda]
 #include <mpi.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,12 +15,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
 #include "core/shared_memory.h"
+#include "kernels/backend.h"
 #include "kernels/math/dtype.h"
 #include "parallel/groups.h"
 #include "parallel/shm_collectives.h"
@@ -75,8 +81,12 @@ class FakeDevice final : public DeviceMemory {
     return ::operator new(bytes);
   }
   void free_pinned(void* p) override { ::operator delete(p); }
+  std::unique_ptr<DeviceCollectives> make_collectives(int size, int rank, const std::string& name,
+                                                      const Share& share) override;
 
   size_t bytes_to_host = 0, bytes_to_device = 0, pinned_allocs = 0;
+  bool with_library = false;  // make_collectives gives a FakeLibrary
+  size_t library_ops = 0, library_groups = 0, library_polls_pending = 0;
 
  private:
   struct Region {
@@ -100,7 +110,180 @@ class FakeDevice final : public DeviceMemory {
   std::vector<Region> regions_;
 };
 
-static FakeDevice* fake_device = nullptr;  // non-null: the buffers below live on it
+// Where Buf keeps its device copies: the fake device, or (--cuda) a GPU through its backend.
+struct TestDevice {
+  DeviceMemory* mem;
+  std::function<void*(size_t)> alloc;
+  std::function<void(void*)> free;
+};
+static TestDevice* test_device = nullptr;  // non-null: the buffers below live on it
+
+// A device library (NCCL's part) for FakeDevice memory: each operation reads its inputs through
+// the device's copies, moves them with non-blocking MPI on the group's own communicator, and at
+// completion computes and writes its outputs back. Sums are in group-rank order (all-gathered,
+// then added), so results are exact and alike on every rank. Sends and receives match in issue
+// order (one tag), as NCCL's do. done() says "not yet" at least once, so callers must poll.
+class FakeLibrary final : public DeviceCollectives {
+ public:
+  FakeLibrary(FakeDevice& dev, int size, int rank, const DeviceMemory::Share& share) : dev_(dev), p_(size), r_(rank) {
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    std::vector<int> members(size);
+    share(&world_rank, members.data(), sizeof(int));
+    MPI_Group world = MPI_GROUP_NULL, mine = MPI_GROUP_NULL;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_incl(world, size, members.data(), &mine);
+    MPI_Comm_create_group(MPI_COMM_WORLD, mine, 99, &comm_);
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+    int r = -1;
+    MPI_Comm_rank(comm_, &r);
+    if (r != rank) fail("the shared ranks are not the group's");
+    ++dev_.library_groups;
+  }
+  ~FakeLibrary() override { MPI_Comm_free(&comm_); }
+  std::string describe() const override { return "a fake library"; }
+
+  OpPtr all_reduce(void* buf, size_t n, zero3d::CommType t, RedOp op) override {
+    auto o = gather_all(buf, n * elem_bytes(t));
+    o->then = [this, o = o.get(), buf, n, t, op] {
+      std::vector<char> out(n * elem_bytes(t));
+      for (size_t i = 0; i < n; ++i) put(out.data(), i, t, reduce(o->all.data(), n, i, t, op));
+      dev_.to_device(buf, out.data(), out.size());
+    };
+    return o;
+  }
+  OpPtr reduce_scatter(const void* send, void* recv, const Pieces& pc, zero3d::CommType t) override {
+    const size_t eb = elem_bytes(t), whole = p_ * pc.part();
+    auto o = gather_all(send, whole * eb);
+    o->then = [this, o = o.get(), recv, pc, t, whole, eb] {
+      std::vector<char> out(pc.part() * eb);
+      size_t from = 0, at = 0;
+      for (size_t c : pc.counts) {
+        for (size_t k = 0; k < c; ++k) put(out.data(), at + k, t, reduce(o->all.data(), whole, from + r_ * c + k, t, RedOp::sum));
+        from += p_ * c, at += c;
+      }
+      dev_.to_device(recv, out.data(), out.size());
+    };
+    return o;
+  }
+  OpPtr all_gather(const void* send, void* recv, const Pieces& pc, zero3d::CommType t) override {
+    const size_t eb = elem_bytes(t), part = pc.part();
+    std::vector<char> mine(part * eb);
+    if (send) {
+      dev_.to_host(mine.data(), send, mine.size());
+    } else {
+      std::vector<char> whole(p_ * part * eb);
+      dev_.to_host(whole.data(), recv, whole.size());
+      pc.pack(whole.data(), mine.data(), p_, r_, eb);
+    }
+    auto o = gather_all_host(std::move(mine));
+    o->then = [this, o = o.get(), recv, pc, part, eb] {
+      std::vector<char> whole(p_ * part * eb);
+      for (int q = 0; q < p_; ++q) pc.unpack(o->all.data() + q * part * eb, whole.data(), p_, q, eb);
+      dev_.to_device(recv, whole.data(), whole.size());
+    };
+    return o;
+  }
+  OpPtr broadcast(void* buf, size_t bytes, int root) override {
+    auto o = std::make_unique<Pending>(dev_);
+    o->all.resize(bytes);
+    if (r_ == root) dev_.to_host(o->all.data(), buf, bytes);
+    MPI_Ibcast(o->all.data(), static_cast<int>(bytes), MPI_BYTE, root, comm_, &o->req);
+    o->then = [this, o = o.get(), buf, bytes] { dev_.to_device(buf, o->all.data(), bytes); };
+    return o;
+  }
+  OpPtr send(const void* buf, size_t bytes, int peer) override {
+    auto o = std::make_unique<Pending>(dev_);
+    o->all.resize(bytes);
+    dev_.to_host(o->all.data(), buf, bytes);
+    MPI_Isend(o->all.data(), static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &o->req);
+    return o;
+  }
+  OpPtr recv(void* buf, size_t bytes, int peer) override {
+    auto o = std::make_unique<Pending>(dev_);
+    o->all.resize(bytes);
+    MPI_Irecv(o->all.data(), static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &o->req);
+    o->then = [this, o = o.get(), buf, bytes] { dev_.to_device(buf, o->all.data(), bytes); };
+    return o;
+  }
+  void abort() override {}
+
+ private:
+  struct Pending final : Op {
+    explicit Pending(FakeDevice& d) : dev(d) { ++dev.library_ops; }
+    bool done() override {
+      if (!polled++) {  // never done at the first poll
+        ++dev.library_polls_pending;
+        return false;
+      }
+      int flag = 1;
+      if (req != MPI_REQUEST_NULL) MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+      if (flag && then) std::exchange(then, nullptr)();
+      return flag != 0;
+    }
+    FakeDevice& dev;
+    MPI_Request req = MPI_REQUEST_NULL;
+    std::vector<char> mine, all;
+    std::function<void()> then;
+    int polled = 0;
+  };
+  [[noreturn]] static void fail(const char* why) {
+    fprintf(stderr, "FakeLibrary: %s\n", why);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();
+  }
+  // Every rank's `bytes` at device pointer `from`, in rank order.
+  std::unique_ptr<Pending> gather_all(const void* from, size_t bytes) {
+    std::vector<char> mine(bytes);
+    dev_.to_host(mine.data(), from, bytes);
+    return gather_all_host(std::move(mine));
+  }
+  std::unique_ptr<Pending> gather_all_host(std::vector<char> mine) {
+    auto o = std::make_unique<Pending>(dev_);
+    o->mine = std::move(mine);
+    o->all.resize(o->mine.size() * p_);
+    MPI_Iallgather(o->mine.data(), static_cast<int>(o->mine.size()), MPI_BYTE, o->all.data(),
+                   static_cast<int>(o->mine.size()), MPI_BYTE, comm_, &o->req);
+    return o;
+  }
+  static float get(const char* buf, size_t i, zero3d::CommType t) {
+    uint16_t h;
+    switch (t) {
+      case zero3d::CommType::f32: { float f; std::memcpy(&f, buf + 4 * i, 4); return f; }
+      case zero3d::CommType::bf16: std::memcpy(&h, buf + 2 * i, 2); return math::float_from_bf16(h);
+      case zero3d::CommType::fp16: std::memcpy(&h, buf + 2 * i, 2); return math::float_from_fp16(h);
+    }
+    return 0;
+  }
+  static void put(char* buf, size_t i, zero3d::CommType t, float x) {
+    if (t == zero3d::CommType::f32) return std::memcpy(buf + 4 * i, &x, 4), void();
+    const uint16_t h = t == zero3d::CommType::bf16 ? math::bf16_from_float(x) : math::fp16_from_float(x);
+    std::memcpy(buf + 2 * i, &h, 2);
+  }
+  // Element i over the p ranks' buffers of n elements each (in `all`), in rank order; 16-bit sums
+  // round each pairwise addition, as the library and MPI's 16-bit op do.
+  float reduce(const char* all, size_t n, size_t i, zero3d::CommType t, RedOp op) const {
+    const size_t eb = elem_bytes(t);
+    float acc = get(all, i, t);
+    for (int q = 1; q < p_; ++q) {
+      const float x = get(all + q * n * eb, i, t);
+      acc = op == RedOp::max ? std::max(acc, x) : acc + x;
+      if (t == zero3d::CommType::bf16) acc = math::float_from_bf16(math::bf16_from_float(acc));
+      if (t == zero3d::CommType::fp16) acc = math::float_from_fp16(math::fp16_from_float(acc));
+    }
+    return acc;
+  }
+  FakeDevice& dev_;
+  int p_, r_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+std::unique_ptr<DeviceCollectives> FakeDevice::make_collectives(int size, int rank, const std::string&,
+                                                                const Share& share) {
+  if (!with_library) return nullptr;
+  return std::make_unique<FakeLibrary>(*this, size, rank, share);
+}
 
 // A test buffer: its values on the host (data), and where the collective sees them (mem): the
 // same memory, or a fake device copy that put() fills and get() reads back. `shared`: the host
@@ -112,10 +295,10 @@ class Buf {
     if (shared) shared_ = static_cast<T*>(alloc_shared(std::max<size_t>(n, 1) * sizeof(T)));
     else host_.resize(n);
     std::fill(data(), data() + n, fill);
-    if (fake_device) dev_ = static_cast<T*>(fake_device->alloc(n * sizeof(T)));
+    if (test_device) dev_ = static_cast<T*>(test_device->alloc(std::max<size_t>(n, 1) * sizeof(T)));
   }
   ~Buf() {
-    if (dev_) fake_device->free(dev_);
+    if (dev_) test_device->free(dev_);
     if (shared_) free_shared(shared_);
   }
   Buf(const Buf&) = delete;
@@ -125,11 +308,11 @@ class Buf {
   size_t size() const { return n_; }
   MemRef<T> mem(size_t at = 0) { return dev_ ? MemRef<T>{dev_ + at, MemKind::device} : host_mem(data() + at); }
   Buf& put() {
-    if (dev_) fake_device->to_device(dev_, data(), n_ * sizeof(T));
+    if (dev_) test_device->mem->to_device(dev_, data(), n_ * sizeof(T));
     return *this;
   }
   Buf& get() {
-    if (dev_) fake_device->to_host(data(), dev_, n_ * sizeof(T));
+    if (dev_) test_device->mem->to_host(data(), dev_, n_ * sizeof(T));
     return *this;
   }
 
@@ -613,86 +796,145 @@ static void test_single_copy(ProcessGroup& s, ProcessGroup& m, const std::vector
   }
 }
 
+// Every group of every tp x pp layout of the world, on host memory (dev null) or on device memory
+// that `dev` moves (staged, or by its library); `label` names the pass, `path` is the device path
+// every group must report (a prefix of it).
+static void test_layouts(int world, int me, TestDevice* dev, const std::string& label, const std::string& path,
+                         bool pieces) {
+  for (int tp = 1; tp <= world; tp *= 2) {
+    for (int pp = 1; tp * pp <= world; pp *= 2) {
+      if (world % (tp * pp)) continue;
+      test_device = dev;
+      ProcessGroups g = ProcessGroups::create(tp, pp);
+      g.use_device_memory(dev ? dev->mem : nullptr);
+      check(g.dp->device_path().rfind(path, 0) == 0, "device path: " + g.dp->device_path(), me);
+      const std::string layout = label + " tp" + std::to_string(tp) + "pp" + std::to_string(pp) + " ";
+      test_group(*g.tp, g.topo.tp_group(me), me, layout + "tp");
+      test_group(*g.dp, g.topo.dp_group(me), me, layout + "dp");
+      test_group(*g.pp, g.topo.pp_group(me), me, layout + "pp");
+      const bool edge = g.topo.is_first_stage(me) || g.topo.is_last_stage(me);
+      check((g.embedding != nullptr) == edge, layout + "embedding membership", me);
+      if (g.embedding) test_group(*g.embedding, g.topo.embedding_group(me), me, layout + "embedding");
+      test_control(*g.dp, me, layout + "dp");
+      test_control(*g.world, me, layout + "world");
+      if (pieces) {
+        std::vector<int> everyone(world);
+        for (int r = 0; r < world; ++r) everyone[r] = r;
+        test_pieces<float>(*g.dp, g.topo.dp_group(me), me, layout + "dp", false);
+        test_pieces<uint16_t>(*g.world, everyone, me, layout + "world", false);
+      }
+    }
+  }
+  test_device = nullptr;
+}
+
+// --cuda: the groups on a real GPU's memory, moved by its library (NCCL), rank r on device
+// r mod (devices seen). Exit 77 (skipped) where there is no device.
+static int test_cuda(int world, int me) {
+#if defined(ZERO3D_HAVE_CUDA)
+  const int devices = cuda_device_count();
+  if (devices == 0) {
+    if (me == 0) printf("collectives on CUDA: skipped (no CUDA device here)\n");
+    return 77;
+  }
+  std::unique_ptr<Backend> be = make_cuda_backend(me % devices);
+  TestDevice dev{be->device_memory(), [&](size_t n) { return be->alloc_bytes(n); },
+                 [&](void* p) { be->free_bytes(p); }};
+  test_layouts(world, me, &dev, "cuda", "device buffers by NCCL", /*pieces=*/true);
+  return 0;
+#else
+  if (me == 0) printf("collectives on CUDA: skipped (built without CUDA)\n");
+  (void)world;
+  return 77;
+#endif
+}
+
+// Host memory, fake device memory (staged, then moved by a fake library), then the shared-memory
+// collectives beside MPI's.
+static void test_host_and_fake(int world, int me, int provided) {
+  FakeDevice device;
+  TestDevice fake{&device, [&](size_t n) { return device.alloc(n); }, [&](void* p) { device.free(p); }};
+  // Host memory; fake device memory, twice (the pool is reused); then a device library moves it.
+  test_layouts(world, me, nullptr, "host", "host memory only", false);
+  const std::string staged = "device buffers staged through pinned host buffers";
+  test_layouts(world, me, &fake, "device", staged, false);
+  const size_t pinned_after_first_pass = device.pinned_allocs;
+  test_layouts(world, me, &fake, "device", staged, false);
+  const size_t pinned_after_staging = device.pinned_allocs;
+  device.with_library = true;
+  test_layouts(world, me, &fake, "library", "device buffers by a fake library", /*pieces=*/true);
+  // Groups are made anew per layout, so each allocates its pool again; the second device pass
+  // must allocate exactly what the first did (one pool per group, reused by every operation).
+  check(pinned_after_staging == 2 * pinned_after_first_pass && pinned_after_first_pass > 0,
+        "pinned staging buffers: " + std::to_string(pinned_after_staging) + " after two passes, " +
+            std::to_string(pinned_after_first_pass) + " after one",
+        me);
+  check(device.bytes_to_host > 0 && device.bytes_to_device > 0, "device buffers were staged", me);
+  // With the library, device buffers go to it, never through the staging buffers, and every
+  // wait polls until it says done.
+  check(device.pinned_allocs == pinned_after_staging && device.library_ops > 0 &&
+            device.library_polls_pending == device.library_ops,
+        "device library: " + std::to_string(device.library_ops) + " operations, " +
+            std::to_string(device.library_polls_pending) + " polled while pending, " +
+            std::to_string(device.pinned_allocs - pinned_after_staging) + " staging buffers",
+        me);
+
+  // Shared-memory collectives for every size, with a small chunk (many rounds), beside MPI's;
+  // then with the world cut into pretend nodes of k ranks (groups that span them compose
+  // shared memory inside each node with MPI across).
+  CommContext& ctx = comm_context();
+  for (int k : {0, 2, 4}) {
+    if (k && (world < 2 * k || world % k || provided < MPI_THREAD_MULTIPLE)) continue;
+    ranks_per_node = ctx.ranks_per_node = k;
+    for (int tp = 1; tp <= world; tp *= 2)
+      for (int pp = 1; tp * pp <= world; pp *= 2) {
+        if (world % (tp * pp)) continue;
+        ctx.collectives = CollectiveImpl::mpi;
+        ProcessGroups gm = ProcessGroups::create(tp, pp);
+        ctx.collectives = CollectiveImpl::shm, ctx.shm_chunk_bytes = 4096;
+        ctx.shm_gather_in_place_bytes = ctx.shm_all_reduce_in_place_bytes = 0;
+        ProcessGroups gs = ProcessGroups::create(tp, pp);
+        const std::string layout = (k ? "nodes of " + std::to_string(k) + " " : std::string()) + "shm tp" +
+                                   std::to_string(tp) + "pp" + std::to_string(pp) + " ";
+        test_group(*gs.dp, gs.topo.dp_group(me), me, layout + "dp");  // the integer tests too
+        test_group(*gs.tp, gs.topo.tp_group(me), me, layout + "tp");
+        test_shm_against_mpi(*gs.dp, *gm.dp, gs.topo.dp_group(me), me, layout + "dp");
+        test_shm_against_mpi(*gs.tp, *gm.tp, gs.topo.tp_group(me), me, layout + "tp");
+        test_shm_against_mpi(*gs.pp, *gm.pp, gs.topo.pp_group(me), me, layout + "pp");
+        std::vector<int> everyone(world);
+        for (int r = 0; r < world; ++r) everyone[r] = r;
+        test_shm_against_mpi(*gs.world, *gm.world, everyone, me, layout + "world");
+        for (bool shared : {false, true}) {
+          test_pieces<float>(*gs.dp, gs.topo.dp_group(me), me, layout + "dp", shared);
+          test_pieces<uint16_t>(*gs.world, everyone, me, layout + "world", shared);
+        }
+        test_single_copy(*gs.dp, *gm.dp, gs.topo.dp_group(me), me, layout + "dp");
+        test_single_copy(*gs.world, *gm.world, everyone, me, layout + "world");
+      }
+  }
+  ctx = CommContext{};
+}
+
 int main(int argc, char** argv) {
   int provided = 0;  // the hierarchical collectives call MPI from their helper thread
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int skipped = 0;
   {
     int world = 1, me = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    FakeDevice device;
-    size_t pinned_after_first_pass = 0;
-    for (int pass = 0; pass < 3; ++pass)  // host memory; fake device memory, twice (the pool is reused)
-    for (int tp = 1; tp <= world; tp *= 2) {
-      for (int pp = 1; tp * pp <= world; pp *= 2) {
-        if (world % (tp * pp)) continue;
-        fake_device = pass > 0 ? &device : nullptr;
-        ProcessGroups g = ProcessGroups::create(tp, pp);
-        g.use_device_memory(fake_device);
-        check(g.dp->device_path() == (pass > 0 ? "device buffers staged through pinned host buffers"
-                                               : "host memory only"),
-              "device path: " + g.dp->device_path(), me);
-        std::string layout = std::string(pass > 0 ? "device " : "host ") + "tp" + std::to_string(tp) + "pp" +
-                             std::to_string(pp) + " ";
-        test_group(*g.tp, g.topo.tp_group(me), me, layout + "tp");
-        test_group(*g.dp, g.topo.dp_group(me), me, layout + "dp");
-        test_group(*g.pp, g.topo.pp_group(me), me, layout + "pp");
-        const bool edge = g.topo.is_first_stage(me) || g.topo.is_last_stage(me);
-        check((g.embedding != nullptr) == edge, layout + "embedding membership", me);
-        if (g.embedding) test_group(*g.embedding, g.topo.embedding_group(me), me, layout + "embedding");
-        test_control(*g.dp, me, layout + "dp");
-        test_control(*g.world, me, layout + "world");
-        if (pass == 1) pinned_after_first_pass = device.pinned_allocs;
-      }
+    if (argc > 1 && std::string(argv[1]) == "--cuda") {
+      skipped = test_cuda(world, me);
+    } else {
+      test_host_and_fake(world, me, provided);
     }
-    // Groups are made anew per layout, so each allocates its pool again; the second device pass
-    // must allocate exactly what the first did (one pool per group, reused by every operation).
-    check(device.pinned_allocs == 2 * pinned_after_first_pass && pinned_after_first_pass > 0,
-          "pinned staging buffers: " + std::to_string(device.pinned_allocs) + " after two passes, " +
-              std::to_string(pinned_after_first_pass) + " after one",
-          me);
-    check(device.bytes_to_host > 0 && device.bytes_to_device > 0, "device buffers were staged", me);
-
-    // Shared-memory collectives for every size, with a small chunk (many rounds), beside MPI's;
-    // then with the world cut into pretend nodes of k ranks (groups that span them compose
-    // shared memory inside each node with MPI across).
-    fake_device = nullptr;
-    CommContext& ctx = comm_context();
-    for (int k : {0, 2, 4}) {
-      if (k && (world < 2 * k || world % k || provided < MPI_THREAD_MULTIPLE)) continue;
-      ranks_per_node = ctx.ranks_per_node = k;
-      for (int tp = 1; tp <= world; tp *= 2)
-        for (int pp = 1; tp * pp <= world; pp *= 2) {
-          if (world % (tp * pp)) continue;
-          ctx.collectives = CollectiveImpl::mpi;
-          ProcessGroups gm = ProcessGroups::create(tp, pp);
-          ctx.collectives = CollectiveImpl::shm, ctx.shm_chunk_bytes = 4096;
-          ctx.shm_gather_in_place_bytes = ctx.shm_all_reduce_in_place_bytes = 0;
-          ProcessGroups gs = ProcessGroups::create(tp, pp);
-          const std::string layout = (k ? "nodes of " + std::to_string(k) + " " : std::string()) + "shm tp" +
-                                     std::to_string(tp) + "pp" + std::to_string(pp) + " ";
-          test_group(*gs.dp, gs.topo.dp_group(me), me, layout + "dp");  // the integer tests too
-          test_group(*gs.tp, gs.topo.tp_group(me), me, layout + "tp");
-          test_shm_against_mpi(*gs.dp, *gm.dp, gs.topo.dp_group(me), me, layout + "dp");
-          test_shm_against_mpi(*gs.tp, *gm.tp, gs.topo.tp_group(me), me, layout + "tp");
-          test_shm_against_mpi(*gs.pp, *gm.pp, gs.topo.pp_group(me), me, layout + "pp");
-          std::vector<int> everyone(world);
-          for (int r = 0; r < world; ++r) everyone[r] = r;
-          test_shm_against_mpi(*gs.world, *gm.world, everyone, me, layout + "world");
-          for (bool shared : {false, true}) {
-            test_pieces<float>(*gs.dp, gs.topo.dp_group(me), me, layout + "dp", shared);
-            test_pieces<uint16_t>(*gs.world, everyone, me, layout + "world", shared);
-          }
-          test_single_copy(*gs.dp, *gm.dp, gs.topo.dp_group(me), me, layout + "dp");
-          test_single_copy(*gs.world, *gm.world, everyone, me, layout + "world");
-        }
-    }
-    ctx = CommContext{};
     int local[2] = {checks, failures}, total[2] = {0, 0};
     MPI_Allreduce(local, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (me == 0) printf("collectives on %d ranks: %d passed, %d failed\n", world, total[0] - total[1], total[1]);
+    if (me == 0 && !skipped)
+      printf("collectives on %d ranks%s: %d passed, %d failed\n", world, argc > 1 ? " (CUDA)" : "",
+             total[0] - total[1], total[1]);
     failures = total[1];
   }
   MPI_Finalize();
-  return failures ? 1 : 0;
+  return failures ? 1 : skipped;
 }

@@ -62,16 +62,16 @@ TEST(FlatLayout, BucketRunsTileTheBucketsWithinTheLimit) {
       EXPECT_LT(r.first, r.last);
       size_t elems = 0;
       for (int i = r.first; i < r.last; ++i) elems += L.buckets[i].size;
-      if (r.last - r.first > 1) EXPECT_LE(elems, limit);
-      if (r.last < nb) EXPECT_GT(elems + L.buckets[r.last].size, limit);
+      if (r.last - r.first > 1) { EXPECT_LE(elems, limit); }
+      if (r.last < nb) { EXPECT_GT(elems + L.buckets[r.last].size, limit); }
       const std::vector<size_t> counts = slice_counts(L, r);
       ASSERT_EQ(counts.size(), size_t(r.last - r.first));
       for (int i = r.first; i < r.last; ++i) EXPECT_EQ(counts[i - r.first], L.buckets[i].size / 2);
       next = r.last;
     }
     EXPECT_EQ(next, nb);
-    if (limit == 0) EXPECT_EQ(runs.size(), size_t(nb));
-    if (limit == size_t(1) << 40) EXPECT_EQ(runs.size(), 1u);
+    if (limit == 0) { EXPECT_EQ(runs.size(), size_t(nb)); }
+    if (limit == size_t(1) << 40) { EXPECT_EQ(runs.size(), 1u); }
   }
   EXPECT_TRUE(bucket_runs(L, 3, 3, 100).empty());
 }
