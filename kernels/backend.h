@@ -130,7 +130,8 @@ struct HostOptions {
 };
 std::unique_ptr<Backend> make_host_backend(const HostOptions& options = {});
 #if defined(ZERO3D_HAVE_CUDA)
-std::unique_ptr<Backend> make_cuda_backend(int device);
+// bf16_gemm: GEMMs on the bf16 tensor cores with fp32 accumulation (fp32 in and out).
+std::unique_ptr<Backend> make_cuda_backend(int device, bool bf16_gemm = false);
 int cuda_device_count();  // 0 when no driver or no device
 #endif
 

@@ -20,7 +20,7 @@ namespace {
 
 struct CudaModule {
   int (*device_count)() = nullptr;
-  Backend* (*make)(int) = nullptr;
+  Backend* (*make)(int, int) = nullptr;
   std::string why;  // why there is none: no driver, or the module did not load
 };
 
@@ -52,7 +52,7 @@ const CudaModule& module() {
       return out;
     }
     out.device_count = reinterpret_cast<int (*)()>(dlsym(h, "zero3d_cuda_device_count"));
-    out.make = reinterpret_cast<Backend* (*)(int)>(dlsym(h, "zero3d_make_cuda_backend"));
+    out.make = reinterpret_cast<Backend* (*)(int, int)>(dlsym(h, "zero3d_make_cuda_backend"));
     if (!out.device_count || !out.make) out.why = strprintf("'%s' is not a zero3d CUDA module", path.c_str());
     return out;
   }();
@@ -66,10 +66,10 @@ int cuda_device_count() {
   return m.device_count ? m.device_count() : 0;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) {
+std::unique_ptr<Backend> make_cuda_backend(int device, bool bf16_gemm) {
   const CudaModule& m = module();
   if (!m.make) throw UserError("the CUDA backend is not available here: " + m.why);
-  return std::unique_ptr<Backend>(m.make(device));
+  return std::unique_ptr<Backend>(m.make(device, bf16_gemm ? 1 : 0));
 }
 
 }  // namespace zero3d

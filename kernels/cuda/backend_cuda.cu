@@ -1,6 +1,6 @@
 // kernels/cuda/backend_cuda.cu: the CUDA backend. Thin launchers around kernels/math/*.h (the same
 // per-element / per-row functions the host backend runs) plus cuBLAS for GEMM. It owns one
-// non-blocking stream, one cuBLAS handle bound to it and an 8-byte device scratch for reductions.
+// non-blocking stream, one cuBLAS handle bound to it and a device scratch for the reductions' partials.
 // Built as a module (libzero3d_cuda.so) that kernels/cuda_module.cpp loads only where a driver
 // is: the CUDA libraries cost every process 0.65 s of CPU to load, on CPU nodes for nothing.
 //
@@ -12,8 +12,8 @@
 //  - Results mirror HostBackend: the same math functions, the same += accumulation into
 //    gradients, and the same summation order in the column reductions (rows in increasing order),
 //    so the two backends differ only by FMA contraction and libm/CUDA math ulps. Exceptions are
-//    the GEMMs (cuBLAS vs CBLAS blocking), the sum reductions (a tree in double), and dwte in
-//    embedding_backward (atomicAdd: order, hence rounding, varies from run to run).
+//    the GEMMs (cuBLAS vs CBLAS blocking) and the sum reductions (a tree in double, in a fixed
+//    order). Every op is deterministic: the same inputs give the same bits on every run.
 //  - The interface is row-major and cuBLAS column-major: a row-major M is its transpose read
 //    column-major, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T with A/B and m/n swapped.
 //  - The backend assumes its device is current on the calling thread (one device per rank, set in
@@ -49,7 +49,7 @@ namespace {
 
 constexpr int kThreads = 256;        // threads per block for every kernel here
 constexpr size_t kMaxBlocks = 65535;  // grid-stride loops cover the rest; keeps the grid small
-constexpr size_t kReduceBlocks = 1024;  // fewer blocks, fewer atomics in the scalar reductions
+constexpr size_t kReduceBlocks = 1024;  // at most this many partials in the scalar reductions
 
 size_t blocks_for(size_t work, size_t cap = kMaxBlocks) {
   return std::min((work + kThreads - 1) / kThreads, cap);
@@ -81,15 +81,22 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
   }
 }
 
-// dwte: rows sharing a token collide, so atomicAdd; the order of the adds (hence the rounding of
-// dwte) is nondeterministic. A deterministic version would sort rows by token (llm.c
-// encoder_backward_kernel) and is future work.
+// dwte: rows sharing a token would collide, so each element of dwte has one owner. Thread (part,
+// c) owns column c of the vocabulary rows with row % kEmbedParts == part and walks the tokens in
+// order, adding each owned row's dout: the host's order, so dwte is deterministic and equals the
+// host's. kEmbedParts spreads the C columns over enough threads to fill the GPU; a warp's lanes
+// share `part` (C a multiple of 32), so the branch is uniform and the token loads broadcast.
+constexpr int kEmbedParts = 32;
 __global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, size_t N,
                                               int C, int vocab_start, int vocab_rows) {
-  Z3D_GRID_LOOP(i, N * C) {
-    size_t n = i / C, c = i % C;
-    const int row = tokens[n] - vocab_start;
-    if (row >= 0 && row < vocab_rows) atomicAdd(dwte + static_cast<size_t>(row) * C + c, dout[i]);
+  Z3D_GRID_LOOP(i, static_cast<size_t>(C) * kEmbedParts) {
+    const int part = static_cast<int>(i / C);
+    const size_t c = i % C;
+    for (size_t n = 0; n < N; ++n) {
+      const int row = tokens[n] - vocab_start;
+      if (row >= 0 && row < vocab_rows && row % kEmbedParts == part)
+        dwte[static_cast<size_t>(row) * C + c] += dout[n * C + c];
+    }
   }
 }
 
@@ -253,8 +260,9 @@ __global__ void bias_backward_kernel(float* dbias, const float* dout, size_t N, 
   }
 }
 
-// ---- scalar reductions: per-thread partials, warp shuffle, block via shared memory, then one
-// atomicAdd per block into *out (double: sm_60+) ----
+// ---- scalar reductions: per-thread partials, warp shuffle, block via shared memory; each block
+// writes its partial, and one block adds the partials in a fixed order: deterministic (no atomics),
+// the same bits on every run for the same n ----
 
 struct SquareOf {
   __device__ double operator()(float v) const { return static_cast<double>(v) * v; }
@@ -269,12 +277,11 @@ __device__ Acc warp_sum(Acc v) {
   return v;
 }
 
-template <typename Acc, typename Term>
-__global__ void reduce_sum_kernel(Acc* out, const float* x, size_t n, Term term) {
+// The sum of every thread's `acc` over the block, in thread 0 (the others get garbage).
+template <typename Acc>
+__device__ Acc block_sum(Acc acc) {
   static_assert(kThreads % 32 == 0 && kThreads / 32 <= 32, "block reduction assumes <= 32 full warps");
   __shared__ Acc warp_partials[kThreads / 32];
-  Acc acc = 0;
-  Z3D_GRID_LOOP(i, n) acc += term(x[i]);
   acc = warp_sum(acc);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   if (lane == 0) warp_partials[warp] = acc;
@@ -282,8 +289,24 @@ __global__ void reduce_sum_kernel(Acc* out, const float* x, size_t n, Term term)
   if (warp == 0) {
     acc = lane < static_cast<int>(blockDim.x / 32) ? warp_partials[lane] : Acc(0);
     acc = warp_sum(acc);
-    if (lane == 0) atomicAdd(out, acc);
   }
+  return acc;
+}
+
+template <typename Acc, typename Term>
+__global__ void reduce_partials_kernel(Acc* partials, const float* x, size_t n, Term term) {
+  Acc acc = 0;
+  Z3D_GRID_LOOP(i, n) acc += term(x[i]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+template <typename Acc>
+__global__ void reduce_final_kernel(Acc* out, const Acc* partials, unsigned count) {  // one block
+  Acc acc = 0;
+  for (unsigned i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
 }
 
 // ---- owners of the CUDA and cuBLAS handles (move-only via unique_ptr). Destructors do not check
@@ -307,7 +330,7 @@ cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_O
 
 class CudaBackend final : public Backend, public DeviceMemory {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  CudaBackend(int device, bool bf16_gemm) : device_(device), bf16_gemm_(bf16_gemm) {
     CUDA_CHECK(cudaSetDevice(device));
     CUDA_CHECK(cudaGetDeviceProperties(&prop_, device));
     // Non-blocking: no implicit joins with the legacy default stream, so NCCL or copy streams
@@ -323,7 +346,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     // tolerances. A TF32/bf16 mode would be an explicit option, not a default.
     CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
     void* scratch = nullptr;
-    CUDA_CHECK(cudaMalloc(&scratch, sizeof(double)));
+    CUDA_CHECK(cudaMalloc(&scratch, (kReduceBlocks + 1) * sizeof(double)));
     scratch_.reset(scratch);
   }
   ~CudaBackend() override {
@@ -335,7 +358,9 @@ class CudaBackend final : public Backend, public DeviceMemory {
   BackendKind kind() const override { return BackendKind::cuda; }
   MemKind memory_kind() const override { return MemKind::device; }
   DeviceMemory* device_memory() override { return this; }
-  std::string describe_gemm() const override { return "cuBLAS fp32"; }
+  std::string describe_gemm() const override {
+    return bf16_gemm_ ? "cuBLAS, bf16 tensor cores (fp32 in and out, fp32 accumulation)" : "cuBLAS fp32";
+  }
   size_t alloc_count() const override { return allocs_; }
   std::string describe() const override {
     return strprintf("cuda device %d (%s, sm_%d%d, %d SMs, %.1f GiB) + cuBLAS", device_, prop_.name, prop_.major,
@@ -408,15 +433,22 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void free_pinned(void* p) override { CUDA_CHECK(cudaFreeHost(p)); }
   // NCCL where the build has it (kernels/cuda/nccl_collectives.h), else null: staged.
   std::unique_ptr<DeviceCollectives> make_collectives(int size, int rank, const std::string& name,
-                                                      const Share& share) override {
-    return make_nccl_collectives(stream(), size, rank, name, share);
+                                                      bool point_to_point, const Share& share) override {
+    return make_nccl_collectives(stream(), size, rank, name, point_to_point, share);
   }
 
   // ---- GEMM (row-major interface on column-major cuBLAS: see the header) ----
 
+  // bf16_gemm: the tensor cores multiply in bf16 and accumulate in fp32, on fp32 inputs and outputs
+  // (cuBLAS converts as it loads: CUBLAS_COMPUTE_32F_FAST_16BF), as the host's bf16 GEMMs do.
   void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc) override {
-    CUBLAS_CHECK(cublasSgemm(cublas(), op(tb), op(ta), n, m, k, &alpha, B, ldb, A, lda, &beta, C, ldc));
+    if (!bf16_gemm_) {
+      CUBLAS_CHECK(cublasSgemm(cublas(), op(tb), op(ta), n, m, k, &alpha, B, ldb, A, lda, &beta, C, ldc));
+      return;
+    }
+    CUBLAS_CHECK(cublasGemmEx(cublas(), op(tb), op(ta), n, m, k, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda,
+                              &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
   }
   // cuBLASLt's bias epilogue is future work (the CUDA issue): bias and residual are passes here.
   void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
@@ -435,7 +467,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   }
   void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
                           int vocab_start, int vocab_rows) override {
-    launch(stream(), rows(N) * C, embedding_backward_wte_kernel, dwte, dout, tokens, rows(N), C, vocab_start,
+    launch(stream(), static_cast<size_t>(C) * kEmbedParts, embedding_backward_wte_kernel, dwte, dout, tokens, rows(N), C, vocab_start,
            vocab_rows);
     launch(stream(), std::min(rows(N), rows(T)) * C, embedding_backward_wpe_kernel, dwpe, dout, rows(N), T, C);
   }
@@ -522,12 +554,14 @@ class CudaBackend final : public Backend, public DeviceMemory {
 
   template <typename Acc, typename Term>
   Acc reduce(const float* x, size_t n, Term term) {
-    static_assert(sizeof(Acc) <= sizeof(double), "scratch holds one 8-byte scalar");
-    Acc* out = static_cast<Acc*>(scratch_.get());
+    static_assert(sizeof(Acc) <= sizeof(double), "scratch holds 8-byte scalars");
+    Acc* out = static_cast<Acc*>(scratch_.get());  // the result, then one partial per block
     CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(Acc), stream()));
     if (n > 0) {
       auto blocks = static_cast<unsigned>(blocks_for(n, kReduceBlocks));
-      reduce_sum_kernel<<<blocks, kThreads, 0, stream()>>>(out, x, n, term);
+      reduce_partials_kernel<<<blocks, kThreads, 0, stream()>>>(out + 1, x, n, term);
+      CUDA_CHECK(cudaGetLastError());
+      reduce_final_kernel<<<1, kThreads, 0, stream()>>>(out, static_cast<const Acc*>(out + 1), blocks);
       CUDA_CHECK(cudaGetLastError());
     }
     Acc result{};
@@ -537,6 +571,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   }
 
   int device_;
+  bool bf16_gemm_;
   size_t allocs_ = 0;
   cudaDeviceProp prop_{};
   // Members die in reverse declaration order: scratch, then the cuBLAS handle, then its stream.
@@ -558,7 +593,7 @@ static int device_count() {
   return count;
 }
 
-static std::unique_ptr<Backend> make_backend(int device) {
+static std::unique_ptr<Backend> make_backend(int device, bool bf16_gemm) {
   int count = device_count();
   if (count == 0)
     throw UserError(strprintf("CUDA device %d requested but no CUDA device is visible (no driver, or "
@@ -568,11 +603,13 @@ static std::unique_ptr<Backend> make_backend(int device) {
     throw UserError(strprintf("CUDA device %d requested but this process sees %d device(s) (valid: 0..%d); "
                               "check CUDA_VISIBLE_DEVICES and the ranks per node",
                               device, count, count - 1));
-  return std::make_unique<CudaBackend>(device);
+  return std::make_unique<CudaBackend>(device, bf16_gemm);
 }
 
 }  // namespace zero3d
 
 // The module's entry points (kernels/cuda_module.h loads them with dlopen).
 extern "C" int zero3d_cuda_device_count() { return zero3d::device_count(); }
-extern "C" zero3d::Backend* zero3d_make_cuda_backend(int device) { return zero3d::make_backend(device).release(); }
+extern "C" zero3d::Backend* zero3d_make_cuda_backend(int device, int bf16_gemm) {
+  return zero3d::make_backend(device, bf16_gemm != 0).release();
+}

@@ -1,13 +1,20 @@
 // kernels/cuda/nccl_collectives.cpp: the data collectives of a group on device memory, by NCCL.
 //
-// A group gets one communicator for its collectives and, with more than one rank, two for its
-// sends and receives: "up" carries every message from a lower to a higher group rank, "down" the
-// others. Each communicator has its own stream. NCCL runs a send until the peer's receive takes it,
-// and one communicator's operations run one after another, so a pipeline's activations (up) and
-// gradients (down) on one communicator would wait on each other: stage s sending an activation to
-// s+1 while s+1 sends a gradient to s, each waiting for the other to receive, is the textbook
-// deadlock. Split by direction, each communicator's messages flow one way along the ranks, and no
-// chain of waits can close a circle. Sends and receives match in issue order per peer and direction.
+// A group gets one communicator for its collectives and, with more than one rank and
+// point_to_point (the pp group), two for its sends and receives: "up" carries every message from a
+// lower to a higher group rank, "down" the others. Each communicator has its own stream. NCCL runs
+// a send until the peer's receive takes it, and one communicator's operations run one after
+// another, so a pipeline's activations (up) and gradients (down) on one communicator would wait on
+// each other: stage s sending an activation to s+1 while s+1 sends a gradient to s, each waiting
+// for the other to receive, is the textbook deadlock. Split by direction, neighbour-to-neighbour
+// traffic (the pipeline's, a ring's) flows one way along the ranks on each communicator, and no
+// chain of waits can close a circle (traffic that skips ranks could still make one). Sends and
+// receives match in issue order per peer and direction.
+//
+// NCCL connects a pair of ranks at its first send or receive between them, and the calling thread
+// waits there for the peer's first call on that communicator: a ring whose ranks each first
+// receive from their left would never get past it. So the constructor connects every rank to its
+// neighbours (and 0 to p-1) on both lanes at once, in one group call all ranks make.
 //
 // Ordering: an operation is enqueued on its stream behind an event recorded on the compute stream
 // when it is issued, so it reads what the kernels before it wrote. Its completion is an event after
@@ -16,13 +23,21 @@
 //
 // Errors: done() asks NCCL for the communicator's asynchronous error while an operation is
 // pending (a peer that died, a network failure) and fails the job with it; the watchdog, when a
-// wait passes comm_timeout_s, calls abort() (ncclCommAbort) before it aborts the job, so the
-// kernels stuck in the collective release the GPU.
+// wait passes comm_timeout_s, calls abort() before it aborts the job: ncclCommRevoke stops every
+// lane's kernels, then ncclCommAbort frees the communicators, under a lock that keeps operations
+// from asking a freed communicator anything (they report "not done" until MPI_Abort ends us).
+//
+// Operations are issued from one thread at a time (the training thread): NCCL communicators and
+// the lanes' `ready` events are not shared between threads.
 #include "kernels/cuda/nccl_collectives.h"
 
-#include <atomic>
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -54,16 +69,26 @@ struct Lane {
   cudaEvent_t ready = nullptr;  // recorded on the compute stream, waited for by `stream`
 };
 
+// Whether the watchdog has aborted a group's communicators, and the lock that orders it with the
+// group's operations asking them anything.
+struct AbortState {
+  std::mutex mu;
+  bool aborted = false;
+};
+
 // An operation in flight: the event recorded after it on its lane's stream.
 class NcclOp final : public DeviceCollectives::Op {
  public:
-  NcclOp(cudaEvent_t done, ncclComm_t comm, const char* what, const std::string& group)
-      : done_(done), comm_(comm), what_(what), group_(group) {}
+  NcclOp(cudaEvent_t done, ncclComm_t comm, const char* what, const std::string& group,
+         std::shared_ptr<AbortState> abort)
+      : done_(done), comm_(comm), what_(what), group_(group), abort_(std::move(abort)) {}
   ~NcclOp() override { cudaEventDestroy(done_); }  // released by CUDA once the event has passed
   NcclOp(const NcclOp&) = delete;
   NcclOp& operator=(const NcclOp&) = delete;
 
   bool done() override {
+    std::lock_guard<std::mutex> lock(abort_->mu);
+    if (abort_->aborted) return false;  // the job is being aborted: the communicator is gone
     const cudaError_t e = cudaEventQuery(done_);
     if (e == cudaSuccess) return true;
     if (e != cudaErrorNotReady) CUDA_CHECK(e);
@@ -82,18 +107,20 @@ class NcclOp final : public DeviceCollectives::Op {
   ncclComm_t comm_;
   const char* what_;
   std::string group_;
+  std::shared_ptr<AbortState> abort_;
 };
 
 class NcclCollectives final : public DeviceCollectives {
  public:
-  NcclCollectives(cudaStream_t compute, int size, int rank, std::string name, const DeviceMemory::Share& share)
-      : compute_(compute), p_(size), r_(rank), name_(std::move(name)) {
+  NcclCollectives(cudaStream_t compute, int size, int rank, std::string name, bool point_to_point,
+                  const DeviceMemory::Share& share)
+      : compute_(compute), p_(size), r_(rank), p2p_(point_to_point && size > 1), name_(std::move(name)) {
     CUDA_CHECK(cudaGetDevice(&device_));
     int version = 0;
     NCCL_CHECK(ncclGetVersion(&version));
     describe_ = strprintf("NCCL %d.%d.%d", version / 10000, version / 100 % 100, version % 100);
     // Rank 0's unique ids reach every rank through the group's MPI; one communicator per lane.
-    const int lanes = size > 1 ? 3 : 1;
+    const int lanes = p2p_ ? 3 : 1;
     std::vector<ncclUniqueId> mine(lanes), all(static_cast<size_t>(lanes) * size);
     if (rank == 0)
       for (ncclUniqueId& id : mine) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -107,11 +134,13 @@ class NcclCollectives final : public DeviceCollectives {
       CUDA_CHECK(cudaStreamCreateWithPriority(&lane.stream, cudaStreamNonBlocking, highest));
       CUDA_CHECK(cudaEventCreateWithFlags(&lane.ready, cudaEventDisableTiming));
     }
+    if (p2p_) connect_neighbours();
   }
   ~NcclCollectives() override {
+    const bool aborted = abort_->aborted;  // then the communicators are freed already
     for (Lane* lane : {&coll_, &up_, &down_}) {
-      if (lane->stream) cudaStreamSynchronize(lane->stream);
-      if (lane->comm && !aborted_.load()) ncclCommDestroy(lane->comm);
+      if (lane->stream && !aborted) cudaStreamSynchronize(lane->stream);
+      if (lane->comm && !aborted) ncclCommDestroy(lane->comm);
       if (lane->ready) cudaEventDestroy(lane->ready);
       if (lane->stream) cudaStreamDestroy(lane->stream);
     }
@@ -120,6 +149,7 @@ class NcclCollectives final : public DeviceCollectives {
   NcclCollectives& operator=(const NcclCollectives&) = delete;
 
   std::string describe() const override { return describe_; }
+  bool point_to_point() const override { return p2p_; }
 
   OpPtr all_reduce(void* buf, size_t n, CommType t, RedOp op) override {
     return run(coll_, "all-reduce", [&](ncclComm_t c, cudaStream_t s) {
@@ -167,6 +197,7 @@ class NcclCollectives final : public DeviceCollectives {
   }
 
   OpPtr send(const void* buf, size_t bytes, int peer) override {
+    Z3D_ASSERT(p2p_, "a device send on a group made without point_to_point");
     Z3D_ASSERT(peer != r_ && peer >= 0 && peer < p_, "send to a peer outside the group, or to itself");
     return run(peer > r_ ? up_ : down_, "send", [&](ncclComm_t c, cudaStream_t s) {
       NCCL_CHECK(ncclSend(buf, bytes, ncclUint8, peer, c, s));
@@ -174,6 +205,7 @@ class NcclCollectives final : public DeviceCollectives {
   }
 
   OpPtr recv(void* buf, size_t bytes, int peer) override {
+    Z3D_ASSERT(p2p_, "a device receive on a group made without point_to_point");
     Z3D_ASSERT(peer != r_ && peer >= 0 && peer < p_, "receive from a peer outside the group, or from itself");
     return run(peer < r_ ? up_ : down_, "receive", [&](ncclComm_t c, cudaStream_t s) {
       NCCL_CHECK(ncclRecv(buf, bytes, ncclUint8, peer, c, s));
@@ -181,16 +213,24 @@ class NcclCollectives final : public DeviceCollectives {
   }
 
   void abort() override {
-    if (aborted_.exchange(true)) return;
+    std::lock_guard<std::mutex> lock(abort_->mu);
+    if (abort_->aborted) return;
+    abort_->aborted = true;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 28, 0)
+    for (Lane* lane : {&coll_, &up_, &down_})  // every lane's kernels stop before any is freed
+      if (lane->comm) ncclCommRevoke(lane->comm, NCCL_REVOKE_DEFAULT);
+#endif
     for (Lane* lane : {&coll_, &up_, &down_})
       if (lane->comm) ncclCommAbort(lane->comm);
   }
 
  private:
   // Enqueues `issue` on the lane's stream behind the compute stream's work, and an event after it.
-  // Any thread may issue: the device is made current first (events are created on the current one).
+  // The device is made current first: events are created on the current one.
   template <typename Issue>
   OpPtr run(Lane& lane, const char* what, Issue&& issue) {
+    while (aborting())  // the watchdog is ending the job: issue nothing on freed communicators
+      std::this_thread::sleep_for(std::chrono::seconds(1));
     CUDA_CHECK(cudaSetDevice(device_));
     CUDA_CHECK(cudaEventRecord(lane.ready, compute_));
     CUDA_CHECK(cudaStreamWaitEvent(lane.stream, lane.ready, 0));
@@ -198,22 +238,51 @@ class NcclCollectives final : public DeviceCollectives {
     cudaEvent_t done = nullptr;
     CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(done, lane.stream));
-    return std::make_unique<NcclOp>(done, lane.comm, what, name_);
+    return std::make_unique<NcclOp>(done, lane.comm, what, name_, abort_);
+  }
+
+  bool aborting() const {
+    std::lock_guard<std::mutex> lock(abort_->mu);
+    return abort_->aborted;
+  }
+
+  // One byte each way between every pair of neighbours (and 0 and p-1), on both lanes, in one
+  // group call: up carries the lower rank's send, down the higher rank's (see the top).
+  void connect_neighbours() {
+    std::vector<int> peers;
+    for (int q : {r_ - 1, r_ + 1, r_ == 0 ? p_ - 1 : -1, r_ == p_ - 1 ? 0 : -1})
+      if (q >= 0 && q < p_ && q != r_ && std::find(peers.begin(), peers.end(), q) == peers.end()) peers.push_back(q);
+    char* bytes = nullptr;  // byte 0 is sent; each receive gets its own
+    CUDA_CHECK(cudaMalloc(&bytes, 2 * peers.size() + 1));
+    NCCL_CHECK(ncclGroupStart());
+    int k = 1;
+    for (int q : peers) {
+      Lane& to = q > r_ ? up_ : down_;    // where this rank's messages to q travel
+      Lane& from = q < r_ ? up_ : down_;  // where q's messages to this rank travel
+      NCCL_CHECK(ncclSend(bytes, 1, ncclUint8, q, to.comm, to.stream));
+      NCCL_CHECK(ncclRecv(bytes + k++, 1, ncclUint8, q, from.comm, from.stream));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+    CUDA_CHECK(cudaStreamSynchronize(up_.stream));
+    CUDA_CHECK(cudaStreamSynchronize(down_.stream));
+    CUDA_CHECK(cudaFree(bytes));
   }
 
   cudaStream_t compute_;
   int device_ = 0;
   int p_, r_;
+  bool p2p_;
   std::string name_, describe_;
   Lane coll_, up_, down_;
-  std::atomic<bool> aborted_{false};
+  std::shared_ptr<AbortState> abort_ = std::make_shared<AbortState>();
 };
 
 }  // namespace
 
 std::unique_ptr<DeviceCollectives> make_nccl_collectives(cudaStream_t compute, int size, int rank,
-                                                         const std::string& name, const DeviceMemory::Share& share) {
-  return std::make_unique<NcclCollectives>(compute, size, rank, name, share);
+                                                         const std::string& name, bool point_to_point,
+                                                         const DeviceMemory::Share& share) {
+  return std::make_unique<NcclCollectives>(compute, size, rank, name, point_to_point, share);
 }
 
 }  // namespace zero3d
@@ -221,7 +290,7 @@ std::unique_ptr<DeviceCollectives> make_nccl_collectives(cudaStream_t compute, i
 #else  // a build without NCCL: device buffers are staged through host memory (parallel/mpi_group.cpp)
 
 namespace zero3d {
-std::unique_ptr<DeviceCollectives> make_nccl_collectives(cudaStream_t, int, int, const std::string&,
+std::unique_ptr<DeviceCollectives> make_nccl_collectives(cudaStream_t, int, int, const std::string&, bool,
                                                          const DeviceMemory::Share&) {
   return nullptr;
 }

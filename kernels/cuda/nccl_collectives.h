@@ -11,8 +11,9 @@ namespace zero3d {
 
 // NCCL for one group of `size` ranks, this one `rank`, on the calling thread's current device;
 // every operation waits for the work queued on `compute` when it is issued. Collective over the
-// group (share: DeviceMemory::make_collectives). Null in a build without NCCL.
+// group (share, point_to_point: DeviceMemory::make_collectives). Null in a build without NCCL.
 std::unique_ptr<DeviceCollectives> make_nccl_collectives(cudaStream_t compute, int size, int rank,
-                                                         const std::string& name, const DeviceMemory::Share& share);
+                                                         const std::string& name, bool point_to_point,
+                                                         const DeviceMemory::Share& share);
 
 }  // namespace zero3d

@@ -322,7 +322,8 @@ std::vector<Key> build() {
              "auto (oneDNN; weight gradients on an OpenBLAS that runs its own kernels for this CPU)"),
       choice("compute.bf16_gemm", at(&Config::compute, &XC::bf16_gemm), {"auto", "on", "off"},
              "with bf16.enabled: GEMMs in bf16 with fp32 accumulation (on), in fp32 on the 16-bit weights "
-             "widened (off), or auto (bf16 where oneDNN has native bf16 and measures it faster at start)"),
+             "widened (off), or auto (bf16 on a GPU, on its tensor cores, and on a CPU where oneDNN runs bf16 natively "
+             "and faster than fp32: AMX, or AMD's avx512_bf16)"),
   };
 
   using MO = MonitorConfig;

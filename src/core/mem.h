@@ -52,11 +52,12 @@ class DeviceMemory {
   virtual void free_pinned(void* p) = 0;
   // The device library's collectives for one group of `size` ranks, this one `rank` (NCCL), or
   // null where there is none (the group then stages device buffers, or hands them to a CUDA-aware
-  // MPI). Collective over the group: share(mine, all, n) gives every rank every rank's n bytes, in
-  // group-rank order (the group's MPI all-gather: how rank 0's NCCL id reaches the others).
+  // MPI); with sends and receives too where `point_to_point`. Collective over the group:
+  // share(mine, all, n) gives every rank every rank's n bytes, in group-rank order (the group's MPI
+  // all-gather: how rank 0's NCCL id reaches the others).
   using Share = std::function<void(const void* mine, void* all, size_t n)>;
   virtual std::unique_ptr<DeviceCollectives> make_collectives(int size, int rank, const std::string& name,
-                                                              const Share& share) = 0;
+                                                              bool point_to_point, const Share& share) = 0;
 };
 
 }  // namespace zero3d

@@ -89,6 +89,7 @@ class DeviceCollectives {
   using OpPtr = std::unique_ptr<Op>;
   virtual ~DeviceCollectives() = default;
   virtual std::string describe() const = 0;  // for the run record: "NCCL 2.28.9"
+  virtual bool point_to_point() const = 0;    // send and recv may be called
   virtual OpPtr all_reduce(void* buf, size_t n, CommType t, RedOp op) = 0;
   virtual OpPtr reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t) = 0;
   virtual OpPtr all_gather(const void* send, void* recv, const Pieces& pc, CommType t) = 0;  // send null: in place
@@ -244,7 +245,9 @@ class ProcessGroup {
   double timeout_s() const;
 
   // Where device buffers come from (the backend's); null: this group only ever sees host memory.
-  virtual void use_device_memory(DeviceMemory* dev) = 0;
+  // Collective over the group. `point_to_point`: its device sends and receives go to the device's
+  // library too (which connects each rank to its neighbours now), else through MPI.
+  virtual void use_device_memory(DeviceMemory* dev, bool point_to_point) = 0;
   // How device buffers travel, for the run record ("host memory only", "CUDA-aware MPI", ...).
   virtual std::string device_path() const = 0;
   // How host-memory collectives travel, for the run record ("shared memory", "MPI", ...).

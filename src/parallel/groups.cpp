@@ -19,9 +19,9 @@ ProcessGroups ProcessGroups::create(int tp_size, int pp_size) {
   return g;
 }
 
-void ProcessGroups::use_device_memory(DeviceMemory* dev) {
+void ProcessGroups::use_device_memory(DeviceMemory* dev, bool p2p_everywhere) {
   for (ProcessGroup* g : {world.get(), tp.get(), dp.get(), pp.get(), embedding.get()})
-    if (g) g->use_device_memory(dev);
+    if (g) g->use_device_memory(dev, p2p_everywhere || g == pp.get());
 }
 
 }  // namespace zero3d

@@ -19,8 +19,10 @@ struct ProcessGroups {
 
   // Collective over MPI_COMM_WORLD. Throws UserError (on every rank alike) for a bad layout.
   static ProcessGroups create(int tp_size, int pp_size);
-  // The backend's device memory (null: host memory only), for every group (comm.h).
-  void use_device_memory(DeviceMemory* dev);
+  // The backend's device memory (null: host memory only), for every group (comm.h). Device sends
+  // and receives go to the device's library on the pp group (the pipeline's), on every group with
+  // `p2p_everywhere` (tests); elsewhere through MPI.
+  void use_device_memory(DeviceMemory* dev, bool p2p_everywhere = false);
 };
 
 }  // namespace zero3d

@@ -319,12 +319,12 @@ class MpiGroup final : public ProcessGroup {
     if (device_) unregister_device_collectives(device_.get());
   }
   // Collective over the group (the device library's communicator is made here).
-  void use_device_memory(DeviceMemory* dev) override {
+  void use_device_memory(DeviceMemory* dev, bool point_to_point) override {
     Z3D_ASSERT(pinned_.empty() && !device_, "use_device_memory after staging began");
     dev_ = dev;
     cuda_aware_ = dev && mpi_reads_device_memory();
     if (!dev || comm() == MPI_COMM_NULL || !comm_context().device_library) return;
-    device_ = dev->make_collectives(size(), rank(), name(), [this](const void* mine, void* all, size_t n) {
+    device_ = dev->make_collectives(size(), rank(), name(), point_to_point, [this](const void* mine, void* all, size_t n) {
       MPI_CHECK(MPI_Allgather(mine, count_of(n), MPI_BYTE, all, count_of(n), MPI_BYTE, comm()));
     });
     if (device_) register_device_collectives(device_.get());
@@ -413,7 +413,7 @@ class MpiGroup final : public ProcessGroup {
   // On the device library, sends and receives match in issue order per peer and direction (no
   // tags); the pipeline's tags already say the same ("one stream per neighbour and direction").
   PendingOp send_impl(MemRef<const void> buf, size_t bytes, int peer, int tag) override {
-    if (on_device(buf.kind)) return PendingOp(device_->send(buf.ptr, bytes, peer), "send", this);
+    if (on_device(buf.kind) && device_->point_to_point()) return PendingOp(device_->send(buf.ptr, bytes, peer), "send", this);
     if (send_thread_ && !buf.on_device()) {
       // Send progress: the group's send thread issues and polls it (MPI's non-overtaking order
       // holds: every host send of the group goes this way, in order), so a large message moves
@@ -438,7 +438,7 @@ class MpiGroup final : public ProcessGroup {
   }
 
   PendingOp recv_impl(MemRef<void> buf, size_t bytes, int peer, int tag) override {
-    if (on_device(buf.kind)) return PendingOp(device_->recv(buf.ptr, bytes, peer), "receive", this);
+    if (on_device(buf.kind) && device_->point_to_point()) return PendingOp(device_->recv(buf.ptr, bytes, peer), "receive", this);
     Staging st(*this);
     void* b = host_out(st, buf, bytes, /*load=*/false);
     MPI_Request r = MPI_REQUEST_NULL;

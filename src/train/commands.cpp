@@ -117,14 +117,24 @@ double parse_double(const std::string& s, const char* what) {
   return v;
 }
 
+// Whether `name` (--backend) makes the CUDA backend here.
+bool is_cuda(const std::string& name) {
+#if defined(ZERO3D_HAVE_CUDA)
+  return name == "cuda" || (name == "auto" && cuda_device_count() > 0);
+#else
+  return name == "cuda";
+#endif
+}
+
 // local_rank: among the ranks of this node; it picks the GPU (round robin over the visible ones).
+// host.bf16_gemm applies to either backend.
 std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, const HostOptions& host = {}) {
   if (name != "auto" && name != "host" && name != "cuda")
     throw UserError(strprintf("--backend must be host, cuda or auto, got '%s'", name.c_str()));
 #if defined(ZERO3D_HAVE_CUDA)
-  if (name == "cuda" || (name == "auto" && cuda_device_count() > 0)) {
+  if (is_cuda(name)) {
     if (cuda_device_count() == 0) throw UserError("--backend cuda: no CUDA device is visible to this process");
-    return make_cuda_backend(local_rank % cuda_device_count());
+    return make_cuda_backend(local_rank % cuda_device_count(), host.bf16_gemm);
   }
 #else
   (void)local_rank;
@@ -133,14 +143,18 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, c
   return make_host_backend(host);
 }
 
-// bf16.enabled: GEMMs in bf16 (compute.bf16_gemm on), in fp32 (off), or (auto) in bf16 where
-// oneDNN's bf16 GEMM is measured faster than fp32: with AMX (about 4x) and on AMD's avx512_bf16
+// bf16.enabled: GEMMs in bf16 (compute.bf16_gemm on), in fp32 (off), or (auto) in bf16 on a GPU
+// (its tensor cores) and on a CPU where oneDNN's bf16 GEMM is measured faster than fp32: with AMX (about 4x) and on AMD's avx512_bf16
 // (Zen 4/5, about 2x); not on Intel's avx512_bf16 without AMX (about 0.5x: oneDNN 2.6 converts).
 // A rule on the CPU's features, not a measurement at start: a verdict that flips with the load
 // would break "same config, same layout, same bits". Returns the reason.
-std::string choose_bf16_gemm(const Config& cfg, bool& bf16) {
+std::string choose_bf16_gemm(const Config& cfg, bool cuda, bool& bf16) {
   bf16 = false;
   if (cfg.precision != Precision::bf16) return std::string("fp32 GEMMs (precision ") + name_of(cfg.precision) + ")";
+  if (cuda) {
+    if (cfg.compute.bf16_gemm == "off") return "fp32 GEMMs on the widened 16-bit weights (compute.bf16_gemm=off)";
+    return (bf16 = true), "bf16 GEMMs on the tensor cores, fp32 accumulation (compute.bf16_gemm=" + cfg.compute.bf16_gemm + ")";
+  }
   if (cfg.compute.bf16_gemm == "on") {
     if (!onednn_has_bf16())
       throw UserError(strprintf("compute.bf16_gemm=\"on\" needs a CPU where oneDNN runs bf16 GEMMs natively "
@@ -175,7 +189,7 @@ int train_dry_run(const ConfigSources& src, RunOptions opt, const std::string& b
   in.job = job_info(*ProcessGroup::world());
   HostOptions host;
   host.gemm = cfg.compute.gemm;
-  choose_bf16_gemm(cfg, host.bf16_gemm);
+  choose_bf16_gemm(cfg, is_cuda(backend), host.bf16_gemm);
   choose_peak(opt, *make_backend(backend, in.job.local_rank, host));
   in.config_file = src.config_file;
   in.run_dir = opt.run_dir.empty() ? default_run_dir(in.job) : opt.run_dir;
@@ -277,7 +291,7 @@ int cmd_train(const Args& a) {
   }
   HostOptions host;
   host.gemm = cfg.compute.gemm;
-  opt.compute_choice = choose_bf16_gemm(cfg, host.bf16_gemm);
+  opt.compute_choice = choose_bf16_gemm(cfg, is_cuda(backend), host.bf16_gemm);
   std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank, host);
   groups.use_device_memory(be->device_memory());
   if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)

@@ -82,7 +82,7 @@ class FakeDevice final : public DeviceMemory {
   }
   void free_pinned(void* p) override { ::operator delete(p); }
   std::unique_ptr<DeviceCollectives> make_collectives(int size, int rank, const std::string& name,
-                                                      const Share& share) override;
+                                                      bool point_to_point, const Share& share) override;
 
   size_t bytes_to_host = 0, bytes_to_device = 0, pinned_allocs = 0;
   bool with_library = false;  // make_collectives gives a FakeLibrary
@@ -125,7 +125,8 @@ static TestDevice* test_device = nullptr;  // non-null: the buffers below live o
 // order (one tag), as NCCL's do. done() says "not yet" at least once, so callers must poll.
 class FakeLibrary final : public DeviceCollectives {
  public:
-  FakeLibrary(FakeDevice& dev, int size, int rank, const DeviceMemory::Share& share) : dev_(dev), p_(size), r_(rank) {
+  FakeLibrary(FakeDevice& dev, int size, int rank, bool p2p, const DeviceMemory::Share& share)
+      : dev_(dev), p_(size), r_(rank), p2p_(p2p) {
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     std::vector<int> members(size);
@@ -143,6 +144,7 @@ class FakeLibrary final : public DeviceCollectives {
   }
   ~FakeLibrary() override { MPI_Comm_free(&comm_); }
   std::string describe() const override { return "a fake library"; }
+  bool point_to_point() const override { return p2p_; }
 
   OpPtr all_reduce(void* buf, size_t n, zero3d::CommType t, RedOp op) override {
     auto o = gather_all(buf, n * elem_bytes(t));
@@ -194,6 +196,7 @@ class FakeLibrary final : public DeviceCollectives {
     return o;
   }
   OpPtr send(const void* buf, size_t bytes, int peer) override {
+    if (!p2p_) fail("send on a group made without point_to_point");
     auto o = std::make_unique<Pending>(dev_);
     o->all.resize(bytes);
     dev_.to_host(o->all.data(), buf, bytes);
@@ -201,6 +204,7 @@ class FakeLibrary final : public DeviceCollectives {
     return o;
   }
   OpPtr recv(void* buf, size_t bytes, int peer) override {
+    if (!p2p_) fail("receive on a group made without point_to_point");
     auto o = std::make_unique<Pending>(dev_);
     o->all.resize(bytes);
     MPI_Irecv(o->all.data(), static_cast<int>(bytes), MPI_BYTE, peer, 0, comm_, &o->req);
@@ -276,13 +280,14 @@ class FakeLibrary final : public DeviceCollectives {
   }
   FakeDevice& dev_;
   int p_, r_;
+  bool p2p_;
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
 std::unique_ptr<DeviceCollectives> FakeDevice::make_collectives(int size, int rank, const std::string&,
-                                                                const Share& share) {
+                                                                bool point_to_point, const Share& share) {
   if (!with_library) return nullptr;
-  return std::make_unique<FakeLibrary>(*this, size, rank, share);
+  return std::make_unique<FakeLibrary>(*this, size, rank, point_to_point, share);
 }
 
 // A test buffer: its values on the host (data), and where the collective sees them (mem): the
@@ -806,7 +811,7 @@ static void test_layouts(int world, int me, TestDevice* dev, const std::string& 
       if (world % (tp * pp)) continue;
       test_device = dev;
       ProcessGroups g = ProcessGroups::create(tp, pp);
-      g.use_device_memory(dev ? dev->mem : nullptr);
+      g.use_device_memory(dev ? dev->mem : nullptr, /*p2p_everywhere=*/true);
       check(g.dp->device_path().rfind(path, 0) == 0, "device path: " + g.dp->device_path(), me);
       const std::string layout = label + " tp" + std::to_string(tp) + "pp" + std::to_string(pp) + " ";
       test_group(*g.tp, g.topo.tp_group(me), me, layout + "tp");

@@ -450,6 +450,36 @@ TEST_P(Kernels, EmbeddingForwardBackward) {
   expect_accumulated(ape, pre_pe, gpe, "dwpe +=");
 }
 
+// Many rows share few tokens: every backend adds a token's rows in row order, so dwte is the
+// in-order float sum, bit for bit, on every run (the CUDA backend too: no atomics).
+TEST_P(Kernels, EmbeddingBackwardAddsRowsInOrder) {
+  const int N = 2048, T = 64, C = 96, V = 5;
+  const std::vector<int32_t> tokens = random_ints(rng, N, V);
+  const std::vector<float> r = uniform(rng, static_cast<size_t>(N) * C, -1, 1);
+  std::vector<float> want(static_cast<size_t>(V) * C, 0.0f);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) want[static_cast<size_t>(tokens[n]) * C + c] += r[static_cast<size_t>(n) * C + c];
+  auto dtok = to_device(*be, tokens);
+  auto dout = to_device(*be, r);
+  for (int run = 0; run < 3; ++run) {
+    auto dwte = to_device(*be, std::vector<float>(want.size(), 0.0f));
+    auto dwpe = to_device(*be, std::vector<float>(static_cast<size_t>(T) * C, 0.0f));
+    be->embedding_backward(dwte.data(), dwpe.data(), dout.data(), dtok.data(), N, T, C, 0, V);
+    expect_bits_equal(to_host(*be, dwte), want, "dwte");
+  }
+}
+
+// A reduction over many blocks gives the same bits every time.
+TEST_P(Kernels, ReductionsAreDeterministic) {
+  const size_t n = 3000017;
+  auto dx = to_device(*be, uniform(rng, n, -1, 3));
+  const double s = be->sum(dx.data(), n), ss = be->sum_squares(dx.data(), n);
+  for (int run = 0; run < 3; ++run) {
+    EXPECT_EQ(be->sum(dx.data(), n), s);
+    EXPECT_EQ(be->sum_squares(dx.data(), n), ss);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // layernorm
 // ---------------------------------------------------------------------------------------------
@@ -1259,11 +1289,7 @@ TEST(HostKernels, ThreadCountDoesNotChangeBits) {
 
 // bf16 compute: A and B rounded to bf16, products accumulated in fp32: against the double
 // reference on the rounded inputs, within fp32 accumulation error; the bias and residual in fp32.
-TEST(HostKernels, Bf16GemmRoundsInputsAndAccumulatesInFp32) {
-  if (!zero3d::onednn_has_bf16()) GTEST_SKIP() << "oneDNN has no native bf16 GEMM on this CPU";
-  zero3d::HostOptions o;
-  o.bf16_gemm = true;
-  auto be = zero3d::make_host_backend(o);
+void check_bf16_gemm(const std::unique_ptr<Backend>& be) {
   std::mt19937 rng(11);
   auto round16 = [](std::vector<float> v) {
     for (float& f : v) f = bits_to_float(static_cast<uint32_t>(zero3d::math::bf16_from_float(f)) << 16);
@@ -1301,6 +1327,23 @@ TEST(HostKernels, Bf16GemmRoundsInputsAndAccumulatesInFp32) {
     const double wi = want[i] + bias[i % out] + res[i];
     EXPECT_NEAR(got[i], wi, 1e-5 * (mag[i] + 2) + 1e-7) << "y[" << i << "]";
   }
+}
+
+TEST(HostKernels, Bf16GemmRoundsInputsAndAccumulatesInFp32) {
+  if (!zero3d::onednn_has_bf16()) GTEST_SKIP() << "oneDNN has no native bf16 GEMM on this CPU";
+  zero3d::HostOptions o;
+  o.bf16_gemm = true;
+  check_bf16_gemm(zero3d::make_host_backend(o));
+}
+
+// The CUDA backend's bf16 GEMMs (tensor cores, CUBLAS_COMPUTE_32F_FAST_16BF) against the same bound.
+TEST(Bf16GemmRoundsInputsAndAccumulatesInFp32, cuda) {
+#if defined(ZERO3D_HAVE_CUDA)
+  if (zero3d::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  check_bf16_gemm(zero3d::make_cuda_backend(0, /*bf16_gemm=*/true));
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }
 
 }  // namespace
