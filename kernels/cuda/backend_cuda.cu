@@ -19,9 +19,10 @@
 //  - The backend assumes its device is current on the calling thread (one device per rank, set in
 //    the constructor); it does not call cudaSetDevice before every op.
 //
-// Performance: the per-row ops (attention too) run one thread per row, which is simple and correct
-// but leaves most of the GPU idle and reads rows uncoalesced. Warp- or block-per-row kernels (llm.c
-// layernorm_forward_kernel3, fused_classifier_kernel5) and a tiled attention are future work.
+// Performance: LayerNorm and the cross-entropy kernels run one block per row (coalesced loads, the
+// row's reductions across the block). Attention still runs one thread per (batch, head, row), and
+// the column reductions (bias, LayerNorm parameter gradients) one thread per column: a tiled
+// attention and split-row column sums are future work.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -66,6 +67,15 @@ template <typename... KernelArgs, typename... Args>
 void launch(cudaStream_t stream, size_t work, void (*kernel)(KernelArgs...), Args... args) {
   if (work == 0) return;
   kernel<<<static_cast<unsigned>(blocks_for(work)), kThreads, 0, stream>>>(args...);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// Enqueue a per-row kernel: one block of kThreads per row, rows grid-strided over at most
+// kMaxBlocks blocks.
+template <typename... KernelArgs, typename... Args>
+void launch_rows(cudaStream_t stream, size_t rows, void (*kernel)(KernelArgs...), Args... args) {
+  if (rows == 0) return;
+  kernel<<<static_cast<unsigned>(std::min(rows, kMaxBlocks)), kThreads, 0, stream>>>(args...);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -164,16 +174,135 @@ __global__ void accumulate_fp16_kernel(uint16_t* acc, const float* x, size_t n) 
   Z3D_GRID_LOOP(i, n) acc[i] = math::fp16_from_float(math::float_from_fp16(acc[i]) + x[i]);
 }
 
-// ---- per-row kernels: one thread per row (see the header on warp-per-row) ----
+// ---- per-row kernels: one block per row (rows grid-strided), the row's sums and maxima reduced
+// across the block in a fixed order, so every thread gets the same value and every run the same
+// bits. The per-element math is the host's; only the order of the row sums differs from it. ----
+
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {  // as math::row_max: a NaN is never taken over a number
+  __device__ float operator()(float a, float b) const { return b > a ? b : a; }
+};
+
+// op over every thread's v, in every thread: a butterfly inside each warp (both operands of each
+// step are the same pair on both lanes, so all lanes agree), then the warps' values in warp order.
+// blockDim.x: a multiple of 32, at most 1024.
+template <typename Op>
+__device__ float block_all_reduce(float v, Op op) {
+  __shared__ float warp_values[32];
+  for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  __syncthreads();  // the last call's readers are done with warp_values
+  if (threadIdx.x % 32 == 0) warp_values[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = warp_values[0];
+  for (unsigned w = 1; w < blockDim.x / 32; ++w) v = op(v, warp_values[w]);
+  return v;
+}
+
+#define Z3D_ROW_LOOP(n, N) for (size_t n = blockIdx.x; n < (N); n += gridDim.x)
+#define Z3D_COL_LOOP(i, C) for (int i = static_cast<int>(threadIdx.x); i < (C); i += static_cast<int>(blockDim.x))
 
 __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x, const float* w,
                                          const float* b, size_t N, int C) {
-  Z3D_GRID_LOOP(n, N) math::layernorm_row_forward(out + n * C, mean + n, rstd + n, x + n * C, w, b, C);
+  Z3D_ROW_LOOP(n, N) {
+    const float* xr = x + n * C;
+    float sum = 0.0f;
+    Z3D_COL_LOOP(i, C) sum += xr[i];
+    const float m = block_all_reduce(sum, SumOp{}) / C;
+    float var = 0.0f;
+    Z3D_COL_LOOP(i, C) {
+      const float d = xr[i] - m;
+      var += d * d;
+    }
+    const float r = 1.0f / sqrtf(block_all_reduce(var, SumOp{}) / C + math::kLayerNormEps);
+    Z3D_COL_LOOP(i, C) out[n * C + i] = (xr[i] - m) * r * w[i] + b[i];
+    if (threadIdx.x == 0) mean[n] = m, rstd[n] = r;
+  }
 }
 
 __global__ void layernorm_backward_input_kernel(float* dx, const float* dy, const float* x, const float* w,
                                                 const float* mean, const float* rstd, size_t N, int C) {
-  Z3D_GRID_LOOP(n, N) math::layernorm_row_backward_input(dx + n * C, dy + n * C, x + n * C, w, mean[n], rstd[n], C);
+  Z3D_ROW_LOOP(n, N) {
+    const float* xr = x + n * C;
+    const float* dyr = dy + n * C;
+    const float m = mean[n], r = rstd[n];
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    Z3D_COL_LOOP(i, C) {
+      const float g = dyr[i] * w[i];
+      sum_g += g;
+      sum_gx += g * math::layernorm_xhat(xr[i], m, r);
+    }
+    const float mean_g = block_all_reduce(sum_g, SumOp{}) / C, mean_gx = block_all_reduce(sum_gx, SumOp{}) / C;
+    Z3D_COL_LOOP(i, C) {
+      const float g = dyr[i] * w[i];
+      dx[n * C + i] += r * (g - mean_g - math::layernorm_xhat(xr[i], m, r) * mean_gx);
+    }
+  }
+}
+
+// The row's max and sum of exp(z - max): the two reductions every cross-entropy kernel starts with.
+__device__ float row_max_of(const float* z, int V) {
+  float m = -INFINITY;
+  Z3D_COL_LOOP(i, V) m = MaxOp{}(m, z[i]);
+  return block_all_reduce(m, MaxOp{});
+}
+__device__ float row_sumexp_of(const float* z, int V, float m) {
+  float sum = 0.0f;
+  Z3D_COL_LOOP(i, V) sum += expf(z[i] - m);
+  return block_all_reduce(sum, SumOp{});
+}
+
+// dlogits may alias logits: every element is read and written by one thread, and the only values
+// read across threads (the target's logit) are read before the first reduction's barrier.
+__global__ void vocab_row_max_kernel(float* row_max, const float* logits, size_t N, int V) {
+  Z3D_ROW_LOOP(n, N) {
+    const float m = row_max_of(logits + n * V, V);
+    if (threadIdx.x == 0) row_max[n] = m;
+  }
+}
+__global__ void vocab_sumexp_kernel(float* sumexp, float* target_logit, const float* logits, const float* row_max,
+                                    const int32_t* targets, int vocab_start, size_t N, int V) {
+  Z3D_ROW_LOOP(n, N) {
+    const float* z = logits + n * V;
+    const float sum = row_sumexp_of(z, V, row_max[n]);
+    if (threadIdx.x == 0) {
+      const int t = targets[n] - vocab_start;
+      sumexp[n] = sum;
+      target_logit[n] = t >= 0 && t < V ? z[t] : 0.0f;
+    }
+  }
+}
+__global__ void vocab_crossentropy_grad_kernel(float* dlogits, const float* logits, const float* row_max,
+                                               const float* sumexp, const int32_t* targets, int vocab_start, size_t N,
+                                               int V, float dloss) {
+  Z3D_ROW_LOOP(n, N) {
+    const int t = targets[n] - vocab_start;
+    const float m = row_max[n], scale = dloss / sumexp[n];
+    Z3D_COL_LOOP(i, V) {
+      float g = expf(logits[n * V + i] - m) * scale;
+      if (i == t) g -= dloss;
+      dlogits[n * V + i] = g;
+    }
+  }
+}
+
+__global__ void crossentropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+                                    size_t N, int V, float dloss) {
+  Z3D_ROW_LOOP(n, N) {
+    const float* z = logits + n * V;
+    const int t = targets[n];
+    const float z_target = z[t];
+    const float m = row_max_of(z, V), sum = row_sumexp_of(z, V, m);
+    if (threadIdx.x == 0) losses[n] = logf(sum) + (m - z_target);
+    if (!dlogits) continue;
+    const float scale = dloss / sum;
+    Z3D_COL_LOOP(i, V) {
+      float g = expf(z[i] - m) * scale;
+      if (i == t) g -= dloss;
+      dlogits[n * V + i] = g;
+    }
+  }
 }
 
 // Attention: one thread per (batch, head, row); see kernels/math/attention.h.
@@ -200,39 +329,6 @@ __global__ void attention_backward_kernel(float* dqkv, const float* dout, const 
     math::attention_row_backward_q(g, qkv + base, 3L * A, A, dout + obase, out + obase, A, row_lse, i, hd, alpha);
     math::attention_row_backward_kv(g + A, g + 2 * A, qkv + base, 3L * A, A, dout + obase, out + obase, A, row_lse,
                                     i, T, hd, alpha);
-  }
-}
-
-// dlogits may alias logits (the row function reads each row fully before writing it), so no
-// __restrict__ here.
-__global__ void vocab_row_max_kernel(float* row_max, const float* logits, size_t N, int V) {
-  Z3D_GRID_LOOP(n, N) row_max[n] = math::row_max(logits + n * V, V);
-}
-__global__ void vocab_sumexp_kernel(float* sumexp, float* target_logit, const float* logits, const float* row_max,
-                                    const int32_t* targets, int vocab_start, size_t N, int V) {
-  Z3D_GRID_LOOP(n, N) {
-    const float* z = logits + n * V;
-    sumexp[n] = math::row_sumexp(z, V, row_max[n]);
-    const int t = targets[n] - vocab_start;
-    target_logit[n] = t >= 0 && t < V ? z[t] : 0.0f;
-  }
-}
-__global__ void vocab_crossentropy_grad_kernel(float* dlogits, const float* logits, const float* row_max,
-                                               const float* sumexp, const int32_t* targets, int vocab_start, size_t N,
-                                               int V, float dloss) {
-  Z3D_GRID_LOOP(n, N) {
-    const int t = targets[n] - vocab_start;
-    math::crossentropy_row_grad(dlogits + n * V, logits + n * V, V, row_max[n], sumexp[n], t >= 0 && t < V ? t : -1,
-                                dloss);
-  }
-}
-
-__global__ void crossentropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                                    size_t N, int V, float dloss) {
-  Z3D_GRID_LOOP(n, N) {
-    const float* z = logits + n * V;
-    losses[n] = dlogits ? math::crossentropy_row_forward_backward(dlogits + n * V, z, targets[n], V, dloss)
-                        : math::crossentropy_row_forward(z, targets[n], V);
   }
 }
 
@@ -473,11 +569,11 @@ class CudaBackend final : public Backend, public DeviceMemory {
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                          int C) override {
-    launch(stream(), rows(N), layernorm_forward_kernel, out, mean, rstd, x, w, b, rows(N), C);
+    launch_rows(stream(), rows(N), layernorm_forward_kernel, out, mean, rstd, x, w, b, rows(N), C);
   }
   void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                           const float* mean, const float* rstd, int N, int C) override {
-    launch(stream(), rows(N), layernorm_backward_input_kernel, dx, dy, x, w, mean, rstd, rows(N), C);
+    launch_rows(stream(), rows(N), layernorm_backward_input_kernel, dx, dy, x, w, mean, rstd, rows(N), C);
     launch(stream(), rows(C), layernorm_backward_params_kernel, dw, db, dy, x, mean, rstd, rows(N), C);
   }
   void bias_backward(float* dbias, const float* dout, int N, int C) override {
@@ -502,21 +598,21 @@ class CudaBackend final : public Backend, public DeviceMemory {
     launch(stream(), rows(B) * H * T, attention_backward_kernel, dqkv, dout, out, lse, qkv, rows(B), T, H, A);
   }
   void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
-    launch(stream(), rows(N), vocab_row_max_kernel, row_max, logits, rows(N), V);
+    launch_rows(stream(), rows(N), vocab_row_max_kernel, row_max, logits, rows(N), V);
   }
   void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
                     const int32_t* targets, int vocab_start, int N, int V) override {
-    launch(stream(), rows(N), vocab_sumexp_kernel, sumexp, target_logit, logits, row_max, targets, vocab_start, rows(N),
+    launch_rows(stream(), rows(N), vocab_sumexp_kernel, sumexp, target_logit, logits, row_max, targets, vocab_start, rows(N),
            V);
   }
   void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
                                const int32_t* targets, int vocab_start, int N, int V, float dloss) override {
-    launch(stream(), rows(N), vocab_crossentropy_grad_kernel, dlogits, logits, row_max, sumexp, targets, vocab_start,
+    launch_rows(stream(), rows(N), vocab_crossentropy_grad_kernel, dlogits, logits, row_max, sumexp, targets, vocab_start,
            rows(N), V, dloss);
   }
   void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                     float dloss) override {
-    launch(stream(), rows(N), crossentropy_kernel, losses, dlogits, logits, targets, rows(N), V, dloss);
+    launch_rows(stream(), rows(N), crossentropy_kernel, losses, dlogits, logits, targets, rows(N), V, dloss);
   }
   void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) override {
     launch(stream(), n, adam_step_kernel, p, m, v, g, n, a);
