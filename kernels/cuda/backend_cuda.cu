@@ -20,9 +20,9 @@
 //    the constructor); it does not call cudaSetDevice before every op.
 //
 // Performance: LayerNorm and the cross-entropy kernels run one block per row (coalesced loads, the
-// row's reductions across the block). Attention still runs one thread per (batch, head, row), and
-// the column reductions (bias, LayerNorm parameter gradients) one thread per column: a tiled
-// attention and split-row column sums are future work.
+// row's reductions across the block); attention one warp per (batch, head, row), its vectors in
+// the lanes' registers. The column reductions (bias, LayerNorm parameter gradients) run one thread
+// per column; a tiled (flash) attention and split-row column sums are future work.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -305,7 +305,142 @@ __global__ void crossentropy_kernel(float* losses, float* dlogits, const float* 
   }
 }
 
-// Attention: one thread per (batch, head, row); see kernels/math/attention.h.
+// ---- attention: one warp per (batch, head, row), lane l holding dimensions l, l+32, ... of the
+// row's vectors in registers (K per lane: head dims up to 32 K); the dot products are the lanes'
+// partials added by a butterfly, so every lane has the same value. The math of
+// kernels/math/attention.h, the same online softmax; only the dot products' order differs. ----
+
+__device__ float warp_all_sum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+template <int K>
+__device__ void lane_load(float (&a)[K], const float* src, int hd) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < K; ++k) a[k] = lane + 32 * k < hd ? src[lane + 32 * k] : 0.0f;
+}
+template <int K>
+__device__ void lane_store(float* dst, const float (&a)[K], int hd) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < hd) dst[lane + 32 * k] = a[k];
+}
+// a . b over hd, in every lane (b in memory; a's lanes past hd hold 0).
+template <int K>
+__device__ float lane_dot(const float (&a)[K], const float* b, int hd) {
+  const int lane = threadIdx.x % 32;
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < hd) s += a[k] * b[lane + 32 * k];
+  return warp_all_sum(s);
+}
+// a . b over hd, both in memory, in every lane.
+__device__ float memory_dot(const float* a, const float* b, int hd) {
+  float s = 0.0f;
+  for (int d = threadIdx.x % 32; d < hd; d += 32) s += a[d] * b[d];
+  return warp_all_sum(s);
+}
+// acc += f * b over the lane's dimensions.
+template <int K>
+__device__ void lane_axpy(float (&acc)[K], float f, const float* b, int hd) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (lane + 32 * k < hd) acc[k] += f * b[lane + 32 * k];
+}
+
+// Warp-uniform loop over [0, n) by warp index (a block's warps, grid-strided).
+#define Z3D_WARP_LOOP(r, n)                                                                       \
+  for (size_t r = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < (n); \
+       r += static_cast<size_t>(gridDim.x) * blockDim.x / 32)
+
+template <int K>
+__global__ void attention_forward_warp_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H,
+                                              int A) {
+  const int hd = A / H;
+  const float alpha = rsqrtf(static_cast<float>(hd));
+  const size_t ld = 3 * static_cast<size_t>(A);
+  Z3D_WARP_LOOP(r, B * H * T) {
+    const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
+    const int i = static_cast<int>(r % T);
+    const float* rows = qkv + b * T * ld + h * hd;
+    float q[K], o[K];
+    lane_load<K>(q, rows + i * ld, hd);
+#pragma unroll
+    for (int k = 0; k < K; ++k) o[k] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int j = 0; j <= i; ++j) {
+      const float* kv = rows + j * ld + A;
+      const float sc = alpha * lane_dot<K>(q, kv, hd);
+      const float mn = sc > m ? sc : m;
+      const float corr = expf(m - mn), p = expf(sc - mn);
+      l = l * corr + p;
+#pragma unroll
+      for (int k = 0; k < K; ++k) o[k] *= corr;
+      lane_axpy<K>(o, p, kv + A, hd);
+      m = mn;
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) o[k] /= l;
+    lane_store<K>(out + (b * T + i) * A + h * hd, o, hd);
+    if (threadIdx.x % 32 == 0) lse[r] = m + logf(l);
+  }
+}
+
+// Row i's dq, and dk, dv of key row i, all written.
+template <int K>
+__global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, const float* out, const float* lse,
+                                               const float* qkv, size_t B, int T, int H, int A) {
+  const int hd = A / H;
+  const float alpha = rsqrtf(static_cast<float>(hd));
+  const size_t ld = 3 * static_cast<size_t>(A);
+  Z3D_WARP_LOOP(r, B * H * T) {
+    const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
+    const int i = static_cast<int>(r % T);
+    const float* rows = qkv + b * T * ld + h * hd;
+    const float* g_rows = dout + b * T * A + h * hd;
+    const float* o_rows = out + b * T * A + h * hd;
+    const float* row_lse = lse + (b * H + h) * T;
+    float* d = dqkv + b * T * ld + h * hd + i * ld;
+    // dq_i over keys j <= i
+    float q[K], g[K], acc[K];
+    lane_load<K>(q, rows + i * ld, hd);
+    lane_load<K>(g, g_rows + i * A, hd);
+    const float Di = lane_dot<K>(g, o_rows + i * A, hd);
+#pragma unroll
+    for (int k = 0; k < K; ++k) acc[k] = 0.0f;
+    for (int j = 0; j <= i; ++j) {
+      const float* kj = rows + j * ld + A;
+      const float p = expf(alpha * lane_dot<K>(q, kj, hd) - row_lse[i]);
+      const float ds = p * (lane_dot<K>(g, kj + A, hd) - Di);
+      lane_axpy<K>(acc, alpha * ds, kj, hd);
+    }
+    lane_store<K>(d, acc, hd);
+    // dk_i and dv_i over queries i2 >= i
+    float kr[K], vr[K], dv[K];
+    lane_load<K>(kr, rows + i * ld + A, hd);
+    lane_load<K>(vr, rows + i * ld + 2 * A, hd);
+#pragma unroll
+    for (int k = 0; k < K; ++k) acc[k] = dv[k] = 0.0f;
+    for (int i2 = i; i2 < T; ++i2) {
+      const float* q2 = rows + i2 * ld;
+      const float* g2 = g_rows + i2 * A;
+      const float p = expf(alpha * lane_dot<K>(kr, q2, hd) - row_lse[i2]);
+      const float ds = p * (lane_dot<K>(vr, g2, hd) - memory_dot(g2, o_rows + i2 * A, hd));
+      lane_axpy<K>(dv, p, g2, hd);
+      lane_axpy<K>(acc, alpha * ds, q2, hd);
+    }
+    lane_store<K>(d + A, acc, hd);
+    lane_store<K>(d + 2 * A, dv, hd);
+  }
+}
+
+// Attention, fallback for heads wider than 256: one thread per (batch, head, row); see
+// kernels/math/attention.h.
 __global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H, int A) {
   const int hd = A / H;
   const float alpha = rsqrtf(static_cast<float>(hd));
@@ -590,12 +725,26 @@ class CudaBackend final : public Backend, public DeviceMemory {
     launch(stream(), n, add_kernel, out, a, b, n);
   }
   void accumulate(float* out, const float* a, size_t n) override { launch(stream(), n, accumulate_kernel, out, a, n); }
+  // One warp per row for heads up to 256 wide (K registers per lane per vector), else the fallback.
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A) override {
-    launch(stream(), rows(B) * H * T, attention_forward_kernel, out, lse, qkv, rows(B), T, H, A);
+    const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
+    if (hd <= 32) launch(stream(), warps, attention_forward_warp_kernel<1>, out, lse, qkv, rows(B), T, H, A);
+    else if (hd <= 64) launch(stream(), warps, attention_forward_warp_kernel<2>, out, lse, qkv, rows(B), T, H, A);
+    else if (hd <= 128) launch(stream(), warps, attention_forward_warp_kernel<4>, out, lse, qkv, rows(B), T, H, A);
+    else if (hd <= 256) launch(stream(), warps, attention_forward_warp_kernel<8>, out, lse, qkv, rows(B), T, H, A);
+    else launch(stream(), n, attention_forward_kernel, out, lse, qkv, rows(B), T, H, A);
   }
   void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
                           int T, int H, int A) override {
-    launch(stream(), rows(B) * H * T, attention_backward_kernel, dqkv, dout, out, lse, qkv, rows(B), T, H, A);
+    const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
+    auto args = [&](auto kernel, size_t work) {
+      launch(stream(), work, kernel, dqkv, dout, out, lse, qkv, rows(B), T, H, A);
+    };
+    if (hd <= 32) args(attention_backward_warp_kernel<1>, warps);
+    else if (hd <= 64) args(attention_backward_warp_kernel<2>, warps);
+    else if (hd <= 128) args(attention_backward_warp_kernel<4>, warps);
+    else if (hd <= 256) args(attention_backward_warp_kernel<8>, warps);
+    else args(attention_backward_kernel, n);
   }
   void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
     launch_rows(stream(), rows(N), vocab_row_max_kernel, row_max, logits, rows(N), V);

@@ -4,8 +4,9 @@
 //   out_i = sum_j p_ij v_j,  p_ij = exp(s_ij - lse_i);
 //   D_i = dout_i . out_i,  ds_ij = p_ij (dout_i . v_j - D_i);
 //   dq_i = alpha sum_{j<=i} ds_ij k_j;  dk_j = alpha sum_{i>=j} ds_ij q_i;  dv_j = sum_{i>=j} p_ij dout_i.
-// These are the CUDA launchers' per-row functions (one thread per row: simple, not fast). The host
-// computes the same in 64 x 64 tiles (kernels/host/cpu_kernels_isa.cpp).
+// These per-row functions are the reference and the CUDA fallback for heads wider than 256 (one
+// thread per row); the CUDA backend runs the same math one warp per row, and the host in 64 x 64
+// tiles (kernels/host/cpu_kernels_isa.cpp).
 #pragma once
 #include <cmath>
 #include "kernels/common.h"
