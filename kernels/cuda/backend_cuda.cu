@@ -1,6 +1,6 @@
 // kernels/cuda/backend_cuda.cu: the CUDA backend. Thin launchers around kernels/math/*.h (the same
 // per-element / per-row functions the host backend runs) plus cuBLAS for GEMM. It owns one
-// non-blocking stream, one cuBLAS handle bound to it and a device scratch for the reductions' partials.
+// non-blocking stream, one cuBLAS handle bound to it and device scratch for the reductions' partials.
 // Built as a module (libzero3d_cuda.so) that kernels/cuda_module.cpp loads only where a driver
 // is: the CUDA libraries cost every process 0.65 s of CPU to load, on CPU nodes for nothing.
 //
@@ -9,11 +9,12 @@
 //    needs data (copy_to_host, copy_from_host, the reductions, synchronize). The stream is
 //    non-blocking, so a later communication stream must join it through events, never through the
 //    legacy default stream.
-//  - Results mirror HostBackend: the same math functions, the same += accumulation into
-//    gradients, and the same summation order in the column reductions (rows in increasing order),
-//    so the two backends differ only by FMA contraction and libm/CUDA math ulps. Exceptions are
-//    the GEMMs (cuBLAS vs CBLAS blocking) and the sum reductions (a tree in double, in a fixed
-//    order). Every op is deterministic: the same inputs give the same bits on every run.
+//  - Results follow HostBackend: the same per-element math functions and the same += accumulation
+//    into gradients. The orders of sums differ where the GPU needs parallelism: rows (LayerNorm,
+//    softmax, dot products in attention) are reduced across a block or warp, column sums
+//    (bias, LayerNorm parameters) in 64 chunks of rows, scalar sums as a tree in double, GEMMs as
+//    cuBLAS blocks them; the embedding gradient adds its rows in the host's order. Every op is
+//    deterministic: the same inputs give the same bits on every run.
 //  - The interface is row-major and cuBLAS column-major: a row-major M is its transpose read
 //    column-major, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T with A/B and m/n swapped.
 //  - The backend assumes its device is current on the calling thread (one device per rank, set in
@@ -21,8 +22,8 @@
 //
 // Performance: LayerNorm and the cross-entropy kernels run one block per row (coalesced loads, the
 // row's reductions across the block); attention one warp per (batch, head, row), its vectors in
-// the lanes' registers. The column reductions (bias, LayerNorm parameter gradients) run one thread
-// per column; a tiled (flash) attention and split-row column sums are future work.
+// the lanes' registers; column sums in chunks of rows. A tiled (flash) attention on the tensor
+// cores and fused epilogues (cuBLASLt) are future work.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -467,27 +468,42 @@ __global__ void attention_backward_kernel(float* dqkv, const float* dout, const 
   }
 }
 
-// ---- column reductions: one thread per column, rows in increasing order (as the host) ----
+// ---- column reductions (bias and LayerNorm parameter gradients) in two passes: chunk r of the
+// rows adds its rows in order into partial (r, c), one thread per (r, c); then out[c] += the
+// chunks' partials in chunk order. Deterministic; the rows meet in another order than on the host
+// (which adds them one by one into out). kColumnChunks chunks make C * kColumnChunks threads. ----
 
-__global__ void layernorm_backward_params_kernel(float* dw, float* db, const float* dy, const float* x,
+constexpr size_t kColumnChunks = 64;
+
+__global__ void layernorm_params_partials_kernel(float* pw, float* pb, const float* dy, const float* x,
                                                  const float* mean, const float* rstd, size_t N, int C) {
-  Z3D_GRID_LOOP(c, static_cast<size_t>(C)) {
-    float w_acc = dw[c], b_acc = db[c];
-    for (size_t n = 0; n < N; ++n) {
-      float d = dy[n * C + c];
+  Z3D_GRID_LOOP(i, kColumnChunks * C) {
+    const size_t c = i % C, r = i / C;
+    float w_acc = 0.0f, b_acc = 0.0f;
+    for (size_t n = r * N / kColumnChunks; n < (r + 1) * N / kColumnChunks; ++n) {
+      const float d = dy[n * C + c];
       w_acc += d * math::layernorm_xhat(x[n * C + c], mean[n], rstd[n]);
       b_acc += d;
     }
-    dw[c] = w_acc;
-    db[c] = b_acc;
+    pw[i] = w_acc;
+    pb[i] = b_acc;
   }
 }
 
-__global__ void bias_backward_kernel(float* dbias, const float* dout, size_t N, int C) {
+__global__ void bias_partials_kernel(float* pb, const float* dout, size_t N, int C) {
+  Z3D_GRID_LOOP(i, kColumnChunks * C) {
+    const size_t c = i % C, r = i / C;
+    float acc = 0.0f;
+    for (size_t n = r * N / kColumnChunks; n < (r + 1) * N / kColumnChunks; ++n) acc += dout[n * C + c];
+    pb[i] = acc;
+  }
+}
+
+__global__ void column_finish_kernel(float* out, const float* partial, int C) {
   Z3D_GRID_LOOP(c, static_cast<size_t>(C)) {
-    float acc = dbias[c];
-    for (size_t n = 0; n < N; ++n) acc += dout[n * C + c];
-    dbias[c] = acc;
+    float acc = out[c];
+    for (size_t r = 0; r < kColumnChunks; ++r) acc += partial[r * C + c];
+    out[c] = acc;
   }
 }
 
@@ -709,10 +725,16 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                           const float* mean, const float* rstd, int N, int C) override {
     launch_rows(stream(), rows(N), layernorm_backward_input_kernel, dx, dy, x, w, mean, rstd, rows(N), C);
-    launch(stream(), rows(C), layernorm_backward_params_kernel, dw, db, dy, x, mean, rstd, rows(N), C);
+    float* pw = column_scratch(2 * kColumnChunks * rows(C));
+    float* pb = pw + kColumnChunks * rows(C);
+    launch(stream(), kColumnChunks * rows(C), layernorm_params_partials_kernel, pw, pb, dy, x, mean, rstd, rows(N), C);
+    launch(stream(), rows(C), column_finish_kernel, dw, static_cast<const float*>(pw), C);
+    launch(stream(), rows(C), column_finish_kernel, db, static_cast<const float*>(pb), C);
   }
   void bias_backward(float* dbias, const float* dout, int N, int C) override {
-    launch(stream(), rows(C), bias_backward_kernel, dbias, dout, rows(N), C);
+    float* pb = column_scratch(kColumnChunks * rows(C));
+    launch(stream(), kColumnChunks * rows(C), bias_partials_kernel, pb, dout, rows(N), C);
+    launch(stream(), rows(C), column_finish_kernel, dbias, static_cast<const float*>(pb), C);
   }
   void gelu_forward(float* out, const float* x, size_t n) override {
     launch(stream(), n, gelu_forward_kernel, out, x, n);
@@ -797,6 +819,19 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // Interface dimensions are int; index arithmetic is size_t so N*V (logits) cannot overflow.
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
 
+  // The column reductions' partials: grown to the largest asked for (the first step's), then
+  // reused; kernels on the one stream use it in turn.
+  float* column_scratch(size_t floats) {
+    if (floats > column_scratch_floats_) {
+      CUDA_CHECK(cudaStreamSynchronize(stream()));  // the last user is done with the old one
+      void* p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, floats * sizeof(float)));
+      column_scratch_.reset(p);
+      column_scratch_floats_ = floats;
+    }
+    return static_cast<float*>(column_scratch_.get());
+  }
+
   template <typename Acc, typename Term>
   Acc reduce(const float* x, size_t n, Term term) {
     static_assert(sizeof(Acc) <= sizeof(double), "scratch holds 8-byte scalars");
@@ -823,6 +858,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   StreamPtr stream_;
   CublasPtr cublas_;
   DevicePtr scratch_;
+  DevicePtr column_scratch_;
+  size_t column_scratch_floats_ = 0;
 };
 
 }  // namespace

@@ -3,8 +3,8 @@
 // per row so the backward never recomputes them.
 // Backward of one row (xhat = (x-mean)*rstd, g = dy*w):
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat));   dw += dy * xhat;   db += dy.
-// dw/db are column sums over rows: launchers choose the loop order (row-major on host, one thread
-// per column on CUDA); the per-element math is layernorm_xhat.
+// dw/db are column sums over rows: launchers choose the loop order (row-major on host, chunks of
+// rows per column on CUDA); the per-element math is layernorm_xhat.
 #pragma once
 #include <cmath>
 #include "kernels/common.h"
