@@ -12,6 +12,8 @@
 #      within 1e-4 relative, bf16 within 2e-2);
 #   5. a GPT-2 350M-shape model (d 1024, 24 layers, 16 heads, seq 1024, micro-batch 8) in bf16 for
 #      20 steps on the GPU: tokens/s and MFU against the GPU's dense bf16 peak;
+#   6. gpt-tiny on 2 ranks sharing the GPU with ZeRO-2 (its gradients reduce-scattered by NCCL)
+#      against 2 host ranks, fp32 within 1e-4;
 # then one table. Logs and metrics go under $OUT (the device tool's folder) or runs/device-check.
 #
 # usage: jobscripts/device_check.sh                      on the GPU machine, from the repository root
@@ -221,3 +223,29 @@ fi
 nccl_2=(-x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_NET=Socket -x NCCL_SOCKET_IFNAME=lo)
 collectives "NCCL collectives, 2 ranks, 1 GPU" 90 -np 1 -x NCCL_HOSTID=zero3d-a "${nccl_2[@]}" "$bin_coll" --cuda \
   : -np 1 -x NCCL_HOSTID=zero3d-b "${nccl_2[@]}" "$bin_coll" --cuda
+
+# ---- 6. gpt-tiny on 2 ranks sharing the GPU (ZeRO-2 over NCCL) against 2 host ranks ----
+train2() {  # train2 NAME BACKEND SECONDS ARGS...: 2 ranks; on the GPU each its own NCCL_HOSTID
+  local name=$1 backend=$2 seconds
+  seconds=$(limit "$3")
+  shift 3
+  rm -rf "$out/$name"
+  ((seconds > 0)) || { echo "no time left for $name" >"$out/$name.log"; return 124; }
+  local cmd=("$z3d" train --backend "$backend" --run-dir "$out/$name" "$@")
+  if [[ $backend == host ]]; then
+    timeout "$seconds" mpirun --oversubscribe -np 2 "${cmd[@]}" >"$out/$name.log" 2>&1
+  else
+    timeout "$seconds" mpirun --oversubscribe -np 1 -x NCCL_HOSTID=zero3d-a "${nccl_2[@]}" "${cmd[@]}" \
+      : -np 1 -x NCCL_HOSTID=zero3d-b "${nccl_2[@]}" "${cmd[@]}" >"$out/$name.log" 2>&1
+  fi
+}
+z2=("${tiny[@]}" --set train_steps=30 --set steps_per_print=30 --set zero_optimization.stage=2)
+name="gpt-tiny, 2 ranks ZeRO-2, NCCL vs host"
+if [[ -z $gpu || $dev == host ]]; then row "$name" "skipped" "no GPU"
+elif [[ $nccl != "zero3d: NCCL"* ]]; then row "$name" "FAIL" "built without NCCL (${nccl:-?})"
+elif ! train2 tiny2_host host 60 "${z2[@]}"; then row "$name" "FAIL" "host run failed: $out/tiny2_host.log"
+elif ! train2 tiny2_cuda "$dev" 90 "${z2[@]}"; then row "$name" "FAIL" "GPU run failed: $(tail -1 "$out/tiny2_cuda.log")"
+else
+  res=$(compare tiny2_cuda tiny2_host 1e-4 2>>"$log") || [[ $res == FAIL* ]] || res="FAIL the comparison broke (see $log)"
+  row "$name" "${res%% *}" "${res#* }; $(grep -o '"comm_device_buffers": *"[^"]*"' "$out/tiny2_cuda/metrics.jsonl" | head -1)"
+fi

@@ -182,7 +182,7 @@ __global__ void accumulate_fp16_kernel(uint16_t* acc, const float* x, size_t n) 
 struct SumOp {
   __device__ float operator()(float a, float b) const { return a + b; }
 };
-struct MaxOp {  // as math::row_max: a NaN is never taken over a number
+struct MaxOp {  // from -inf, as the host's row max: a NaN is never taken over a number
   __device__ float operator()(float a, float b) const { return b > a ? b : a; }
 };
 
@@ -363,7 +363,7 @@ template <int K>
 __global__ void attention_forward_warp_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H,
                                               int A) {
   const int hd = A / H;
-  const float alpha = rsqrtf(static_cast<float>(hd));
+  const float alpha = 1.0f / sqrtf(static_cast<float>(hd));  // as the host computes it
   const size_t ld = 3 * static_cast<size_t>(A);
   Z3D_WARP_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
@@ -397,7 +397,7 @@ template <int K>
 __global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, const float* out, const float* lse,
                                                const float* qkv, size_t B, int T, int H, int A) {
   const int hd = A / H;
-  const float alpha = rsqrtf(static_cast<float>(hd));
+  const float alpha = 1.0f / sqrtf(static_cast<float>(hd));
   const size_t ld = 3 * static_cast<size_t>(A);
   Z3D_WARP_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
@@ -606,7 +606,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   MemKind memory_kind() const override { return MemKind::device; }
   DeviceMemory* device_memory() override { return this; }
   std::string describe_gemm() const override {
-    return bf16_gemm_ ? "cuBLAS, bf16 tensor cores (fp32 in and out, fp32 accumulation)" : "cuBLAS fp32";
+    return bf16_gemm_ ? "cuBLAS, bf16 inputs (rounded to nearest even) on the tensor cores, fp32 accumulation"
+                      : "cuBLAS fp32";
   }
   size_t alloc_count() const override { return allocs_; }
   std::string describe() const override {
@@ -686,16 +687,27 @@ class CudaBackend final : public Backend, public DeviceMemory {
 
   // ---- GEMM (row-major interface on column-major cuBLAS: see the header) ----
 
-  // bf16_gemm: the tensor cores multiply in bf16 and accumulate in fp32, on fp32 inputs and outputs
-  // (cuBLAS converts as it loads: CUBLAS_COMPUTE_32F_FAST_16BF), as the host's bf16 GEMMs do.
+  // bf16_gemm: A and B rounded to bf16 here (to nearest even, as the host rounds), then multiplied
+  // on the tensor cores with fp32 accumulation into fp32 C, as the host's bf16 GEMMs do. (cuBLAS's
+  // CUBLAS_COMPUTE_32F_FAST_16BF would skip the copies but promises neither the rounding nor the
+  // tensor cores.)
   void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc) override {
     if (!bf16_gemm_) {
       CUBLAS_CHECK(cublasSgemm(cublas(), op(tb), op(ta), n, m, k, &alpha, B, ldb, A, lda, &beta, C, ldc));
       return;
     }
-    CUBLAS_CHECK(cublasGemmEx(cublas(), op(tb), op(ta), n, m, k, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda,
-                              &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
+    if (m <= 0 || n <= 0) return;
+    // Elements a row-major operand of `rows` rows of `cols` at stride ld spans.
+    auto extent = [](int rows, int cols, int ld) { return rows > 0 ? static_cast<size_t>(rows - 1) * ld + cols : 0; };
+    const size_t na = extent(ta ? k : m, ta ? m : k, lda), nb = extent(tb ? n : k, tb ? k : n, ldb);
+    const size_t na_padded = (na + 7) / 8 * 8;  // B's copy 16-byte aligned
+    auto* a16 = static_cast<uint16_t*>(stream_scratch((na_padded + nb) * sizeof(uint16_t)));
+    uint16_t* b16 = a16 + na_padded;
+    launch(stream(), na, cast_to_bf16_kernel, a16, A, na);
+    launch(stream(), nb, cast_to_bf16_kernel, b16, B, nb);
+    CUBLAS_CHECK(cublasGemmEx(cublas(), op(tb), op(ta), n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16, CUDA_R_16BF, lda,
+                              &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   // cuBLASLt's bias epilogue is future work (the CUDA issue): bias and residual are passes here.
   void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
@@ -725,14 +737,14 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                           const float* mean, const float* rstd, int N, int C) override {
     launch_rows(stream(), rows(N), layernorm_backward_input_kernel, dx, dy, x, w, mean, rstd, rows(N), C);
-    float* pw = column_scratch(2 * kColumnChunks * rows(C));
+    auto* pw = static_cast<float*>(stream_scratch(2 * kColumnChunks * rows(C) * sizeof(float)));
     float* pb = pw + kColumnChunks * rows(C);
     launch(stream(), kColumnChunks * rows(C), layernorm_params_partials_kernel, pw, pb, dy, x, mean, rstd, rows(N), C);
     launch(stream(), rows(C), column_finish_kernel, dw, static_cast<const float*>(pw), C);
     launch(stream(), rows(C), column_finish_kernel, db, static_cast<const float*>(pb), C);
   }
   void bias_backward(float* dbias, const float* dout, int N, int C) override {
-    float* pb = column_scratch(kColumnChunks * rows(C));
+    auto* pb = static_cast<float*>(stream_scratch(kColumnChunks * rows(C) * sizeof(float)));
     launch(stream(), kColumnChunks * rows(C), bias_partials_kernel, pb, dout, rows(N), C);
     launch(stream(), rows(C), column_finish_kernel, dbias, static_cast<const float*>(pb), C);
   }
@@ -819,17 +831,18 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // Interface dimensions are int; index arithmetic is size_t so N*V (logits) cannot overflow.
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
 
-  // The column reductions' partials: grown to the largest asked for (the first step's), then
-  // reused; kernels on the one stream use it in turn.
-  float* column_scratch(size_t floats) {
-    if (floats > column_scratch_floats_) {
+  // Device memory for one op's temporaries (the column sums' partials, the bf16 GEMM operands):
+  // grown to the largest asked for (in the first step), then reused. One op at a time uses it, in
+  // stream order, so the next op's kernels run after the last one's are done with it.
+  void* stream_scratch(size_t bytes) {
+    if (bytes > stream_scratch_bytes_) {
       CUDA_CHECK(cudaStreamSynchronize(stream()));  // the last user is done with the old one
       void* p = nullptr;
-      CUDA_CHECK(cudaMalloc(&p, floats * sizeof(float)));
-      column_scratch_.reset(p);
-      column_scratch_floats_ = floats;
+      CUDA_CHECK(cudaMalloc(&p, bytes));
+      stream_scratch_.reset(p);
+      stream_scratch_bytes_ = bytes;
     }
-    return static_cast<float*>(column_scratch_.get());
+    return stream_scratch_.get();
   }
 
   template <typename Acc, typename Term>
@@ -858,8 +871,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   StreamPtr stream_;
   CublasPtr cublas_;
   DevicePtr scratch_;
-  DevicePtr column_scratch_;
-  size_t column_scratch_floats_ = 0;
+  DevicePtr stream_scratch_;
+  size_t stream_scratch_bytes_ = 0;
 };
 
 }  // namespace

@@ -747,7 +747,9 @@ TEST_P(Kernels, AttentionForwardBackwardFiniteDifferences) {
 // Several tiles (T over 2 x 64, the last partial) and head widths on and off the vector width:
 // against the double reference, and causal (a later position's k and v change no earlier output).
 TEST_P(Kernels, AttentionTiledMatchesReference) {
-  for (auto [B, T, H, hd] : {std::tuple{1, 150, 2, 16}, std::tuple{2, 67, 3, 24}}) {
+  // hd 16 and 24: one register per lane on the GPU; 64 (GPT-2's) two; 80 three of four.
+  for (auto [B, T, H, hd] : {std::tuple{1, 150, 2, 16}, std::tuple{2, 67, 3, 24}, std::tuple{1, 70, 2, 64},
+                             std::tuple{1, 40, 1, 80}}) {
     const int A = H * hd;
     std::vector<float> qkv, r;
     const AttentionRun got = check_attention(*be, rng, B, T, H, A, 2.0f, 1e-5, 1e-6, qkv, r);
@@ -833,6 +835,60 @@ TEST_P(Kernels, VocabParallelCrossEntropyMatchesFused) {
     EXPECT_NEAR(std::log(gsum[n]) + (gmax[n] - gtarget[n]), want_loss[n], 1e-5) << n;
     for (int p = 0; p < P; ++p)
       for (int i = 0; i < Vl; ++i) EXPECT_NEAR(grads[p][n * Vl + i], want_grad[n * V + p * Vl + i], 1e-7) << n << "," << i;
+  }
+}
+
+// Rows wider than a block (the GPU's per-row kernels reduce across several warps and loop over
+// columns) and more rows than a grid (rows grid-strided), against double references: LayerNorm
+// forward and input gradient, cross-entropy loss and gradient.
+TEST_P(Kernels, WideAndManyRowsMatchReferences) {
+  for (auto [N, C] : {std::pair{3, 300}, std::pair{70000, 5}}) {
+    const std::string tag = " N=" + std::to_string(N) + " C=" + std::to_string(C);
+    const size_t NC = static_cast<size_t>(N) * C;
+    const std::vector<float> x = uniform(rng, NC, -2, 2), w = uniform(rng, C, 0.5f, 1.5f),
+                             b = uniform(rng, C, -0.5f, 0.5f), dy = uniform(rng, NC, -1, 1);
+    auto dx_ = to_device(*be, x), dw_ = to_device(*be, w), db_ = to_device(*be, b), ddy = to_device(*be, dy);
+    auto y = to_device(*be, std::vector<float>(NC, kNaN));
+    auto mean = to_device(*be, std::vector<float>(N, kNaN)), rstd = to_device(*be, std::vector<float>(N, kNaN));
+    be->layernorm_forward(y.data(), mean.data(), rstd.data(), dx_.data(), dw_.data(), db_.data(), N, C);
+    Vec mean_ref(N), rstd_ref(N);
+    const Vec xd = to_double(x);
+    expect_close(to_host(*be, y), ref_layernorm(xd, to_double(w), to_double(b), N, C, &mean_ref, &rstd_ref), kFwdRtol,
+                 kFwdAtol, ("layernorm out" + tag).c_str());
+    // dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w, into zeros
+    auto gx = to_device(*be, std::vector<float>(NC, 0.0f));
+    auto gw = to_device(*be, std::vector<float>(C, 0.0f)), gb = to_device(*be, std::vector<float>(C, 0.0f));
+    be->layernorm_backward(gx.data(), gw.data(), gb.data(), ddy.data(), dx_.data(), dw_.data(), mean.data(),
+                           rstd.data(), N, C);
+    Vec dx_ref(NC);
+    for (int n = 0; n < N; ++n) {
+      double mg = 0, mgx = 0;
+      for (int c = 0; c < C; ++c) {
+        const double g = static_cast<double>(dy[n * C + c]) * w[c], xh = (xd[n * C + c] - mean_ref[n]) * rstd_ref[n];
+        mg += g / C, mgx += g * xh / C;
+      }
+      for (int c = 0; c < C; ++c) {
+        const double g = static_cast<double>(dy[n * C + c]) * w[c], xh = (xd[n * C + c] - mean_ref[n]) * rstd_ref[n];
+        dx_ref[n * C + c] = rstd_ref[n] * (g - mg - xh * mgx);
+      }
+    }
+    expect_close(to_host(*be, gx), dx_ref, 1e-4, 1e-5, ("layernorm dx" + tag).c_str());
+
+    // cross-entropy over rows of C logits: loss and (softmax - onehot) * dloss
+    const float dloss = 0.3f;
+    const std::vector<int32_t> targets = random_ints(rng, N, C);
+    auto dt = to_device(*be, targets);
+    auto loss = to_device(*be, std::vector<float>(N, kNaN)), grad = to_device(*be, std::vector<float>(NC, kNaN));
+    be->crossentropy(loss.data(), grad.data(), dx_.data(), dt.data(), N, C, dloss);
+    expect_close(to_host(*be, loss), ref_crossentropy(xd, targets, N, C), kFwdRtol, kFwdAtol, ("loss" + tag).c_str());
+    Vec g_ref(NC);
+    for (int n = 0; n < N; ++n) {
+      double m = -INFINITY, sum = 0;
+      for (int c = 0; c < C; ++c) m = std::max(m, xd[n * C + c]);
+      for (int c = 0; c < C; ++c) sum += std::exp(xd[n * C + c] - m);
+      for (int c = 0; c < C; ++c) g_ref[n * C + c] = dloss * (std::exp(xd[n * C + c] - m) / sum - (c == targets[n]));
+    }
+    expect_close(to_host(*be, grad), g_ref, kFwdRtol, kFwdAtol, ("dlogits" + tag).c_str());
   }
 }
 
