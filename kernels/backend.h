@@ -129,6 +129,10 @@ struct HostOptions {
   std::string isa;            // the level of the host loops; "" = the best this CPU runs (tests pick others)
 };
 std::unique_ptr<Backend> make_host_backend(const HostOptions& options = {});
+// Tests: the host backend whose memory is "device" memory, unreadable from the host except inside
+// its ops and copies (kernels/host/walled_backend.cpp): host code that touches device memory
+// directly faults, without a GPU. ZERO3D_DEVICE_WALLS=1 makes `--backend host` this one.
+std::unique_ptr<Backend> make_walled_backend(const HostOptions& options = {});
 #if defined(ZERO3D_HAVE_CUDA)
 // bf16_gemm: GEMMs on the bf16 tensor cores with fp32 accumulation (fp32 in and out).
 std::unique_ptr<Backend> make_cuda_backend(int device, bool bf16_gemm = false);

@@ -246,7 +246,8 @@ class ProcessGroup {
 
   // Where device buffers come from (the backend's); null: this group only ever sees host memory.
   // Collective over the group. `point_to_point`: its device sends and receives go to the device's
-  // library too (which connects each rank to its neighbours now), else through MPI.
+  // library too (which connects each rank to its neighbours now), else through MPI. Null detaches
+  // (before the backend goes: the staging buffers and the library are the backend's).
   virtual void use_device_memory(DeviceMemory* dev, bool point_to_point) = 0;
   // How device buffers travel, for the run record ("host memory only", "CUDA-aware MPI", ...).
   virtual std::string device_path() const = 0;

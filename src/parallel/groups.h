@@ -21,7 +21,7 @@ struct ProcessGroups {
   static ProcessGroups create(int tp_size, int pp_size);
   // The backend's device memory (null: host memory only), for every group (comm.h). Device sends
   // and receives go to the device's library on the pp group (the pipeline's), on every group with
-  // `p2p_everywhere` (tests); elsewhere through MPI.
+  // `p2p_everywhere` (tests); elsewhere through MPI. Null detaches, before the backend goes.
   void use_device_memory(DeviceMemory* dev, bool p2p_everywhere = false);
 };
 

@@ -240,8 +240,10 @@ class BufferPool {
  public:
   BufferPool(std::function<void*(size_t)> alloc, std::function<void(void*)> free)
       : alloc_(std::move(alloc)), free_(std::move(free)) {}
-  ~BufferPool() {
+  ~BufferPool() { clear(); }
+  void clear() {  // every buffer given back
     for (const Buffer& b : buffers_) free_(b.p);
+    buffers_.clear();
   }
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
@@ -318,8 +320,16 @@ class MpiGroup final : public ProcessGroup {
   ~MpiGroup() override {
     if (device_) unregister_device_collectives(device_.get());
   }
-  // Collective over the group (the device library's communicator is made here).
+  // Collective over the group (the device library's communicator is made here). Null detaches:
+  // the staging buffers and the device library go, before the backend that made them does.
   void use_device_memory(DeviceMemory* dev, bool point_to_point) override {
+    if (!dev) {
+      pinned_.clear();
+      if (device_) unregister_device_collectives(device_.get());
+      device_.reset();
+      dev_ = nullptr, cuda_aware_ = false;
+      return;
+    }
     Z3D_ASSERT(pinned_.empty() && !device_, "use_device_memory after staging began");
     dev_ = dev;
     cuda_aware_ = dev && mpi_reads_device_memory();

@@ -140,6 +140,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, c
   (void)local_rank;
   if (name == "cuda") throw UserError("--backend cuda: this zero3d was built without the CUDA backend (ZERO3D_CUDA=OFF or no toolkit found)");
 #endif
+  if (const char* e = std::getenv("ZERO3D_DEVICE_WALLS"); e && std::string(e) == "1") return make_walled_backend(host);
   return make_host_backend(host);
 }
 
@@ -294,6 +295,10 @@ int cmd_train(const Args& a) {
   opt.compute_choice = choose_bf16_gemm(cfg, is_cuda(backend), host.bf16_gemm);
   std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank, host);
   groups.use_device_memory(be->device_memory());
+  struct DetachDevice {  // the groups' staging buffers and NCCL go before the backend that made them
+    ProcessGroups& g;
+    ~DetachDevice() { g.use_device_memory(nullptr); }
+  } detach{groups};
   if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)
     if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("zero3d: warning: %s", w.c_str());
   choose_peak(opt, *be);

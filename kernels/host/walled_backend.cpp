@@ -1,0 +1,193 @@
+// kernels/host/walled_backend.cpp: the host backend behind device-memory walls, for tests. Its
+// memory says it is device memory (MemKind::device) and is unreadable (PROT_NONE) except while one
+// of its own ops runs or while it copies to or from the host, as a GPU's memory is to the CPU. Any
+// code that reads or writes "device" memory from the host directly, instead of through the
+// backend's copies, faults here at once, on a machine without a GPU; the numbers are the host
+// backend's, bit for bit. Collectives stage its buffers through DeviceMemory, as a GPU's without
+// NCCL. Ops and copies are serialized (one lock): another thread's copy must not close memory an op
+// is using.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/check.h"
+#include "kernels/backend.h"
+#include "parallel/comm.h"  // DeviceCollectives (none here)
+
+namespace zero3d {
+
+namespace {
+
+class WalledBackend final : public Backend, public DeviceMemory {
+ public:
+  explicit WalledBackend(const HostOptions& options) : inner_(make_host_backend(options)) {}
+  ~WalledBackend() override {
+    for (auto& [p, len] : regions_) munmap(p, len);
+  }
+
+  BackendKind kind() const override { return BackendKind::host; }
+  std::string describe() const override { return inner_->describe() + ", behind device-memory walls (tests)"; }
+  MemKind memory_kind() const override { return MemKind::device; }
+  DeviceMemory* device_memory() override { return this; }
+
+  void* alloc_bytes(size_t bytes) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    const size_t len = round_up(bytes ? bytes : 1);
+    void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // zeroed
+    Z3D_ASSERT(p != MAP_FAILED, "walled backend: mmap failed");
+    regions_[static_cast<char*>(p)] = len;
+    ++allocs_;
+    return p;
+  }
+  size_t alloc_count() const override { return allocs_; }
+  OpProfile* profile() override { return inner_->profile(); }
+  void free_bytes(void* p) override {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    auto it = regions_.find(static_cast<char*>(p));
+    Z3D_ASSERT(it != regions_.end(), "walled backend: free of memory it did not allocate");
+    munmap(it->first, it->second);
+    regions_.erase(it);
+  }
+  void copy_from_host(void* dst, const void* src, size_t bytes) override { to_device(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { to_host(dst, src, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { run([&] { inner_->copy(dst, src, bytes); }); }
+  void zero(void* p, size_t bytes) override { run([&] { inner_->zero(p, bytes); }); }
+  void synchronize() override {}
+
+  // ---- DeviceMemory ----
+  void to_host(void* dst, const void* src, size_t bytes) override { run([&] { std::memcpy(dst, src, bytes); }); }
+  void to_device(void* dst, const void* src, size_t bytes) override { run([&] { std::memcpy(dst, src, bytes); }); }
+  void* alloc_pinned(size_t bytes) override { return ::operator new(bytes); }
+  void free_pinned(void* p) override { ::operator delete(p); }
+  std::unique_ptr<DeviceCollectives> make_collectives(int, int, const std::string&, bool,
+                                                      const Share&) override {
+    return nullptr;  // staged, as a GPU's memory without NCCL
+  }
+
+  // ---- every op: the walls down while the host backend runs it ----
+  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+            float beta, float* C, int ldc) override {
+    run([&] { inner_->gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc); });
+  }
+  void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
+                      int in, int out) override {
+    run([&] { inner_->linear_forward(y, x, w, bias, residual, N, in, out); });
+  }
+  std::string describe_gemm() const override { return inner_->describe_gemm(); }
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
+                         int vocab_start, int vocab_rows) override {
+    run([&] { inner_->embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, vocab_rows); });
+  }
+  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
+                          int vocab_start, int vocab_rows) override {
+    run([&] { inner_->embedding_backward(dwte, dwpe, dout, tokens, N, T, C, vocab_start, vocab_rows); });
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+                         int C) override {
+    run([&] { inner_->layernorm_forward(out, mean, rstd, x, w, b, N, C); });
+  }
+  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                          const float* mean, const float* rstd, int N, int C) override {
+    run([&] { inner_->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C); });
+  }
+  void bias_backward(float* dbias, const float* dout, int N, int C) override {
+    run([&] { inner_->bias_backward(dbias, dout, N, C); });
+  }
+  void gelu_forward(float* out, const float* x, size_t n) override { run([&] { inner_->gelu_forward(out, x, n); }); }
+  void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) override {
+    run([&] { inner_->gelu_backward(dx, dbias, x, dout, N, C); });
+  }
+  void add(float* out, const float* a, const float* b, size_t n) override { run([&] { inner_->add(out, a, b, n); }); }
+  void accumulate(float* out, const float* a, size_t n) override { run([&] { inner_->accumulate(out, a, n); }); }
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A) override {
+    run([&] { inner_->attention_forward(out, lse, qkv, B, T, H, A); });
+  }
+  void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
+                          int T, int H, int A) override {
+    run([&] { inner_->attention_backward(dqkv, dout, out, lse, qkv, B, T, H, A); });
+  }
+  void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+                    float dloss) override {
+    run([&] { inner_->crossentropy(losses, dlogits, logits, targets, N, V, dloss); });
+  }
+  void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
+    run([&] { inner_->vocab_row_max(row_max, logits, N, V); });
+  }
+  void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
+                    const int32_t* targets, int vocab_start, int N, int V) override {
+    run([&] { inner_->vocab_sumexp(sumexp, target_logit, logits, row_max, targets, vocab_start, N, V); });
+  }
+  void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
+                               const int32_t* targets, int vocab_start, int N, int V, float dloss) override {
+    run([&] { inner_->vocab_crossentropy_grad(dlogits, logits, row_max, sumexp, targets, vocab_start, N, V, dloss); });
+  }
+  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) override {
+    run([&] { inner_->adam_step(p, m, v, g, n, a); });
+  }
+  void scale(float* x, float s, size_t n) override { run([&] { inner_->scale(x, s, n); }); }
+  void cast_to_bf16(uint16_t* out, const float* x, size_t n) override { run([&] { inner_->cast_to_bf16(out, x, n); }); }
+  void cast_from_bf16(float* out, const uint16_t* x, size_t n) override {
+    run([&] { inner_->cast_from_bf16(out, x, n); });
+  }
+  void cast_to_fp16(uint16_t* out, const float* x, size_t n) override { run([&] { inner_->cast_to_fp16(out, x, n); }); }
+  void cast_from_fp16(float* out, const uint16_t* x, size_t n) override {
+    run([&] { inner_->cast_from_fp16(out, x, n); });
+  }
+  void accumulate_bf16(uint16_t* acc, const float* x, size_t n) override {
+    run([&] { inner_->accumulate_bf16(acc, x, n); });
+  }
+  void accumulate_fp16(uint16_t* acc, const float* x, size_t n) override {
+    run([&] { inner_->accumulate_fp16(acc, x, n); });
+  }
+  double sum_squares(const float* x, size_t n) override {
+    double r = 0;
+    run([&] { r = inner_->sum_squares(x, n); });
+    return r;
+  }
+  double sum(const float* x, size_t n) override {
+    double r = 0;
+    run([&] { r = inner_->sum(x, n); });
+    return r;
+  }
+
+ private:
+  static size_t round_up(size_t n) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return (n + page - 1) / page * page;
+  }
+  // f with every region readable and writable, then the walls back up.
+  template <typename F>
+  void run(F&& f) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    struct Walls {  // down for the outermost op, up again however it ends
+      WalledBackend& b;
+      explicit Walls(WalledBackend& be) : b(be) {
+        if (b.depth_++ == 0) b.protect(PROT_READ | PROT_WRITE);
+      }
+      ~Walls() {
+        if (--b.depth_ == 0) b.protect(PROT_NONE);
+      }
+    } walls(*this);
+    f();
+  }
+  void protect(int prot) {
+    for (auto& [p, len] : regions_) Z3D_ASSERT(mprotect(p, len, prot) == 0, "walled backend: mprotect failed");
+  }
+
+  std::unique_ptr<Backend> inner_;
+  std::recursive_mutex mu_;
+  std::map<char*, size_t> regions_;
+  int depth_ = 0;
+  size_t allocs_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_walled_backend(const HostOptions& options) {
+  return std::make_unique<WalledBackend>(options);
+}
+
+}  // namespace zero3d
