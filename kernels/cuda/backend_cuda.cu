@@ -392,9 +392,21 @@ __global__ void attention_forward_warp_kernel(float* out, float* lse, const floa
   }
 }
 
+// delta (indexed as lse) = dout_i . out_i per (batch, head, row): D_i of kernels/math/attention.h,
+// which the backward reads once per query row instead of recomputing it for every key row.
+__global__ void attention_delta_kernel(float* delta, const float* dout, const float* out, size_t B, int T, int H,
+                                       int A) {
+  const int hd = A / H;
+  Z3D_WARP_LOOP(r, B * H * T) {
+    const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H, i = r % T;
+    const float d = memory_dot(dout + (b * T + i) * A + h * hd, out + (b * T + i) * A + h * hd, hd);
+    if (threadIdx.x % 32 == 0) delta[r] = d;
+  }
+}
+
 // Row i's dq, and dk, dv of key row i, all written.
 template <int K>
-__global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, const float* out, const float* lse,
+__global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, const float* delta, const float* lse,
                                                const float* qkv, size_t B, int T, int H, int A) {
   const int hd = A / H;
   const float alpha = 1.0f / sqrtf(static_cast<float>(hd));
@@ -404,14 +416,14 @@ __global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, c
     const int i = static_cast<int>(r % T);
     const float* rows = qkv + b * T * ld + h * hd;
     const float* g_rows = dout + b * T * A + h * hd;
-    const float* o_rows = out + b * T * A + h * hd;
     const float* row_lse = lse + (b * H + h) * T;
+    const float* row_delta = delta + (b * H + h) * T;
     float* d = dqkv + b * T * ld + h * hd + i * ld;
     // dq_i over keys j <= i
     float q[K], g[K], acc[K];
     lane_load<K>(q, rows + i * ld, hd);
     lane_load<K>(g, g_rows + i * A, hd);
-    const float Di = lane_dot<K>(g, o_rows + i * A, hd);
+    const float Di = row_delta[i];
 #pragma unroll
     for (int k = 0; k < K; ++k) acc[k] = 0.0f;
     for (int j = 0; j <= i; ++j) {
@@ -431,7 +443,7 @@ __global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, c
       const float* q2 = rows + i2 * ld;
       const float* g2 = g_rows + i2 * A;
       const float p = expf(alpha * lane_dot<K>(kr, q2, hd) - row_lse[i2]);
-      const float ds = p * (lane_dot<K>(vr, g2, hd) - memory_dot(g2, o_rows + i2 * A, hd));
+      const float ds = p * (lane_dot<K>(vr, g2, hd) - row_delta[i2]);
       lane_axpy<K>(dv, p, g2, hd);
       lane_axpy<K>(acc, alpha * ds, q2, hd);
     }
@@ -771,14 +783,19 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
                           int T, int H, int A) override {
     const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
-    auto args = [&](auto kernel, size_t work) {
-      launch(stream(), work, kernel, dqkv, dout, out, lse, qkv, rows(B), T, H, A);
+    if (hd > 256) {
+      launch(stream(), n, attention_backward_kernel, dqkv, dout, out, lse, qkv, rows(B), T, H, A);
+      return;
+    }
+    auto* delta = static_cast<float*>(stream_scratch(n * sizeof(float)));
+    launch(stream(), warps, attention_delta_kernel, delta, dout, out, rows(B), T, H, A);
+    auto args = [&](auto kernel) {
+      launch(stream(), warps, kernel, dqkv, dout, static_cast<const float*>(delta), lse, qkv, rows(B), T, H, A);
     };
-    if (hd <= 32) args(attention_backward_warp_kernel<1>, warps);
-    else if (hd <= 64) args(attention_backward_warp_kernel<2>, warps);
-    else if (hd <= 128) args(attention_backward_warp_kernel<4>, warps);
-    else if (hd <= 256) args(attention_backward_warp_kernel<8>, warps);
-    else args(attention_backward_kernel, n);
+    if (hd <= 32) args(attention_backward_warp_kernel<1>);
+    else if (hd <= 64) args(attention_backward_warp_kernel<2>);
+    else if (hd <= 128) args(attention_backward_warp_kernel<4>);
+    else args(attention_backward_warp_kernel<8>);
   }
   void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
     launch_rows(stream(), rows(N), vocab_row_max_kernel, row_max, logits, rows(N), V);
@@ -831,9 +848,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // Interface dimensions are int; index arithmetic is size_t so N*V (logits) cannot overflow.
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
 
-  // Device memory for one op's temporaries (the column sums' partials, the bf16 GEMM operands):
-  // grown to the largest asked for (in the first step), then reused. One op at a time uses it, in
-  // stream order, so the next op's kernels run after the last one's are done with it.
+  // Device memory for one op's temporaries (the column sums' partials, the bf16 GEMM operands,
+  // attention's row deltas): grown to the largest asked for (in the first step), then reused. One
+  // op at a time uses it, in stream order, so the next op's kernels run after the last one's are
+  // done with it.
   void* stream_scratch(size_t bytes) {
     if (bytes > stream_scratch_bytes_) {
       CUDA_CHECK(cudaStreamSynchronize(stream()));  // the last user is done with the old one
