@@ -1,6 +1,6 @@
 // kernels/cuda/backend_cuda.cu: the CUDA backend. Thin launchers around kernels/math/*.h (the same
 // per-element / per-row functions the host backend runs) plus cuBLAS for GEMM. It owns one
-// non-blocking stream, one cuBLAS handle bound to it and device scratch for the reductions' partials.
+// non-blocking stream, one cuBLAS handle bound to it and a device scratch for one op's temporaries.
 // Built as a module (libzero3d_cuda.so) that kernels/cuda_module.cpp loads only where a driver
 // is: the CUDA libraries cost every process 0.65 s of CPU to load, on CPU nodes for nothing.
 //
@@ -180,19 +180,29 @@ __global__ void accumulate_fp16_kernel(uint16_t* acc, const float* x, size_t n) 
 // bits. The per-element math is the host's; only the order of the row sums differs from it. ----
 
 struct SumOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
 };
 struct MaxOp {  // from -inf, as the host's row max: a NaN is never taken over a number
-  __device__ float operator()(float a, float b) const { return b > a ? b : a; }
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return b > a ? b : a; }
 };
 
-// op over every thread's v, in every thread: a butterfly inside each warp (both operands of each
-// step are the same pair on both lanes, so all lanes agree), then the warps' values in warp order.
-// blockDim.x: a multiple of 32, at most 1024.
-template <typename Op>
-__device__ float block_all_reduce(float v, Op op) {
-  __shared__ float warp_values[32];
+// op over the warp's v, in every lane: a butterfly (both operands of each step are the same pair
+// on both lanes, so all lanes agree).
+template <typename T, typename Op>
+__device__ T warp_all_reduce(T v, Op op) {
   for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// op over every thread's v, in every thread: warp_all_reduce, then the warps' values in warp
+// order. blockDim.x: a multiple of 32, at most 1024.
+template <typename T, typename Op>
+__device__ T block_all_reduce(T v, Op op) {
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block reductions assume full warps, at most 32");
+  __shared__ T warp_values[32];
+  v = warp_all_reduce(v, op);
   __syncthreads();  // the last call's readers are done with warp_values
   if (threadIdx.x % 32 == 0) warp_values[threadIdx.x / 32] = v;
   __syncthreads();
@@ -311,11 +321,6 @@ __global__ void crossentropy_kernel(float* losses, float* dlogits, const float* 
 // partials added by a butterfly, so every lane has the same value. The math of
 // kernels/math/attention.h, the same online softmax; only the dot products' order differs. ----
 
-__device__ float warp_all_sum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 template <int K>
 __device__ void lane_load(float (&a)[K], const float* src, int hd) {
   const int lane = threadIdx.x % 32;
@@ -337,13 +342,13 @@ __device__ float lane_dot(const float (&a)[K], const float* b, int hd) {
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (lane + 32 * k < hd) s += a[k] * b[lane + 32 * k];
-  return warp_all_sum(s);
+  return warp_all_reduce(s, SumOp{});
 }
 // a . b over hd, both in memory, in every lane.
 __device__ float memory_dot(const float* a, const float* b, int hd) {
   float s = 0.0f;
   for (int d = threadIdx.x % 32; d < hd; d += 32) s += a[d] * b[d];
-  return warp_all_sum(s);
+  return warp_all_reduce(s, SumOp{});
 }
 // acc += f * b over the lane's dimensions.
 template <int K>
@@ -519,9 +524,9 @@ __global__ void column_finish_kernel(float* out, const float* partial, int C) {
   }
 }
 
-// ---- scalar reductions: per-thread partials, warp shuffle, block via shared memory; each block
-// writes its partial, and one block adds the partials in a fixed order: deterministic (no atomics),
-// the same bits on every run for the same n ----
+// ---- scalar reductions: per-thread partials reduced across each block (block_all_reduce); each
+// block writes its partial, and one block adds the partials in a fixed order: deterministic (no
+// atomics), the same bits on every run for the same n ----
 
 struct SquareOf {
   __device__ double operator()(float v) const { return static_cast<double>(v) * v; }
@@ -530,33 +535,11 @@ struct ValueOf {
   __device__ double operator()(float v) const { return v; }
 };
 
-template <typename Acc>
-__device__ Acc warp_sum(Acc v) {
-  for (int offset = warpSize / 2; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// The sum of every thread's `acc` over the block, in thread 0 (the others get garbage).
-template <typename Acc>
-__device__ Acc block_sum(Acc acc) {
-  static_assert(kThreads % 32 == 0 && kThreads / 32 <= 32, "block reduction assumes <= 32 full warps");
-  __shared__ Acc warp_partials[kThreads / 32];
-  acc = warp_sum(acc);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_partials[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    acc = lane < static_cast<int>(blockDim.x / 32) ? warp_partials[lane] : Acc(0);
-    acc = warp_sum(acc);
-  }
-  return acc;
-}
-
 template <typename Acc, typename Term>
 __global__ void reduce_partials_kernel(Acc* partials, const float* x, size_t n, Term term) {
   Acc acc = 0;
   Z3D_GRID_LOOP(i, n) acc += term(x[i]);
-  acc = block_sum(acc);
+  acc = block_all_reduce(acc, SumOp{});
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
@@ -564,7 +547,7 @@ template <typename Acc>
 __global__ void reduce_final_kernel(Acc* out, const Acc* partials, unsigned count) {  // one block
   Acc acc = 0;
   for (unsigned i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
-  acc = block_sum(acc);
+  acc = block_all_reduce(acc, SumOp{});
   if (threadIdx.x == 0) *out = acc;
 }
 
@@ -604,9 +587,6 @@ class CudaBackend final : public Backend, public DeviceMemory {
     // Plain fp32 GEMMs (no TF32 tensor cores), so results compare with the host's CBLAS at fp32
     // tolerances. A TF32/bf16 mode would be an explicit option, not a default.
     CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
-    void* scratch = nullptr;
-    CUDA_CHECK(cudaMalloc(&scratch, (kReduceBlocks + 1) * sizeof(double)));
-    scratch_.reset(scratch);
   }
   ~CudaBackend() override {
     if (stream_) cudaStreamSynchronize(stream_.get());  // let queued work finish before handles go
@@ -848,8 +828,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // Interface dimensions are int; index arithmetic is size_t so N*V (logits) cannot overflow.
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
 
-  // Device memory for one op's temporaries (the column sums' partials, the bf16 GEMM operands,
-  // attention's row deltas): grown to the largest asked for (in the first step), then reused. One
+  // Device memory for one op's temporaries (the reductions' and column sums' partials, the bf16
+  // GEMM operands, attention's row deltas): grown to the largest asked for (in the first step), then reused. One
   // op at a time uses it, in stream order, so the next op's kernels run after the last one's are
   // done with it.
   void* stream_scratch(size_t bytes) {
@@ -865,11 +845,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
 
   template <typename Acc, typename Term>
   Acc reduce(const float* x, size_t n, Term term) {
-    static_assert(sizeof(Acc) <= sizeof(double), "scratch holds 8-byte scalars");
-    Acc* out = static_cast<Acc*>(scratch_.get());  // the result, then one partial per block
+    const auto blocks = static_cast<unsigned>(blocks_for(n, kReduceBlocks));
+    Acc* out = static_cast<Acc*>(stream_scratch((blocks + 1) * sizeof(Acc)));  // the result, then the partials
     CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(Acc), stream()));
     if (n > 0) {
-      auto blocks = static_cast<unsigned>(blocks_for(n, kReduceBlocks));
       reduce_partials_kernel<<<blocks, kThreads, 0, stream()>>>(out + 1, x, n, term);
       CUDA_CHECK(cudaGetLastError());
       reduce_final_kernel<<<1, kThreads, 0, stream()>>>(out, static_cast<const Acc*>(out + 1), blocks);
@@ -885,10 +864,9 @@ class CudaBackend final : public Backend, public DeviceMemory {
   bool bf16_gemm_;
   size_t allocs_ = 0;
   cudaDeviceProp prop_{};
-  // Members die in reverse declaration order: scratch, then the cuBLAS handle, then its stream.
+  // Members die in reverse declaration order: the scratch, then the cuBLAS handle, then its stream.
   StreamPtr stream_;
   CublasPtr cublas_;
-  DevicePtr scratch_;
   DevicePtr stream_scratch_;
   size_t stream_scratch_bytes_ = 0;
 };

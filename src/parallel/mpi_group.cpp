@@ -317,23 +317,15 @@ class MpiGroup final : public ProcessGroup {
     MPI_CHECK(MPI_Query_thread(&level));
     send_thread_ = comm != MPI_COMM_NULL && ctx.send_thread && level >= MPI_THREAD_MULTIPLE;
   }
-  ~MpiGroup() override {
-    if (device_) unregister_device_collectives(device_.get());
-  }
+  ~MpiGroup() override { detach_device(); }
   // Collective over the group (the device library's communicator is made here). Null detaches:
   // the staging buffers and the device library go, before the backend that made them does.
   void use_device_memory(DeviceMemory* dev, bool point_to_point) override {
-    if (!dev) {
-      pinned_.clear();
-      if (device_) unregister_device_collectives(device_.get());
-      device_.reset();
-      dev_ = nullptr, cuda_aware_ = false;
-      return;
-    }
+    if (!dev) return detach_device();
     Z3D_ASSERT(pinned_.empty() && !device_, "use_device_memory after staging began");
     dev_ = dev;
-    cuda_aware_ = dev && mpi_reads_device_memory();
-    if (!dev || comm() == MPI_COMM_NULL || !comm_context().device_library) return;
+    cuda_aware_ = mpi_reads_device_memory();
+    if (comm() == MPI_COMM_NULL || !comm_context().device_library) return;
     device_ = dev->make_collectives(size(), rank(), name(), point_to_point, [this](const void* mine, void* all, size_t n) {
       MPI_CHECK(MPI_Allgather(mine, count_of(n), MPI_BYTE, all, count_of(n), MPI_BYTE, comm()));
     });
@@ -475,6 +467,13 @@ class MpiGroup final : public ProcessGroup {
   // shared memory: host memory only (device buffers take MPI's path, staged or CUDA-aware).
   bool on_shm(size_t bytes, MemKind a, MemKind b = MemKind::host) const {
     return host_ && a == MemKind::host && b == MemKind::host && bytes >= shm_min_bytes_;
+  }
+
+  void detach_device() {
+    pinned_.clear();
+    if (device_) unregister_device_collectives(device_.get());
+    device_.reset();
+    dev_ = nullptr, cuda_aware_ = false;
   }
 
   // Whether an operation on memory of these kinds goes to the device's library: device memory only
