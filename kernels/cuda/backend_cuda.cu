@@ -671,6 +671,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     return p;
   }
   void free_pinned(void* p) override { CUDA_CHECK(cudaFreeHost(p)); }
+  void use_on_this_thread() override { CUDA_CHECK(cudaSetDevice(device_)); }
   // NCCL where the build has it (kernels/cuda/nccl_collectives.h), else null: staged.
   std::unique_ptr<DeviceCollectives> make_collectives(int size, int rank, const std::string& name,
                                                       bool point_to_point, const Share& share) override {

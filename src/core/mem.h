@@ -48,6 +48,9 @@ class DeviceMemory {
   virtual void to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual void to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual void synchronize() = 0;  // before a device pointer goes to a library that reads it itself
+  // Makes the device current on the calling thread (a CUDA device is per thread): a thread other
+  // than the one that made the backend calls this before its first copy.
+  virtual void use_on_this_thread() {}
   virtual void* alloc_pinned(size_t bytes) = 0;
   virtual void free_pinned(void* p) = 0;
   // The device library's collectives for one group of `size` ranks, this one `rank` (NCCL), or

@@ -129,6 +129,7 @@ struct Trainer::State {
   MemoryAccount mem;
   int64_t mem_bytes = 0;
   bool mem_swapped_any = false;  // some rank offloads to nvme
+  bool mem_host_any = false;     // some rank offloads its optimizer from a device to host memory
   bool validating = false;
   Fault fault;
   Clock::time_point run_start;
@@ -506,7 +507,7 @@ void Trainer::State::report_memory(int step) {
   const ResidentMemory rss = resident_memory();
   const std::vector<uint64_t> mine = {mem.params, mem.grads, mem.optimizer, mem.buffers,
                                       models.size() * models[0]->activation_bytes(), static_cast<uint64_t>(rss.rss),
-                                      static_cast<uint64_t>(rss.peak), mem.swapped};
+                                      static_cast<uint64_t>(rss.peak), mem.swapped, mem.host};
   std::vector<uint64_t> all;
   groups.world->all_gather_u64(mine, all);
   if (!is_root()) return;
@@ -514,8 +515,9 @@ void Trainer::State::report_memory(int step) {
   for (size_t r = 0; r * mine.size() < all.size(); ++r) {
     const uint64_t* v = &all[r * mine.size()];
     lines += strprintf("  rank %3zu: params %.1f MB, grads %.1f MB, optimizer %.1f MB, buffers %.1f MB, activations "
-                       "%.1f MB, resident %.1f MB (peak %.1f MB)%s\n",
+                       "%.1f MB, resident %.1f MB (peak %.1f MB)%s%s\n",
                        r, v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6, v[6] / 1e6,
+                       (v[8] ? strprintf(", offloaded to host memory %.1f MB", v[8] / 1e6) : std::string()).c_str(),
                        v[7] ? strprintf(", swapped to nvme %.1f MB", v[7] / 1e6).c_str() : "");
     if (metrics)
       metrics->write(MetricsRecord("memory")
@@ -528,7 +530,8 @@ void Trainer::State::report_memory(int step) {
                          .add("activations_bytes", static_cast<int64_t>(v[4]))
                          .add("rss_bytes", static_cast<int64_t>(v[5]))
                          .add("rss_peak_bytes", static_cast<int64_t>(v[6]))
-                         .add("swapped_bytes", static_cast<int64_t>(v[7])));
+                         .add("swapped_bytes", static_cast<int64_t>(v[7]))
+                         .add("host_bytes", static_cast<int64_t>(v[8])));
   }
   log_info("zero3d: memory after step %d (memory_breakdown)\n%s", step, lines.c_str());
 }
@@ -548,8 +551,12 @@ static std::string offload_text(const OffloadConfig& o, Backend& be) {
   switch (o.device) {
     case OffloadDevice::none: return "none";
     case OffloadDevice::cpu:
-      return be.memory_kind() == MemKind::host ? "cpu: the host backend keeps it in host memory already" : "cpu";
-    case OffloadDevice::nvme: return "nvme: swap files under " + o.nvme_path;
+      return be.memory_kind() == MemKind::host ? "cpu: the host backend keeps it in host memory already"
+                                               : "cpu: in host memory, AdamW on the CPU, gradients down and weights "
+                                                 "up per sub-group through pinned buffers";
+    case OffloadDevice::nvme:
+      return "nvme: swap files under " + o.nvme_path +
+             (be.memory_kind() == MemKind::host ? "" : ", AdamW on the CPU, gradients down and weights up per sub-group");
   }
   return "?";
 }
@@ -563,6 +570,7 @@ void Trainer::State::start_run() {
   mem = engine.memory();
   mem_bytes = world.all_reduce_max(static_cast<int64_t>(mem.total()));
   mem_swapped_any = world.all_reduce_max(static_cast<int64_t>(mem.swapped)) > 0;
+  mem_host_any = world.all_reduce_max(static_cast<int64_t>(mem.host)) > 0;
   if (metrics)
     metrics->write(MetricsRecord("run")
                          .add("backend", be.describe())
@@ -606,6 +614,7 @@ void Trainer::State::start_run() {
                          .add("mem_optimizer_bytes", static_cast<int64_t>(mem.optimizer))
                          .add("mem_buffers_bytes", static_cast<int64_t>(mem.buffers))
                          .add("mem_swapped_bytes", static_cast<int64_t>(mem.swapped))
+                         .add("mem_host_bytes", static_cast<int64_t>(mem.host))
                          .add("offload_optimizer", offload_text(c.zero.offload_optimizer, be))
                          .add("offload_param", c.zero.stage == 3 ? offload_text(c.zero.offload_param, be) : "none"));
   log_info("zero3d: %zu parameters per rank, %s, %d ranks (dp %d x tp %d x pp %d, ZeRO stage %d, %s), global batch "
@@ -716,13 +725,14 @@ Trainer::State::StepResult Trainer::State::train_step(int step) {
   if (comms.active) comms.active = false, ++comm_steps;
   for (auto& m : models) r.recompute += m->take_recompute_seconds();
   r.idle_s = world.all_reduce_max(pipeline_idle_s);  // every rank: it is a collective
-  if (mem_swapped_any) {
+  if (mem_swapped_any || mem_host_any) {
     r.swap = engine.take_swap_io();
-    r.swap.wait_s = world.all_reduce_max(r.swap.wait_s);
-    r.swap.busy_s = world.all_reduce_max(r.swap.busy_s);
-    uint64_t bytes[2] = {r.swap.bytes_read, r.swap.bytes_written};
-    world.all_reduce_sum(bytes, 2);
-    r.swap.bytes_read = bytes[0], r.swap.bytes_written = bytes[1];
+    double times[4] = {r.swap.wait_s, r.swap.busy_s, r.swap.copy_wait_s, r.swap.copy_s};
+    for (double& t : times) t = world.all_reduce_max(t);
+    r.swap.wait_s = times[0], r.swap.busy_s = times[1], r.swap.copy_wait_s = times[2], r.swap.copy_s = times[3];
+    uint64_t bytes[4] = {r.swap.bytes_read, r.swap.bytes_written, r.swap.bytes_down, r.swap.bytes_up};
+    world.all_reduce_sum(bytes, 4);
+    r.swap.bytes_read = bytes[0], r.swap.bytes_written = bytes[1], r.swap.bytes_down = bytes[2], r.swap.bytes_up = bytes[3];
   }
   return r;
 }
@@ -753,6 +763,11 @@ void Trainer::State::report_step(int step, const StepResult& r) {
           .add("swap_hidden_s", std::max(0.0, r.swap.busy_s - r.swap.wait_s))
           .add("swap_read_bytes", static_cast<int64_t>(r.swap.bytes_read))
           .add("swap_written_bytes", static_cast<int64_t>(r.swap.bytes_written));
+    if (mem_host_any)  // optimizer offload from a device: the copies, the part the update waited for, the bytes
+      m.add("offload_copy_s", r.swap.copy_s).add("offload_copy_wait_s", r.swap.copy_wait_s)
+          .add("offload_copy_hidden_s", std::max(0.0, r.swap.copy_s - r.swap.copy_wait_s))
+          .add("offload_down_bytes", static_cast<int64_t>(r.swap.bytes_down))
+          .add("offload_up_bytes", static_cast<int64_t>(r.swap.bytes_up));
     metrics->write(m);
   }
   if (module_profile.on) {

@@ -7,6 +7,10 @@
 
 namespace zero3d {
 
+namespace {
+constexpr size_t kLinkDepth = 3;  // offload from a device: gradient and weight buffers each way
+}  // namespace
+
 ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
                        const OptimizerConfig& optimizer, Precision precision, int tp_size, int tp_rank,
                        int pp_size, int pp_rank, const SwapFiles& swap)
@@ -22,16 +26,24 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
 
   // The parts, chosen once by stage, precision and offload.
-  if (be.memory_kind() == MemKind::device &&
-      (cfg_.offload_optimizer.device != OffloadDevice::none || cfg_.offload_param.device != OffloadDevice::none))
-    throw UserError("zero_optimization.offload_optimizer/offload_param: offload is built for the host backend only so "
-                    "far (on the CUDA backend the state would stay in device memory): run without offload there");
+  if (be.memory_kind() == MemKind::device && cfg_.offload_param.device != OffloadDevice::none)
+    throw UserError("zero_optimization.offload_param: parameter offload is built for the host backend only so far "
+                    "(offload_optimizer works on every backend): run without offload_param on a device backend");
   const bool params_swapped = cfg_.stage == 3 && !swap.param.empty();
+  // Optimizer offload from a device: the state in host memory, Adam on the CPU (zero/host_link.h).
+  if (be.memory_kind() == MemKind::device && cfg_.offload_optimizer.device != OffloadDevice::none)
+    link_ = std::make_unique<HostLink>(be);
   try {  // a swap file that cannot be made (no space, no permission) is the user's to fix
-    state_ = std::make_unique<OptimizerState>(be, owned_total, mixed_ || params_swapped, cfg_.offload_optimizer,
-                                              cfg_.sub_group_size, swap.aio, swap.optimizer);
-    params_ = make_param_storage(be, dp, layout_, view_, cfg_, s16_, *state_,
-                                 params_swapped ? swap.param : "", swap.aio);  // what a rank keeps
+    state_ = std::make_unique<OptimizerState>(link_ ? link_->cpu() : be, owned_total,
+                                              mixed_ || params_swapped || link_, cfg_.offload_optimizer,
+                                              cfg_.sub_group_size, swap.aio, swap.optimizer, link_ != nullptr);
+    if (link_) {
+      size_t span_max = 0;
+      for (const ShardInfo& s : state_->spans()) span_max = std::max(span_max, s.size);
+      link_->reserve(span_max, static_cast<int>(std::min<size_t>(kLinkDepth, state_->spans().size())));
+    }
+    params_ = make_param_storage(be, dp, layout_, view_, cfg_, s16_, *state_, params_swapped ? swap.param : "",
+                                 swap.aio, link_.get());  // what a rank keeps
   } catch (const IoError& e) {
     throw UserError(strprintf("offload to nvme: %s", e.what()));
   }
@@ -47,13 +59,18 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   }
 
   sync_ = make_grad_sync(be, dp, layout_, view_, cfg_, s16_);  // the gradients, by stage
-  adam_ = std::make_unique<AdamW>(be, optimizer);
+  adam_ = std::make_unique<AdamW>(link_ ? link_->cpu() : be, optimizer);
 
   // Accounting by role, from what was allocated above.
   mem_.params = params_->param_bytes();
   mem_.grads = sync_->grad_bytes();
-  mem_.optimizer = state_->resident_bytes() - state_->buffer_bytes();
-  mem_.buffers = sync_->buffer_bytes() + state_->buffer_bytes();
+  mem_.buffers = sync_->buffer_bytes();
+  if (link_) {  // the state and its stream buffers are in host memory, beside the link's
+    mem_.host = state_->resident_bytes() + link_->buffer_bytes();
+  } else {
+    mem_.optimizer = state_->resident_bytes() - state_->buffer_bytes();
+    mem_.buffers += state_->buffer_bytes();
+  }
   if (pool_) mem_.buffers += pool_->bytes();
   mem_.swapped = state_->swapped_bytes() + params_->swapped_bytes();
 
@@ -64,6 +81,11 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
     float* kept = params_->owned(b);
     segments_.push_back({kept ? kept + at : nullptr, sync_->owned(b) + at, view_.state_base(b) + at, piece.size,
                          layout_.tensors[piece.tensor].decay});
+  }
+  if (link_) {  // where each span's gradient comes down from
+    std::vector<HostLink::Grads> grads;
+    for (const Segment& g : segments_) grads.push_back({g.state_offset, g.size, g.grads});
+    link_->set_gradients(std::move(grads));
   }
   // The norm counts what a checkpoint saves: every parameter of the grid once.
   for (const Piece& piece : view_.saved_pieces()) {
@@ -76,7 +98,10 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
 
 ZeroEngine::~ZeroEngine() = default;
 
-void ZeroEngine::init_weights(uint64_t seed) { params_->init(seed, n_layer_); }
+void ZeroEngine::init_weights(uint64_t seed) {
+  params_->init(seed, n_layer_);
+  if (link_) link_->finish();
+}
 
 const float* ZeroEngine::acquire_params(int unit) {
   return pool_ ? pool_->acquire(unit) : params_->resident_unit(unit);
@@ -113,11 +138,15 @@ void ZeroEngine::scale_grads(float s) {
 void ZeroEngine::optimizer_step(double lr) {
   if (pool_) pool_->invalidate();  // slots hold the old weights; no gather may read a slice mid-update
   adam_->begin_step(lr);
+  if (link_) link_->begin(state_->spans());  // the first gradients start coming down
   state_->stream([this](const OptimizerState::Span& s) { update(s); });
+  if (link_) link_->finish();  // the last weights are up
 }
 
-// Adam on the segments' parts inside the span, then the updated master into the weights.
+// Adam on the segments' parts inside the span, then the updated master into the weights. With
+// the state in host memory the span's gradient comes down through the link first.
 void ZeroEngine::update(const OptimizerState::Span& s) {
+  const float* host_grads = link_ ? link_->next_grads() : nullptr;
   auto seg = std::lower_bound(segments_.begin(), segments_.end(), s.begin,
                               [](const Segment& g, size_t at) { return g.state_offset + g.size <= at; });
   for (; seg != segments_.end() && seg->state_offset < s.begin + s.n; ++seg) {
@@ -125,7 +154,8 @@ void ZeroEngine::update(const OptimizerState::Span& s) {
     float* p = s.field[OptimizerState::master] ? s.field[OptimizerState::master] + (lo - s.begin)
                                                : seg->params + (lo - seg->state_offset);
     adam_->update(p, s.field[OptimizerState::exp_avg] + (lo - s.begin), s.field[OptimizerState::exp_avg_sq] + (lo - s.begin),
-                  seg->grads + (lo - seg->state_offset), hi - lo, seg->decay);
+                  host_grads ? host_grads + (lo - s.begin) : seg->grads + (lo - seg->state_offset), hi - lo,
+                  seg->decay);
   }
   if (s.field[OptimizerState::master]) params_->take_updated(s.begin, s.n, s.field[OptimizerState::master]);
 }
@@ -137,6 +167,10 @@ SwapIo ZeroEngine::take_swap_io() {
     io.busy_s += s.read_s + s.write_s;
     io.bytes_read += s.bytes_read;
     io.bytes_written += s.bytes_written;
+  }
+  if (link_) {
+    const HostLink::Stats l = link_->take_stats();
+    io.copy_wait_s = l.wait_s, io.copy_s = l.copy_s, io.bytes_down = l.bytes_down, io.bytes_up = l.bytes_up;
   }
   return io;
 }
@@ -182,6 +216,7 @@ void ZeroEngine::finish_load(int64_t optimizer_steps) {
     state_->stream([this](const OptimizerState::Span& s) {
       params_->take_updated(s.begin, s.n, s.field[OptimizerState::master]);
     });
+  if (link_) link_->finish();
   gather_updated_params();
   be_.synchronize();
 }

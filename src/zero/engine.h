@@ -38,7 +38,9 @@
 // stages 1-3 in a swap file streamed through memory per sub-group, and stage 3's parameter slices
 // in a swap file read at gather time (zero/optimizer_state.h, zero/param_storage.h). Every
 // element's update is the same arithmetic wherever it lives, so offloaded runs are bitwise equal
-// to in-memory ones. "cpu" on the host backend changes nothing: its memory is host memory.
+// to in-memory ones. "cpu" on the host backend changes nothing: its memory is host memory. On a
+// device backend, offload_optimizer (cpu or nvme) moves the state to host memory and the update
+// to the CPU: gradients come down and weights go up span by span (zero/host_link.h).
 //
 // The engine composes parts chosen once at construction, each with one concern: the shard view
 // (what this rank owns and saves), the 16-bit storage (none in fp32), the parameter storage (full
@@ -55,6 +57,7 @@
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "zero/grad_sync.h"
+#include "zero/host_link.h"
 #include "zero/optimizer_state.h"
 #include "zero/param_pool.h"
 #include "zero/param_storage.h"
@@ -66,6 +69,9 @@ namespace zero3d {
 struct MemoryAccount {
   size_t params = 0, grads = 0, optimizer = 0, buffers = 0;  // bytes in this rank's memory
   size_t swapped = 0;  // bytes of model state in swap files (offload to nvme), not in memory
+  // Offload from a device backend: bytes of optimizer state and its buffers in host memory
+  // (not counted above, which is the device's).
+  size_t host = 0;
   size_t total() const { return params + grads + optimizer + buffers; }
 };
 
@@ -76,10 +82,13 @@ struct SwapFiles {
 };
 
 // What swapping cost since the last take_swap_io(): time the training thread waited for swap
-// reads and writes (exposed), the I/O threads' busy time, and the bytes moved.
+// reads and writes (exposed), the I/O threads' busy time, and the bytes moved; and, with the
+// optimizer offloaded from a device, the same for the copies between device and host.
 struct SwapIo {
   double wait_s = 0, busy_s = 0;
   uint64_t bytes_read = 0, bytes_written = 0;
+  double copy_wait_s = 0, copy_s = 0;
+  uint64_t bytes_down = 0, bytes_up = 0;
 };
 
 class ZeroEngine final : public ParamStore {
@@ -165,6 +174,7 @@ class ZeroEngine final : public ParamStore {
   FlatLayout layout_;
   ShardView view_;                        // what this rank owns and saves of layout_
   std::optional<Storage16> s16_;          // mixed precision: the 16-bit storage; none in fp32
+  std::unique_ptr<HostLink> link_;        // optimizer offload from a device: the CPU side (zero/host_link.h)
   std::unique_ptr<OptimizerState> state_; // master, m, v of the owned elements (zero/optimizer_state.h)
   std::unique_ptr<ParamStorage> params_;  // what this rank keeps of the weights (zero/param_storage.h)
   std::unique_ptr<ParamPool> pool_;       // stage 3 or mixed: the slots the model reads (filled from params_)

@@ -29,8 +29,10 @@ void swap_wait(SwapFile& f, SwapFile::Ticket t) {
 }
 
 OptimizerState::OptimizerState(Backend& be, size_t n, bool with_master, const OffloadConfig& offload,
-                               int64_t sub_group_size, const AioConfig& aio, const std::string& swap_path)
+                               int64_t sub_group_size, const AioConfig& aio, const std::string& swap_path,
+                               bool stream_in_sub_groups)
     : be_(be), n_(n), with_master_(with_master) {
+  chunk_ = stream_in_sub_groups ? std::max<size_t>(static_cast<size_t>(sub_group_size), 1) : std::max<size_t>(n_, 1);
   if (offload.device == OffloadDevice::nvme && n_ > 0) {
     group_ = std::min(round_up(static_cast<size_t>(sub_group_size), kGroupAlign), round_up(n_, kGroupAlign));
     const size_t all_groups = (n_ + group_ - 1) / group_;
@@ -67,6 +69,13 @@ size_t OptimizerState::resident_bytes() const {
   size_t b = buffer_bytes();
   for (const auto& a : arrays_) b += a.bytes();
   return b;
+}
+
+std::vector<ShardInfo> OptimizerState::spans() const {
+  std::vector<ShardInfo> out;
+  for (size_t k = 0; k < groups_; ++k) out.push_back({k * group_, group_size(k)});
+  for (size_t at = swapped_n_; at < n_; at += chunk_) out.push_back({at, std::min(chunk_, n_ - at)});
+  return out;
 }
 
 size_t OptimizerState::swapped_bytes() const { return swapped_n_ * fields() * sizeof(float); }
@@ -117,11 +126,11 @@ void OptimizerState::stream(const Update& update) {
     buf_write_[a.buf] = group_write_[k] = file_->write(record_offset(k), rec, stride_);
     fresh_[k] = false;
   }
-  if (n_ > swapped_n_) {  // what stays in memory
+  for (size_t at = swapped_n_; at < n_; at += chunk_) {  // what stays in memory
     Span s;
-    s.begin = swapped_n_, s.n = n_ - swapped_n_;
+    s.begin = at, s.n = std::min(chunk_, n_ - at);
     for (Field f : {master, exp_avg, exp_avg_sq})
-      if (f != master || with_master_) s.field[f] = resident(f);
+      if (f != master || with_master_) s.field[f] = resident(f) + (at - swapped_n_);
     update(s);
   }
   if (file_) {  // the next step's first reads, behind its forward and backward

@@ -28,6 +28,7 @@
 #include "core/host_buffer.h"
 #include "io/swap_file.h"
 #include "kernels/backend.h"
+#include "model/flat_layout.h"  // ShardInfo
 
 namespace zero3d {
 
@@ -48,9 +49,10 @@ class OptimizerState {
   using Update = std::function<void(const Span&)>;
 
   // n owned elements; `with_master`: the state holds the fp32 master weights too. `swap_path`:
-  // the swap file when offload.device is nvme (ignored otherwise).
+  // the swap file when offload.device is nvme (ignored otherwise). `stream_in_sub_groups`: the
+  // part in memory is handed over in spans of sub_group_size too (else in one span).
   OptimizerState(Backend& be, size_t n, bool with_master, const OffloadConfig& offload, int64_t sub_group_size,
-                 const AioConfig& aio, const std::string& swap_path);
+                 const AioConfig& aio, const std::string& swap_path, bool stream_in_sub_groups = false);
   ~OptimizerState();
 
   size_t size() const { return n_; }
@@ -58,6 +60,7 @@ class OptimizerState {
   bool swapped() const { return file_ != nullptr; }
 
   void stream(const Update& update);  // every owned element once, in order; changes are kept
+  std::vector<ShardInfo> spans() const;  // the spans stream() hands over (offset, size), in order
   void read(Field f, size_t at, size_t n, float* out);         // host memory out
   void write(Field f, size_t at, size_t n, const float* in);   // host memory in
 
@@ -95,6 +98,7 @@ class OptimizerState {
   // Swapped: [0, swapped_n_) in the file, in groups_ sub-groups of group_ elements.
   std::unique_ptr<SwapFile> file_;
   size_t swapped_n_ = 0, group_ = 0, groups_ = 0, stride_ = 0;
+  size_t chunk_ = 1;  // the part in memory streams in spans of this many elements
   std::vector<HostBuffer> bufs_;
   std::vector<SwapFile::Ticket> buf_write_;    // per buffer: the write of what it held last
   std::vector<SwapFile::Ticket> group_write_;  // per sub-group: its last write

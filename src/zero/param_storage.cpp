@@ -18,6 +18,18 @@ void ParamStorage::flip_first_replicated_bit(Backend& be) {
   be.copy_from_host(p, &byte, 1);
 }
 
+void ParamStorage::split_updated(size_t begin, size_t n, const float* master) {
+  for (size_t at = 0; at < n; at += link_->span_max())
+    take_updated(begin + at, std::min(link_->span_max(), n - at), master + at);
+}
+
+const char* ParamStorage::stage_weights(const float* master, size_t n) {
+  char* buf = link_->upload_buffer();
+  if (s16_) Storage16(link_->cpu(), s16_->type()).narrow(reinterpret_cast<uint16_t*>(buf), master, n);
+  else std::memcpy(buf, master, n * sizeof(float));
+  return buf;
+}
+
 namespace {
 
 // The parameter swap file's checksum of a bucket slice: a sum over its elements of a mix of the
@@ -44,8 +56,8 @@ uint64_t sum_of(const T* v, size_t n, size_t first) {
 class FullParams final : public ParamStorage {
  public:
   FullParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& zero,
-             const std::optional<Storage16>& s16, OptimizerState& state)
-      : ParamStorage(be, dp, L, view, s16, state), stage0_(zero.stage == 0),
+             const std::optional<Storage16>& s16, OptimizerState& state, HostLink* link)
+      : ParamStorage(be, dp, L, view, s16, state, link), stage0_(zero.stage == 0),
         gather_limit_(static_cast<size_t>(zero.allgather_bucket_size)) {
     if (s16_) params16_ = DeviceBuffer<uint16_t>(be, L.total, BufferUse::comm);
     else params_ = DeviceBuffer<float>(be, L.total, BufferUse::comm);
@@ -55,28 +67,40 @@ class FullParams final : public ParamStorage {
   void init(uint64_t seed, int n_layer) override {
     std::vector<float> kept(L_.total);
     gpt_initial_params(L_, n_layer, seed, 0, L_.total, kept.data());
+    if (state_.has_master()) {
+      std::vector<float> master(state_.size());
+      if (stage0_) {
+        master = kept;  // stage 0 owns everything
+      } else {
+        for (const Bucket& b : L_.buckets)
+          std::copy_n(kept.begin() + view_.owned_offset(b), view_.owned_size(b), master.begin() + b.shard_offset);
+      }
+      init_master(master);
+    }
     if (!s16_) {
       be_.copy_from_host(params_.data(), kept.data(), kept.size() * sizeof(float));
       return;
     }
-    std::vector<float> master(state_.size());
-    if (stage0_) {
-      master = kept;  // stage 0 owns everything
-    } else {
-      for (const Bucket& b : L_.buckets)
-        std::copy_n(kept.begin() + view_.owned_offset(b), view_.owned_size(b), master.begin() + b.shard_offset);
-    }
-    init_master(master);
     const std::vector<uint16_t> kept16 = s16_->narrow_host(kept);
     be_.copy_from_host(params16_.data(), kept16.data(), kept16.size() * sizeof(uint16_t));
   }
-  float* owned(const Bucket& b) override { return s16_ ? nullptr : params_.data() + view_.owned_offset(b); }
-  void take_updated(size_t begin, size_t n, const float* master) override {  // mixed: round into the weights
-    if (!s16_) return;
+  float* owned(const Bucket& b) override {
+    return s16_ || state_.has_master() ? nullptr : params_.data() + view_.owned_offset(b);
+  }
+  // Mixed: round into the weights; master in host memory: stage and upload, per bucket's owned range.
+  void take_updated(size_t begin, size_t n, const float* master) override {
+    if (!state_.has_master()) return;  // fp32: Adam updated the kept parameters in place
+    if (link_ && n > link_->span_max()) return split_updated(begin, n, master);
+    const size_t elem = s16_ ? sizeof(uint16_t) : sizeof(float);
+    const char* staged = link_ ? stage_weights(master, n) : nullptr;
+    char* weights = s16_ ? reinterpret_cast<char*>(params16_.data()) : reinterpret_cast<char*>(params_.data());
     for (const Bucket& b : L_.buckets) {
       const size_t base = view_.state_base(b);
       const size_t lo = std::max(begin, base), hi = std::min(begin + n, base + view_.owned_size(b));
-      if (lo < hi) s16_->narrow(params16_.data() + view_.owned_offset(b) + (lo - base), master + (lo - begin), hi - lo);
+      if (lo >= hi) continue;
+      char* dst = weights + (view_.owned_offset(b) + (lo - base)) * elem;
+      if (link_) link_->upload(dst, staged + (lo - begin) * elem, (hi - lo) * elem);
+      else s16_->narrow(reinterpret_cast<uint16_t*>(dst), master + (lo - begin), hi - lo);
     }
   }
   const float* resident_unit(int unit) override {
@@ -122,8 +146,8 @@ class ShardedParams final : public ParamStorage {
  public:
   ShardedParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view,
                 const std::optional<Storage16>& s16, OptimizerState& state, const std::string& swap,
-                const AioConfig& aio)
-      : ParamStorage(be, dp, L, view, s16, state), elem_(s16 ? sizeof(uint16_t) : sizeof(float)) {
+                const AioConfig& aio, HostLink* link)
+      : ParamStorage(be, dp, L, view, s16, state, link), elem_(s16 ? sizeof(uint16_t) : sizeof(float)) {
     if (!swap.empty()) {
       swap_ = std::make_unique<SwapFile>(swap, uint64_t(L.shard_size) * elem_,
                                          SwapFile::Options{static_cast<size_t>(aio.block_size), aio.thread_count});
@@ -147,9 +171,12 @@ class ShardedParams final : public ParamStorage {
       const ShardInfo sl = L_.slice(b, dp_.rank());
       kept.resize(sl.size);
       gpt_initial_params(L_, n_layer, seed, b.offset + sl.offset, b.offset + sl.offset + sl.size, kept.data());
-      if (state_.has_master()) state_.write(OptimizerState::master, b.shard_offset, kept.size(), kept.data());
-      if (s16_ || swap_) take_updated(b.shard_offset, kept.size(), kept.data());  // a pass in shard order
-      else be_.copy_from_host(shard_params_.data() + b.shard_offset, kept.data(), kept.size() * sizeof(float));
+      if (state_.has_master()) {
+        state_.write(OptimizerState::master, b.shard_offset, kept.size(), kept.data());
+        take_updated(b.shard_offset, kept.size(), kept.data());  // a pass in shard order
+      } else {
+        be_.copy_from_host(shard_params_.data() + b.shard_offset, kept.data(), kept.size() * sizeof(float));
+      }
       if (b.persistent)
         gpt_initial_params(L_, n_layer, seed, b.offset, b.offset + b.size, resident.data() + b.resident_offset);
     }
@@ -161,11 +188,17 @@ class ShardedParams final : public ParamStorage {
     }
   }
   float* owned(const Bucket& b) override {
-    return shard_params_.size() ? shard_params_.data() + b.shard_offset : nullptr;  // else: master in the state
+    return state_.has_master() ? nullptr : shard_params_.data() + b.shard_offset;  // else: master in the state
   }
   void take_updated(size_t begin, size_t n, const float* master) override {  // state order = shard order
+    if (link_ && n > link_->span_max()) return split_updated(begin, n, master);
     if (!swap_) {
-      if (s16_) s16_->narrow(params16_.data() + begin, master, n);
+      if (link_) {
+        link_->upload(s16_ ? static_cast<void*>(params16_.data() + begin) : static_cast<void*>(shard_params_.data() + begin),
+                      stage_weights(master, n), n * elem_);
+      } else if (s16_) {
+        s16_->narrow(params16_.data() + begin, master, n);
+      }
       return;
     }
     if (begin == 0) std::fill(sums_.begin(), sums_.end(), 0);  // a new pass over the whole shard
@@ -296,9 +329,10 @@ class ShardedParams final : public ParamStorage {
 std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
                                                  const ShardView& view, const ZeroConfig& zero,
                                                  const std::optional<Storage16>& s16, OptimizerState& state,
-                                                 const std::string& param_swap, const AioConfig& aio) {
-  if (zero.stage < 3) return std::make_unique<FullParams>(be, dp, layout, view, zero, s16, state);
-  return std::make_unique<ShardedParams>(be, dp, layout, view, s16, state, param_swap, aio);
+                                                 const std::string& param_swap, const AioConfig& aio,
+                                                 HostLink* link) {
+  if (zero.stage < 3) return std::make_unique<FullParams>(be, dp, layout, view, zero, s16, state, link);
+  return std::make_unique<ShardedParams>(be, dp, layout, view, s16, state, param_swap, aio, link);
 }
 
 }  // namespace zero3d

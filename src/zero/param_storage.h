@@ -13,6 +13,8 @@
 // pool (widened, or gathered then widened). In fp32 stages 0-2 the model reads the kept buffer
 // directly. With offload_param on nvme (stage 3) the rank's slices live in a swap file and are read
 // straight into the slot at gather time; the master is then in the optimizer state even in fp32.
+// With the optimizer offloaded from a device backend the master is in host memory (even in fp32):
+// take_updated rounds it on the CPU and the weights go up through the host link (zero/host_link.h).
 // Invariant: after gather_updated() every rank of the dp group holds bitwise-identical
 // replicated() bytes.
 #pragma once
@@ -25,6 +27,7 @@
 #include "config/config.h"
 #include "io/swap_file.h"
 #include "parallel/comm.h"
+#include "zero/host_link.h"
 #include "zero/optimizer_state.h"
 #include "zero/param_pool.h"
 #include "zero/shard_view.h"
@@ -66,8 +69,12 @@ class ParamStorage {
 
  protected:
   ParamStorage(Backend& be, ProcessGroup& dp, const FlatLayout& layout, const ShardView& view,
-               const std::optional<Storage16>& s16, OptimizerState& state)
-      : be_(be), dp_(dp), L_(layout), view_(view), s16_(s16), state_(state) {}
+               const std::optional<Storage16>& s16, OptimizerState& state, HostLink* link)
+      : be_(be), dp_(dp), L_(layout), view_(view), s16_(s16), state_(state), link_(link) {}
+  // With the master in host memory (link_): master elements [0, n) as the stored weights (16-bit
+  // in mixed precision), rounded on the CPU into an upload buffer of the link.
+  const char* stage_weights(const float* master, size_t n);
+  void split_updated(size_t begin, size_t n, const float* master);  // take_updated in pieces the link's buffers hold
   // The master's initial values: the kept fp32 parameters of the owned range, in state order.
   void init_master(const std::vector<float>& owned) {
     if (state_.has_master()) state_.write(OptimizerState::master, 0, owned.size(), owned.data());
@@ -83,14 +90,17 @@ class ParamStorage {
   const ShardView& view_;
   const std::optional<Storage16>& s16_;
   OptimizerState& state_;
+  HostLink* link_;  // offload on a device backend: the master is in host memory, the weights go up through it
   std::unique_ptr<SwapFile> swap_;  // offload_param on nvme: the rank's slices
   size_t param_bytes_ = 0, swapped_bytes_ = 0;
 };
 
-// param_swap: the swap file for stage 3's slices ("" = in memory).
+// param_swap: the swap file for stage 3's slices ("" = in memory). link: offload on a device
+// backend (the master in host memory), else null.
 std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
                                                  const ShardView& view, const ZeroConfig& zero,
                                                  const std::optional<Storage16>& s16, OptimizerState& state,
-                                                 const std::string& param_swap, const AioConfig& aio);
+                                                 const std::string& param_swap, const AioConfig& aio,
+                                                 HostLink* link = nullptr);
 
 }  // namespace zero3d

@@ -4,7 +4,8 @@
 # (kernels/host/walled_backend.cpp), so any host code that touches a device buffer directly
 # (the trainer, the ZeRO engine, the collectives' staging, checkpoints) faults instead of passing
 # as it would on a GPU. Losses must equal the host backend's bit for bit: 2 ranks ZeRO-2 bf16 with
-# a checkpoint, a resume of that checkpoint onto ZeRO-1, and tp 2 x pp 2 with ZeRO-3.
+# a checkpoint, a resume of that checkpoint onto ZeRO-1, the same with the optimizer offloaded to
+# host memory and to nvme (and a resume without), and tp 2 x pp 2 with ZeRO-3 (offloaded too).
 # usage: test_device_walls.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
@@ -42,9 +43,32 @@ grep -q '"comm_device_buffers": *"device buffers staged' "$tmp/walled_z2/metrics
 run walled_resume 2 1 --set train_steps=6 --set zero_optimization.stage=1 --set bf16.enabled=true \
   --set checkpoint.load=\""$tmp/walled_z2/checkpoints/step_00000003.h5"\"
 same walled_resume host_z2 3
+# Optimizer offload from device memory: the state in host memory (cpu) or swap files (nvme),
+# AdamW on the CPU, gradients down and weights up per sub-group; a checkpoint of the offloaded
+# run resumes without offload.
+sub=(--set zero_optimization.sub_group_size=20000)
+run walled_cpu 2 1 "${z2[@]}" "${sub[@]}" --set zero_optimization.offload_optimizer.device=cpu
+same walled_cpu host_z2
+mkdir -p "$tmp/nvme"
+run walled_nvme 2 1 "${z2[@]}" "${sub[@]}" --set zero_optimization.offload_optimizer.device=nvme \
+  --set zero_optimization.offload_optimizer.nvme_path="$tmp/nvme"
+same walled_nvme host_z2
+[[ -z $(find "$tmp/nvme" -mindepth 1) ]] || fail "walled_nvme left swap files behind"
+python3 - "$tmp/walled_cpu/metrics.jsonl" <<'PY' || fail "walled_cpu: the run record does not show the state in host memory"
+import json, sys
+run = json.loads(open(sys.argv[1]).readline())
+assert run["mem_host_bytes"] > 0 and run["mem_optimizer_bytes"] == 0 and "AdamW on the CPU" in run["offload_optimizer"], run
+train = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
+assert all(r["offload_down_bytes"] > 0 and r["offload_up_bytes"] > 0 for r in train), train
+PY
+run walled_cpu_resume 2 1 --set train_steps=6 --set zero_optimization.stage=2 --set bf16.enabled=true \
+  --set checkpoint.load=\""$tmp/walled_cpu/checkpoints/step_00000003.h5"\"
+same walled_cpu_resume host_z2 3
 t3=(--set train_steps=4 --set tensor_parallel.tp_size=2 --set pipeline_parallel.pp_size=2 --set zero_optimization.stage=3
     --set gradient_accumulation_steps=2)  # dp 1: 8 = micro 4 x 2
 run host_3d 4 0 "${t3[@]}"
 run walled_3d 4 1 "${t3[@]}"
 same walled_3d host_3d
+run walled_3d_cpu 4 1 "${t3[@]}" "${sub[@]}" --set zero_optimization.offload_optimizer.device=cpu
+same walled_3d_cpu host_3d
 echo "device walls: all passed"

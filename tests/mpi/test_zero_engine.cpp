@@ -12,7 +12,8 @@
 // - Offload: with the optimizer state (and, at stage 3, the parameter slices) in swap files, small
 //   sub-groups, few buffers and ratio < 1, three steps give bitwise the same parameters, norms and
 //   optimizer state as the same engine in memory; so does an offloaded engine loaded from the
-//   in-memory one's state (a resume), one step later.
+//   in-memory one's state (a resume), one step later. The same with the engine on device memory
+//   (the walled backend) and its optimizer state in host memory or a swap file, updated on the CPU.
 // Failures are summed over the world into the exit code.
 // usage: mpirun -np N test_zero_engine
 #include <mpi.h>
@@ -65,9 +66,21 @@ void add_grads(const FlatLayout& L, int unit, float* g, int r, int mb) {
   }
 }
 
+// add_grads on a unit's gradient in the backend's memory (device memory: through the host).
+void add_unit_grads(Backend& be, const FlatLayout& L, int unit, float* g, int r, int mb) {
+  std::vector<float> h(L.units[unit].size);
+  be.copy_to_host(h.data(), g, h.size() * sizeof(float));
+  add_grads(L, unit, h.data(), r, mb);
+  be.copy_from_host(g, h.data(), h.size() * sizeof(float));
+}
+
 // One micro-batch through the ParamStore protocol in the order GPT::forward/backward use it
 // (one pipeline stage): the head's gradients are taken in forward, unit 0 stays acquired to the end.
-void micro_batch(ParamStore& s, int r, int mb) {
+void micro_batch(ParamStore& s, int r, int mb, Backend* device = nullptr) {
+  auto add = [&](int unit, float* g) {
+    if (device) add_unit_grads(*device, s.layout(), unit, g, r, mb);
+    else add_grads(s.layout(), unit, g, r, mb);
+  };
   const FlatLayout& L = s.layout();
   const int last = static_cast<int>(L.units.size()) - 1;
   s.acquire_params(0);
@@ -78,16 +91,16 @@ void micro_batch(ParamStore& s, int r, int mb) {
   s.release_params(last);
   s.release_params(0);
   s.acquire_params(last);
-  add_grads(L, last, dfinal, r, mb);
+  add(last, dfinal);
   s.grads_done(last);
   s.release_params(last);
   for (int u = last - 1; u >= 1; --u) {
     s.acquire_params(u);
-    add_grads(L, u, s.acquire_grads(u), r, mb);
+    add(u, s.acquire_grads(u));
     s.grads_done(u);
     s.release_params(u);
   }
-  add_grads(L, 0, demb, r, mb);
+  add(0, demb);
   s.grads_done(0);
 }
 
@@ -212,12 +225,13 @@ void run_case(Backend& be, ProcessGroup& world, int stage, Precision precision, 
 
 // Everything a step leaves behind on this rank, as bytes: the parameters the model reads (unit
 // by unit), and the optimizer state of every owned piece.
-std::vector<float> snapshot(ZeroEngine& e) {
+std::vector<float> snapshot(ZeroEngine& e, Backend& be) {
   std::vector<float> out;
   const FlatLayout& L = e.layout();
   for (int u = 0; u < static_cast<int>(L.units.size()); ++u) {
-    const float* w = e.acquire_params(u);
-    out.insert(out.end(), w, w + L.units[u].size);
+    std::vector<float> w(L.units[u].size);
+    be.copy_to_host(w.data(), e.acquire_params(u), w.size() * sizeof(float));
+    out.insert(out.end(), w.begin(), w.end());
     e.release_params(u);
   }
   for (const CheckpointPiece& p : e.load_pieces())
@@ -229,9 +243,9 @@ std::vector<float> snapshot(ZeroEngine& e) {
   return out;
 }
 
-double one_step(ZeroEngine& e, int rank, double lr) {
+double one_step(ZeroEngine& e, int rank, double lr, Backend* device = nullptr) {
   e.begin_step(2);
-  for (int mb = 0; mb < 2; ++mb) micro_batch(e, rank, mb);
+  for (int mb = 0; mb < 2; ++mb) micro_batch(e, rank, mb, device);
   e.finish_gradients();
   const double norm_sq = e.grad_norm_sq();
   e.optimizer_step(lr);
@@ -239,8 +253,14 @@ double one_step(ZeroEngine& e, int rank, double lr) {
   return norm_sq;
 }
 
-void run_offload_case(Backend& be, ProcessGroup& world, int stage, Precision precision, bool params_too,
-                      double ratio, const std::string& dir) {
+// The in-memory engine on `be` against the same engine with its optimizer state offloaded to
+// `where` (and, with params_too, stage 3's slices swapped) on `off_be`: the host backend, or the
+// walled backend whose "device" memory the host cannot touch (then the state is in host memory
+// and Adam runs on the CPU, zero/host_link.h).
+void run_offload_case(Backend& be, Backend& off_be, ProcessGroup& world, int stage, Precision precision,
+                      OffloadDevice where, bool params_too, double ratio, const std::string& dir) {
+  const bool device = off_be.memory_kind() == MemKind::device;
+  Backend* dev = device ? &off_be : nullptr;
   const ModelConfig m = tiny();
   ZeroConfig z;
   z.stage = stage, z.overlap_comm = true;
@@ -250,30 +270,32 @@ void run_offload_case(Backend& be, ProcessGroup& world, int stage, Precision pre
   OptimizerConfig opt;
   opt.weight_decay = 0.1;
   ZeroConfig off = z;
-  off.sub_group_size = 2000;  // several sub-groups: rounded up to 2048 elements
-  off.offload_optimizer = {OffloadDevice::nvme, dir, 3, ratio};
+  off.sub_group_size = 2000;  // several sub-groups: rounded up to 2048 elements when swapped
+  off.offload_optimizer = {where, dir, 3, ratio};
   SwapFiles swap;
-  swap.optimizer = dir + "/optimizer." + std::to_string(world.rank());
+  if (where == OffloadDevice::nvme) swap.optimizer = dir + "/optimizer." + std::to_string(world.rank());
   if (params_too) swap.param = dir + "/param." + std::to_string(world.rank());
   swap.aio.block_size = 8192;  // several blocks per transfer
   swap.aio.thread_count = 2;
   std::filesystem::create_directories(dir);  // the last swap file out removes it
-  const std::string name = "offload stage " + std::to_string(stage) + " " + name_of(precision) +
-                           (params_too ? " +params" : "") + " ratio " + std::to_string(ratio);
+  const std::string name = std::string(device ? "device " : "") + "offload " +
+                           (where == OffloadDevice::nvme ? "nvme" : "cpu") + " stage " + std::to_string(stage) + " " +
+                           name_of(precision) + (params_too ? " +params" : "") + " ratio " + std::to_string(ratio);
   ZeroEngine mem(be, world, m, z, opt, precision);
-  ZeroEngine swapped(be, world, m, off, opt, precision, 1, 0, 1, 0, swap);
-  check(swapped.memory().swapped > 0, name + ": something is swapped");
+  ZeroEngine swapped(off_be, world, m, off, opt, precision, 1, 0, 1, 0, swap);
+  if (where == OffloadDevice::nvme) check(swapped.memory().swapped > 0, name + ": something is swapped");
+  if (device) check(swapped.memory().host > 0, name + ": the state is in host memory");
   check(swapped.memory().optimizer < mem.memory().optimizer, name + ": less optimizer state in memory");
   mem.init_weights(7);
   swapped.init_weights(7);
-  check(snapshot(mem) == snapshot(swapped), name + ": initial state");
+  check(snapshot(mem, be) == snapshot(swapped, off_be), name + ": initial state");
   for (int step = 1; step <= 3; ++step) {
-    const double a = one_step(mem, world.rank(), 1e-3 * step), b = one_step(swapped, world.rank(), 1e-3 * step);
+    const double a = one_step(mem, world.rank(), 1e-3 * step), b = one_step(swapped, world.rank(), 1e-3 * step, dev);
     check(a == b, name + ": gradient norm at step " + std::to_string(step));
-    check(snapshot(mem) == snapshot(swapped), name + ": parameters and state after step " + std::to_string(step));
+    check(snapshot(mem, be) == snapshot(swapped, off_be), name + ": parameters and state after step " + std::to_string(step));
   }
   // A resume: the in-memory engine's state loaded into a fresh offloaded one.
-  ZeroEngine resumed(be, world, m, off, opt, precision, 1, 0, 1, 0, swap);
+  ZeroEngine resumed(off_be, world, m, off, opt, precision, 1, 0, 1, 0, swap);
   for (const CheckpointPiece& p : mem.load_pieces())
     for (auto kind : {ZeroEngine::State::master, ZeroEngine::State::exp_avg, ZeroEngine::State::exp_avg_sq}) {
       std::vector<float> v(p.piece.size);
@@ -281,10 +303,10 @@ void run_offload_case(Backend& be, ProcessGroup& world, int stage, Precision pre
       resumed.write_state(kind, p.piece, v.data());
     }
   resumed.finish_load(mem.optimizer_steps());
-  check(snapshot(mem) == snapshot(resumed), name + ": loaded state");
+  check(snapshot(mem, be) == snapshot(resumed, off_be), name + ": loaded state");
   one_step(mem, world.rank(), 5e-3);
-  one_step(resumed, world.rank(), 5e-3);
-  check(snapshot(mem) == snapshot(resumed), name + ": a step after the load");
+  one_step(resumed, world.rank(), 5e-3, dev);
+  check(snapshot(mem, be) == snapshot(resumed, off_be), name + ": a step after the load");
 }
 
 }  // namespace
@@ -315,9 +337,18 @@ int main(int argc, char** argv) {
         for (bool params_too : {false, true})
           for (double ratio : {1.0, 0.5}) {
             if (params_too && (stage != 3 || ratio != 1.0)) continue;
-            run_offload_case(*be, *world, stage, precision, params_too, ratio, dir);
+            run_offload_case(*be, *be, *world, stage, precision, OffloadDevice::nvme, params_too, ratio, dir);
           }
-    run_offload_case(*be, *world, 3, Precision::fp16, true, 1.0, dir);
+    run_offload_case(*be, *be, *world, 3, Precision::fp16, OffloadDevice::nvme, true, 1.0, dir);
+    // Offload from device memory: the walled backend's, staged by the collectives as a GPU's.
+    auto walled = make_walled_backend();
+    world->use_device_memory(walled->device_memory(), false);
+    for (Precision precision : {Precision::fp32, Precision::bf16})
+      for (int stage = 1; stage <= 3; ++stage) {
+        run_offload_case(*be, *walled, *world, stage, precision, OffloadDevice::cpu, false, 1.0, dir);
+        run_offload_case(*be, *walled, *world, stage, precision, OffloadDevice::nvme, false, 0.5, dir);
+      }
+    world->use_device_memory(nullptr, false);
     std::error_code ec;
     check(!std::filesystem::exists(dir, ec), "swap files (and their directory) removed with their engines");
     std::filesystem::remove_all(dir, ec);
