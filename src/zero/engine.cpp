@@ -26,9 +26,11 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   const size_t owned_total = cfg_.stage == 0 ? layout_.total : layout_.shard_size;  // optimizer-owned elements
 
   // The parts, chosen once by stage, precision and offload.
-  if (be.memory_kind() == MemKind::device && cfg_.offload_param.device != OffloadDevice::none)
-    throw UserError("zero_optimization.offload_param: parameter offload is built for the host backend only so far "
-                    "(offload_optimizer works on every backend): run without offload_param on a device backend");
+  if (be.memory_kind() == MemKind::device && cfg_.offload_param.device != OffloadDevice::none &&
+      cfg_.offload_optimizer.device == OffloadDevice::none)
+    throw UserError("zero_optimization.offload_param on a device backend needs offload_optimizer too (cpu or nvme): "
+                    "the offloaded slices are rounded from master weights that live with the optimizer state on "
+                    "the host");
   const bool params_swapped = cfg_.stage == 3 && !swap.param.empty();
   // Optimizer offload from a device: the state in host memory, Adam on the CPU (zero/host_link.h).
   if (be.memory_kind() == MemKind::device && cfg_.offload_optimizer.device != OffloadDevice::none)
@@ -66,7 +68,7 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   mem_.grads = sync_->grad_bytes();
   mem_.buffers = sync_->buffer_bytes();
   if (link_) {  // the state and its stream buffers are in host memory, beside the link's
-    mem_.host = state_->resident_bytes() + link_->buffer_bytes();
+    mem_.host = state_->resident_bytes() + link_->buffer_bytes() + params_->host_bytes();
   } else {
     mem_.optimizer = state_->resident_bytes() - state_->buffer_bytes();
     mem_.buffers += state_->buffer_bytes();

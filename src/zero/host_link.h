@@ -73,6 +73,11 @@ class HostLink {
   void upload(void* device_dst, const void* staged, size_t bytes);
   void finish();  // every queued copy completed
 
+  // Any other copy up (stage 3's offloaded slices into a slot), in order with the rest.
+  using Ticket = uint64_t;  // copies complete in ticket order; 0: nothing to wait for
+  Ticket copy_to_device(void* device_dst, const void* src, size_t bytes) { return queue({device_dst, src, bytes, true}); }
+  void wait(Ticket t);
+
   size_t span_max() const { return span_max_; }
   // Since the last call: the copy thread's busy time, the time the update waited for copies, and
   // the bytes that came down and went up.
@@ -84,7 +89,6 @@ class HostLink {
   size_t buffer_bytes() const { return (down_.size() + up_.size()) * span_max_ * sizeof(float); }
 
  private:
-  using Ticket = uint64_t;  // copies complete in ticket order; 0: nothing to wait for
   struct Copy {
     void* dst;
     const void* src;
@@ -92,7 +96,6 @@ class HostLink {
     bool to_device;
   };
   Ticket queue(const Copy& c);
-  void wait(Ticket t);
   void download(size_t span, int buf);  // span's gradient pieces into down_[buf]
   void run();                           // the copy thread
 

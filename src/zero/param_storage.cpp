@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_map>
 
 #include "core/check.h"
 #include "model/param_store.h"  // gpt_initial_params
@@ -141,26 +142,33 @@ class FullParams final : public ParamStorage {
 };
 
 // Stage 3: this rank's slice of every bucket (in memory, or in a swap file with offload_param on
-// nvme), and the persistent buckets whole (always in memory).
+// nvme), and the persistent buckets whole (always in the backend's memory). On a device backend
+// with the optimizer offloaded (link_), offload_param keeps the slices in host memory (cpu) or
+// the swap file (nvme, read into a pinned staging buffer per slot); a fill copies them up into
+// their place in the slot through the link, and the all-gather runs in place there.
 class ShardedParams final : public ParamStorage {
  public:
-  ShardedParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view,
+  ShardedParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& zero,
                 const std::optional<Storage16>& s16, OptimizerState& state, const std::string& swap,
                 const AioConfig& aio, HostLink* link)
       : ParamStorage(be, dp, L, view, s16, state, link), elem_(s16 ? sizeof(uint16_t) : sizeof(float)) {
+    // Where the kept slices live: the backend's memory, or host memory (offload_param cpu from a device).
+    Backend& keep = link_ && zero.offload_param.device == OffloadDevice::cpu ? link_->cpu() : be;
+    host_slices_ = &keep != &be;
     if (!swap.empty()) {
       swap_ = std::make_unique<SwapFile>(swap, uint64_t(L.shard_size) * elem_,
                                          SwapFile::Options{static_cast<size_t>(aio.block_size), aio.thread_count});
       swapped_bytes_ = L.shard_size * elem_;
       sums_.assign(L.buckets.size(), 0);
     } else if (s16_) {
-      params16_ = DeviceBuffer<uint16_t>(be, L.shard_size, BufferUse::comm);
+      params16_ = DeviceBuffer<uint16_t>(keep, L.shard_size, BufferUse::comm);
     } else {
-      shard_params_ = DeviceBuffer<float>(be, L.shard_size, BufferUse::comm);
+      shard_params_ = DeviceBuffer<float>(keep, L.shard_size, BufferUse::comm);
     }
     if (s16_) resident16_ = DeviceBuffer<uint16_t>(be, L.resident_size, BufferUse::comm);
     else resident_ = DeviceBuffer<float>(be, L.resident_size, BufferUse::comm);
-    param_bytes_ = shard_params_.bytes() + resident_.bytes() + params16_.bytes() + resident16_.bytes();
+    (host_slices_ ? host_bytes_ : param_bytes_) += shard_params_.bytes() + params16_.bytes();
+    param_bytes_ += resident_.bytes() + resident16_.bytes();
   }
 
   // Bucket by bucket, in shard order, so a model whose shard does not fit in memory beside the
@@ -193,7 +201,10 @@ class ShardedParams final : public ParamStorage {
   void take_updated(size_t begin, size_t n, const float* master) override {  // state order = shard order
     if (link_ && n > link_->span_max()) return split_updated(begin, n, master);
     if (!swap_) {
-      if (link_) {
+      if (host_slices_) {  // the master and the slices are both in host memory
+        if (s16_) Storage16(link_->cpu(), s16_->type()).narrow(params16_.data() + begin, master, n);
+        else std::memcpy(shard_params_.data() + begin, master, n * sizeof(float));
+      } else if (link_) {
         link_->upload(s16_ ? static_cast<void*>(params16_.data() + begin) : static_cast<void*>(shard_params_.data() + begin),
                       stage_weights(master, n), n * elem_);
       } else if (s16_) {
@@ -206,7 +217,8 @@ class ShardedParams final : public ParamStorage {
     const void* data = master;
     if (s16_) {
       w.resize(n);
-      s16_->narrow(w.data(), master, n);
+      if (link_) Storage16(link_->cpu(), s16_->type()).narrow(w.data(), master, n);  // the master is in host memory
+      else s16_->narrow(w.data(), master, n);
       data = w.data();
     }
     for (size_t i = 0; i < L_.buckets.size(); ++i) {  // each bucket slice's part of the span
@@ -229,12 +241,13 @@ class ShardedParams final : public ParamStorage {
       SwapFile::Ticket ticket;
     };
     std::vector<Read> reads;
+    char* slot = s16_ ? reinterpret_cast<char*>(s.buf16.data()) : reinterpret_cast<char*>(s.buf.data());
+    if (link_ && (swap_ || host_slices_)) return fill_from_host(s, unit, slot);
     for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
       const Bucket& b = L_.buckets[i];
       const size_t at = b.offset - u.offset, n = b.size / dp_.size(), mine = at + dp_.rank() * n;
       if (b.persistent) {
-        if (s16_) be_.copy(s.buf16.data() + at, resident16_.data() + b.resident_offset, b.size * sizeof(uint16_t));
-        else be_.copy(s.buf.data() + at, resident_.data() + b.resident_offset, b.size * sizeof(float));
+        be_.copy(slot + at * elem_, resident_at(b), b.size * elem_);
       } else if (swap_) {
         void* dst = s16_ ? static_cast<void*>(s.buf16.data() + mine) : static_cast<void*>(s.buf.data() + mine);
         reads.push_back({&b, at, mine, swap_->read(b.shard_offset * elem_, dst, n * elem_)});
@@ -261,6 +274,71 @@ class ShardedParams final : public ParamStorage {
       };
     s.widen_pending = s16_.has_value();
   }
+  // From a device backend: the unit's slices (read from the swap file into the slot's staging
+  // buffer first) go up into their places in the slot; the in-place gathers start once they are there.
+  void fill_from_host(ParamSlot& s, int unit, char* slot) {
+    const Unit& u = L_.units[unit];
+    struct Up {
+      const Bucket* b;
+      size_t at, mine, n;      // the bucket's place in the slot, this rank's slice's, its elements
+      const char* src;         // the slice in host memory (kept, or staged from the swap file)
+      SwapFile::Ticket read;   // swapped: its read into the staging buffer
+    };
+    std::vector<Up> ups;
+    char* staging = swap_ ? staging_for(s) : nullptr;
+    size_t staged = 0;  // bytes of the staging buffer used: the unit's slices one after another
+    for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
+      const Bucket& b = L_.buckets[i];
+      const size_t at = b.offset - u.offset, n = b.size / dp_.size(), mine = at + dp_.rank() * n;
+      if (b.persistent) {
+        be_.copy(slot + at * elem_, resident_at(b), b.size * elem_);
+      } else if (swap_) {
+        ups.push_back({&b, at, mine, n, staging + staged, swap_->read(b.shard_offset * elem_, staging + staged, n * elem_)});
+        staged += n * elem_;
+      } else {
+        ups.push_back({&b, at, mine, n, kept_at(b), 0});
+      }
+    }
+    s.widen_pending = s16_.has_value();
+    if (ups.empty()) return;
+    // Slices kept in host memory start up now; swapped ones once their reads are in (then_start).
+    std::vector<uint64_t> copies;
+    if (!swap_)
+      for (const Up& up : ups) copies.push_back(link_->copy_to_device(slot + up.mine * elem_, up.src, up.n * elem_));
+    s.then_start = [this, &s, ups, copies, slot]() mutable {
+      if (swap_)
+        for (const Up& up : ups) {
+          if (s16_) finish_read(*up.b, up.read, reinterpret_cast<const uint16_t*>(up.src));
+          else finish_read(*up.b, up.read, reinterpret_cast<const float*>(up.src));
+          copies.push_back(link_->copy_to_device(slot + up.mine * elem_, up.src, up.n * elem_));
+        }
+      for (size_t k = 0; k < ups.size(); ++k) {
+        link_->wait(copies[k]);
+        const Up& up = ups[k];
+        s.ops.push_back(s16_ ? dp_.iall_gather(s.buf16.mem(up.mine), s.buf16.mem(up.at), up.n)
+                             : dp_.iall_gather(s.buf.mem(up.mine), s.buf.mem(up.at), up.n));
+      }
+    };
+  }
+  // The pinned buffer slot s stages swapped slices in: made at its first fill, as large as the
+  // largest unit's slices.
+  char* staging_for(const ParamSlot& s) {
+    auto it = staging_.find(&s);
+    if (it == staging_.end()) {
+      size_t most = 0;
+      for (const Unit& u : L_.units) most = std::max(most, u.size / dp_.size() + 1);
+      it = staging_.emplace(&s, PinnedBuffer(be_, most * elem_)).first;
+    }
+    return it->second.data();
+  }
+  const char* resident_at(const Bucket& b) const {  // a persistent bucket, whole
+    return s16_ ? reinterpret_cast<const char*>(resident16_.data() + b.resident_offset)
+                : reinterpret_cast<const char*>(resident_.data() + b.resident_offset);
+  }
+  const char* kept_at(const Bucket& b) const {  // this rank's kept slice of bucket b
+    return s16_ ? reinterpret_cast<const char*>(params16_.data() + b.shard_offset)
+                : reinterpret_cast<const char*>(shard_params_.data() + b.shard_offset);
+  }
   void gather_updated() override {  // the persistent buckets only
     std::vector<PendingOp> ops;
     for (const Bucket& b : L_.buckets) {
@@ -274,6 +352,7 @@ class ShardedParams final : public ParamStorage {
   void read_weights16(const Piece& p, uint16_t* out) const override {  // the slices in shard order
     const Bucket& b = view_.bucket_of(p.tensor);
     const size_t at = b.shard_offset + view_.offset_in_owned(p);
+    if (host_slices_) return static_cast<void>(std::copy_n(params16_.data() + at, p.size, out));
     if (!swap_) return be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
     std::vector<uint16_t> slice(b.size / dp_.size());  // read and checked whole
     read_slice(b, slice.data());
@@ -292,15 +371,21 @@ class ShardedParams final : public ParamStorage {
  private:
   // This rank's slice of bucket b as the send buffer of an all-gather: where it is kept, or, when
   // swapped, read into `dst` (its place in the receive buffer: the gather runs in place).
-  MemRef<const uint16_t> slice16(const Bucket& b, uint16_t* dst) {
-    if (!swap_) return params16_.mem(b.shard_offset);
-    read_slice(b, dst);
-    return host_mem(static_cast<const uint16_t*>(dst));
-  }
-  MemRef<const float> slice32(const Bucket& b, float* dst) {
-    if (!swap_) return shard_params_.mem(b.shard_offset);
-    read_slice(b, dst);
-    return host_mem(static_cast<const float*>(dst));
+  MemRef<const uint16_t> slice16(const Bucket& b, uint16_t* dst) { return slice(b, dst, params16_); }
+  MemRef<const float> slice32(const Bucket& b, float* dst) { return slice(b, dst, shard_params_); }
+  template <class T>
+  MemRef<const T> slice(const Bucket& b, T* dst, const DeviceBuffer<T>& kept) {
+    if (!swap_ && !host_slices_) return kept.mem(b.shard_offset);
+    const size_t n = b.size / dp_.size();
+    if (!link_) {  // the host backend: straight into place
+      read_slice(b, dst);
+      return host_mem(static_cast<const T*>(dst));
+    }
+    std::vector<T> host(n);  // from a device: through host memory into place
+    if (host_slices_) std::copy_n(kept.data() + b.shard_offset, n, host.data());
+    else read_slice(b, host.data());
+    be_.copy_from_host(dst, host.data(), n * sizeof(T));
+    return be_.mem(static_cast<const T*>(dst));
   }
   // Bucket b's slice from the swap file into dst, checked against the sum it was written with.
   template <class T>
@@ -319,6 +404,8 @@ class ShardedParams final : public ParamStorage {
   }
 
   size_t elem_;
+  bool host_slices_ = false;  // the kept slices are in host memory (offload_param cpu from a device)
+  std::unordered_map<const ParamSlot*, PinnedBuffer> staging_;  // swapped, from a device: per slot
   std::vector<uint64_t> sums_;  // swapped: per bucket, the checksum of its slice as written
   DeviceBuffer<float> shard_params_, resident_;
   DeviceBuffer<uint16_t> params16_, resident16_;
@@ -332,7 +419,7 @@ std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, 
                                                  const std::string& param_swap, const AioConfig& aio,
                                                  HostLink* link) {
   if (zero.stage < 3) return std::make_unique<FullParams>(be, dp, layout, view, zero, s16, state, link);
-  return std::make_unique<ShardedParams>(be, dp, layout, view, s16, state, param_swap, aio, link);
+  return std::make_unique<ShardedParams>(be, dp, layout, view, zero, s16, state, param_swap, aio, link);
 }
 
 }  // namespace zero3d

@@ -65,6 +65,7 @@ class ParamStorage {
 
   size_t param_bytes() const { return param_bytes_; }      // the kept weights in memory (ZeRO's 2 or 4 Psi)
   size_t swapped_bytes() const { return swapped_bytes_; }  // the kept weights in a swap file (offload_param)
+  size_t host_bytes() const { return host_bytes_; }  // the kept weights in host memory (offload_param cpu from a device)
   SwapFile::Stats take_swap_io() { return swap_ ? swap_->take_stats() : SwapFile::Stats{}; }  // since the last call
 
  protected:
@@ -92,7 +93,7 @@ class ParamStorage {
   OptimizerState& state_;
   HostLink* link_;  // offload on a device backend: the master is in host memory, the weights go up through it
   std::unique_ptr<SwapFile> swap_;  // offload_param on nvme: the rank's slices
-  size_t param_bytes_ = 0, swapped_bytes_ = 0;
+  size_t param_bytes_ = 0, swapped_bytes_ = 0, host_bytes_ = 0;
 };
 
 // param_swap: the swap file for stage 3's slices ("" = in memory). link: offload on a device

@@ -5,7 +5,8 @@
 # (the trainer, the ZeRO engine, the collectives' staging, checkpoints) faults instead of passing
 # as it would on a GPU. Losses must equal the host backend's bit for bit: 2 ranks ZeRO-2 bf16 with
 # a checkpoint, a resume of that checkpoint onto ZeRO-1, the same with the optimizer offloaded to
-# host memory and to nvme (and a resume without), and tp 2 x pp 2 with ZeRO-3 (offloaded too).
+# host memory and to nvme (and a resume without), tp 2 x pp 2 with ZeRO-3 (offloaded too), and
+# ZeRO-3 with the parameter slices offloaded as well (refused without offload_optimizer).
 # usage: test_device_walls.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
@@ -71,4 +72,22 @@ run walled_3d 4 1 "${t3[@]}"
 same walled_3d host_3d
 run walled_3d_cpu 4 1 "${t3[@]}" "${sub[@]}" --set zero_optimization.offload_optimizer.device=cpu
 same walled_3d_cpu host_3d
+# ZeRO-Infinity from device memory: stage 3's parameter slices in host memory or swap files too,
+# copied up into the gather slots; dp 2 in bf16.
+z3=(--set train_steps=4 --set zero_optimization.stage=3 --set bf16.enabled=true "${sub[@]}"
+    --set zero_optimization.offload_optimizer.device=cpu)
+run host_z3 2 0 --set train_steps=4 --set zero_optimization.stage=3 --set bf16.enabled=true
+run walled_z3_param_cpu 2 1 "${z3[@]}" --set zero_optimization.offload_param.device=cpu
+same walled_z3_param_cpu host_z3
+run walled_z3_param_nvme 2 1 "${z3[@]}" --set zero_optimization.offload_param.device=nvme \
+  --set zero_optimization.offload_param.nvme_path="$tmp/nvme"
+same walled_z3_param_nvme host_z3
+[[ -z $(find "$tmp/nvme" -mindepth 1) ]] || fail "walled_z3_param_nvme left swap files behind"
+set +e
+ZERO3D_DEVICE_WALLS=1 timeout 120 $MPIRUN -np 1 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/refused" \
+  --set data.val="" --set zero_optimization.stage=3 --set zero_optimization.offload_param.device=cpu > "$tmp/refused.log" 2>&1
+rc=$?
+set -e
+[[ $rc == 2 ]] && grep -q "offload_param on a device backend needs offload_optimizer" "$tmp/refused.log" ||
+  fail "offload_param without offload_optimizer on a device backend: want exit 2 and the reason, got $rc: $(cat "$tmp/refused.log")"
 echo "device walls: all passed"

@@ -254,11 +254,11 @@ double one_step(ZeroEngine& e, int rank, double lr, Backend* device = nullptr) {
 }
 
 // The in-memory engine on `be` against the same engine with its optimizer state offloaded to
-// `where` (and, with params_too, stage 3's slices swapped) on `off_be`: the host backend, or the
+// `where` (and stage 3's slices to `params`) on `off_be`: the host backend, or the
 // walled backend whose "device" memory the host cannot touch (then the state is in host memory
 // and Adam runs on the CPU, zero/host_link.h).
 void run_offload_case(Backend& be, Backend& off_be, ProcessGroup& world, int stage, Precision precision,
-                      OffloadDevice where, bool params_too, double ratio, const std::string& dir) {
+                      OffloadDevice where, OffloadDevice params, double ratio, const std::string& dir) {
   const bool device = off_be.memory_kind() == MemKind::device;
   Backend* dev = device ? &off_be : nullptr;
   const ModelConfig m = tiny();
@@ -272,15 +272,19 @@ void run_offload_case(Backend& be, Backend& off_be, ProcessGroup& world, int sta
   ZeroConfig off = z;
   off.sub_group_size = 2000;  // several sub-groups: rounded up to 2048 elements when swapped
   off.offload_optimizer = {where, dir, 3, ratio};
+  off.offload_param = {params, dir, 3, 1.0};
   SwapFiles swap;
   if (where == OffloadDevice::nvme) swap.optimizer = dir + "/optimizer." + std::to_string(world.rank());
-  if (params_too) swap.param = dir + "/param." + std::to_string(world.rank());
+  if (params == OffloadDevice::nvme) swap.param = dir + "/param." + std::to_string(world.rank());
   swap.aio.block_size = 8192;  // several blocks per transfer
   swap.aio.thread_count = 2;
   std::filesystem::create_directories(dir);  // the last swap file out removes it
   const std::string name = std::string(device ? "device " : "") + "offload " +
                            (where == OffloadDevice::nvme ? "nvme" : "cpu") + " stage " + std::to_string(stage) + " " +
-                           name_of(precision) + (params_too ? " +params" : "") + " ratio " + std::to_string(ratio);
+                           name_of(precision) + (params == OffloadDevice::nvme  ? " +params nvme"
+                                                  : params == OffloadDevice::cpu ? " +params cpu"
+                                                                                 : "") +
+                           " ratio " + std::to_string(ratio);
   ZeroEngine mem(be, world, m, z, opt, precision);
   ZeroEngine swapped(off_be, world, m, off, opt, precision, 1, 0, 1, 0, swap);
   if (where == OffloadDevice::nvme) check(swapped.memory().swapped > 0, name + ": something is swapped");
@@ -337,17 +341,21 @@ int main(int argc, char** argv) {
         for (bool params_too : {false, true})
           for (double ratio : {1.0, 0.5}) {
             if (params_too && (stage != 3 || ratio != 1.0)) continue;
-            run_offload_case(*be, *be, *world, stage, precision, OffloadDevice::nvme, params_too, ratio, dir);
+            run_offload_case(*be, *be, *world, stage, precision, OffloadDevice::nvme,
+                             params_too ? OffloadDevice::nvme : OffloadDevice::none, ratio, dir);
           }
-    run_offload_case(*be, *be, *world, 3, Precision::fp16, OffloadDevice::nvme, true, 1.0, dir);
+    run_offload_case(*be, *be, *world, 3, Precision::fp16, OffloadDevice::nvme, OffloadDevice::nvme, 1.0, dir);
     // Offload from device memory: the walled backend's, staged by the collectives as a GPU's.
     auto walled = make_walled_backend();
     world->use_device_memory(walled->device_memory(), false);
     for (Precision precision : {Precision::fp32, Precision::bf16})
       for (int stage = 1; stage <= 3; ++stage) {
-        run_offload_case(*be, *walled, *world, stage, precision, OffloadDevice::cpu, false, 1.0, dir);
-        run_offload_case(*be, *walled, *world, stage, precision, OffloadDevice::nvme, false, 0.5, dir);
+        run_offload_case(*be, *walled, *world, stage, precision, OffloadDevice::cpu, OffloadDevice::none, 1.0, dir);
+        run_offload_case(*be, *walled, *world, stage, precision, OffloadDevice::nvme, OffloadDevice::none, 0.5, dir);
       }
+    for (Precision precision : {Precision::fp32, Precision::bf16})
+      for (OffloadDevice params : {OffloadDevice::cpu, OffloadDevice::nvme})
+        run_offload_case(*be, *walled, *world, 3, precision, OffloadDevice::cpu, params, 1.0, dir);
     world->use_device_memory(nullptr, false);
     std::error_code ec;
     check(!std::filesystem::exists(dir, ec), "swap files (and their directory) removed with their engines");
