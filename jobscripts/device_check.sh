@@ -10,6 +10,8 @@
 #      talk through NCCL's socket transport on lo);
 #   4. gpt-tiny for 50 steps on the GPU and on the host, fp32 and bf16, losses compared (fp32
 #      within 1e-4 relative, bf16 within 2e-2);
+#      and gpt-tiny bf16 with the optimizer offloaded to host memory (AdamW on the CPU) against
+#      the host run, within 2e-2;
 #   5. a GPT-2 350M-shape model (d 1024, 24 layers, 16 heads, seq 1024, micro-batch 8) in bf16 for
 #      20 steps on the GPU: tokens/s and MFU against the GPU's dense bf16 peak;
 #   6. gpt-tiny on 2 ranks sharing the GPU with ZeRO-2 (its gradients reduce-scattered by NCCL)
@@ -183,6 +185,27 @@ for prec in fp32 bf16; do
     res="FAIL the comparison broke (see $log)"
   row "gpt-tiny $prec, GPU vs host" "${res%% *}" "${res#* }"
 done
+
+# ---- 4b. gpt-tiny bf16 with the optimizer offloaded from the GPU (state in host memory, AdamW on the CPU) ----
+name="gpt-tiny bf16, offload cpu, GPU vs host"
+off=(--set bf16.enabled=true --set zero_optimization.stage=1 --set zero_optimization.offload_optimizer.device=cpu
+     --set zero_optimization.sub_group_size=50000)
+if [[ -z $gpu ]]; then row "$name" "skipped" "no GPU"
+elif [[ ! -f $out/tiny_host_bf16/metrics.jsonl ]]; then row "$name" "FAIL" "no host bf16 run to compare with"
+elif ! train tiny_cuda_offload "$dev" 90 "${tiny[@]}" "${off[@]}" "${fallback[@]}"; then
+  row "$name" "FAIL" "GPU run failed: $(tail -1 "$out/tiny_cuda_offload.log")"
+else
+  res=$(compare tiny_cuda_offload tiny_host_bf16 2e-2 2>>"$log") || [[ $res == FAIL* ]] ||
+    res="FAIL the comparison broke (see $log)"
+  copies=$(python3 - "$out/tiny_cuda_offload/metrics.jsonl" 2>>"$log" <<'PY'
+import json, sys
+t = [r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "train"][-1]
+print(f"last step: copies {t['offload_copy_s'] * 1e3:.1f} ms, waited {t['offload_copy_wait_s'] * 1e3:.1f} ms, "
+      f"{(t['offload_down_bytes'] + t['offload_up_bytes']) / 1e6:.1f} MB")
+PY
+)
+  row "$name" "${res%% *}" "${res#* }; ${copies:-no offload fields in the metrics}"
+fi
 
 # ---- 5. GPT-2 350M shape, bf16, on the GPU ----
 if [[ -n $gpu ]]; then

@@ -230,93 +230,54 @@ class ShardedParams final : public ParamStorage {
   }
   const float* resident_unit(int) override { return nullptr; }
   // Start the all-gathers of the unit's slices (into buf16 first in mixed precision); the
-  // persistent buckets are copied whole. Swapped slices are read into their place in the slot in
-  // the background; the gathers (in place) start when the pool next needs the slot, so a
-  // prefetched unit's reads overlap the compute of the one before.
+  // persistent buckets are copied whole. Slices not in the backend's memory come into their place
+  // in the slot first, and their gathers (in place) start when the pool next needs the slot, so a
+  // prefetched unit's reads and copies overlap the compute of the one before: swapped slices are
+  // read there in the background (from a device backend: into the slot's pinned staging buffer,
+  // then copied up through the link), slices kept in host memory copied up through the link.
   void fill(ParamSlot& s, int unit) override {
     const Unit& u = L_.units[unit];
-    struct Read {
+    struct Slice {
       const Bucket* b;
-      size_t at, mine;  // the bucket's place in the slot, and this rank's slice's
-      SwapFile::Ticket ticket;
+      size_t at, mine, n;              // the bucket's place in the slot, this rank's slice's, its elements
+      const char* src;                 // the slice in host memory (kept, or read from the swap file)
+      SwapFile::Ticket read = 0;       // swapped: its read
+      HostLink::Ticket copy = 0;       // from a device: its copy up
     };
-    std::vector<Read> reads;
+    std::vector<Slice> later;  // the slices whose gathers wait for then_start
     char* slot = s16_ ? reinterpret_cast<char*>(s.buf16.data()) : reinterpret_cast<char*>(s.buf.data());
-    if (link_ && (swap_ || host_slices_)) return fill_from_host(s, unit, slot);
+    char* staging = link_ && swap_ ? staging_for(s) : nullptr;
     for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
       const Bucket& b = L_.buckets[i];
       const size_t at = b.offset - u.offset, n = b.size / dp_.size(), mine = at + dp_.rank() * n;
       if (b.persistent) {
         be_.copy(slot + at * elem_, resident_at(b), b.size * elem_);
-      } else if (swap_) {
-        void* dst = s16_ ? static_cast<void*>(s.buf16.data() + mine) : static_cast<void*>(s.buf.data() + mine);
-        reads.push_back({&b, at, mine, swap_->read(b.shard_offset * elem_, dst, n * elem_)});
+      } else if (swap_) {  // into place on the host backend, into the staging buffer from a device
+        char* dst = staging ? staging : slot + mine * elem_;
+        if (staging) staging += n * elem_;
+        later.push_back({&b, at, mine, n, dst, swap_->read(b.shard_offset * elem_, dst, n * elem_)});
+      } else if (host_slices_) {
+        later.push_back({&b, at, mine, n, kept_at(b)});
+        later.back().copy = link_->copy_to_device(slot + mine * elem_, kept_at(b), n * elem_);
       } else if (s16_) {
         s.ops.push_back(dp_.iall_gather(params16_.mem(b.shard_offset), s.buf16.mem(at), n));
       } else {
         s.ops.push_back(dp_.iall_gather(shard_params_.mem(b.shard_offset), s.buf.mem(at), n));
       }
     }
-    if (!reads.empty())
-      s.then_start = [this, &s, reads] {
-        for (const Read& r : reads) {
-          const size_t n = r.b->size / dp_.size();
-          if (s16_) {
-            finish_read(*r.b, r.ticket, s.buf16.data() + r.mine);
-            s.ops.push_back(dp_.iall_gather(host_mem(static_cast<const uint16_t*>(s.buf16.data() + r.mine)),
-                                            s.buf16.mem(r.at), n));
-          } else {
-            finish_read(*r.b, r.ticket, s.buf.data() + r.mine);
-            s.ops.push_back(dp_.iall_gather(host_mem(static_cast<const float*>(s.buf.data() + r.mine)),
-                                            s.buf.mem(r.at), n));
-          }
-        }
-      };
     s.widen_pending = s16_.has_value();
-  }
-  // From a device backend: the unit's slices (read from the swap file into the slot's staging
-  // buffer first) go up into their places in the slot; the in-place gathers start once they are there.
-  void fill_from_host(ParamSlot& s, int unit, char* slot) {
-    const Unit& u = L_.units[unit];
-    struct Up {
-      const Bucket* b;
-      size_t at, mine, n;      // the bucket's place in the slot, this rank's slice's, its elements
-      const char* src;         // the slice in host memory (kept, or staged from the swap file)
-      SwapFile::Ticket read;   // swapped: its read into the staging buffer
-    };
-    std::vector<Up> ups;
-    char* staging = swap_ ? staging_for(s) : nullptr;
-    size_t staged = 0;  // bytes of the staging buffer used: the unit's slices one after another
-    for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
-      const Bucket& b = L_.buckets[i];
-      const size_t at = b.offset - u.offset, n = b.size / dp_.size(), mine = at + dp_.rank() * n;
-      if (b.persistent) {
-        be_.copy(slot + at * elem_, resident_at(b), b.size * elem_);
-      } else if (swap_) {
-        ups.push_back({&b, at, mine, n, staging + staged, swap_->read(b.shard_offset * elem_, staging + staged, n * elem_)});
-        staged += n * elem_;
-      } else {
-        ups.push_back({&b, at, mine, n, kept_at(b), 0});
-      }
-    }
-    s.widen_pending = s16_.has_value();
-    if (ups.empty()) return;
-    // Slices kept in host memory start up now; swapped ones once their reads are in (then_start).
-    std::vector<uint64_t> copies;
-    if (!swap_)
-      for (const Up& up : ups) copies.push_back(link_->copy_to_device(slot + up.mine * elem_, up.src, up.n * elem_));
-    s.then_start = [this, &s, ups, copies, slot]() mutable {
-      if (swap_)
-        for (const Up& up : ups) {
-          if (s16_) finish_read(*up.b, up.read, reinterpret_cast<const uint16_t*>(up.src));
-          else finish_read(*up.b, up.read, reinterpret_cast<const float*>(up.src));
-          copies.push_back(link_->copy_to_device(slot + up.mine * elem_, up.src, up.n * elem_));
+    if (later.empty()) return;
+    s.then_start = [this, &s, later, slot]() mutable {
+      for (Slice& sl : later)
+        if (swap_) {
+          if (s16_) finish_read(*sl.b, sl.read, reinterpret_cast<const uint16_t*>(sl.src));
+          else finish_read(*sl.b, sl.read, reinterpret_cast<const float*>(sl.src));
+          if (link_) sl.copy = link_->copy_to_device(slot + sl.mine * elem_, sl.src, sl.n * elem_);
         }
-      for (size_t k = 0; k < ups.size(); ++k) {
-        link_->wait(copies[k]);
-        const Up& up = ups[k];
-        s.ops.push_back(s16_ ? dp_.iall_gather(s.buf16.mem(up.mine), s.buf16.mem(up.at), up.n)
-                             : dp_.iall_gather(s.buf.mem(up.mine), s.buf.mem(up.at), up.n));
+      for (const Slice& sl : later) {
+        if (link_) link_->wait(sl.copy);
+        s.ops.push_back(s16_ ? dp_.iall_gather(s.buf16.mem(sl.mine), s.buf16.mem(sl.at), sl.n)
+                             : dp_.iall_gather(s.buf.mem(sl.mine), s.buf.mem(sl.at), sl.n));
       }
     };
   }
