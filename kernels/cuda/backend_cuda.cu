@@ -22,8 +22,8 @@
 //
 // Performance: LayerNorm and the cross-entropy kernels run one block per row (coalesced loads, the
 // row's reductions across the block); attention one warp per (batch, head, row), its vectors in
-// the lanes' registers; column sums in chunks of rows. A tiled (flash) attention on the tensor
-// cores and fused epilogues (cuBLASLt) are future work.
+// the lanes' registers; column sums in chunks of rows; a linear layer's bias and residual in its
+// cuBLASLt matmul's epilogue. A tiled (flash) attention on the tensor cores is future work.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,6 +35,7 @@
 #include "core/check.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cublaslt_linear.h"
 #include "kernels/cuda/nccl_collectives.h"
 #include "kernels/math/adamw.h"
 #include "kernels/math/crossentropy.h"
@@ -694,17 +695,20 @@ class CudaBackend final : public Backend, public DeviceMemory {
     // Elements a row-major operand of `rows` rows of `cols` at stride ld spans.
     auto extent = [](int rows, int cols, int ld) { return rows > 0 ? static_cast<size_t>(rows - 1) * ld + cols : 0; };
     const size_t na = extent(ta ? k : m, ta ? m : k, lda), nb = extent(tb ? n : k, tb ? k : n, ldb);
-    const size_t na_padded = (na + 7) / 8 * 8;  // B's copy 16-byte aligned
-    auto* a16 = static_cast<uint16_t*>(stream_scratch((na_padded + nb) * sizeof(uint16_t)));
-    uint16_t* b16 = a16 + na_padded;
-    launch(stream(), na, cast_to_bf16_kernel, a16, A, na);
-    launch(stream(), nb, cast_to_bf16_kernel, b16, B, nb);
+    const auto [a16, b16] = bf16_operands(A, na, B, nb);
     CUBLAS_CHECK(cublasGemmEx(cublas(), op(tb), op(ta), n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16, CUDA_R_16BF, lda,
                               &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  // cuBLASLt's bias epilogue is future work (the CUDA issue): bias and residual are passes here.
+  // One cuBLASLt matmul with the bias in its epilogue and the residual as beta * C
+  // (kernels/cuda/cublaslt_linear.h); where cuBLASLt has no algorithm, the GEMM and two passes.
   void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
                       int in, int out) override {
+    if (bf16_gemm_) {
+      const auto [x16, w16] = bf16_operands(x, rows(N) * in, w, rows(out) * in);
+      if (lt_.forward(stream(), y, x16, w16, true, bias, residual, N, in, out)) return;
+    } else if (lt_.forward(stream(), y, x, w, false, bias, residual, N, in, out)) {
+      return;
+    }
     gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
     if (bias) launch(stream(), rows(N) * out, add_bias_kernel, y, bias, rows(N), out);
     if (residual) launch(stream(), rows(N) * out, add_rows_kernel, y, residual, rows(N) * out);
@@ -844,6 +848,17 @@ class CudaBackend final : public Backend, public DeviceMemory {
     return stream_scratch_.get();
   }
 
+  // A and B (na and nb elements) rounded to bf16 (to nearest even) into the stream scratch, B's
+  // copy 16-byte aligned: the operands of a bf16 GEMM.
+  std::pair<uint16_t*, uint16_t*> bf16_operands(const float* A, size_t na, const float* B, size_t nb) {
+    const size_t na_padded = (na + 7) / 8 * 8;
+    auto* a16 = static_cast<uint16_t*>(stream_scratch((na_padded + nb) * sizeof(uint16_t)));
+    uint16_t* b16 = a16 + na_padded;
+    launch(stream(), na, cast_to_bf16_kernel, a16, A, na);
+    launch(stream(), nb, cast_to_bf16_kernel, b16, B, nb);
+    return {a16, b16};
+  }
+
   template <typename Acc, typename Term>
   Acc reduce(const float* x, size_t n, Term term) {
     const auto blocks = static_cast<unsigned>(blocks_for(n, kReduceBlocks));
@@ -870,6 +885,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   CublasPtr cublas_;
   DevicePtr stream_scratch_;
   size_t stream_scratch_bytes_ = 0;
+  LtLinear lt_;  // linear_forward's fused matmuls
 };
 
 }  // namespace

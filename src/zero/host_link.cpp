@@ -91,7 +91,20 @@ HostLink::Stats HostLink::take_stats() {
   return std::exchange(stats_, Stats{});
 }
 
-void HostLink::set_gradients(std::vector<Grads> grads) { grads_ = std::move(grads); }
+// Pieces that follow each other both in the state and on the device merge: one copy each.
+void HostLink::set_gradients(std::vector<Grads> grads) {
+  grads_.clear();
+  for (const Grads& g : grads) {
+    if (!grads_.empty()) {
+      Grads& last = grads_.back();
+      if (last.state_offset + last.n == g.state_offset && last.device + last.n == g.device) {
+        last.n += g.n;
+        continue;
+      }
+    }
+    grads_.push_back(g);
+  }
+}
 
 // The pieces of span `span` as copies into buffer `buf`, at their offsets in the span.
 void HostLink::download(size_t span, int buf) {

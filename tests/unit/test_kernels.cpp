@@ -1392,7 +1392,8 @@ TEST(HostKernels, Bf16GemmRoundsInputsAndAccumulatesInFp32) {
   check_bf16_gemm(zero3d::make_host_backend(o));
 }
 
-// The CUDA backend's bf16 GEMMs (tensor cores, CUBLAS_COMPUTE_32F_FAST_16BF) against the same bound.
+// The CUDA backend's bf16 GEMMs (inputs rounded by its own kernel, then the tensor cores with fp32
+// accumulation) and its cuBLASLt linear layer (bias and residual in the epilogue) against the same bound.
 TEST(Bf16GemmRoundsInputsAndAccumulatesInFp32, cuda) {
 #if defined(ZERO3D_HAVE_CUDA)
   if (zero3d::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";

@@ -1,0 +1,88 @@
+// kernels/cuda/cublaslt_linear.cpp: see the header. Host code (no kernels): built by the host compiler.
+//
+// The row-major interface on column-major cuBLASLt, as in the backend's GEMM: row-major y (N x out)
+// is column-major y^T (out x N), so D = y^T = W x^T with A = W stored as (in x out, ld in) and
+// transposed, B = x^T stored as (in x N, ld in), C = D = (out x N, ld out). The bias then runs
+// along D's rows, one element per output feature, as CUBLASLT_EPILOGUE_BIAS broadcasts it.
+#include "kernels/cuda/cublaslt_linear.h"
+
+#include <cublasLt.h>
+
+#include "kernels/cuda/check.cuh"
+
+namespace zero3d {
+
+namespace {
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLASLt's Hopper kernels ask for at most
+}  // namespace
+
+struct LtLinear::Plan {
+  bool ok = false;  // false: cuBLASLt has no algorithm here
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, cd = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (cd) cublasLtMatrixLayoutDestroy(cd);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+LtLinear::LtLinear() {
+  cublasLtHandle_t h = nullptr;
+  CUBLAS_CHECK(cublasLtCreate(&h));
+  handle_ = h;
+}
+
+LtLinear::~LtLinear() {
+  plans_.clear();
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+bool LtLinear::forward(cudaStream_t stream, float* y, const void* x, const void* w, bool bf16, const float* bias,
+                       const float* residual, int N, int in, int out) {
+  if (N <= 0 || out <= 0 || in <= 0) return false;
+  auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool all_aligned = aligned(y) && aligned(x) && aligned(w) && aligned(bias) && aligned(residual);
+  const Key key{N, in, out, bf16, bias != nullptr, residual != nullptr, all_aligned};
+  std::unique_ptr<Plan>& plan = plans_[key];
+  if (!plan) {
+    plan = std::make_unique<Plan>();
+    if (!workspace_) CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+    const cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep));
+    const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    if (bias)  // the heuristic reads the pointer's alignment
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab, in, N, in));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->cd, CUDA_R_32F, out, N, out));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = kWorkspaceBytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->desc, plan->a, plan->b, plan->cd,
+                                       plan->cd, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    plan->ok = status == CUBLAS_STATUS_SUCCESS && found > 0;  // else: not supported here, the caller falls back
+    if (plan->ok) plan->algo = result.algo;
+  }
+  if (!plan->ok) return false;
+  if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
+  CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->desc, &alpha, w, plan->a, x, plan->b, &beta,
+                              residual ? static_cast<const void*>(residual) : y, plan->cd, y, plan->cd, &plan->algo,
+                              workspace_, kWorkspaceBytes, stream));
+  return true;
+}
+
+}  // namespace zero3d
