@@ -81,6 +81,14 @@ class Backend {
                                   const float* w, const float* mean, const float* rstd, int N, int C) = 0;
   virtual void bias_backward(float* dbias, const float* dout, int N, int C) = 0;  // dbias += sum_n dout[n,:]
   virtual void gelu_forward(float* out, const float* x, size_t n) = 0;
+  // The MLP's first layer and its activation: pre = x W^T + bias (kept for backward), out =
+  // gelu(pre). Here linear_forward then gelu_forward; the CUDA backend runs one cuBLASLt matmul
+  // with the GELU in its epilogue.
+  virtual void linear_gelu_forward(float* out, float* pre, const float* x, const float* w, const float* bias, int N,
+                                   int in, int F) {
+    linear_forward(pre, x, w, bias, nullptr, N, in, F);
+    gelu_forward(out, pre, static_cast<size_t>(N > 0 ? N : 0) * static_cast<size_t>(F > 0 ? F : 0));
+  }
   // dx = gelu'(x) * dout over N rows of C (dx may alias dout); with dbias != nullptr also
   // dbias[c] += sum_n dx[n, c] (the bias gradient of the layer that produced x, in the same pass).
   virtual void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) = 0;

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "core/check.h"
@@ -703,12 +704,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // (kernels/cuda/cublaslt_linear.h); where cuBLASLt has no algorithm, the GEMM and two passes.
   void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
                       int in, int out) override {
-    if (bf16_gemm_) {
-      const auto [x16, w16] = bf16_operands(x, rows(N) * in, w, rows(out) * in);
-      if (lt_.forward(stream(), y, x16, w16, true, bias, residual, N, in, out)) return;
-    } else if (lt_.forward(stream(), y, x, w, false, bias, residual, N, in, out)) {
-      return;
-    }
+    const void* xa = x;
+    const void* wa = w;
+    if (bf16_gemm_) std::tie(xa, wa) = bf16_operands(x, rows(N) * in, w, rows(out) * in);
+    if (lt_.forward(stream(), y, xa, wa, bf16_gemm_, bias, residual, N, in, out)) return;
     gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
     if (bias) launch(stream(), rows(N) * out, add_bias_kernel, y, bias, rows(N), out);
     if (residual) launch(stream(), rows(N) * out, add_rows_kernel, y, residual, rows(N) * out);
@@ -744,6 +743,17 @@ class CudaBackend final : public Backend, public DeviceMemory {
     auto* pb = static_cast<float*>(stream_scratch(kColumnChunks * rows(C) * sizeof(float)));
     launch(stream(), kColumnChunks * rows(C), bias_partials_kernel, pb, dout, rows(N), C);
     launch(stream(), rows(C), column_finish_kernel, dbias, static_cast<const float*>(pb), C);
+  }
+  // One cuBLASLt matmul with bias and GELU in its epilogue, the pre-activation as its auxiliary
+  // output; where cuBLASLt offers no algorithm, the linear layer and a GELU pass.
+  void linear_gelu_forward(float* out, float* pre, const float* x, const float* w, const float* bias, int N, int in,
+                           int F) override {
+    const void* xa = x;
+    const void* wa = w;
+    if (bf16_gemm_) std::tie(xa, wa) = bf16_operands(x, rows(N) * in, w, rows(F) * in);
+    if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre)) return;
+    linear_forward(pre, x, w, bias, nullptr, N, in, F);
+    gelu_forward(out, pre, rows(N) * F);
   }
   void gelu_forward(float* out, const float* x, size_t n) override {
     launch(stream(), n, gelu_forward_kernel, out, x, n);

@@ -14,6 +14,14 @@ namespace zero3d {
 
 namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLASLt's Hopper kernels ask for at most
+
+// The epilogue's pointers of this call (the descriptor is host memory, read at enqueue).
+void set_pointers(cublasLtMatmulDesc_t desc, const float* bias, float* gelu_pre) {
+  if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  if (gelu_pre)
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &gelu_pre, sizeof gelu_pre));
+}
 }  // namespace
 
 struct LtLinear::Plan {
@@ -42,11 +50,13 @@ LtLinear::~LtLinear() {
 }
 
 bool LtLinear::forward(cudaStream_t stream, float* y, const void* x, const void* w, bool bf16, const float* bias,
-                       const float* residual, int N, int in, int out) {
+                       const float* residual, int N, int in, int out, float* gelu_pre) {
   if (N <= 0 || out <= 0 || in <= 0) return false;
+  if (gelu_pre && (residual || out % 8 != 0)) return false;  // the auxiliary output's ld must divide by 8
   auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool all_aligned = aligned(y) && aligned(x) && aligned(w) && aligned(bias) && aligned(residual);
-  const Key key{N, in, out, bf16, bias != nullptr, residual != nullptr, all_aligned};
+  const bool all_aligned =
+      aligned(y) && aligned(x) && aligned(w) && aligned(bias) && aligned(residual) && aligned(gelu_pre);
+  const Key key{N, in, out, bf16, bias != nullptr, residual != nullptr, gelu_pre != nullptr, all_aligned};
   std::unique_ptr<Plan>& plan = plans_[key];
   if (!plan) {
     plan = std::make_unique<Plan>();
@@ -56,10 +66,15 @@ bool LtLinear::forward(cudaStream_t stream, float* y, const void* x, const void*
     const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof keep));
-    const cublasLtEpilogue_t epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    const cublasLtEpilogue_t epilogue = gelu_pre ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                        : bias   ? CUBLASLT_EPILOGUE_BIAS
+                                                 : CUBLASLT_EPILOGUE_DEFAULT;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    if (bias)  // the heuristic reads the pointer's alignment
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    set_pointers(plan->desc, bias, gelu_pre);  // the heuristic reads their alignment
+    if (gelu_pre) {  // the pre-activation, laid out as D (fp32, ld out)
+      const int64_t ld = out;
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+    }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab, in, N, in));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->cd, CUDA_R_32F, out, N, out));
@@ -77,7 +92,7 @@ bool LtLinear::forward(cudaStream_t stream, float* y, const void* x, const void*
     if (plan->ok) plan->algo = result.algo;
   }
   if (!plan->ok) return false;
-  if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  set_pointers(plan->desc, bias, gelu_pre);
   const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->desc, &alpha, w, plan->a, x, plan->b, &beta,
                               residual ? static_cast<const void*>(residual) : y, plan->cd, y, plan->cd, &plan->algo,

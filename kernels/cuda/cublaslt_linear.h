@@ -1,6 +1,8 @@
 // kernels/cuda/cublaslt_linear.h: a linear layer's forward as one cuBLASLt matmul,
 // y = x W^T + bias + residual. The bias is added in the GEMM's epilogue and the residual enters as
-// beta * C (C = residual, D = y), so neither costs a pass over y as separate kernels would.
+// beta * C (C = residual, D = y), so neither costs a pass over y as separate kernels would. The
+// MLP's first layer also takes its GELU there (GELU_AUX_BIAS: the pre-activation is written as
+// the auxiliary output that backward reads).
 //
 // A plan (the descriptors and the heuristic's algorithm) is made once per shape, operand type and
 // pointer alignment, then reused. A shape cuBLASLt has no algorithm for is remembered as such and
@@ -24,16 +26,17 @@ class LtLinear {
   LtLinear& operator=(const LtLinear&) = delete;
 
   // Row-major x (N x in) and W (out x in), both fp32 or both bf16 (`bf16`); y (N x out) fp32;
-  // bias (out) and residual (N x out, not aliasing y) fp32 or null. Enqueued on `stream`. False:
-  // no cuBLASLt algorithm for this case, nothing was enqueued.
+  // bias (out) and residual (N x out, not aliasing y) fp32 or null. With `gelu_pre` (then no
+  // residual): gelu_pre = x W^T + bias and y = gelu(gelu_pre), the GELU in the epilogue too.
+  // Enqueued on `stream`. False: no cuBLASLt algorithm for this case, nothing was enqueued.
   bool forward(cudaStream_t stream, float* y, const void* x, const void* w, bool bf16, const float* bias,
-               const float* residual, int N, int in, int out);
+               const float* residual, int N, int in, int out, float* gelu_pre = nullptr);
 
  private:
   struct Plan;
-  // N, in, out, bf16, bias, residual, and whether every pointer is 16-byte aligned (the heuristic
-  // picks kernels by alignment).
-  using Key = std::tuple<int, int, int, bool, bool, bool, bool>;
+  // N, in, out, bf16, bias, residual, gelu, and whether every pointer is 16-byte aligned (the
+  // heuristic picks kernels by alignment).
+  using Key = std::tuple<int, int, int, bool, bool, bool, bool, bool>;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // device memory the algorithms may use
   std::map<Key, std::unique_ptr<Plan>> plans_;

@@ -325,8 +325,7 @@ void GPT::block_forward(int l, const LayerActs& a, const LayerTensors<const floa
     be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
   }
   auto t = timed(block_module(l, 3));
-  be_.linear_forward(a.fch, a.ln2, w.fc_w, w.fc_b, nullptr, N, C, F_);
-  be_.gelu_forward(a.fch_gelu, a.fch, static_cast<size_t>(N) * F_);
+  be_.linear_gelu_forward(a.fch_gelu, a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F_);
   row_parallel(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, a.res2, F_);  // x_next = res2 + mlp
 }
 

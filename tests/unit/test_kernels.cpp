@@ -407,6 +407,33 @@ TEST_P(Kernels, LinearForwardFoldsBiasAndResidual) {
     }
 }
 
+// pre = x W^T + bias and out = gelu(pre) in one call (on CUDA one cuBLASLt matmul with the GELU
+// in its epilogue when F divides by 8, else the fallback), with and without the bias.
+TEST_P(Kernels, LinearGeluForwardKeepsThePreActivation) {
+  const int N = 29, in = 21;
+  for (int F : {24, 19})
+    for (bool with_bias : {false, true}) {
+      const std::vector<float> x = uniform(rng, N * in, -1, 1), w = uniform(rng, F * in, -1, 1),
+                               bias = uniform(rng, F, -1, 1);
+      auto dx = to_device(*be, x), dw = to_device(*be, w), db = to_device(*be, bias);
+      auto dout = to_device(*be, std::vector<float>(static_cast<size_t>(N) * F, kNaN));
+      auto dpre = to_device(*be, std::vector<float>(static_cast<size_t>(N) * F, kNaN));
+      be->linear_gelu_forward(dout.data(), dpre.data(), dx.data(), dw.data(), with_bias ? db.data() : nullptr, N, in, F);
+      std::vector<double> want(static_cast<size_t>(N) * F), mag(want.size());
+      ref_gemm(false, true, N, F, in, 1.0, x.data(), in, w.data(), in, 0.0, nullptr, F, want.data(), mag.data());
+      const std::vector<float> pre = to_host(*be, dpre), out = to_host(*be, dout);
+      int misses = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const double p = want[i] + (with_bias ? bias[i % F] : 0.0), tol = 1e-5 * (mag[i] + 1) + 1e-7;
+        const double g = 0.5 * p * (1 + std::tanh(std::sqrt(2 / M_PI) * (p + 0.044715 * p * p * p)));
+        if (!(std::fabs(pre[i] - p) <= tol && std::fabs(out[i] - g) <= 2 * tol) && ++misses <= 8)
+          ADD_FAILURE() << "F=" << F << " bias=" << with_bias << " [" << i << "] pre " << pre[i] << " (want " << p
+                        << "), out " << out[i] << " (want " << g << ")";
+      }
+      EXPECT_EQ(misses, 0) << "F=" << F << " bias=" << with_bias;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // embedding
 // ---------------------------------------------------------------------------------------------
