@@ -8,7 +8,7 @@
 namespace zero3d {
 
 namespace {
-constexpr size_t kLinkDepth = 3;  // offload from a device: gradient and weight buffers each way
+constexpr int kLinkDepth = 3;  // offload from a device: gradient and weight buffers each way
 }  // namespace
 
 ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, const ZeroConfig& zero,
@@ -39,11 +39,7 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
     state_ = std::make_unique<OptimizerState>(link_ ? link_->cpu() : be, owned_total,
                                               mixed_ || params_swapped || link_, cfg_.offload_optimizer,
                                               cfg_.sub_group_size, swap.aio, swap.optimizer, link_ != nullptr);
-    if (link_) {
-      size_t span_max = 0;
-      for (const ShardInfo& s : state_->spans()) span_max = std::max(span_max, s.size);
-      link_->reserve(span_max, static_cast<int>(std::min<size_t>(kLinkDepth, state_->spans().size())));
-    }
+    if (link_) link_->reserve(state_->spans(), kLinkDepth);
     params_ = make_param_storage(be, dp, layout_, view_, cfg_, s16_, *state_, params_swapped ? swap.param : "",
                                  swap.aio, link_.get());  // what a rank keeps
   } catch (const IoError& e) {
@@ -140,7 +136,7 @@ void ZeroEngine::scale_grads(float s) {
 void ZeroEngine::optimizer_step(double lr) {
   if (pool_) pool_->invalidate();  // slots hold the old weights; no gather may read a slice mid-update
   adam_->begin_step(lr);
-  if (link_) link_->begin(state_->spans());  // the first gradients start coming down
+  if (link_) link_->begin();  // the first gradients start coming down
   state_->stream([this](const OptimizerState::Span& s) { update(s); });
   if (link_) link_->finish();  // the last weights are up
 }

@@ -22,10 +22,12 @@ HostLink::HostLink(Backend& device) : device_(device), cpu_(make_host_backend())
   thread_ = std::thread([this] { run(); });
 }
 
-void HostLink::reserve(size_t span_max, int depth) {
+void HostLink::reserve(std::vector<ShardInfo> spans, int depth) {
   Z3D_ASSERT(down_.empty(), "host link: reserve() twice");
-  span_max_ = span_max;
-  for (int b = 0; b < std::max(depth, 1); ++b) {
+  spans_ = std::move(spans);
+  for (const ShardInfo& s : spans_) span_max_ = std::max(span_max_, s.size);
+  const size_t buffers = std::max<size_t>(1, std::min(static_cast<size_t>(std::max(depth, 1)), spans_.size()));
+  for (size_t b = 0; b < buffers; ++b) {
     down_.emplace_back(device_, span_max_ * sizeof(float));
     up_.emplace_back(device_, span_max_ * sizeof(float));
   }
@@ -120,17 +122,14 @@ void HostLink::download(size_t span, int buf) {
   down_done_[buf] = last;
 }
 
-void HostLink::begin(std::vector<ShardInfo> spans) {
-  Z3D_ASSERT(std::all_of(spans.begin(), spans.end(), [&](const ShardInfo& e) { return e.size <= span_max_; }),
-             "host link: a span larger than its buffers");
-  spans_ = std::move(spans);
+void HostLink::begin() {
   next_span_ = 0;
   for (size_t k = 0; k < std::min(spans_.size(), down_.size()); ++k) download(k, static_cast<int>(k));
 }
 
 const float* HostLink::next_grads() {
   const size_t k = next_span_++;
-  Z3D_ASSERT(k < spans_.size(), "host link: more spans updated than begin() announced");
+  Z3D_ASSERT(k < spans_.size(), "host link: more spans updated than reserve() announced");
   const size_t depth = down_.size();
   if (k > 0 && k - 1 + depth < spans_.size())  // span k - 1 is updated: its buffer takes a later span
     download(k - 1 + depth, static_cast<int>((k - 1) % depth));

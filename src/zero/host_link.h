@@ -59,12 +59,12 @@ class HostLink {
   HostLink& operator=(const HostLink&) = delete;
 
   Backend& cpu() { return *cpu_; }  // the host backend the state lives in and the update runs on
-  // Buffers for spans of up to span_max elements, `depth` each way (at least 1); once.
-  void reserve(size_t span_max, int depth);
+  // The spans (owned-state offset and size) every pass updates, in order, and buffers for the
+  // largest, `depth` each way (at least 1, at most one per span); once.
+  void reserve(std::vector<ShardInfo> spans, int depth);
   void set_gradients(std::vector<Grads> grads);  // in state order, once the gradient buffers exist
-  // The spans (owned-state offset and size) the next pass updates, in order: the first downloads start.
-  void begin(std::vector<ShardInfo> spans);
-  // The gradient of the pass's next span (begin() order), in host memory, once it is down; its
+  void begin();  // a pass: the first downloads start
+  // The gradient of the pass's next span (in order), in host memory, once it is down; its
   // buffer is refilled with a later span's at the next call.
   const float* next_grads();
   // A pinned buffer of span_max floats to stage weights in, once its last uploads completed, and

@@ -33,11 +33,11 @@ TEST(HostLink, GradientsComeDownAndWeightsGoUpSpanBySpan) {
                                         {5500, 1500}, {7000, 1500}, {8500, 1500}};
   for (int depth = 1; depth <= 3; ++depth) {
     HostLink link(*dev);
-    link.reserve(1500, depth);
+    link.reserve(spans, depth);
     link.set_gradients(pieces);
     DeviceBuffer<float> weights(*dev, n);
     for (int pass = 0; pass < 2; ++pass) {
-      link.begin(spans);
+      link.begin();
       for (const ShardInfo& s : spans) {
         const float* g = link.next_grads();
         std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the copy thread runs ahead meanwhile
