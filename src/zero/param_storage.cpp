@@ -26,7 +26,7 @@ void ParamStorage::split_updated(size_t begin, size_t n, const float* master) {
 
 const char* ParamStorage::stage_weights(const float* master, size_t n) {
   char* buf = link_->upload_buffer();
-  if (s16_) Storage16(link_->cpu(), s16_->type()).narrow(reinterpret_cast<uint16_t*>(buf), master, n);
+  if (s16_) narrow_on_host(reinterpret_cast<uint16_t*>(buf), master, n);
   else std::memcpy(buf, master, n * sizeof(float));
   return buf;
 }
@@ -202,7 +202,7 @@ class ShardedParams final : public ParamStorage {
     if (link_ && n > link_->span_max()) return split_updated(begin, n, master);
     if (!swap_) {
       if (host_slices_) {  // the master and the slices are both in host memory
-        if (s16_) Storage16(link_->cpu(), s16_->type()).narrow(params16_.data() + begin, master, n);
+        if (s16_) narrow_on_host(params16_.data() + begin, master, n);
         else std::memcpy(shard_params_.data() + begin, master, n * sizeof(float));
       } else if (link_) {
         link_->upload(s16_ ? static_cast<void*>(params16_.data() + begin) : static_cast<void*>(shard_params_.data() + begin),
@@ -217,7 +217,7 @@ class ShardedParams final : public ParamStorage {
     const void* data = master;
     if (s16_) {
       w.resize(n);
-      if (link_) Storage16(link_->cpu(), s16_->type()).narrow(w.data(), master, n);  // the master is in host memory
+      if (link_) narrow_on_host(w.data(), master, n);  // the master is in host memory
       else s16_->narrow(w.data(), master, n);
       data = w.data();
     }
@@ -305,8 +305,8 @@ class ShardedParams final : public ParamStorage {
     for (const Bucket& b : L_.buckets) {
       if (!b.persistent) continue;
       const size_t n = b.size / dp_.size(), mine = b.resident_offset + dp_.rank() * n;
-      if (s16_) ops.push_back(dp_.iall_gather(slice16(b, resident16_.data() + mine), resident16_.mem(b.resident_offset), n));
-      else ops.push_back(dp_.iall_gather(slice32(b, resident_.data() + mine), resident_.mem(b.resident_offset), n));
+      if (s16_) ops.push_back(dp_.iall_gather(slice(b, resident16_.data() + mine, params16_), resident16_.mem(b.resident_offset), n));
+      else ops.push_back(dp_.iall_gather(slice(b, resident_.data() + mine, shard_params_), resident_.mem(b.resident_offset), n));
     }
     for (auto& op : ops) op.wait();
   }
@@ -330,10 +330,9 @@ class ShardedParams final : public ParamStorage {
   }
 
  private:
-  // This rank's slice of bucket b as the send buffer of an all-gather: where it is kept, or, when
-  // swapped, read into `dst` (its place in the receive buffer: the gather runs in place).
-  MemRef<const uint16_t> slice16(const Bucket& b, uint16_t* dst) { return slice(b, dst, params16_); }
-  MemRef<const float> slice32(const Bucket& b, float* dst) { return slice(b, dst, shard_params_); }
+  // This rank's slice of bucket b (kept in `kept`) as the send buffer of an all-gather: where it is
+  // kept in the backend's memory, or else brought into `dst`, its place in the receive buffer (the
+  // gather runs in place): read from the swap file, or copied up from host memory.
   template <class T>
   MemRef<const T> slice(const Bucket& b, T* dst, const DeviceBuffer<T>& kept) {
     if (!swap_ && !host_slices_) return kept.mem(b.shard_offset);
@@ -342,10 +341,13 @@ class ShardedParams final : public ParamStorage {
       read_slice(b, dst);
       return host_mem(static_cast<const T*>(dst));
     }
-    std::vector<T> host(n);  // from a device: through host memory into place
-    if (host_slices_) std::copy_n(kept.data() + b.shard_offset, n, host.data());
-    else read_slice(b, host.data());
-    be_.copy_from_host(dst, host.data(), n * sizeof(T));
+    if (host_slices_) {  // from a device: kept in host memory, up into place
+      be_.copy_from_host(dst, kept.data() + b.shard_offset, n * sizeof(T));
+    } else {  // from a device: read into host memory, then up into place
+      std::vector<T> host(n);
+      read_slice(b, host.data());
+      be_.copy_from_host(dst, host.data(), n * sizeof(T));
+    }
     return be_.mem(static_cast<const T*>(dst));
   }
   // Bucket b's slice from the swap file into dst, checked against the sum it was written with.

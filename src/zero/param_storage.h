@@ -75,6 +75,10 @@ class ParamStorage {
   // With the master in host memory (link_): master elements [0, n) as the stored weights (16-bit
   // in mixed precision), rounded on the CPU into an upload buffer of the link.
   const char* stage_weights(const float* master, size_t n);
+  // With the master in host memory: n master elements rounded to 16 bits by the CPU.
+  void narrow_on_host(uint16_t* dst, const float* master, size_t n) const {
+    Storage16(link_->cpu(), s16_->type()).narrow(dst, master, n);
+  }
   void split_updated(size_t begin, size_t n, const float* master);  // take_updated in pieces the link's buffers hold
   // The master's initial values: the kept fp32 parameters of the owned range, in state order.
   void init_master(const std::vector<float>& owned) {
