@@ -30,8 +30,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "core/check.h"
 #include "kernels/backend.h"
@@ -704,9 +704,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // (kernels/cuda/cublaslt_linear.h); where cuBLASLt has no algorithm, the GEMM and two passes.
   void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
                       int in, int out) override {
-    const void* xa = x;
-    const void* wa = w;
-    if (bf16_gemm_) std::tie(xa, wa) = bf16_operands(x, rows(N) * in, w, rows(out) * in);
+    const auto [xa, wa] = lt_operands(x, w, N, in, out);
     if (lt_.forward(stream(), y, xa, wa, bf16_gemm_, bias, residual, N, in, out)) return;
     gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
     if (bias) launch(stream(), rows(N) * out, add_bias_kernel, y, bias, rows(N), out);
@@ -748,9 +746,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // output; where cuBLASLt offers no algorithm, the linear layer and a GELU pass.
   void linear_gelu_forward(float* out, float* pre, const float* x, const float* w, const float* bias, int N, int in,
                            int F) override {
-    const void* xa = x;
-    const void* wa = w;
-    if (bf16_gemm_) std::tie(xa, wa) = bf16_operands(x, rows(N) * in, w, rows(F) * in);
+    const auto [xa, wa] = lt_operands(x, w, N, in, F);
     if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre)) return;
     linear_forward(pre, x, w, bias, nullptr, N, in, F);
     gelu_forward(out, pre, rows(N) * F);
@@ -867,6 +863,13 @@ class CudaBackend final : public Backend, public DeviceMemory {
     launch(stream(), na, cast_to_bf16_kernel, a16, A, na);
     launch(stream(), nb, cast_to_bf16_kernel, b16, B, nb);
     return {a16, b16};
+  }
+
+  // A linear layer's x (N x in) and W (out x in) as cuBLASLt takes them: as they are, or their
+  // bf16 copies with bf16_gemm.
+  std::pair<const void*, const void*> lt_operands(const float* x, const float* w, int N, int in, int out) {
+    if (!bf16_gemm_) return {x, w};
+    return bf16_operands(x, rows(N) * rows(in), w, rows(out) * rows(in));
   }
 
   template <typename Acc, typename Term>
