@@ -93,13 +93,16 @@ expect duplicate-key      "key 'train_steps' appears twice"        train "$tmp/d
 expect set-swallows       "option --set needs a value"             train $tiny --set --deepspeed "$tmp/dup.json"
 expect old-cpu-offload    "offload_optimizer.device ('zero_optimization.cpu_offload') = \"cpu\" needs zero_optimization.stage 1, 2 or 3" \
                                                                      train $tiny --set zero_optimization.cpu_offload=true
-# --help-config: the schema alone; after CONFIG every resolved value with its source
-if out=$("$z3d" train --help-config 2>&1) && grep -q "^zero_optimization.contiguous_gradients .*\[only the value zero3d implements\]" <<< "$out" &&
+# --help-config: the schema alone; after CONFIG every resolved value with its source. It writes
+# nothing: run from an empty working directory (where the default runs/ would appear), it stays
+# empty. The repository's own runs/ (a user's quickstart) is no business of this test.
+mkdir "$tmp/cwd"; src=$PWD
+if out=$(cd "$tmp/cwd" && "$z3d" train --help-config 2>&1) && grep -q "^zero_optimization.contiguous_gradients .*\[only the value zero3d implements\]" <<< "$out" &&
    grep -q "^data.val_interval .*0 = only at step 0 and at the last step" <<< "$out" &&
    grep -q "^activation_checkpointing.number_checkpoints .*no default" <<< "$out" &&
-   out=$("$z3d" train $tiny --set optimizer.params.lr=1e-3 --help-config 2>&1) &&
+   out=$(cd "$tmp/cwd" && "$z3d" train "$src/$tiny" --set optimizer.params.lr=1e-3 --help-config 2>&1) &&
    grep -qE "^optimizer.params.lr +=  ?0.001 +\(--set optimizer.params.lr=1e-3\)" <<< "$out" &&
-   grep -qE "^comm_timeout_s +.*\(default\)" <<< "$out" && [[ ! -e runs ]]; then passes=$((passes+1)); else echo "FAIL --help-config:"; echo "$out" | head; fails=$((fails+1)); fi
+   grep -qE "^comm_timeout_s +.*\(default\)" <<< "$out" && [[ -z $(ls -A "$tmp/cwd") ]]; then passes=$((passes+1)); else echo "FAIL --help-config:"; echo "$out" | head; ls -A "$tmp/cwd"; fails=$((fails+1)); fi
 
 echo "cli errors: $passes passed, $fails failed"
 [[ $fails -eq 0 ]]
