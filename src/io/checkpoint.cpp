@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "io/ckpt_dir.h"
 #include "io/ckpt_transfer.h"
+#include "io/hdf5_posix.h"
 #include "parallel/watchdog.h"
 #include "optim/lr_schedule.h"
 
@@ -116,9 +117,11 @@ TrainingState state_of(const CheckpointHeader& h, const std::string& path) {
 
 namespace {
 
-LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, double timeout_s) {
+// Loads `path` into the engine. io_failed: set when this rank's failure is the storage's (an I/O
+// error after retries, named with its errno), not the file's (its format, its checksums).
+LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, double timeout_s, bool& io_failed) {
   const auto t0 = Clock::now();
-  // A load is collective I/O inside HDF5: a rank stuck in it is the watchdog's to report.
+  // A rank stuck in a load (a hung file system, or waiting for the others) is the watchdog's to report.
   std::error_code size_ec;
   const double bytes = static_cast<double>(fs::file_size(path, size_ec));
   Watchdog::Phase phase("checkpoint load of " + path,
@@ -129,67 +132,86 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) throw UserError(strprintf("checkpoint '%s' does not exist", path.c_str()));
 
-  Hid fapl = mpio_file_access(world.comm());
-  Hid file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
-  if (!file.valid())
-    throw UserError(strprintf("checkpoint '%s' is not a readable HDF5 file (truncated or corrupt?)", path.c_str()));
-  const hid_t f = file.get();
-  const CheckpointHeader h = read_header(f, path);
+  // Every rank reads the metadata itself, through zero3d's POSIX driver: a failed read is named
+  // by its errno, after retries, and is never taken for a corrupt file. The ranks agree on the
+  // metadata before any reads its data.
   const ModelConfig& m = run.config.model;
-  const std::pair<const char*, std::pair<int64_t, int>> shape[] = {{"n_layer", {h.n_layer, m.n_layer}},
-                                                                   {"n_head", {h.n_head, m.n_head}},
-                                                                   {"d_model", {h.d_model, m.d_model}},
-                                                                   {"vocab_size", {h.vocab_size, m.vocab_size}},
-                                                                   {"seq_len", {h.seq_len, m.seq_len}}};
-  for (auto [key, v] : shape)
-    if (v.first != v.second)
-      throw UserError(strprintf("checkpoint '%s' holds a model with %s = %lld, but this run's model.%s is %d: the "
-                                "model shapes must match",
-                                path.c_str(), key, (long long)v.first, key, v.second));
   LoadedCheckpoint out;
-  out.state = state_of(h, path);
-  out.saved_layout = h.layout();
-
-  const std::vector<DatasetSpec> specs = optimizer_datasets(m, h.mixed());
+  std::vector<DatasetSpec> specs;
   std::vector<Hid> datasets;
-  std::vector<uint64_t> stored(specs.size());
+  std::vector<uint64_t> stored;
   constexpr uint64_t kNoOffset = ~uint64_t{0};
-  std::vector<uint64_t> offsets(specs.size(), kNoOffset);
-  for (size_t k = 0; k < specs.size(); ++k) {
-    const DatasetSpec& spec = specs[k];
-    Hid ds = open_checkpoint_dataset(f, path, spec.path);
-    Hid space(H5Dget_space(ds.get()));
-    Hid type(H5Dget_type(ds.get()));
-    const int nd = H5Sget_simple_extent_ndims(space.get());
-    std::vector<hsize_t> dims(std::max(nd, 0));
-    if (nd > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-    if (dims != spec.dims || H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4) {
-      auto show = [](const std::vector<hsize_t>& d) {
-        std::string s;
-        for (hsize_t x : d) s += (s.empty() ? "" : " x ") + std::to_string(x);
-        return s;
-      };
-      throw UserError(strprintf("checkpoint '%s': dataset '%s' is %s%s, this model expects float32 %s",
-                                path.c_str(), spec.path.c_str(), H5Tget_class(type.get()) == H5T_FLOAT ? "" : "not float, ",
-                                show(dims).c_str(), show(spec.dims).c_str()));
+  std::vector<uint64_t> offsets;
+  Hid file;
+  auto read_metadata = [&] {
+    file = Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, posix_file_access().get()));
+    if (!file.valid())
+      throw UserError(strprintf("checkpoint '%s' is not a readable HDF5 file (truncated or corrupt?)", path.c_str()));
+    const hid_t f = file.get();
+    const CheckpointHeader h = read_header(f, path);
+    const std::pair<const char*, std::pair<int64_t, int>> shape[] = {{"n_layer", {h.n_layer, m.n_layer}},
+                                                                     {"n_head", {h.n_head, m.n_head}},
+                                                                     {"d_model", {h.d_model, m.d_model}},
+                                                                     {"vocab_size", {h.vocab_size, m.vocab_size}},
+                                                                     {"seq_len", {h.seq_len, m.seq_len}}};
+    for (auto [key, v] : shape)
+      if (v.first != v.second)
+        throw UserError(strprintf("checkpoint '%s' holds a model with %s = %lld, but this run's model.%s is %d: the "
+                                  "model shapes must match",
+                                  path.c_str(), key, (long long)v.first, key, v.second));
+    out.state = state_of(h, path);
+    out.saved_layout = h.layout();
+    specs = optimizer_datasets(m, h.mixed());
+    stored.assign(specs.size(), 0);
+    offsets.assign(specs.size(), kNoOffset);
+    for (size_t k = 0; k < specs.size(); ++k) {
+      const DatasetSpec& spec = specs[k];
+      Hid ds = open_checkpoint_dataset(f, path, spec.path);
+      Hid space(H5Dget_space(ds.get()));
+      Hid type(H5Dget_type(ds.get()));
+      const int nd = H5Sget_simple_extent_ndims(space.get());
+      std::vector<hsize_t> dims(std::max(nd, 0));
+      if (nd > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+      if (dims != spec.dims || H5Tget_class(type.get()) != H5T_FLOAT || H5Tget_size(type.get()) != 4) {
+        auto show = [](const std::vector<hsize_t>& d) {
+          std::string s;
+          for (hsize_t x : d) s += (s.empty() ? "" : " x ") + std::to_string(x);
+          return s;
+        };
+        throw UserError(strprintf("checkpoint '%s': dataset '%s' is %s%s, this model expects float32 %s", path.c_str(),
+                                  spec.path.c_str(), H5Tget_class(type.get()) == H5T_FLOAT ? "" : "not float, ",
+                                  show(dims).c_str(), show(spec.dims).c_str()));
+      }
+      if (!read_attr(ds.get(), "checksum", stored[k]))
+        throw UserError(strprintf("checkpoint '%s': dataset '%s' has no checksum attribute", path.c_str(),
+                                  spec.path.c_str()));
+      // Contiguous little-endian float32 (every file zero3d writes): read by offset, not by HDF5.
+      // Every rank reads the same metadata, so every rank takes the same path for each dataset.
+      const haddr_t at = H5Dget_offset(ds.get());
+      offsets[k] = at != HADDR_UNDEF && H5Tequal(type.get(), H5T_IEEE_F32LE) > 0 ? at : kNoOffset;
+      datasets.push_back(std::move(ds));
     }
-    if (!read_attr(ds.get(), "checksum", stored[k]))
-      throw UserError(strprintf("checkpoint '%s': dataset '%s' has no checksum attribute", path.c_str(),
-                                spec.path.c_str()));
-    // Contiguous little-endian float32 (every file zero3d writes): read by offset, not by HDF5.
-    // Every rank opened the file alike, so every rank takes the same path for each dataset.
-    const haddr_t at = H5Dget_offset(ds.get());
-    offsets[k] = at != HADDR_UNDEF && H5Tequal(type.get(), H5T_IEEE_F32LE) > 0 ? at : kNoOffset;
-    datasets.push_back(std::move(ds));
-  }
+  };
+  world.agree([&] {
+    clear_io_error();
+    try {
+      read_metadata();
+    } catch (const UserError&) {
+      if (io_error().empty()) throw;
+      io_failed = true;  // what looked like a bad file was a failed read
+      throw UserError(strprintf("checkpoint '%s' could not be read: %s (an I/O error, not a corrupt file)",
+                                path.c_str(), io_error().c_str()));
+    }
+  });
   std::error_code fec;
   const uint64_t file_size = fs::file_size(path, fec);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
 
-  // Data: every rank reads its pieces collectively, in the same dataset order; a failure is
-  // recorded and the rank keeps taking part, so nobody is left in a collective.
+  const int open_errno = fd < 0 ? errno : 0;
+
+  // Data: every rank reads its pieces itself, in the same dataset order; a failure is recorded and
+  // the rank goes on, so the ranks agree on it below.
   const std::vector<const CheckpointPiece*> piece_of = by_tensor(engine.load_pieces(), specs.size());
-  Hid dxpl = collective_transfer();
   std::vector<uint64_t> sums(specs.size(), 0);
   std::string error;
   std::vector<float> buf;
@@ -198,23 +220,34 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
     const CheckpointPiece* p = piece_of[spec.tensor];
     buf.resize(p ? p->piece.size : 0);
     const auto tr = Clock::now();
-    std::string failed;
-    if (offsets[k] != kNoOffset) {  // this rank's runs, straight from the file
+    std::string failed;     // the file's fault
+    std::string io_failure; // the storage's
+    if (!p) {
+    } else if (offsets[k] != kNoOffset) {  // this rank's runs, straight from the file
       char* dst = reinterpret_cast<char*>(buf.data());
-      for (const auto& [first, n] : p ? element_runs(*p, spec.dims) : std::vector<std::pair<uint64_t, uint64_t>>{}) {
+      for (const auto& [first, n] : element_runs(*p, spec.dims)) {
         const uint64_t at = offsets[k] + first * sizeof(float);
-        failed = fd < 0 ? strerror(errno)
-                 : at + n * sizeof(float) > file_size ? "the file ends early (truncated)"
-                                                      : read_bytes(fd, dst, n * sizeof(float), at);
-        if (!failed.empty()) break;
+        if (fd < 0) io_failure = strprintf("opening '%s': %s", path.c_str(), strerror(open_errno));
+        else if (at + n * sizeof(float) > file_size) failed = "the file ends early (truncated)";
+        else if (std::string e = pread_fully(fd, dst, n * sizeof(float), at); !e.empty())
+          (e.find("truncated") != std::string::npos ? failed : io_failure) = e;
+        if (!failed.empty() || !io_failure.empty()) break;
         dst += n * sizeof(float);
       }
-    } else if (transfer(datasets[k].get(), H5T_NATIVE_FLOAT, p ? p->blocks : std::vector<LogicalBlock>{}, buf.data(),
-                        buf.size(), /*write=*/false, dxpl.get(), out.io.independent) < 0) {
-      failed = "HDF5 could not read it";
+    } else if (read_blocks(datasets[k].get(), p->blocks, buf.data(), buf.size()) < 0) {  // another layout: HDF5
+      if (!io_error().empty()) io_failure = io_error();
+      else failed = "HDF5 could not read it";
+      ++out.io.independent;
     }
     const auto ts = Clock::now();
     out.io.transfer_s += std::chrono::duration<double>(ts - tr).count();
+    if (!io_failure.empty()) {
+      if (error.empty() || !io_failed)
+        error = strprintf("checkpoint '%s': reading dataset '%s' failed: %s (an I/O error, not a corrupt file)",
+                          path.c_str(), spec.path.c_str(), io_failure.c_str());
+      io_failed = true;
+      continue;
+    }
     if (!failed.empty()) {
       if (error.empty())
         error = strprintf("checkpoint '%s': reading dataset '%s' failed (%s): corrupt or truncated file", path.c_str(),
@@ -232,8 +265,9 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
     for (hsize_t d : spec.dims) elems *= d;
     out.io.bytes += elems * 4;
   }
-  if (world.all_reduce_max(static_cast<int64_t>(!error.empty())) != 0)
-    throw UserError(error.empty() ? strprintf("checkpoint '%s': another rank failed to read it", path.c_str()) : error);
+  world.agree([&] {  // the lowest failing rank's message on every rank
+    if (!error.empty()) throw UserError(error);
+  });
   world.all_reduce_sum(sums.data(), sums.size());
   for (size_t k = 0; k < specs.size(); ++k)
     if (sums[k] != stored[k])
@@ -251,16 +285,22 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
 }
 
 // load_file on every rank; a UserError on any rank becomes the same UserError on every rank.
+// An I/O error on any rank is not a verdict on the file: it ends the load with kExitReadFailed,
+// without falling back to an older checkpoint (the newer one may be good once the storage is).
 std::optional<LoadedCheckpoint> try_load(const CheckpointRun& run, const std::string& path, double timeout_s,
                                          std::string& error) {
   std::optional<LoadedCheckpoint> out;
   error.clear();
+  bool io_failed = false;
   try {
-    run.groups.world->agree([&] { out = load_file(run, path, timeout_s); });
+    run.groups.world->agree([&] { out = load_file(run, path, timeout_s, io_failed); });
   } catch (const UserError& e) {  // the lowest failing rank's message, on every rank
     error = e.what();
-    return std::nullopt;
   }
+  if (run.groups.world->all_reduce_max(static_cast<int64_t>(io_failed)) != 0)
+    throw RunError(error + "; the file is not known to be bad: run again when the storage reads, with the same "
+                           "checkpoint.load",
+                   kExitReadFailed);
   return out;
 }
 

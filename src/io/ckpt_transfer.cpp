@@ -1,10 +1,6 @@
 #include "io/ckpt_transfer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 #include "core/check.h"
 
@@ -39,44 +35,13 @@ std::vector<std::pair<uint64_t, uint64_t>> element_runs(const CheckpointPiece& p
   return runs;
 }
 
-std::string read_bytes(int fd, char* dst, size_t n, uint64_t at) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, dst, n, static_cast<off_t>(at));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return strerror(errno);
-    if (r == 0) return "the file ends early (truncated)";
-    dst += r, at += static_cast<uint64_t>(r), n -= static_cast<size_t>(r);
-  }
-  return "";
-}
-
-Hid mpio_file_access(MPI_Comm comm) {
-  Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
-  HDF5_CHECK(H5Pset_fapl_mpio(fapl.get(), comm, MPI_INFO_NULL));
-  HDF5_CHECK(H5Pset_all_coll_metadata_ops(fapl.get(), true));
-  HDF5_CHECK(H5Pset_coll_metadata_write(fapl.get(), true));
-  return fapl;
-}
-
-Hid collective_transfer() {
-  Hid dxpl(H5Pcreate(H5P_DATASET_XFER));
-  HDF5_CHECK(H5Pset_dxpl_mpio(dxpl.get(), H5FD_MPIO_COLLECTIVE));
-  return dxpl;
-}
-
-herr_t transfer(hid_t ds, hid_t mem_type, const std::vector<LogicalBlock>& rects, void* buf, size_t n, bool write,
-                hid_t dxpl, int64_t& independent) {
+herr_t read_blocks(hid_t ds, const std::vector<LogicalBlock>& rects, float* buf, size_t n) {
   Hid fspace(H5Dget_space(ds));
-  if (!fspace.valid()) return -1;
+  if (!fspace.valid() || n == 0) return n == 0 ? 0 : -1;
   select_blocks(fspace.get(), rects);
-  const hsize_t mdim = std::max<size_t>(n, 1);
+  const hsize_t mdim = n;
   Hid mspace(H5Screate_simple(1, &mdim, nullptr));
-  if (n == 0) HDF5_CHECK(H5Sselect_none(mspace.get()));
-  const herr_t status = write ? H5Dwrite(ds, mem_type, mspace.get(), fspace.get(), dxpl, buf)
-                              : H5Dread(ds, mem_type, mspace.get(), fspace.get(), dxpl, buf);
-  H5D_mpio_actual_io_mode_t mode = H5D_MPIO_NO_COLLECTIVE;
-  if (status >= 0 && H5Pget_mpio_actual_io_mode(dxpl, &mode) >= 0 && mode == H5D_MPIO_NO_COLLECTIVE) ++independent;
-  return status;
+  return H5Dread(ds, H5T_NATIVE_FLOAT, mspace.get(), fspace.get(), H5P_DEFAULT, buf);
 }
 
 }  // namespace zero3d

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "io/ckpt_transfer.h"
+#include "io/hdf5_posix.h"
 #include "parallel/watchdog.h"
 
 namespace zero3d {
@@ -38,24 +40,15 @@ constexpr size_t kPage = 4096;  // the alignment O_DIRECT asks for (logical bloc
 // (O_DIRECT, -1: none) when src and `at` are alike modulo a page, the rest through `fd`.
 // Direct writes skip the page cache: no copy, and no dirty-page throttling, which on a machine
 // whose memory the training fills holds buffered writers to a fraction of the disk's rate.
-// Returns "" or strerror.
+// Returns "" or what failed.
 std::string write_run(int fd, int direct, const char* src, size_t n, uint64_t at) {
-  auto put = [](int f, const char* p, size_t len, uint64_t off) -> std::string {
-    while (len > 0) {
-      const ssize_t w = ::pwrite(f, p, len, static_cast<off_t>(off));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return w < 0 ? strerror(errno) : "wrote nothing";
-      p += w, off += static_cast<uint64_t>(w), len -= static_cast<size_t>(w);
-    }
-    return "";
-  };
   const uint64_t head = (kPage - at % kPage) % kPage;
   const bool aligned = reinterpret_cast<uintptr_t>(src) % kPage == at % kPage;
-  if (direct < 0 || !aligned || n < head + kPage) return put(fd, src, n, at);
+  if (direct < 0 || !aligned || n < head + kPage) return pwrite_fully(fd, src, n, at);
   const size_t body = (n - head) / kPage * kPage;
-  std::string e = put(fd, src, head, at);
-  if (e.empty()) e = put(direct, src + head, body, at + head);
-  if (e.empty()) e = put(fd, src + head + body, n - head - body, at + head + body);
+  std::string e = pwrite_fully(fd, src, head, at);
+  if (e.empty()) e = pwrite_fully(direct, src + head, body, at + head, /*rest_fd=*/fd);
+  if (e.empty()) e = pwrite_fully(fd, src + head + body, n - head - body, at + head + body);
   return e;
 }
 
@@ -78,18 +71,21 @@ std::string agreed(ProcessGroup& g, const std::string& mine) {
 }
 
 // Rank 0 alone: the file with its root attributes and every dataset (contiguous, space allocated,
-// checksum attribute set), and where each dataset's data starts. Returns "" or what failed (the
-// HDF5 error stack appended to error_log).
+// checksum attribute set), and where each dataset's data starts. HDF5 writes through zero3d's
+// POSIX driver (io/hdf5_posix.h), so a failed write is named by the system and every handle
+// still closes. Returns "" or what failed (HDF5's error stack, if it has one, appended to error_log).
 std::string create_skeleton(const std::string& tmp, const CheckpointHeader& header,
                             const std::vector<DatasetSpec>& specs, const std::vector<uint64_t>& sums,
                             const std::string& dtype16, std::vector<uint64_t>& offsets, const std::string& error_log) {
   QuietHdf5 quiet;
   H5Eclear2(H5E_DEFAULT);
+  clear_io_error();
   const char* doing = "creating";
+  std::string stack;
   try {
-    Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
+    Hid fapl = posix_file_access();
     // Datasets of a page or more start on a page boundary: the writes below are page-aligned.
-    if (fapl.valid()) H5Pset_alignment(fapl.get(), 4096, 4096);
+    H5Pset_alignment(fapl.get(), 4096, 4096);
     Hid file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
     if (!file.valid()) throw Hdf5Error("creating");
     doing = "writing the metadata of";
@@ -116,18 +112,22 @@ std::string create_skeleton(const std::string& tmp, const CheckpointHeader& head
     }
     if (H5Fflush(file.get(), H5F_SCOPE_GLOBAL) < 0) throw Hdf5Error("flush");
     if (H5Fclose(file.release()) < 0) throw Hdf5Error("close");  // the metadata is on disk, the data space reserved
-    return "";
-  } catch (const Hdf5Error&) {
-    const std::string stack = hdf5_error_stack();
-    std::error_code ec;
-    fs::remove(tmp, ec);
-    std::ofstream log(error_log, std::ios::app);
-    const std::time_t now = std::time(nullptr);
-    log << "---- " << std::ctime(&now) << "checkpoint file " << tmp << ": " << doing << " failed\n" << stack;
-    const std::string cause = hdf5_system_error(stack);
-    return strprintf("rank 0 (%s): %s '%s' failed: %s (HDF5's error stack is in %s)", host_name().c_str(), doing,
-                     tmp.c_str(), cause.empty() ? "HDF5 error" : cause.c_str(), error_log.c_str());
+  } catch (const Hdf5Error& e) {
+    stack = e.stack;
   }
+  // Every handle is closed here (the driver's writes never fail HDF5). Its record of the first
+  // failed system call names the cause best; HDF5's stack is for what is not a system call.
+  const std::string io = io_error();
+  if (io.empty() && stack.empty()) return "";
+  std::error_code ec;
+  fs::remove(tmp, ec);
+  if (!io.empty()) return strprintf("rank 0 (%s): %s", host_name().c_str(), io.c_str());
+  std::ofstream log(error_log, std::ios::app);
+  const std::time_t now = std::time(nullptr);
+  log << "---- " << std::ctime(&now) << "checkpoint file " << tmp << ": " << doing << " failed\n" << stack;
+  const std::string cause = hdf5_system_error(stack);
+  return strprintf("rank 0 (%s): %s '%s' failed: %s (HDF5's error stack is in %s)", host_name().c_str(), doing,
+                   tmp.c_str(), cause.empty() ? "HDF5 error" : cause.c_str(), error_log.c_str());
 }
 
 }  // namespace
@@ -187,7 +187,13 @@ double CheckpointWriter::timeout_s() const {
   return std::max(comm_context().timeout_s, 3.0 * static_cast<double>(file_bytes_) / bandwidth_);
 }
 
-void CheckpointWriter::save(const TrainingState& st, bool stall_halfway) {
+void pause_for_fault_injection(const std::string& where) {
+  std::fprintf(stderr, "zero3d: fault injection: pid %d pauses 1 s %s\n", static_cast<int>(::getpid()), where.c_str());
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+void CheckpointWriter::save(const TrainingState& st, SaveFaults faults) {
   Z3D_ASSERT(!pending_, "a checkpoint save while the previous one is pending");
   const auto t0 = Clock::now();
   ZeroEngine& engine = run_.engine;
@@ -203,13 +209,13 @@ void CheckpointWriter::save(const TrainingState& st, bool stall_halfway) {
   result_.io.stage_s = seconds_since(t0);
   pending_ = true;
   if (!async_) {
-    write(st.step, st, stall_halfway);
+    write(st.step, st, faults);
     result_.stall_s = seconds_since(t0);
     return;
   }
   {
     std::lock_guard<std::mutex> lock(m_);
-    job_ = true, done_ = false, stall_ = stall_halfway;
+    job_ = true, done_ = false, faults_ = faults;
   }
   cv_.notify_all();
   result_.stall_s = seconds_since(t0);
@@ -241,14 +247,14 @@ SaveResult CheckpointWriter::wait() {
 void CheckpointWriter::thread_main() {
   Watchdog::set_thread_slot(Watchdog::Slot::writer);
   for (;;) {
-    bool stall = false;
+    SaveFaults faults;
     {
       std::unique_lock<std::mutex> lock(m_);
       cv_.wait(lock, [&] { return (job_ && !done_) || stop_; });
       if (stop_) return;
-      stall = stall_;
+      faults = faults_;
     }
-    write(staged_.step, staged_, stall);
+    write(staged_.step, staged_, faults);
     {
       std::lock_guard<std::mutex> lock(m_);
       done_ = true, job_ = false;
@@ -259,7 +265,7 @@ void CheckpointWriter::thread_main() {
 
 // The second half of a save: checksums, the file, the writes, the vote, the commit. Runs on the
 // writer thread (or in place); collective over group_ only.
-void CheckpointWriter::write(int64_t step, const TrainingState& st, bool stall_halfway) {
+void CheckpointWriter::write(int64_t step, const TrainingState& st, SaveFaults faults) {
   const auto t0 = Clock::now();
   ProcessGroup& g = *group_;
   const double limit = timeout_s();
@@ -270,6 +276,8 @@ void CheckpointWriter::write(int64_t step, const TrainingState& st, bool stall_h
   const std::string final_path = dir_ + "/" + strprintf("step_%08lld.h5", (long long)step);
   const std::string tmp = final_path + ".tmp";
 
+  if (faults.pause_start)
+    pause_for_fault_injection(strprintf("before its first write of the checkpoint of step %lld", (long long)step));
   phase.progress("checksums");
   std::vector<uint64_t> sums(specs_.size(), 0);
   for (const Part& p : parts_) {
@@ -297,7 +305,9 @@ void CheckpointWriter::write(int64_t step, const TrainingState& st, bool stall_h
     const std::string who = strprintf("rank %d (%s)", run_.groups.world->rank(), host_name().c_str());
     if (fd < 0) mine = strprintf("%s: opening '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
     for (size_t i = 0; i < parts_.size() && mine.empty(); ++i) {
-      if (stall_halfway && i == parts_.size() / 2) {
+      if (faults.pause_middle && i == parts_.size() / 2)
+        pause_for_fault_injection(strprintf("halfway through its writes of the checkpoint of step %lld", (long long)step));
+      if (faults.stall_halfway && i == parts_.size() / 2) {
         log_warn("fault injection: rank stalls in the middle of the checkpoint save of step %lld", (long long)step);
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
       }

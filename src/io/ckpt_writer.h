@@ -40,6 +40,15 @@ struct SaveResult {
                         // place) the write
 };
 
+// Fault injection for the tests (train/fault.h): this rank's writer, in one save, stops for good
+// halfway through its writes, or pauses a second (saying so, with its pid, on stderr) before its
+// first write or halfway, so that a test can arm a failure point in the process (libfiu's fiu-ctrl).
+struct SaveFaults {
+  bool stall_halfway = false, pause_start = false, pause_middle = false;
+};
+// The pause itself, also before a load: one line on stderr naming the pid and where, then 1 s.
+void pause_for_fault_injection(const std::string& where);
+
 class CheckpointWriter {
  public:
   // Collective over the world (it makes the writer's communicator). error_log: where HDF5's error
@@ -56,9 +65,8 @@ class CheckpointWriter {
   uint64_t file_bytes() const { return file_bytes_; }
 
   // Collective. Stages the state after `st.step` and writes it (in the background, or before
-  // returning). Requires !pending(): wait() for the previous one first. stall_halfway: fault
-  // injection, this rank's writer stops for good halfway through its writes.
-  void save(const TrainingState& st, bool stall_halfway = false);
+  // returning). Requires !pending(): wait() for the previous one first.
+  void save(const TrainingState& st, SaveFaults faults = {});
   bool pending() const { return pending_; }
   // This rank's writer is done with the pending save (non-blocking; ranks may see it at different
   // times, so agree before acting on it).
@@ -68,7 +76,7 @@ class CheckpointWriter {
 
  private:
   struct Part;  // one dataset's piece: where it is staged and where its runs go in the dataset
-  void write(int64_t step, const TrainingState& st, bool stall_halfway);  // the second half
+  void write(int64_t step, const TrainingState& st, SaveFaults faults);  // the second half
   void thread_main();
   double timeout_s() const;
 
@@ -92,7 +100,8 @@ class CheckpointWriter {
   std::thread thread_;
   std::mutex m_;
   std::condition_variable cv_;
-  bool job_ = false, done_ = false, stop_ = false, stall_ = false;
+  bool job_ = false, done_ = false, stop_ = false;
+  SaveFaults faults_;
 };
 
 }  // namespace zero3d

@@ -49,14 +49,18 @@ class QuietHdf5 {
   void* data_ = nullptr;
 };
 
-// A failed HDF5 call outside a collective (the caller reports it; see hdf5_error_stack).
-struct Hdf5Error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 // HDF5's current error stack as text (what H5Eprint2 would print), and the system error it holds
 // ("No space left on device"), "" when it holds none.
 std::string hdf5_error_stack();
 std::string hdf5_system_error(const std::string& stack);
+
+// A failed HDF5 call outside a collective (the caller reports it). It keeps HDF5's error stack
+// as it was when thrown: the clean-up that follows (closing handles) starts new API calls, which
+// clear it.
+struct Hdf5Error : std::runtime_error {
+  explicit Hdf5Error(const std::string& what) : std::runtime_error(what), stack(hdf5_error_stack()) {}
+  std::string stack;
+};
 
 // Attributes on any object; writers throw Hdf5Error. Collective in a parallel file (same value on every rank).
 void write_attr(hid_t obj, const char* name, const std::string& value);

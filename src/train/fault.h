@@ -10,6 +10,10 @@
 //   fill_disk:R:S   before step S's save, rank R fills the checkpoint file system up to its last
 //                 512 KiB with a file .fill (a disk that fills during the run: the save must fail
 //                 cleanly); free_disk:R:S removes that file before step S's save
+//   pause_save_start:R:S, pause_save_middle:R:S  rank R's writer pauses 1 s before its first write
+//                 of step S's checkpoint / halfway through its writes, saying so with its pid on
+//                 stderr (a test arms a libfiu failure point in it meanwhile: tests/cli/test_faults.sh);
+//                 pause_load:R:0 the same before the checkpoint load at start
 //   truncate_swap:R:S  before step S, rank R truncates its swap files (offload to nvme) to nothing (a
 //                 swap file that fails under the run: the job must stop with exit 8 naming the file)
 // Unset in normal runs; the trainer reads it once.

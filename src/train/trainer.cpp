@@ -230,6 +230,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   }
   // Resume before anything is written: a checkpoint that does not load is an input error too.
   s.ckpt_dir = config.checkpoint.dir.empty() ? s.opt.run_dir + "/checkpoints" : config.checkpoint.dir;
+  if (s.fault.at("pause_load", groups.world_rank, 0)) pause_for_fault_injection("before it loads a checkpoint");
   s.resumed = load_checkpoint({config, groups, s.engine}, config.checkpoint.load, config.checkpoint.load_path, s.ckpt_dir,
                               config.checkpoint.timeout_s);
   if (s.resumed) {
@@ -355,7 +356,9 @@ void Trainer::State::save(int step) {
   }
   if (fault.at("free_disk", groups.world_rank, step)) std::remove(filler.c_str());
   groups.world->barrier();  // the directory exists before anyone opens the file
-  writer->save(st, fault.at("stall_save", groups.world_rank, step));
+  const int r = groups.world_rank;
+  writer->save(st, {fault.at("stall_save", r, step), fault.at("pause_save_start", r, step),
+                    fault.at("pause_save_middle", r, step)});
   if (!writer->async()) finish_save(writer->wait());
 }
 
