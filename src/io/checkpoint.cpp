@@ -197,6 +197,9 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
     try {
       read_metadata();
     } catch (const UserError&) {
+      std::error_code gone;
+      if (!fs::exists(path, gone))  // pruned by a run writing there: load_checkpoint reads `latest` again
+        throw UserError(strprintf("checkpoint '%s' was removed while it was read", path.c_str()));
       if (io_error().empty()) throw;
       io_failed = true;  // what looked like a bad file was a failed read
       throw UserError(strprintf("checkpoint '%s' could not be read: %s (an I/O error, not a corrupt file)",
@@ -227,7 +230,8 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
       char* dst = reinterpret_cast<char*>(buf.data());
       for (const auto& [first, n] : element_runs(*p, spec.dims)) {
         const uint64_t at = offsets[k] + first * sizeof(float);
-        if (fd < 0) io_failure = strprintf("opening '%s': %s", path.c_str(), strerror(open_errno));
+        if (fd < 0 && open_errno == ENOENT) failed = "it was removed while it was read";
+        else if (fd < 0) io_failure = strprintf("opening '%s': %s", path.c_str(), strerror(open_errno));
         else if (at + n * sizeof(float) > file_size) failed = "the file ends early (truncated)";
         else if (std::string e = pread_fully(fd, dst, n * sizeof(float), at); !e.empty())
           (e.find("truncated") != std::string::npos ? failed : io_failure) = e;
@@ -315,26 +319,40 @@ std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMo
     if (!loaded) throw UserError(error);
     return loaded;
   }
-  // auto: latest first, then the committed checkpoints older than it, newest first.
-  std::vector<std::string> candidates;
-  int64_t newest = INT64_MAX;
-  if (const std::string name = read_latest(dir); !name.empty()) {
-    candidates.push_back(dir + "/" + name);
-    newest = step_of(name) >= 0 ? step_of(name) : INT64_MAX;
-  }
-  for (const std::string& c : list_checkpoints(dir))
-    if (step_of(c) < newest) candidates.push_back(c);
-  if (candidates.empty()) return std::nullopt;
+  // auto: latest first, then the committed checkpoints older than it, newest first. A candidate
+  // that is gone when its load fails was pruned by the run writing there meanwhile: the list is
+  // made again from `latest` (a few times), and the pruned file is not called bad.
+  ProcessGroup& world = *run.groups.world;
+  const bool root = world.rank() == 0;
   std::string errors;
-  const bool root = run.groups.world->rank() == 0;
-  for (const std::string& c : candidates) {
-    auto loaded = try_load(run, c, timeout_s, error);
-    if (loaded) {
-      if (!errors.empty() && root) log_warn("checkpoint: fell back to '%s'", c.c_str());
-      return loaded;
+  for (int attempt = 0;; ++attempt) {
+    std::vector<std::string> candidates;
+    int64_t newest = INT64_MAX;
+    if (const std::string name = read_latest(dir); !name.empty()) {
+      candidates.push_back(dir + "/" + name);
+      newest = step_of(name) >= 0 ? step_of(name) : INT64_MAX;
     }
-    if (root) log_warn("checkpoint: %s; trying an older one", error.c_str());
-    errors += "\n  " + error;
+    for (const std::string& c : list_checkpoints(dir))
+      if (step_of(c) < newest) candidates.push_back(c);
+    if (candidates.empty()) return std::nullopt;
+    bool pruned = false;
+    for (const std::string& c : candidates) {
+      auto loaded = try_load(run, c, timeout_s, error);
+      if (loaded) {
+        if (!errors.empty() && root) log_warn("checkpoint: fell back to '%s'", c.c_str());
+        return loaded;
+      }
+      std::error_code ec;
+      pruned = world.all_reduce_max(static_cast<int64_t>(!fs::exists(c, ec))) != 0;
+      if (pruned && attempt < 3) {
+        if (root) log_warn("checkpoint: '%s' was removed while it was read (another run prunes '%s'); reading 'latest' again",
+                           c.c_str(), dir.c_str());
+        break;
+      }
+      if (root) log_warn("checkpoint: %s; trying an older one", error.c_str());
+      errors += "\n  " + error;
+    }
+    if (!pruned || attempt >= 3) break;
   }
   throw UserError(strprintf("checkpoint.load = auto: no checkpoint in '%s' loads:%s", dir.c_str(), errors.c_str()));
 }

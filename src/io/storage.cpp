@@ -33,28 +33,30 @@ std::string read_all(int fd) {
 }
 }  // namespace
 
-RunDirLock::RunDirLock(const std::string& run_dir, std::string& warning) : path_(run_dir + "/.lock") {
+DirLock::DirLock(const std::string& dir, const std::string& what, const std::string& instead, std::string& warning)
+    : path_(dir + "/.lock") {
   warning.clear();
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw UserError(strprintf("cannot create the run directory's lock '%s': %s", path_.c_str(), strerror(errno)));
+    throw UserError(strprintf("cannot create the lock '%s' of the %s: %s", path_.c_str(), what.c_str(), strerror(errno)));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK) {
       const std::string holder = read_all(fd_);
       ::close(fd_);
       fd_ = -1;
-      throw UserError(strprintf("run directory '%s' is in use by another zero3d run (%s; lock file %s): wait for it "
-                                "to end, or give this run another --run-dir",
-                                run_dir.c_str(), holder.empty() ? "holder unknown" : holder.c_str(), path_.c_str()));
+      throw UserError(strprintf("%s '%s' is in use by another zero3d run (%s; lock file %s): wait for it to end, or "
+                                "give this run %s",
+                                what.c_str(), dir.c_str(), holder.empty() ? "holder unknown" : holder.c_str(),
+                                path_.c_str(), instead.c_str()));
     }
-    warning = strprintf("the file system of '%s' does not support locks (%s): a second run on this run directory "
-                        "cannot be detected",
-                        run_dir.c_str(), strerror(err));
+    warning = strprintf("the file system of '%s' does not support locks (%s): a second run on this %s cannot be "
+                        "detected",
+                        dir.c_str(), strerror(err), what.c_str());
   }
   const std::string old = read_all(fd_);
   if (!old.empty() && warning.empty())
-    warning = strprintf("run directory '%s' was locked by a run that is gone (%s); taking it over", run_dir.c_str(),
+    warning = strprintf("%s '%s' was locked by a run that is gone (%s); taking it over", what.c_str(), dir.c_str(),
                         old.c_str());
   const std::time_t now = std::time(nullptr);
   char when[64];
@@ -64,11 +66,11 @@ RunDirLock::RunDirLock(const std::string& run_dir, std::string& warning) : path_
     const int err = errno;
     ::close(fd_);
     fd_ = -1;
-    throw UserError(strprintf("cannot write the run directory's lock '%s': %s", path_.c_str(), strerror(err)));
+    throw UserError(strprintf("cannot write the lock '%s' of the %s: %s", path_.c_str(), what.c_str(), strerror(err)));
   }
 }
 
-RunDirLock::~RunDirLock() {
+DirLock::~DirLock() {
   if (fd_ < 0) return;
   ::unlink(path_.c_str());  // before the unlock: no other run can see a lock file of ours unlocked
   ::close(fd_);

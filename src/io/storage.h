@@ -1,8 +1,8 @@
-// io/storage.h: what a run checks about its storage before it trains, and the run directory's
-// lock. Plain POSIX, unit-tested without MPI.
+// io/storage.h: what a run checks about its storage before it trains, and the locks that give the
+// run directory and the checkpoint directory one writer each. Plain POSIX, unit-tested without MPI.
 //
-// The lock is an flock on RUN_DIR/.lock, holding "host pid start-time". The kernel drops it when
-// the process dies however it dies, so a lock file whose flock is free belongs to a dead run: it is
+// A lock is an flock on DIR/.lock, holding "host pid start-time". The kernel drops it when the
+// process dies however it dies, so a lock file whose flock is free belongs to a dead run: it is
 // taken over (with a warning naming the old holder). Where the file system has no flock (some
 // Lustre mounts without -o flock), the run goes on with a warning: it cannot be guarded.
 #pragma once
@@ -11,14 +11,16 @@
 
 namespace zero3d {
 
-class RunDirLock {
+class DirLock {
  public:
-  // Throws UserError naming the holder when another live run holds it. `warning` gets a line to
-  // print when a dead run's lock was taken over or locking is unsupported ("" otherwise).
-  RunDirLock(const std::string& run_dir, std::string& warning);
-  ~RunDirLock();  // removes the lock file: nothing is left behind
-  RunDirLock(const RunDirLock&) = delete;
-  RunDirLock& operator=(const RunDirLock&) = delete;
+  // what: the directory in the user's words ("run directory", "checkpoint directory
+  // (checkpoint.dir)"); instead: what to do about a holder ("another --run-dir"). Throws
+  // UserError naming the holder when another live run holds it. `warning` gets a line to print
+  // when a dead run's lock was taken over or locking is unsupported ("" otherwise).
+  DirLock(const std::string& dir, const std::string& what, const std::string& instead, std::string& warning);
+  ~DirLock();  // removes the lock file: nothing is left behind
+  DirLock(const DirLock&) = delete;
+  DirLock& operator=(const DirLock&) = delete;
 
  private:
   std::string path_;

@@ -115,7 +115,8 @@ struct Trainer::State {
   void report_comms();
   void report_memory(int step);
   double last_save_s = 0;   // the last checkpoint's save time (before the first: an estimate)
-  std::unique_ptr<RunDirLock> lock;         // rank 0: this run owns the run dir
+  std::unique_ptr<DirLock> lock;            // rank 0: this run owns the run dir
+  std::unique_ptr<DirLock> ckpt_lock;       // rank 0: and is the one writer of the checkpoint dir
   std::unique_ptr<CheckpointWriter> writer;  // saves (io/ckpt_writer.h)
   void check_storage();
   void finish_save(const SaveResult& r);
@@ -240,17 +241,30 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     if (st.loss_scaler_dynamic && s.scaler.dynamic()) s.scaler.restore(st.loss_scaler);
   }
   // Everything above validated the inputs; only now does the run directory appear, locked by
-  // this run, with the checkpoint directory checked before anything is written there.
+  // this run, and the checkpoint directory, locked too (two runs saving into one directory would
+  // prune each other's checkpoints), checked before anything is written there.
   bool created_run_dir = false;
   world.agree([&] {
     if (!s.is_root()) return;
     std::error_code ec;
     created_run_dir = !fs::exists(s.opt.run_dir, ec);
-    create_directory(s.opt.run_dir, "run directory");
-    std::string warning;
-    s.lock = std::make_unique<RunDirLock>(s.opt.run_dir, warning);  // one run per run dir
-    if (!warning.empty()) log_warn("%s", warning.c_str());
-    if (config.checkpoint.save_interval > 0) create_directory(s.ckpt_dir, "checkpoint directory (checkpoint.dir)");
+    try {
+      create_directory(s.opt.run_dir, "run directory");
+      std::string warning;
+      s.lock = std::make_unique<DirLock>(s.opt.run_dir, "run directory", "another --run-dir", warning);
+      if (!warning.empty()) log_warn("%s", warning.c_str());
+      if (config.checkpoint.save_interval > 0) {
+        const char* what = "checkpoint directory (checkpoint.dir)";
+        create_directory(s.ckpt_dir, what);
+        if (!fs::equivalent(s.ckpt_dir, s.opt.run_dir, ec))
+          s.ckpt_lock = std::make_unique<DirLock>(s.ckpt_dir, what, "another checkpoint.dir", warning);
+        if (!warning.empty()) log_warn("%s", warning.c_str());
+      }
+    } catch (const UserError&) {  // leave no trace of this run: it never started
+      s.lock.reset();
+      if (created_run_dir) fs::remove_all(s.opt.run_dir, ec);
+      throw;
+    }
   });
   s.writer = std::make_unique<CheckpointWriter>(CheckpointRun{config, groups, s.engine}, s.ckpt_dir, config.checkpoint,
                                                 s.opt.run_dir + "/hdf5_errors.log");
@@ -259,6 +273,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
       s.check_storage();
     } catch (const UserError&) {  // leave no trace of this run: it never started
       if (s.is_root()) {
+        s.ckpt_lock.reset();
         s.lock.reset();
         std::error_code ec;
         fs::remove(s.ckpt_dir, ec);  // only if empty

@@ -91,15 +91,15 @@ TEST(CkptDir, FailedCommitLeavesLatest) {
   EXPECT_FALSE(fs::exists(d.path + "/step_00000020.h5"));
 }
 
-TEST(Storage, RunDirLockRefusesASecondHolderAndTakesOverADeadOne) {
+TEST(Storage, DirLockRefusesASecondHolderAndTakesOverADeadOne) {
   TempDir d;
   std::string warning;
   {
-    RunDirLock first(d.path, warning);
+    DirLock first(d.path, "run directory", "another --run-dir", warning);
     EXPECT_EQ(warning, "");
     // flock is per open file description: a second open in this process conflicts like another run.
     try {
-      RunDirLock second(d.path, warning);
+      DirLock second(d.path, "run directory", "another --run-dir", warning);
       ADD_FAILURE() << "a second lock on the same run dir was granted";
     } catch (const UserError& e) {
       EXPECT_THAT(e.what(), ::testing::HasSubstr("is in use by another zero3d run (host "));
@@ -109,7 +109,7 @@ TEST(Storage, RunDirLockRefusesASecondHolderAndTakesOverADeadOne) {
   EXPECT_FALSE(fs::exists(d.path + "/.lock"));  // released and removed
   d.touch(".lock", "host gone pid 1 since 2026-01-01T00:00:00\n");  // a run that died: no flock held
   {
-    RunDirLock again(d.path, warning);
+    DirLock again(d.path, "run directory", "another --run-dir", warning);
     EXPECT_THAT(warning, ::testing::HasSubstr("was locked by a run that is gone (host gone pid 1"));
   }
   EXPECT_FALSE(fs::exists(d.path + "/.lock"));
