@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Faults of the training loop (issue #33): a diverged run stops (exit 9) without committing its
+# poisoned state; a run whose final save failed under on_failure=continue does not exit 0 (exit 7);
+# ranks whose launcher died stop; a token file rewritten in place is noticed (exit 2); MFU never
+# exceeds 100% and the run record names its peak.
+# usage: test_faults_trainer.sh ZERO3D_BINARY SOURCE_DIR
+set -u
+source "$(dirname "$0")/common.sh" "$@"
+mnt="$tmp/mnt"
+cleanup() {
+  mountpoint -q "$mnt" && umount "$mnt"
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+tiny=(input/gpt-tiny.json --peak-flops 1e11 --set data.val="" --set train_micro_batch_size_per_gpu=4)
+run() {  # run NAME NP ARGS...: the exit code in $rc, the output in $tmp/NAME.log
+  local name=$1 np=$2
+  shift 2
+  rc=0
+  timeout 120 $MPIRUN -np "$np" "$z3d" train "$@" > "$tmp/$name.log" 2>&1 || rc=$?
+}
+expect_rc() {  # expect_rc NAME CODE
+  [[ $rc -eq $2 ]] || { cat "$tmp/$1.log"; fail "$1: exit code $rc, expected $2"; }
+}
+has() {  # has NAME PATTERN (grep -E)
+  grep -qE -- "$2" "$tmp/$1.log" || { cat "$tmp/$1.log"; fail "$1: no /$2/ in its output"; }
+}
+wait_for_step() {  # wait_for_step LOG: until a progress line appears (at most 30 s)
+  for _ in $(seq 300); do grep -q "^step " "$1" && return; sleep 0.1; done
+  cat "$1"; fail "no step line in $1"
+}
+
+# ---- 5. a diverged fp32 run: exit 9 in one line; no checkpoint of a state past a non-finite loss ----
+diverge=(--set optimizer.params.lr=1e30 --set gradient_clipping=0 --set steps_per_print=1)
+run diverged 2 "${tiny[@]}" "${diverge[@]}" --run-dir "$tmp/diverged" --set train_steps=20 \
+  --set checkpoint.save_interval=2
+expect_rc diverged 9
+[[ $(grep -c "^zero3d: error: the run diverged" "$tmp/diverged.log") -eq 1 ]] ||
+  { cat "$tmp/diverged.log"; fail "diverged: not one line"; }
+has diverged "^zero3d: error: the run diverged: the loss or gradient norm was not finite in 3 steps in a row \(steps ([0-9]+)-[0-9]+; .*max_nonfinite_steps = 3\): stopping; 'latest' holds step [0-9]+"
+has diverged "the loss is -?nan: this step's checkpoint is not written"
+# Every committed checkpoint is of a step whose loss was finite, and `latest` is the last of them.
+/usr/bin/python3 - "$tmp/diverged" <<'EOF' || fail "diverged: a checkpoint of a non-finite state"
+import json, math, os, sys
+run = sys.argv[1]
+loss = {r["step"]: r["loss"] for r in map(json.loads, open(run + "/metrics.jsonl")) if r["kind"] == "train"}
+files = sorted(f for f in os.listdir(run + "/checkpoints") if f.startswith("step_") and f.endswith(".h5"))
+steps = [int(f[5:13]) for f in files]
+bad = [s for s in steps if not math.isfinite(float(loss[s]))]
+assert steps and not bad, (steps, bad, loss)
+assert open(run + "/checkpoints/latest").read().strip() == files[-1], files
+assert max(loss) < 20, "it trained on"
+EOF
+# max_nonfinite_steps = 0 never stops, but a run whose last loss is not finite does not exit 0.
+run diverged_never 2 "${tiny[@]}" "${diverge[@]}" --run-dir "$tmp/diverged_never" --set train_steps=8 \
+  --set max_nonfinite_steps=0
+expect_rc diverged_never 9
+has diverged_never "^zero3d: error: the loss at step 8, the run's last, is not finite: its state is not saved"
+# One non-finite gradient (fp32) skips that update and goes on.
+ZERO3D_FAULT=inf:1:3 run one_inf 2 "${tiny[@]}" --run-dir "$tmp/one_inf" --set train_steps=6
+expect_rc one_inf 0
+has one_inf "step 3: gradient norm is inf; the update is skipped"
+echo "ok   diverged run: exit 9 in one line, latest is a finite state; one inf gradient goes on"
+
+# ---- 6. on_failure=continue whose last save failed: exit 7 naming what latest holds ----
+mkdir -p "$mnt"
+if mount -t tmpfs -o size=40m tmpfs "$mnt" 2>/dev/null; then
+  ZERO3D_FAULT=fill_disk:0:12 run last_save 2 "${tiny[@]}" --run-dir "$tmp/last_save" --set checkpoint.dir="$mnt/ck" \
+    --set checkpoint.save_interval=3 --set checkpoint.keep_last=1 --set train_steps=12 \
+    --set checkpoint.on_failure=continue
+  expect_rc last_save 7
+  [[ $(grep -c "No space left" "$tmp/last_save.log") -eq 1 ]] || { cat "$tmp/last_save.log"; fail "last_save: not one line"; }
+  has last_save "^zero3d: error: checkpoint of step 12 failed: .*No space left on device.*; the run's final state \(step 12\) is not in a committed checkpoint: 'latest' holds step 9, 3 steps are not saved"
+  ! grep -q "zero3d: done" "$tmp/last_save.log" || fail "last_save: says done"
+  [[ $(cat "$mnt/ck/latest") == step_00000009.h5 ]] || fail "last_save: latest is $(cat "$mnt/ck/latest")"
+  echo "ok   on_failure=continue, last save failed: exit 7, latest at step 9, 3 steps not saved"
+else
+  echo "skip on_failure=continue's last save: cannot mount a tmpfs (needs root)"
+fi
