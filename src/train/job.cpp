@@ -2,8 +2,10 @@
 
 #include <mpi.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -86,6 +88,17 @@ JobInfo job_info(ProcessGroup& world) {
   world.broadcast(host_mem(id.data()), id.size(), 0);
   j.slurm_job = id.data();
   return j;
+}
+
+void die_with_launcher() {
+  bool launched = false;
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_ID"})
+    launched = launched || std::getenv(v) != nullptr;
+  if (!launched) return;
+  const pid_t parent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The launcher died before the prctl took effect: we were reparented already.
+  if (getppid() != parent) raise(SIGKILL);
 }
 
 std::string default_run_dir(const JobInfo& job) {

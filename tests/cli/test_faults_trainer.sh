@@ -78,3 +78,30 @@ if mount -t tmpfs -o size=40m tmpfs "$mnt" 2>/dev/null; then
 else
   echo "skip on_failure=continue's last save: cannot mount a tmpfs (needs root)"
 fi
+
+# ---- 8. the launcher dies (SIGKILL): the ranks stop within 2 s and commit nothing more ----
+timeout 120 $MPIRUN -np 2 "$z3d" train "${tiny[@]}" --run-dir "$tmp/orphan" --set train_steps=100000 \
+  --set steps_per_print=1 --set checkpoint.save_interval=4 --set checkpoint.keep_last=2 > "$tmp/orphan.log" 2>&1 &
+guard=$!
+wait_for_step "$tmp/orphan.log"
+launcher=$(pgrep -P $guard)
+ranks=$(pgrep -P "$launcher" | tr '\n' ' ')
+[[ $(wc -w <<< "$ranks") -eq 2 ]] || fail "orphan: ranks '$ranks' under mpirun $launcher"
+kill -KILL "$launcher"
+latest=$(cat "$tmp/orphan/checkpoints/latest" 2>/dev/null)
+alive=$ranks
+for _ in $(seq 20); do
+  alive=$(for p in $ranks; do kill -0 "$p" 2>/dev/null && echo -n "$p "; done)
+  [[ -z $alive ]] && break
+  sleep 0.1
+done
+for p in $alive; do kill -KILL "$p"; done
+[[ -z $alive ]] || fail "orphan: ranks $alive still ran 2 s after mpirun was killed"
+wait $guard 2>/dev/null
+[[ $(cat "$tmp/orphan/checkpoints/latest" 2>/dev/null) == "$latest" ]] || fail "orphan: a checkpoint after the kill"
+# A run started from a shell (no launcher) keeps running when the shell exits.
+bash -c "nohup '$z3d' train ${tiny[*]} --run-dir '$tmp/nohup' --set train_steps=6 > '$tmp/nohup.log' 2>&1 &"
+for _ in $(seq 600); do grep -q "zero3d: done" "$tmp/nohup.log" && break; sleep 0.1; done
+grep -q "zero3d: done" "$tmp/nohup.log" || {
+  pkill -KILL -f -- "--run-dir $tmp/nohup"; cat "$tmp/nohup.log"; fail "nohup: the run did not finish"; }
+echo "ok   launcher killed: both ranks gone within 2 s, latest unchanged; a nohup run outlives its shell"
