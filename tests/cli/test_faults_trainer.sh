@@ -105,3 +105,16 @@ for _ in $(seq 600); do grep -q "zero3d: done" "$tmp/nohup.log" && break; sleep 
 grep -q "zero3d: done" "$tmp/nohup.log" || {
   pkill -KILL -f -- "--run-dir $tmp/nohup"; cat "$tmp/nohup.log"; fail "nohup: the run did not finish"; }
 echo "ok   launcher killed: both ranks gone within 2 s, latest unchanged; a nohup run outlives its shell"
+
+# ---- 9. the training file rewritten in place (same size, valid ids): one clear line, exit 2 ----
+cp input/data/train.bin "$tmp/train.bin"
+timeout 120 $MPIRUN -np 2 "$z3d" train "${tiny[@]}" --run-dir "$tmp/rewrite" --set data.train="$tmp/train.bin" \
+  --set train_steps=100000 --set steps_per_print=1 > "$tmp/rewrite.log" 2>&1 &
+launcher=$!
+wait_for_step "$tmp/rewrite.log"
+dd if="$tmp/train.bin" of="$tmp/train.bin" bs=1k skip=1 seek=1001 count=400 conv=notrunc status=none
+wait $launcher
+rc=$?
+expect_rc rewrite 2
+has rewrite "^zero3d: error \(rank [01], [^)]*\): token file '$tmp/train.bin' changed under the run: modified at [0-9-]+ [0-9:.]+ \(it was [0-9-]+ [0-9:.]+ when opened\)"
+echo "ok   training file rewritten in place: exit 2 naming it"
