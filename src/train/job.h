@@ -23,6 +23,9 @@ struct JobInfo {
   // Ranks of a node may differ (their affinity masks), so it is this rank's value.
   int threads = 1;
   std::string threads_source;
+  // The cores the whole run computes on (the MFU peak's): per node, its ranks' threads, capped by
+  // the CPUs their affinity masks allow together (oversubscribed ranks share them). Same on every rank.
+  int compute_cores = 1;
 };
 
 // Collective over `world`. Also sets this rank's thread count (cpu::set_threads).

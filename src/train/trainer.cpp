@@ -234,7 +234,16 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   s.last_save_s = elems * (config.precision == Precision::fp32 ? 12 : 18) / 1e8;
   s.engine.init_weights(config.seed);
   s.flops_per_token = gpt_flops_per_token(config.model);
-  if (s.opt.peak_flops <= 0) {
+  if (s.opt.peak_flops <= 0 && backend.kind() == BackendKind::host) {
+    // A CPU: the FMA peak of one core (the best window of any rank) x the cores the run computes
+    // on. peak_flops is per rank, as MFU divides by the world.
+    const double core = world.all_reduce_max(best_fma_peak(0.2));
+    const int cores = s.opt.job.compute_cores;
+    s.opt.peak_flops = core * cores / world.size();
+    s.opt.peak_source = strprintf("FMA peak %s x %d cores: %.1f GFLOP/s per core (the best 2 ms window of any "
+                                  "rank), %.1f GFLOP/s in all",
+                                  cpu::select().isa, cores, core / 1e9, core * cores / 1e9);
+  } else if (s.opt.peak_flops <= 0) {  // an accelerator without a known peak: its sgemm rate
     GemmRate r = measure_gemm(backend, 1024, 1024, 1024, 1.0);
     s.opt.peak_flops = r.flops_per_s;
     s.opt.peak_source = strprintf("measured sgemm 1024^3 on rank 0 (%.1f GFLOP/s)", r.flops_per_s / 1e9);
@@ -648,7 +657,7 @@ void Trainer::State::start_run() {
   if (validating && start_step == 0) validate(0);
   if (c.wall_clock_breakdown && be.profile()) {
     mem_bandwidth = measure_copy_bandwidth(be, 0.2);
-    if (be.kind() == BackendKind::host) compute_peak = cpu::select().fma_peak(0.1) * cpu::threads();
+    if (be.kind() == BackendKind::host) compute_peak = best_fma_peak(0.1) * cpu::threads();
   }
   fault = Fault::from_env();
   CommLog& comms = comm_log();

@@ -118,3 +118,18 @@ rc=$?
 expect_rc rewrite 2
 has rewrite "^zero3d: error \(rank [01], [^)]*\): token file '$tmp/train.bin' changed under the run: modified at [0-9-]+ [0-9:.]+ \(it was [0-9-]+ [0-9:.]+ when opened\)"
 echo "ok   training file rewritten in place: exit 2 naming it"
+
+# ---- 11. MFU <= 100% against the FMA peak of the cores the run computes on, also oversubscribed ----
+for np in 2 4; do
+  run mfu_$np $np input/gpt-tiny.json --set data.val="" --run-dir "$tmp/mfu_$np" --set train_steps=4
+  expect_rc mfu_$np 0
+  /usr/bin/python3 - "$tmp/mfu_$np/metrics.jsonl" <<'EOF' || fail "mfu_$np: see above"
+import json, re, sys
+recs = list(map(json.loads, open(sys.argv[1])))
+run = next(r for r in recs if r["kind"] == "run")
+assert re.match(r"FMA peak \w+ x \d+ cores?: ", run["peak_source"]), run["peak_source"]
+mfu = [r["mfu"] for r in recs if r["kind"] == "train"]
+assert mfu and all(0 < m <= 1 for m in mfu), mfu
+EOF
+done
+echo "ok   mfu <= 100% on 2 and 4 (oversubscribed) ranks; the run record names the FMA peak"
