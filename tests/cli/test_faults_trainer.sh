@@ -80,11 +80,13 @@ else
 fi
 
 # ---- 8. the launcher dies (SIGKILL): the ranks stop within 2 s and commit nothing more ----
-timeout 120 $MPIRUN -np 2 "$z3d" train "${tiny[@]}" --run-dir "$tmp/orphan" --set train_steps=100000 \
-  --set steps_per_print=1 --set checkpoint.save_interval=4 --set checkpoint.keep_last=2 > "$tmp/orphan.log" 2>&1 &
+# (in a subshell whose stderr takes bash's "Killed" line for it)
+( timeout 120 $MPIRUN -np 2 "$z3d" train "${tiny[@]}" --run-dir "$tmp/orphan" --set train_steps=100000 \
+  --set steps_per_print=1 --set checkpoint.save_interval=4 --set checkpoint.keep_last=2 > "$tmp/orphan.log" 2>&1
+  true ) 2>/dev/null &
 guard=$!
 wait_for_step "$tmp/orphan.log"
-launcher=$(pgrep -P $guard)
+launcher=$(pgrep -P "$(pgrep -P $guard)")  # subshell -> timeout -> mpirun
 ranks=$(pgrep -P "$launcher" | tr '\n' ' ')
 [[ $(wc -w <<< "$ranks") -eq 2 ]] || fail "orphan: ranks '$ranks' under mpirun $launcher"
 kill -KILL "$launcher"
@@ -95,9 +97,9 @@ for _ in $(seq 20); do
   [[ -z $alive ]] && break
   sleep 0.1
 done
-for p in $alive; do kill -KILL "$p"; done
+for p in $alive; do kill -KILL "$p" 2>/dev/null; done
 [[ -z $alive ]] || fail "orphan: ranks $alive still ran 2 s after mpirun was killed"
-wait $guard 2>/dev/null
+wait $guard
 [[ $(cat "$tmp/orphan/checkpoints/latest" 2>/dev/null) == "$latest" ]] || fail "orphan: a checkpoint after the kill"
 # A run started from a shell (no launcher) keeps running when the shell exits.
 bash -c "nohup '$z3d' train ${tiny[*]} --run-dir '$tmp/nohup' --set train_steps=6 > '$tmp/nohup.log' 2>&1 &"
