@@ -102,10 +102,11 @@ for p in $alive; do kill -KILL "$p" 2>/dev/null; done
 wait $guard
 [[ $(cat "$tmp/orphan/checkpoints/latest" 2>/dev/null) == "$latest" ]] || fail "orphan: a checkpoint after the kill"
 # A run started from a shell (no launcher) keeps running when the shell exits.
-bash -c "nohup '$z3d' train ${tiny[*]} --run-dir '$tmp/nohup' --set train_steps=6 > '$tmp/nohup.log' 2>&1 &"
+bash -c "nohup '$z3d' train ${tiny[*]} --run-dir '$tmp/nohup' --set train_steps=6 > '$tmp/nohup.log' 2>&1 &
+  echo \$! > '$tmp/nohup.pid'"
 for _ in $(seq 600); do grep -q "zero3d: done" "$tmp/nohup.log" && break; sleep 0.1; done
 grep -q "zero3d: done" "$tmp/nohup.log" || {
-  pkill -KILL -f -- "--run-dir $tmp/nohup"; cat "$tmp/nohup.log"; fail "nohup: the run did not finish"; }
+  kill -KILL "$(cat "$tmp/nohup.pid")" 2>/dev/null; cat "$tmp/nohup.log"; fail "nohup: the run did not finish"; }
 echo "ok   launcher killed: both ranks gone within 2 s, latest unchanged; a nohup run outlives its shell"
 
 # ---- 9. the training file rewritten in place (same size, valid ids): one clear line, exit 2 ----
