@@ -79,21 +79,28 @@ else
   echo "skip on_failure=continue's last save: cannot mount a tmpfs (needs root)"
 fi
 
-# ---- 8. the launcher dies (SIGKILL): the ranks stop within 2 s and commit nothing more ----
-# (in a subshell whose stderr takes bash's "Killed" line for it)
-( timeout 120 $MPIRUN -np 2 "$z3d" train "${tiny[@]}" --run-dir "$tmp/orphan" --set train_steps=100000 \
-  --set steps_per_print=1 --set checkpoint.save_interval=4 --set checkpoint.keep_last=2 > "$tmp/orphan.log" 2>&1
-  true ) 2>/dev/null &
-guard=$!
-wait_for_step "$tmp/orphan.log"
-launcher=$(pgrep -P "$(pgrep -P $guard)")  # subshell -> timeout -> mpirun
-ranks=$(pgrep -P "$launcher" | tr '\n' ' ')
-[[ $(wc -w <<< "$ranks") -eq 2 ]] || fail "orphan: ranks '$ranks' under mpirun $launcher"
+# ---- 8. the launcher dies (SIGKILL, or two SIGTERMs): the ranks stop at once and commit nothing more ----
+start_ranks() {  # start_ranks NAME ARGS...: a 2-rank run in the background; sets guard, launcher and ranks
+  local name=$1
+  shift
+  # (in a subshell whose stderr takes bash's "Killed" line for it)
+  ( timeout 120 $MPIRUN -np 2 "$z3d" train "${tiny[@]}" --run-dir "$tmp/$name" --set train_steps=100000 \
+    --set steps_per_print=1 "$@" > "$tmp/$name.log" 2>&1
+    true ) 2>/dev/null &
+  guard=$!
+  wait_for_step "$tmp/$name.log"
+  launcher=$(pgrep -P "$(pgrep -P $guard)")  # subshell -> timeout -> mpirun
+  ranks=$(pgrep -P "$launcher" | tr '\n' ' ')
+  [[ $(wc -w <<< "$ranks") -eq 2 ]] || fail "$name: ranks '$ranks' under mpirun $launcher"
+}
+ranks_alive() { for p in $ranks; do kill -0 "$p" 2>/dev/null && echo -n "$p "; done; }
+
+# (few output lines: a rank would also die of SIGPIPE writing to the dead mpirun)
+start_ranks orphan --set steps_per_print=20 --set checkpoint.save_interval=4 --set checkpoint.keep_last=2
 kill -KILL "$launcher"
 latest=$(cat "$tmp/orphan/checkpoints/latest" 2>/dev/null)
-alive=$ranks
 for _ in $(seq 20); do
-  alive=$(for p in $ranks; do kill -0 "$p" 2>/dev/null && echo -n "$p "; done)
+  alive=$(ranks_alive)
   [[ -z $alive ]] && break
   sleep 0.1
 done
@@ -101,13 +108,23 @@ for p in $alive; do kill -KILL "$p" 2>/dev/null; done
 [[ -z $alive ]] || fail "orphan: ranks $alive still ran 2 s after mpirun was killed"
 wait $guard
 [[ $(cat "$tmp/orphan/checkpoints/latest" 2>/dev/null) == "$latest" ]] || fail "orphan: a checkpoint after the kill"
+# Two SIGTERMs 50 ms apart: mpirun returns at once; its ranks must not train on and commit after it.
+start_ranks term2
+kill -TERM "$launcher"; sleep 0.05; kill -TERM "$launcher" 2>/dev/null
+wait $guard
+latest=$(cat "$tmp/term2/checkpoints/latest" 2>/dev/null)
+sleep 2
+alive=$(ranks_alive)
+for p in $alive; do kill -KILL "$p" 2>/dev/null; done
+[[ -z $alive ]] || fail "term2: ranks $alive still ran 2 s after mpirun returned"
+[[ $(cat "$tmp/term2/checkpoints/latest" 2>/dev/null) == "$latest" ]] || fail "term2: a checkpoint after mpirun returned"
 # A run started from a shell (no launcher) keeps running when the shell exits.
 bash -c "nohup '$z3d' train ${tiny[*]} --run-dir '$tmp/nohup' --set train_steps=6 > '$tmp/nohup.log' 2>&1 &
   echo \$! > '$tmp/nohup.pid'"
 for _ in $(seq 600); do grep -q "zero3d: done" "$tmp/nohup.log" && break; sleep 0.1; done
 grep -q "zero3d: done" "$tmp/nohup.log" || {
   kill -KILL "$(cat "$tmp/nohup.pid")" 2>/dev/null; cat "$tmp/nohup.log"; fail "nohup: the run did not finish"; }
-echo "ok   launcher killed: both ranks gone within 2 s, latest unchanged; a nohup run outlives its shell"
+echo "ok   launcher killed or gone after two SIGTERMs: both ranks gone, latest unchanged; a nohup run outlives its shell"
 
 # ---- 9. the training file rewritten in place (same size, valid ids): one clear line, exit 2 ----
 cp input/data/train.bin "$tmp/train.bin"
