@@ -9,6 +9,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "train/commands.h"
+#include "train/job.h"
 #include "train/stop_signal.h"
 
 using namespace zero3d;
@@ -42,6 +43,7 @@ static int dispatch(const Args& args) {
 }
 
 int main(int argc, char** argv) {
+  die_with_launcher();   // a rank whose mpirun/srun is gone must not train on alone
   block_stop_signals();  // before any thread exists: SIGUSR1/SIGTERM go to one waiting thread only
   int provided = 0;
   // MULTIPLE: the watchdog thread and the checkpoint writer call MPI beside the training thread

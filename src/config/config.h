@@ -164,6 +164,7 @@ struct Config {
   int gradient_accumulation_steps = 0;
   int steps_per_print = 10;
   double gradient_clipping = 0.0;
+  int max_nonfinite_steps = 3;  // ours: consecutive non-finite steps before a stop (exit 9); 0 = never
   bool wall_clock_breakdown = false;
   int train_steps = 0;
   uint64_t seed = 1234;

@@ -125,6 +125,10 @@ std::vector<Key> build() {
       field("steps_per_print", at(&Config::steps_per_print), "optimizer steps between progress lines").range(1, kIntMax),
       field("gradient_clipping", at(&Config::gradient_clipping), "max global gradient norm; 0 disables clipping")
           .range(0, kInf),
+      field("max_nonfinite_steps", at(&Config::max_nonfinite_steps),
+            "ours: stop the run (exit code 9) after this many steps in a row whose loss or gradient norm is not "
+            "finite (with fp16 loss scaling only the loss counts: overflows are the scaler's); 0 = never stop")
+          .range(0, kIntMax),
       field("comm_timeout_s", at(&Config::comm_timeout_s),
             "ours: watchdog: abort when a collective has not completed after this many seconds").range(0, kInf, true),
       field("wall_clock_breakdown", at(&Config::wall_clock_breakdown),

@@ -18,6 +18,8 @@ constexpr int kExitCheckpointFailed = 7;  // a checkpoint could not be written (
                                           // committed one is intact; fix the storage and resume it
 constexpr int kExitSwapFailed = 8;    // offloaded state could not be read or written (I/O error, swap file
                                       // truncated): the last committed checkpoint is intact; resume it
+constexpr int kExitDiverged = 9;      // max_nonfinite_steps steps in a row with a non-finite loss or gradient
+                                      // norm (or the last step's loss): no checkpoint of that state is written
 constexpr int kExitReadFailed = 10;   // a checkpoint could not be read: an I/O error (after retries), not a bad
                                       // file; no older one is tried; run again when the storage reads
 

@@ -97,6 +97,37 @@ TokenFile::TokenFile(const std::string& path, int vocab_size) : path_(path), voc
                               vocab_size));
   }
   fd_ = std::exchange(fd.fd, -1);
+  dev_ = st.st_dev, ino_ = st.st_ino, size_ = st.st_size, mtime_ = st.st_mtim;
+}
+
+namespace {
+std::string format_time(const timespec& t) {
+  std::tm tm{};
+  localtime_r(&t.tv_sec, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return strprintf("%s.%09ld", buf, t.tv_nsec);
+}
+}  // namespace
+
+void TokenFile::check_unchanged() const {
+  struct stat st {};
+  std::string change;
+  if (::stat(path_.c_str(), &st) != 0)
+    change = strprintf("it can no longer be found (%s)", strerror(errno));
+  else if (st.st_dev != dev_ || st.st_ino != ino_)
+    change = strprintf("it was replaced by another file (inode %llu, it was %llu when opened)",
+                       static_cast<unsigned long long>(st.st_ino), static_cast<unsigned long long>(ino_));
+  else if (st.st_size != size_)
+    change = strprintf("its size is %lld bytes (it was %lld when opened)", static_cast<long long>(st.st_size),
+                       static_cast<long long>(size_));
+  else if (st.st_mtim.tv_sec != mtime_.tv_sec || st.st_mtim.tv_nsec != mtime_.tv_nsec)
+    change = strprintf("modified at %s (it was %s when opened): rewritten in place", format_time(st.st_mtim).c_str(),
+                       format_time(mtime_).c_str());
+  if (!change.empty())
+    abort_job(strprintf("token file '%s' changed under the run: %s. Restore it and resume from the last checkpoint",
+                        path_.c_str(), change.c_str()),
+              kExitUserError);
 }
 
 TokenFile::~TokenFile() {
@@ -174,6 +205,8 @@ void DataLoader::load(uint64_t first_sample, int count, int32_t* inputs, int32_t
       tg[t] = seq[t + 1];
     }
   }
+  // After the reads: a truncated file is named by the read that fails, with the tokens it lost.
+  file_.check_unchanged();
 }
 
 }  // namespace zero3d

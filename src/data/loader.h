@@ -7,6 +7,7 @@
 // micro-batch split; each dp rank takes its slice. The cursor is the number of samples consumed.
 #pragma once
 #include <cstdint>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ class TokenFile {
   // Tokens [first, first + n) into out. A file changed under the run (truncated, or rewritten with
   // tokens out of range) ends the job with one line naming it (exit 2): only this rank knows.
   void read(uint64_t first, size_t n, uint16_t* out) const;
+  // A file rewritten in place (valid ids, same size) reads fine: what names it is its metadata.
+  // Its path's size, modification time (ns) and inode against those at open; a change ends the
+  // job like read() does (exit 2). One stat: cheap enough for every load.
+  void check_unchanged() const;
 
  private:
   static bool read_tokens(int fd, uint64_t first, size_t n, uint16_t* out);
@@ -35,6 +40,10 @@ class TokenFile {
   int vocab_size_ = 0;
   int fd_ = -1;
   uint64_t num_tokens_ = 0;
+  // At open: what check_unchanged compares.
+  uint64_t dev_ = 0, ino_ = 0;
+  int64_t size_ = 0;
+  timespec mtime_{};
 };
 
 class DataLoader {
@@ -44,7 +53,8 @@ class DataLoader {
 
   uint64_t num_sequences() const { return num_sequences_; }
   // Writes `count` sequences, global samples first_sample .. first_sample+count-1, as int32:
-  // inputs[k*T + t] = token t of the sequence, targets[k*T + t] = token t+1.
+  // inputs[k*T + t] = token t of the sequence, targets[k*T + t] = token t+1. Checks that the
+  // file is unchanged since it was opened (TokenFile::check_unchanged).
   void load(uint64_t first_sample, int count, int32_t* inputs, int32_t* targets);
 
  private:

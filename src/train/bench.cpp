@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/host/cpu_kernels.h"
 #include "kernels/host/gemm.h"
 
 namespace zero3d {
@@ -44,6 +45,14 @@ double measure_copy_bandwidth(Backend& be, double min_seconds) {
   const size_t n = size_t{64} << 20;
   DeviceBuffer<char> a(be, n), b(be, n);
   return 2.0 * n / time_calls(be, [&] { be.copy(b.data(), a.data(), n); }, min_seconds);
+}
+
+double best_fma_peak(double seconds, double window_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  double best = 0;
+  do best = std::max(best, cpu::select().fma_peak(window_s));
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds);
+  return best;
 }
 
 std::vector<GemmShape> model_gemm_shapes(const ModelConfig& m, int micro, int tp) {

@@ -43,6 +43,12 @@ double time_calls(Backend& be, const std::function<void()>& call, double min_sec
 // buffer (the bound of the elementwise kernels in the wall_clock_breakdown profile).
 double measure_copy_bandwidth(Backend& be, double min_seconds);
 
+// The FMA peak of one core at the host loops' ISA level (cpu::select().fma_peak, the ceiling
+// `bench gemm` quotes GEMM rates against): the best of `window_s` windows for `seconds`. A rank
+// that shares its core with busy ranks (oversubscribed, or others still starting) thus still
+// finds windows where it ran alone; one long window would average the sharing in. FLOP/s.
+double best_fma_peak(double seconds, double window_s = 0.002);
+
 // Peak FLOP/s of a known accelerator from its name (dense bf16 tensor-core peaks from the vendor
 // data sheets), or 0 when unknown.
 double known_accelerator_peak(const std::string& device_name);

@@ -34,7 +34,7 @@ const char* kTrainUsage =
     "  --deepspeed FILE     overlay a DeepSpeed ds_config.json on the run config\n"
     "  --run-dir DIR        where config.json and metrics.jsonl go (default runs/<date-time>)\n"
     "  --backend NAME       host, cuda or auto (default auto: cuda when built and a GPU is present)\n"
-    "  --peak-flops X       peak FLOP/s for MFU (default: known GPU peak, else measured sgemm rate)\n"
+    "  --peak-flops X       peak FLOP/s for MFU (default: known GPU peak, else the CPU's FMA peak x cores)\n"
     "  --dry-run[=json]     resolve and check everything as the run would, then print its arithmetic and\n"
     "                       stop, writing nothing: parameters, tokens, model FLOPs, the FLOP/s it assumes per\n"
     "                       rank (ZERO3D_FLOPS_PER_RANK, else 40% of a known peak, else 1e10 for a CPU\n"
@@ -174,7 +174,7 @@ std::string choose_bf16_gemm(const Config& cfg, bool cuda, bool& bf16) {
 }
 
 // The MFU peak per rank: --peak-flops, else a known GPU's; left at 0 on a CPU, where the trainer
-// measures its GEMM rate at start.
+// measures the FMA peak of its cores at start.
 void choose_peak(RunOptions& opt, const Backend& be) {
   if (opt.peak_flops > 0 || be.kind() != BackendKind::cuda) return;
   opt.peak_flops = known_accelerator_peak(be.describe());

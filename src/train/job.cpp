@@ -2,8 +2,12 @@
 
 #include <mpi.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <bit>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -57,18 +61,44 @@ int rank_threads(int local_size, std::string& source) {
   return std::max(1, mask);
 }
 
+// This rank's affinity mask as 64-bit words (cpu_set_t's 1024 CPUs), and its thread count last.
+std::vector<uint64_t> mask_and_threads(int threads) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &set);
+  std::vector<uint64_t> v(CPU_SETSIZE / 64 + 1, 0);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) v[c / 64] |= uint64_t{1} << (c % 64);
+  v.back() = static_cast<uint64_t>(threads);
+  return v;
+}
+
 }  // namespace
 
 JobInfo job_info(ProcessGroup& world) {
   JobInfo j;
+  j.omp_threads = env("OMP_NUM_THREADS");
+  j.blas_threads = env("OPENBLAS_NUM_THREADS");
+  double node_cores = 0;  // rank 0 of each node: its ranks' threads, capped by the CPUs their masks allow
   {
     const auto node = world.split_node("node");
     j.local_rank = node->rank();
     j.local_size = node->size();
+    j.threads = rank_threads(j.local_size, j.threads_source);
+    std::vector<uint64_t> all;
+    const std::vector<uint64_t> mine = mask_and_threads(j.threads);
+    node->all_gather_u64(mine, all);
+    std::vector<uint64_t> cpus(mine.size() - 1, 0);
+    uint64_t threads = 0;
+    for (size_t at = 0; at < all.size(); at += mine.size()) {
+      for (size_t w = 0; w < cpus.size(); ++w) cpus[w] |= all[at + w];
+      threads += all[at + mine.size() - 1];
+    }
+    int available = 0;
+    for (uint64_t w : cpus) available += std::popcount(w);
+    if (j.local_rank == 0) node_cores = static_cast<double>(std::min<uint64_t>(threads, std::max(available, 1)));
   }
-  j.omp_threads = env("OMP_NUM_THREADS");
-  j.blas_threads = env("OPENBLAS_NUM_THREADS");
-  j.threads = rank_threads(j.local_size, j.threads_source);
+  j.compute_cores = static_cast<int>(world.all_reduce_sum(node_cores));
   cpu::set_threads(j.threads);
   j.slurm_job = env("SLURM_ARRAY_JOB_ID").empty() ? env("SLURM_JOB_ID")
                                                    : env("SLURM_ARRAY_JOB_ID") + "_" + env("SLURM_ARRAY_TASK_ID");
@@ -86,6 +116,17 @@ JobInfo job_info(ProcessGroup& world) {
   world.broadcast(host_mem(id.data()), id.size(), 0);
   j.slurm_job = id.data();
   return j;
+}
+
+void die_with_launcher() {
+  bool launched = false;
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_STEP_ID"})
+    launched = launched || std::getenv(v) != nullptr;
+  if (!launched) return;
+  const pid_t parent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The launcher died before the prctl took effect: we were reparented already.
+  if (getppid() != parent) raise(SIGKILL);
 }
 
 std::string default_run_dir(const JobInfo& job) {

@@ -23,10 +23,20 @@ struct JobInfo {
   // Ranks of a node may differ (their affinity masks), so it is this rank's value.
   int threads = 1;
   std::string threads_source;
+  // The cores the whole run computes on (the MFU peak's): per node, its ranks' threads, capped by
+  // the CPUs their affinity masks allow together (oversubscribed ranks share them). Same on every rank.
+  int compute_cores = 1;
 };
 
 // Collective over `world`. Also sets this rank's thread count (cpu::set_threads).
 JobInfo job_info(ProcessGroup& world);
+
+// A rank started by a launcher (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or SLURM_STEP_ID in the
+// environment: mpirun, prterun, srun) dies with its parent (PR_SET_PDEATHSIG = SIGKILL): a launcher
+// killed, or gone after a second SIGTERM, leaves no rank training on or committing a checkpoint
+// into a run dir nobody watches. A run started from a shell (`nohup zero3d train ... &`) is left
+// alone. Call first in main, before any thread: the signal follows the thread that forked us.
+void die_with_launcher();
 
 // runs/<slurm job> under Slurm, else runs/<date-time> (rank 0's clock; broadcast by the caller).
 std::string default_run_dir(const JobInfo& job);

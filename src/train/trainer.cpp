@@ -120,12 +120,24 @@ struct Trainer::State {
   std::unique_ptr<CheckpointWriter> writer;  // saves (io/ckpt_writer.h)
   void check_storage();
   void finish_save(const SaveResult& r);
+  // What `latest` holds (this run's last committed save, or the checkpoint resumed; 0: none), and
+  // the last save's error ("" = committed), for the lines that end a run.
+  int64_t committed_step = 0;
+  std::string last_save_error;
+  bool stopping = false;  // a stop signal or the time budget: this step's save is the last
+  std::string latest_text() const;
+  // Divergence (max_nonfinite_steps): steps in a row whose loss or gradient norm is not finite,
+  // and whether this step's loss is, agreed over the world.
+  int nonfinite_steps = 0;
+  bool loss_nonfinite = false;
   // The run's phases (Trainer::run) and what they share, set by start_run.
   struct StepResult;
   void start_run();
   StepResult train_step(int step);
   void report_step(int step, const StepResult& r);
   int step_boundary(int step, const StepResult& r);
+  void check_divergence(int step, const StepResult& r);
+  void check_final_state(int step, bool save_due);
   double tokens_per_step = 0;
   MemoryAccount mem;
   int64_t mem_bytes = 0;
@@ -223,7 +235,16 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
   s.last_save_s = elems * (config.precision == Precision::fp32 ? 12 : 18) / 1e8;
   s.engine.init_weights(config.seed);
   s.flops_per_token = gpt_flops_per_token(config.model);
-  if (s.opt.peak_flops <= 0) {
+  if (s.opt.peak_flops <= 0 && backend.kind() == BackendKind::host) {
+    // A CPU: the FMA peak of one core (the best window of any rank) x the cores the run computes
+    // on. peak_flops is per rank, as MFU divides by the world.
+    const double core = world.all_reduce_max(best_fma_peak(0.2));
+    const int cores = s.opt.job.compute_cores;
+    s.opt.peak_flops = core * cores / world.size();
+    s.opt.peak_source = strprintf("FMA peak %s x %d cores: %.1f GFLOP/s per core (the best 2 ms window of any "
+                                  "rank), %.1f GFLOP/s in all",
+                                  cpu::select().isa, cores, core / 1e9, core * cores / 1e9);
+  } else if (s.opt.peak_flops <= 0) {  // an accelerator without a known peak: its sgemm rate
     GemmRate r = measure_gemm(backend, 1024, 1024, 1024, 1.0);
     s.opt.peak_flops = r.flops_per_s;
     s.opt.peak_source = strprintf("measured sgemm 1024^3 on rank 0 (%.1f GFLOP/s)", r.flops_per_s / 1e9);
@@ -238,6 +259,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     const TrainingState& st = s.resumed->state;
     s.start_step = st.step;
     s.cursor = st.data_cursor;
+    s.committed_step = st.step;
     if (st.loss_scaler_dynamic && s.scaler.dynamic()) s.scaler.restore(st.loss_scaler);
   }
   // Everything above validated the inputs; only now does the run directory appear, locked by
@@ -381,17 +403,20 @@ void Trainer::State::save(int step) {
 // a failure means (checkpoint.on_failure): a RunError (exit 7, on every rank) or a warning.
 void Trainer::State::finish_save(const SaveResult& r) {
   write_io_record("save", r.step, r.io, &r);
+  last_save_error = r.error;
   if (!r.error.empty()) {
     if (cfg.checkpoint.on_failure == "stop")
       throw RunError(r.error + "; stopping (checkpoint.on_failure = stop): fix the storage, then run again with "
                                "checkpoint.load=auto to resume from the last committed checkpoint",
                      kExitCheckpointFailed);
-    if (is_root())
+    // The run's last save: check_final_state says it, in the run's last line.
+    if (is_root() && !stopping && r.step < cfg.train_steps)
       log_warn("%s; training goes on and tries again at the next interval (checkpoint.on_failure = continue)",
                r.error.c_str());
     return;
   }
   last_save_s = r.io.seconds;
+  committed_step = r.step;
   log_info("step %6lld | checkpoint %s: %.1f MB in %.2f s (%.1f MB/s), training waited %.2f s", (long long)r.step,
            r.io.file.c_str(), r.io.bytes / 1e6, r.io.seconds, r.io.bytes / 1e6 / r.io.seconds, r.stall_s);
 }
@@ -650,7 +675,7 @@ void Trainer::State::start_run() {
   if (validating && start_step == 0) validate(0);
   if (c.wall_clock_breakdown && be.profile()) {
     mem_bandwidth = measure_copy_bandwidth(be, 0.2);
-    if (be.kind() == BackendKind::host) compute_peak = cpu::select().fma_peak(0.1) * cpu::threads();
+    if (be.kind() == BackendKind::host) compute_peak = best_fma_peak(0.1) * cpu::threads();
   }
   fault = Fault::from_env();
   CommLog& comms = comm_log();
@@ -825,6 +850,7 @@ void Trainer::State::report_step(int step, const StepResult& r) {
 int Trainer::State::step_boundary(int step, const StepResult& r) {
   const Config& c = cfg;
   ProcessGroup& world = *groups.world;
+  check_divergence(step, r);
   if (fault.at("perturb", groups.world_rank, step)) EngineFaults::perturb_replica(engine);
   const int check = c.zero.consistency_check_interval;
   if (check > 0 && (step % check == 0 || step == c.train_steps)) engine.check_replicas_consistent(step);
@@ -844,10 +870,21 @@ int Trainer::State::step_boundary(int step, const StepResult& r) {
   // A background save that every rank's writer has finished: its record, its failure policy.
   if (writer->pending() && world.all_reduce_max(static_cast<int64_t>(!writer->done_here())) == 0)
     finish_save(writer->wait());
-  if (stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps))) save(step);
+  stopping = stop != 0;
+  const bool save_due = stop != 0 || (interval > 0 && (step % interval == 0 || step == c.train_steps));
+  if (save_due && loss_nonfinite) {  // a state past a non-finite loss is never committed
+    if (is_root())
+      log_warn("step %d: the loss is %g: this step's checkpoint is not written, so %s", step, r.loss,
+               latest_text().c_str());
+  } else if (save_due) {
+    save(step);
+  }
   // Nothing ends before the last save committed (or failed).
   if ((stop != 0 || step == c.train_steps) && writer->pending()) finish_save(writer->wait());
-  if (stop != 0 || step == c.train_steps) report_kernels(), report_comms();
+  if (stop != 0 || step == c.train_steps) {
+    report_kernels(), report_comms();
+    check_final_state(step, save_due);
+  }
   if (stop == 1) {
     log_info("stopping after step %d: another step (%.1f s) and a checkpoint (%.1f s) would overrun the time budget "
              "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed; run again with "
@@ -862,6 +899,52 @@ int Trainer::State::step_boundary(int step, const StepResult& r) {
     return kExitStopped;
   }
   return -1;
+}
+
+std::string Trainer::State::latest_text() const {
+  return committed_step > 0 ? strprintf("'latest' holds step %lld", static_cast<long long>(committed_step))
+                            : std::string("no checkpoint of this run is committed");
+}
+
+// Divergence: a step whose loss, or (outside fp16's loss scaling, where an overflow is the
+// scaler's business) whose gradient norm, is not finite. The flag is agreed over the world (a max:
+// 2 = the loss, 1 = the gradient norm only). max_nonfinite_steps of them in a row stop every rank
+// with exit 9, after any pending save, so `latest` is the last checkpoint before the divergence.
+void Trainer::State::check_divergence(int step, const StepResult& r) {
+  const bool loss_bad = !std::isfinite(r.loss);
+  const bool norm_bad = !scaler.enabled() && !std::isfinite(r.grad_norm);
+  const int64_t bad = groups.world->all_reduce_max(static_cast<int64_t>(loss_bad ? 2 : norm_bad ? 1 : 0));
+  loss_nonfinite = bad == 2;
+  nonfinite_steps = bad > 0 ? nonfinite_steps + 1 : 0;
+  const int limit = cfg.max_nonfinite_steps;
+  if (limit == 0 || nonfinite_steps < limit) return;
+  if (writer->pending()) finish_save(writer->wait());
+  throw RunError(strprintf("the run diverged: the loss or gradient norm was not finite in %d steps in a row (steps "
+                           "%d-%d; step %d: loss %g, gradient norm %g; max_nonfinite_steps = %d): stopping; %s; "
+                           "lower optimizer.params.lr or set gradient_clipping, then resume with "
+                           "checkpoint.load=auto",
+                           nonfinite_steps, step - nonfinite_steps + 1, step, step, r.loss, r.grad_norm, limit,
+                           latest_text().c_str()),
+                 kExitDiverged);
+}
+
+// The run's last step (train_steps, or a stop): its state must be in a committed checkpoint when
+// one was due, and no run ends with exit 0 or 6 otherwise. A non-finite loss: exit 9 (its save
+// was not written); a failed last save under checkpoint.on_failure = continue: exit 7.
+void Trainer::State::check_final_state(int step, bool save_due) {
+  if (loss_nonfinite)
+    throw RunError(strprintf("the loss at step %d, the run's last, is not finite: its state is not saved; %s, %lld "
+                             "steps are not saved (exit code %d: the run diverged)",
+                             step, latest_text().c_str(), static_cast<long long>(step - committed_step),
+                             kExitDiverged),
+                   kExitDiverged);
+  if (save_due && committed_step != step)
+    throw RunError(strprintf("%s; the run's final state (step %d) is not in a committed checkpoint: %s, %lld steps "
+                             "are not saved (checkpoint.on_failure = continue); fix the storage, then resume with "
+                             "checkpoint.load=auto",
+                             last_save_error.c_str(), step, latest_text().c_str(),
+                             static_cast<long long>(step - committed_step)),
+                   kExitCheckpointFailed);
 }
 
 // The run: its phases, each behind one call.

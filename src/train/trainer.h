@@ -17,7 +17,7 @@ namespace zero3d {
 
 struct RunOptions {
   std::string run_dir;     // created by the trainer after every input has been validated
-  double peak_flops = 0;   // MFU denominator; 0 = known accelerator peak or measured GEMM rate
+  double peak_flops = 0;   // MFU denominator per rank; 0 = known accelerator peak, else on a CPU its FMA peak
   std::string peak_source;
   std::string compute_choice;  // which precision the GEMMs run in, and why (commands.cpp)
   JobInfo job;             // launch facts: local rank, Slurm job and its time left, thread settings
