@@ -11,8 +11,9 @@ zero3d_packages=(
   libgtest-dev                           # unit tests
   python3 python3-matplotlib python3-pandas python3-h5py  # postprocess/ and test checks
 )
-# tests/run.sh only: tests/slurm starts a private single-node Slurm (sbatch, srun --mpi=pmix).
-zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge)
+# tests/run.sh only: tests/slurm starts a private single-node Slurm (sbatch, srun --mpi=pmix);
+# tests/cli/test_faults.sh fails I/O calls in running ranks with libfiu (fiu-run, fiu-ctrl).
+zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge fiu-utils)
 
 # zero3d_install_deps [EXTRA_PACKAGE...]
 zero3d_install_deps() {

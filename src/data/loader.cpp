@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/posix_io.h"
 
 namespace zero3d {
 
@@ -88,8 +89,8 @@ TokenFile::TokenFile(const std::string& path, int vocab_size) : path_(path), voc
   std::vector<uint16_t> block(uint64_t(1) << 20);
   for (uint64_t at = 0; at < count && vocab_size <= 65535; at += block.size()) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), count - at));
-    if (!read_tokens(fd.fd, at, n, block.data()))
-      throw UserError(strprintf("cannot read token file '%s': %s", path.c_str(), strerror(errno)));
+    if (const std::string e = read_tokens(fd.fd, at, n, block.data()); !e.empty())
+      throw UserError(strprintf("cannot read token file '%s': %s", path.c_str(), e.c_str()));
     if (*std::max_element(block.begin(), block.begin() + n) < vocab_size) continue;
     const auto bad = std::find_if(block.begin(), block.end(), [&](uint16_t t) { return t >= vocab_size; });
     throw UserError(strprintf("'%s' holds token id %d at position %llu, but model.vocab_size is %d", path.c_str(),
@@ -134,28 +135,25 @@ TokenFile::~TokenFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool TokenFile::read_tokens(int fd, uint64_t first, size_t n, uint16_t* out) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, reinterpret_cast<char*>(out) + done * sizeof(uint16_t),
-                              (n - done) * sizeof(uint16_t), static_cast<off_t>(kHeaderBytes + (first + done) * 2));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0 || r % 2 != 0) return false;
-    done += static_cast<size_t>(r) / sizeof(uint16_t);
-  }
-  return true;
+std::string TokenFile::read_tokens(int fd, uint64_t first, size_t n, uint16_t* out) {
+  return pread_fully(fd, out, n * sizeof(uint16_t), kHeaderBytes + first * sizeof(uint16_t));
 }
 
 void TokenFile::read(uint64_t first, size_t n, uint16_t* out) const {
   // Read, not mapped: a file truncated or rewritten under the run is one clear line, not a SIGBUS.
   // Only this rank sees it, so the job ends here.
-  errno = 0;
-  if (!read_tokens(fd_, first, n, out))
-    abort_job(strprintf("token file '%s' changed under the run: tokens %llu-%llu can no longer be read (%s); the "
-                        "file was truncated or replaced. Restore it and resume from the last checkpoint",
+  if (const std::string e = read_tokens(fd_, first, n, out); e.find("truncated") != std::string::npos)
+    abort_job(strprintf("token file '%s' changed under the run: tokens %llu-%llu can no longer be read (end of "
+                        "file); the file was truncated or replaced. Restore it and resume from the last checkpoint",
                         path_.c_str(), static_cast<unsigned long long>(first),
-                        static_cast<unsigned long long>(first + n - 1), errno ? strerror(errno) : "end of file"),
+                        static_cast<unsigned long long>(first + n - 1)),
               kExitUserError);
+  else if (!e.empty())  // the storage failed, after retries: the file may be good
+    abort_job(strprintf("token file '%s': tokens %llu-%llu could not be read: %s (after retries). Resume from the "
+                        "last checkpoint when the storage reads",
+                        path_.c_str(), static_cast<unsigned long long>(first),
+                        static_cast<unsigned long long>(first + n - 1), e.c_str()),
+              kExitReadFailed);
   for (size_t i = 0; i < n; ++i)
     if (out[i] >= vocab_size_)
       abort_job(strprintf("token file '%s' changed under the run: token %llu is %d, beyond model.vocab_size %d. "

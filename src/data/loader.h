@@ -35,7 +35,7 @@ class TokenFile {
   void check_unchanged() const;
 
  private:
-  static bool read_tokens(int fd, uint64_t first, size_t n, uint16_t* out);
+  static std::string read_tokens(int fd, uint64_t first, size_t n, uint16_t* out);  // "" or what failed
   std::string path_;
   int vocab_size_ = 0;
   int fd_ = -1;

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "core/posix_io.h"
 #include "io/ckpt_dir.h"
 #include "io/ckpt_transfer.h"
 #include "io/hdf5_posix.h"
@@ -130,7 +131,9 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
   ZeroEngine& engine = run.engine;
   QuietHdf5 quiet;
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) throw UserError(strprintf("checkpoint '%s' does not exist", path.c_str()));
+  if (!fs::is_regular_file(path, ec))
+    throw UserError(strprintf("checkpoint '%s' %s", path.c_str(),
+                              fs::exists(path, ec) ? "is not a file (a directory?)" : "does not exist"));
 
   // Every rank reads the metadata itself, through zero3d's POSIX driver: a failed read is named
   // by its errno, after retries, and is never taken for a corrupt file. The ranks agree on the
@@ -202,8 +205,7 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
         throw UserError(strprintf("checkpoint '%s' was removed while it was read", path.c_str()));
       if (io_error().empty()) throw;
       io_failed = true;  // what looked like a bad file was a failed read
-      throw UserError(strprintf("checkpoint '%s' could not be read: %s (an I/O error, not a corrupt file)",
-                                path.c_str(), io_error().c_str()));
+      throw UserError(strprintf("checkpoint '%s' could not be read: %s", path.c_str(), io_error().c_str()));
     }
   });
   std::error_code fec;
@@ -247,8 +249,8 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
     out.io.transfer_s += std::chrono::duration<double>(ts - tr).count();
     if (!io_failure.empty()) {
       if (error.empty() || !io_failed)
-        error = strprintf("checkpoint '%s': reading dataset '%s' failed: %s (an I/O error, not a corrupt file)",
-                          path.c_str(), spec.path.c_str(), io_failure.c_str());
+        error = strprintf("checkpoint '%s': reading dataset '%s' failed: %s", path.c_str(), spec.path.c_str(),
+                          io_failure.c_str());
       io_failed = true;
       continue;
     }
@@ -302,8 +304,8 @@ std::optional<LoadedCheckpoint> try_load(const CheckpointRun& run, const std::st
     error = e.what();
   }
   if (run.groups.world->all_reduce_max(static_cast<int64_t>(io_failed)) != 0)
-    throw RunError(error + "; the file is not known to be bad: run again when the storage reads, with the same "
-                           "checkpoint.load",
+    throw RunError(error + "; the storage failed (after retries), the file is not known to be bad, and no older "
+                           "checkpoint was tried: run again with the same checkpoint.load when the storage reads",
                    kExitReadFailed);
   return out;
 }
@@ -328,9 +330,12 @@ std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMo
   for (int attempt = 0;; ++attempt) {
     std::vector<std::string> candidates;
     int64_t newest = INT64_MAX;
-    if (const std::string name = read_latest(dir); !name.empty()) {
+    if (const std::string name = read_latest(dir); step_of(name) >= 0 && name.find('/') == std::string::npos) {
       candidates.push_back(dir + "/" + name);
-      newest = step_of(name) >= 0 ? step_of(name) : INT64_MAX;
+      newest = step_of(name);
+    } else if (!name.empty() && root && attempt == 0) {
+      log_warn("checkpoint: '%s/latest' holds '%s', not a checkpoint's name: trying the checkpoints there, newest first",
+               dir.c_str(), printable(name).c_str());
     }
     for (const std::string& c : list_checkpoints(dir))
       if (step_of(c) < newest) candidates.push_back(c);

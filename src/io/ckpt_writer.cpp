@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/posix_io.h"
 #include "io/ckpt_transfer.h"
 #include "io/hdf5_posix.h"
 #include "parallel/watchdog.h"

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/check.h"
+#include "core/posix_io.h"
 
 namespace zero3d {
 
@@ -164,46 +165,7 @@ hid_t driver_id() {
   return id;
 }
 
-constexpr int kTries = 4;  // attempts of a read that fails with a transient error
-
-bool transient(int e) { return e == EIO || e == EAGAIN || e == EINTR; }
-
 }  // namespace
-
-std::string pread_fully(int fd, void* dst, size_t n, uint64_t at, bool zeros_past_end) {
-  char* p = static_cast<char*>(dst);
-  int fails = 0;
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(at));
-    if (r > 0) {
-      p += r, at += static_cast<uint64_t>(r), n -= static_cast<size_t>(r), fails = 0;
-      continue;
-    }
-    if (r == 0) {
-      if (!zeros_past_end) return "the file ends early (truncated)";
-      std::memset(p, 0, n);
-      return "";
-    }
-    const int e = errno;
-    if (e == EINTR) continue;
-    if (!transient(e) || ++fails >= kTries) return strerror(e);
-    std::this_thread::sleep_for(std::chrono::milliseconds(10 * fails));
-  }
-  return "";
-}
-
-std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int rest_fd) {
-  const char* p = static_cast<const char*>(src);
-  while (n > 0) {
-    const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(at));
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) return strerror(errno);
-    if (w == 0) return "the system wrote nothing (no error given)";
-    p += w, at += static_cast<uint64_t>(w), n -= static_cast<size_t>(w);
-    if (n > 0 && rest_fd >= 0) fd = rest_fd, rest_fd = -1;  // a short direct write: the rest is unaligned
-  }
-  return "";
-}
 
 Hid posix_file_access() {
   Hid fapl(H5Pcreate(H5P_FILE_ACCESS));

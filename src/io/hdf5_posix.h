@@ -14,8 +14,6 @@
 // Invariant: the error register is per thread (each thread opens, uses and closes its own files);
 // clear it before opening a file, read it after closing.
 #pragma once
-#include <cstddef>
-#include <cstdint>
 #include <string>
 
 #include "io/hdf5.h"
@@ -28,14 +26,5 @@ Hid posix_file_access();
 // strerror, e.g. "writing '/ck/step_00000010.h5.tmp': No space left on device".
 std::string io_error();
 void clear_io_error();
-
-// The POSIX calls themselves, for the files zero3d reads and writes without HDF5 too. Each
-// returns "" or what failed (strerror, or why the count fell short).
-// n bytes at `at` of fd: short reads completed, EINTR and transient errors (EIO, EAGAIN) retried
-// with a short back-off; the end of the file is "truncated", or zeros with zeros_past_end.
-std::string pread_fully(int fd, void* dst, size_t n, uint64_t at, bool zeros_past_end = false);
-// n bytes to `at` of fd, short writes completed. rest_fd >= 0: after a short write the rest goes
-// there (a short write on an O_DIRECT descriptor leaves the rest unaligned for it).
-std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int rest_fd = -1);
 
 }  // namespace zero3d

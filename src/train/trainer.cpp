@@ -144,7 +144,7 @@ struct Trainer::State {
   bool mem_swapped_any = false;  // some rank offloads to nvme
   bool mem_host_any = false;     // some rank offloads its optimizer from a device to host memory
   bool validating = false;
-  Fault fault;
+  Fault fault = Fault::from_env();  // ZERO3D_FAULT, read once
   Clock::time_point run_start;
   int first_step = 1, profiled_step = 0;  // profiled_step 0: none
 
@@ -263,8 +263,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     if (st.loss_scaler_dynamic && s.scaler.dynamic()) s.scaler.restore(st.loss_scaler);
   }
   // Everything above validated the inputs; only now does the run directory appear, locked by
-  // this run, and the checkpoint directory, locked too (two runs saving into one directory would
-  // prune each other's checkpoints), checked before anything is written there.
+  // this run, with the checkpoint directory checked (and locked) before anything is written there.
   bool created_run_dir = false;
   world.agree([&] {
     if (!s.is_root()) return;
@@ -275,13 +274,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
       std::string warning;
       s.lock = std::make_unique<DirLock>(s.opt.run_dir, "run directory", "another --run-dir", warning);
       if (!warning.empty()) log_warn("%s", warning.c_str());
-      if (config.checkpoint.save_interval > 0) {
-        const char* what = "checkpoint directory (checkpoint.dir)";
-        create_directory(s.ckpt_dir, what);
-        if (!fs::equivalent(s.ckpt_dir, s.opt.run_dir, ec))
-          s.ckpt_lock = std::make_unique<DirLock>(s.ckpt_dir, what, "another checkpoint.dir", warning);
-        if (!warning.empty()) log_warn("%s", warning.c_str());
-      }
+      if (config.checkpoint.save_interval > 0) create_directory(s.ckpt_dir, "checkpoint directory (checkpoint.dir)");
     } catch (const UserError&) {  // leave no trace of this run: it never started
       s.lock.reset();
       if (created_run_dir) fs::remove_all(s.opt.run_dir, ec);
@@ -319,15 +312,25 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
 }
 
 // The checkpoint directory, before training: writable from every rank's node (a probe file each),
-// and (rank 0) with room for the checkpoints this run keeps. Partial files of saves that died
-// are removed first (this run holds the run dir's lock). UserError (exit 2) naming the numbers.
+// locked by this run (two runs saving into one directory would prune each other's checkpoints),
+// and (rank 0) with room for the checkpoints this run keeps. Partial files of saves that died are
+// removed once the lock is held. UserError (exit 2) naming the numbers or the holder.
 void Trainer::State::check_storage() {
   ProcessGroup& world = *groups.world;
-  if (is_root()) remove_partial_saves(ckpt_dir);
   world.agree([&] {
     if (const std::string e = probe_writable(ckpt_dir, groups.world_rank); !e.empty())
       throw UserError(strprintf("checkpoint directory (checkpoint.dir) is not writable from rank %d: %s",
                                 groups.world_rank, e.c_str()));
+  });
+  world.agree([&] {
+    if (!is_root()) return;
+    std::error_code ec;
+    std::string warning;
+    if (!fs::equivalent(ckpt_dir, opt.run_dir, ec))  // else the run dir's lock is this one
+      ckpt_lock = std::make_unique<DirLock>(ckpt_dir, "checkpoint directory (checkpoint.dir)",
+                                            "another checkpoint.dir", warning);
+    if (!warning.empty()) log_warn("%s", warning.c_str());
+    remove_partial_saves(ckpt_dir);
   });
   world.agree([&] {
     if (!is_root()) return;
@@ -677,7 +680,6 @@ void Trainer::State::start_run() {
     mem_bandwidth = measure_copy_bandwidth(be, 0.2);
     if (be.kind() == BackendKind::host) compute_peak = best_fma_peak(0.1) * cpu::threads();
   }
-  fault = Fault::from_env();
   CommLog& comms = comm_log();
   comms.enabled = c.comms_logger.enabled, comms.verbose = c.comms_logger.verbose;
   if (!c.comms_logger.prof_all) comms.ops.insert(c.comms_logger.prof_ops.begin(), c.comms_logger.prof_ops.end());
@@ -959,6 +961,13 @@ int Trainer::run() {
   if (s.start_step >= s.cfg.train_steps)
     log_info("zero3d: the checkpoint is at step %lld, train_steps is %d: nothing to train",
              static_cast<long long>(s.start_step), s.cfg.train_steps);
+  // A run dir removed under the run (rm -rf) took its metrics and its lock with it: not "done".
+  const bool gone = s.is_root() && s.lock && !s.lock->still_held();
+  if (s.groups.world->all_reduce_max(static_cast<int64_t>(gone)) != 0)
+    throw RunError(strprintf("the run directory '%s' was removed while the run went on: its metrics.jsonl%s and its lock "
+                             "are gone, and a second run could have started there",
+                             s.opt.run_dir.c_str(), s.cfg.checkpoint.dir.empty() ? ", its checkpoints" : ""),
+                   kExitCheckpointFailed);
   if (s.metrics) log_info("zero3d: done; metrics in %s", s.metrics->path().c_str());
   return 0;
 }

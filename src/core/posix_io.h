@@ -1,0 +1,21 @@
+// core/posix_io.h: reads and writes of whole byte ranges, as POSIX leaves them to the caller:
+// short counts completed (a signal, a pipe, a network or FUSE file system, libfiu's "reduce"
+// points in the fault tests), EINTR retried, and a read that fails with a transient error
+// (EIO, EAGAIN) retried a few times with a short back-off before it is reported. Every file
+// zero3d reads or writes outside HDF5 and the swap files goes through these.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace zero3d {
+
+// Each returns "" or what failed (strerror, or why the count fell short).
+// n bytes at `at` of fd: short reads completed, EINTR and transient errors (EIO, EAGAIN) retried
+// with a short back-off; the end of the file is "truncated", or zeros with zeros_past_end.
+std::string pread_fully(int fd, void* dst, size_t n, uint64_t at, bool zeros_past_end = false);
+// n bytes to `at` of fd, short writes completed. rest_fd >= 0: after a short write the rest goes
+// there (a short write on an O_DIRECT descriptor leaves the rest unaligned for it).
+std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int rest_fd = -1);
+
+}  // namespace zero3d
