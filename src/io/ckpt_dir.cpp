@@ -1,6 +1,7 @@
 #include "io/ckpt_dir.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -42,16 +43,27 @@ std::string read_latest(const std::string& dir) {
   return f >> name ? name : std::string();
 }
 
+std::string printable(const std::string& s) {
+  std::string out;
+  for (const char c : s.substr(0, 64)) out += std::isprint(static_cast<unsigned char>(c)) ? c : '?';
+  return s.size() > 64 ? out + "..." : out;
+}
+
 std::string checkpoint_file(const std::string& dir_or_file) {
   std::error_code ec;
   if (fs::is_regular_file(dir_or_file, ec)) return dir_or_file;
   if (!fs::is_directory(dir_or_file, ec))
-    throw UserError(strprintf("checkpoint '%s' does not exist (give a checkpoint file or a checkpoint directory)",
-                              dir_or_file.c_str()));
+    throw UserError(strprintf("checkpoint '%s' %s (give a checkpoint file or a checkpoint directory)",
+                              dir_or_file.c_str(), fs::exists(dir_or_file, ec) ? "is neither a file nor a directory"
+                                                                                : "does not exist"));
   const std::string name = read_latest(dir_or_file);
   if (name.empty())
     throw UserError(strprintf("checkpoint directory '%s' has no 'latest' file (no checkpoint was committed there)",
                               dir_or_file.c_str()));
+  if (step_of(name) < 0 || name.find('/') != std::string::npos)
+    throw UserError(strprintf("checkpoint directory '%s': its 'latest' holds '%s', not a checkpoint's name "
+                              "(step_XXXXXXXX.h5): give the checkpoint file itself",
+                              dir_or_file.c_str(), printable(name).c_str()));
   return dir_or_file + "/" + name;
 }
 

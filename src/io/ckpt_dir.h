@@ -17,10 +17,12 @@ namespace zero3d {
 int64_t step_of(const std::string& file);
 // Committed checkpoints in dir (step_*.h5), newest first; none when dir does not exist.
 std::vector<std::string> list_checkpoints(const std::string& dir);
-// The file name DIR/latest holds, "" when there is none.
+// The file name DIR/latest holds, "" when there is none (as written: it may not be a checkpoint's).
+// printable: a name as a message may show it (no control bytes, at most 64 characters).
 std::string read_latest(const std::string& dir);
+std::string printable(const std::string& s);
 // The checkpoint file DIR_OR_FILE names: a file as is; a directory through its `latest`.
-// Throws UserError when there is none.
+// Throws UserError when there is none, or `latest` holds no checkpoint's name.
 std::string checkpoint_file(const std::string& dir_or_file);
 // Rank 0, once the file at `tmp` is complete: publish it as `final_path` and point `latest` at it,
 // then prune (keep_last > 0: the newest keep_last stay) and remove partial saves. Returns "" or

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "core/log.h"
 #include "io/ckpt_dir.h"
 #include "io/ckpt_format.h"
+#include "io/hdf5_posix.h"
 #include "model/gpt.h"
 
 namespace zero3d {
@@ -36,16 +38,26 @@ struct CheckpointFile {
   Hid file;
 };
 
-// Opens the checkpoint DIR_OR_FILE names, serially (sec2). Callers hold a QuietHdf5.
-CheckpointFile open_checkpoint(const std::string& dir_or_file) {
+// Opens the checkpoint DIR_OR_FILE names, through zero3d's POSIX driver (io/hdf5_posix.h).
+// Callers hold a QuietHdf5. A file that is there but no HDF5 file is a corrupt checkpoint (exit 4)
+// for verify, a bad input (exit 2) for the others; a failed read is the storage's (exit 10).
+CheckpointFile open_checkpoint(const std::string& dir_or_file, bool verifying = false) {
   CheckpointFile c{checkpoint_file(dir_or_file), Hid()};
   std::error_code ec;
   if (!std::filesystem::is_regular_file(c.path, ec))
-    throw UserError(strprintf("checkpoint '%s' does not exist", c.path.c_str()));
-  c.file = Hid(H5Fopen(c.path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-  if (!c.file.valid())
-    throw UserError(strprintf("checkpoint '%s' cannot be opened: not an HDF5 file, or truncated or corrupt",
-                              c.path.c_str()));
+    throw UserError(strprintf("checkpoint '%s' %s", c.path.c_str(),
+                              std::filesystem::exists(c.path, ec) ? "is not a file" : "does not exist"));
+  clear_io_error();
+  c.file = Hid(H5Fopen(c.path.c_str(), H5F_ACC_RDONLY, posix_file_access().get()));
+  if (!c.file.valid() && !io_error().empty())
+    throw RunError(strprintf("checkpoint '%s' could not be read: %s", c.path.c_str(), io_error().c_str()),
+                   kExitReadFailed);
+  if (!c.file.valid()) {
+    const std::string what = strprintf("checkpoint '%s' cannot be opened: not an HDF5 file, or truncated or corrupt",
+                                       c.path.c_str());
+    if (verifying) throw RunError(what, kExitInconsistent);
+    throw UserError(what);
+  }
   std::string format;
   if (!read_attr(c.file.get(), "format", format) || format != "zero3d-checkpoint")
     throw UserError(strprintf("'%s' is an HDF5 file but not a zero3d checkpoint (attribute 'format' is not "
@@ -135,10 +147,17 @@ std::vector<std::string> dataset_paths(const CheckpointFile& c) {
   return paths;
 }
 
-// Reads rows [r0, r0 + k) of dataset d into buf and adds their checksum (io/checkpoint.h) to sum.
-// Returns false when HDF5 cannot read them.
+// What verify learns of a dataset's values: their checksum, and the ones that are not finite
+// numbers (a run that diverged saved them).
+struct DatasetSum {
+  uint64_t sum = 0;
+  uint64_t nonfinite = 0, first_nonfinite = 0;
+};
+
+// Reads rows [r0, r0 + k) of dataset d into buf and adds their checksum (io/checkpoint.h) and
+// non-finite values to s. Returns false when HDF5 cannot read them.
 template <typename T>
-bool read_rows(hid_t ds, const DatasetInfo& d, hsize_t r0, hsize_t k, std::vector<T>& buf, uint64_t& sum) {
+bool read_rows(hid_t ds, const DatasetInfo& d, hsize_t r0, hsize_t k, std::vector<T>& buf, DatasetSum& s) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint16_t>);
   const hid_t mem_type = std::is_same_v<T, float> ? H5T_NATIVE_FLOAT : H5T_NATIVE_UINT16;
   const hsize_t n = k * d.row_size();
@@ -156,19 +175,28 @@ bool read_rows(hid_t ds, const DatasetInfo& d, hsize_t r0, hsize_t k, std::vecto
         H5Dread(ds, mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, buf.data()) < 0)
       return false;
   }
-  sum += checksum_run(r0 * d.row_size(), buf.data(), n);
+  s.sum += checksum_run(r0 * d.row_size(), buf.data(), n);
+  // 16 bits: all exponent bits set is inf or nan, in bf16 (8 of them) as in fp16 (5).
+  const uint16_t exp16 = d.half == "float16" ? 0x7C00 : 0x7F80;
+  for (hsize_t i = 0; i < n; ++i) {
+    bool bad;
+    if constexpr (std::is_same_v<T, float>) bad = !std::isfinite(buf[i]);
+    else bad = (buf[i] & exp16) == exp16;
+    if (bad && s.nonfinite++ == 0) s.first_nonfinite = r0 * d.row_size() + i;
+  }
   return true;
 }
 
-// The checksum of the whole dataset, a block of rows at a time; nullopt when a read fails.
+// The checksum and non-finite values of the whole dataset, a block of rows at a time; nullopt
+// when a read fails.
 template <typename T>
-std::optional<uint64_t> dataset_checksum(hid_t ds, const DatasetInfo& d) {
+std::optional<DatasetSum> dataset_checksum(hid_t ds, const DatasetInfo& d) {
   const hsize_t block = std::max<hsize_t>(1, kBlockElems / std::max<hsize_t>(d.row_size(), 1));
   std::vector<T> buf;
-  uint64_t sum = 0;
+  DatasetSum s;
   for (hsize_t r = 0; r < d.rows(); r += block)
-    if (!read_rows(ds, d, r, std::min(block, d.rows() - r), buf, sum)) return std::nullopt;
-  return sum;
+    if (!read_rows(ds, d, r, std::min(block, d.rows() - r), buf, s)) return std::nullopt;
+  return s;
 }
 
 std::string mib(uint64_t bytes) { return strprintf("%.2f MiB", double(bytes) / (1 << 20)); }
@@ -211,7 +239,8 @@ int ckpt_inspect(const std::string& dir_or_file) {
 
 int ckpt_verify(const std::string& dir_or_file) {
   QuietHdf5 quiet;
-  const CheckpointFile c = open_checkpoint(dir_or_file);
+  const CheckpointFile c = open_checkpoint(dir_or_file, /*verifying=*/true);
+  bool io_failed = false;
   const std::vector<std::string> paths = dataset_paths(c);
   std::vector<std::pair<std::string, std::string>> failures;  // (dataset, what is wrong)
   // Every tensor load_checkpoint needs must be there (and /model, which export reads).
@@ -241,21 +270,27 @@ int ckpt_verify(const std::string& dir_or_file) {
       failures.push_back({p, "has no checksum attribute"});
       continue;
     }
-    const std::optional<uint64_t> sum =
+    const std::optional<DatasetSum> sum =
         d.elem == Elem::f32 ? dataset_checksum<float>(ds.get(), d) : dataset_checksum<uint16_t>(ds.get(), d);
-    if (!sum)
+    if (!sum && !io_error().empty())
+      io_failed = true, failures.push_back({p, "cannot be read: " + io_error() + " (the storage failed)"});
+    else if (!sum)
       failures.push_back({p, "cannot be read (corrupt or truncated file)"});
-    else if (*sum != stored)
+    else if (sum->sum != stored)
       failures.push_back({p, strprintf("fails its checksum (stored %016llx, data gives %016llx)",
-                                       (unsigned long long)stored, (unsigned long long)*sum)});
+                                       (unsigned long long)stored, (unsigned long long)sum->sum)});
+    else if (sum->nonfinite > 0)
+      failures.push_back({p, strprintf("holds %llu non-finite values (inf or nan; the first is element %llu): the run "
+                                       "had diverged when it saved this checkpoint",
+                                       (unsigned long long)sum->nonfinite, (unsigned long long)sum->first_nonfinite)});
   }
   for (const auto& [p, what] : failures)
     log_info("checkpoint '%s': dataset '%s' %s", c.path.c_str(), p.c_str(), what.c_str());
   if (!failures.empty())
     throw RunError(strprintf("checkpoint '%s' fails verification: %zu problem%s in %zu datasets (see above)",
                              c.path.c_str(), failures.size(), failures.size() == 1 ? "" : "s", paths.size()),
-                   kExitInconsistent);
-  log_info("checkpoint '%s': all %zu datasets match their checksums (%llu bytes, %s)", c.path.c_str(), paths.size(),
+                   io_failed ? kExitReadFailed : kExitInconsistent);
+  log_info("checkpoint '%s': all %zu datasets match their checksums, every value finite (%llu bytes, %s)", c.path.c_str(), paths.size(),
            (unsigned long long)bytes, mib(bytes).c_str());
   return 0;
 }
@@ -311,13 +346,14 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
   std::vector<uint16_t> u16;
   for (const DatasetInfo& d : tensors) {
     Hid ds = open_checkpoint_dataset(c.file.get(), c.path, d.path);
-    uint64_t sum = 0, stored = 0;
+    DatasetSum sum;
+    uint64_t stored = 0;
     const bool ok = d.elem == Elem::f32 ? read_rows(ds.get(), d, 0, d.rows(), f32, sum)
                                         : read_rows(ds.get(), d, 0, d.rows(), u16, sum);
     if (!ok)
       throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be read (corrupt or truncated file)",
                                 c.path.c_str(), d.path.c_str()));
-    if (!read_attr(ds.get(), "checksum", stored) || stored != sum)
+    if (!read_attr(ds.get(), "checksum", stored) || stored != sum.sum)
       throw UserError(strprintf("checkpoint '%s': dataset '%s' has no checksum or fails it: the file is corrupt "
                                 "(zero3d ckpt verify lists every bad dataset)",
                                 c.path.c_str(), d.path.c_str()));

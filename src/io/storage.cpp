@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -68,6 +69,13 @@ DirLock::DirLock(const std::string& dir, const std::string& what, const std::str
     fd_ = -1;
     throw UserError(strprintf("cannot write the lock '%s' of the %s: %s", path_.c_str(), what.c_str(), strerror(err)));
   }
+}
+
+bool DirLock::still_held() const {
+  if (fd_ < 0) return true;  // nothing was locked (a file system without flock)
+  struct stat mine {}, there {};
+  return ::fstat(fd_, &mine) == 0 && mine.st_nlink > 0 && ::stat(path_.c_str(), &there) == 0 &&
+         there.st_ino == mine.st_ino && there.st_dev == mine.st_dev;
 }
 
 DirLock::~DirLock() {

@@ -19,6 +19,8 @@ class DirLock {
   // when a dead run's lock was taken over or locking is unsupported ("" otherwise).
   DirLock(const std::string& dir, const std::string& what, const std::string& instead, std::string& warning);
   ~DirLock();  // removes the lock file: nothing is left behind
+  // The lock file is still this lock's, at its path (false once the directory was removed).
+  bool still_held() const;
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;
 

@@ -20,6 +20,7 @@
 #include "train/trainer.h"
 #include "parallel/groups.h"
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 
 namespace zero3d {
@@ -320,6 +321,11 @@ int cmd_data(const Args& a) {
     else texts.push_back(a[i]);
   }
   if (texts.empty() || out.empty()) throw UserError(strprintf("data prepare needs TEXT files and --out\n%s", kDataUsage));
+  for (const std::string& t : texts) {  // the output replaces its file only when done: it must not be an input
+    std::error_code ec;
+    if (std::filesystem::equivalent(t, out, ec))
+      throw UserError(strprintf("data prepare: --out '%s' is also an input text: give another output file", out.c_str()));
+  }
   if (ProcessGroup::world()->rank() == 0) {
     uint64_t n = prepare_token_file(texts, out);
     log_info("wrote %llu tokens to %s", static_cast<unsigned long long>(n), out.c_str());

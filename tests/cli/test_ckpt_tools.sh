@@ -72,10 +72,20 @@ flip "$B/step_00000004.h5" "$tmp/bad16.h5" /model/h.2.mlp.c_fc.weight
 expect_exit 4 verify-flip16 "$tmp/bad16.h5': dataset '/model/h.2.mlp.c_fc.weight' fails its checksum" \
   "$z3d" ckpt verify "$tmp/bad16.h5"
 head -c $(( $(stat -c %s "$A/step_00000004.h5") / 2 )) "$A/step_00000004.h5" > "$tmp/half.h5"
-expect_exit 2 verify-truncated "zero3d: error: checkpoint '$tmp/half.h5' cannot be opened" "$z3d" ckpt verify "$tmp/half.h5"
+# A file that is there but no HDF5 file (truncated, empty, text) is a corrupt checkpoint: exit 4 (#33).
+expect_exit 4 verify-truncated "zero3d: error: checkpoint '$tmp/half.h5' cannot be opened" "$z3d" ckpt verify "$tmp/half.h5"
+: > "$tmp/empty.h5"
+expect_exit 4 verify-empty "zero3d: error: checkpoint '$tmp/empty.h5' cannot be opened" "$z3d" ckpt verify "$tmp/empty.h5"
 echo "not a checkpoint" > "$tmp/text.h5"
-expect_exit 2 verify-text "checkpoint '$tmp/text.h5' cannot be opened: not an HDF5 file" \
+expect_exit 4 verify-text "checkpoint '$tmp/text.h5' cannot be opened: not an HDF5 file" \
   $MPIRUN -np 2 "$z3d" ckpt verify "$tmp/text.h5"
+# A `latest` that holds garbage, or names a directory: said as such, not "does not exist" (#33).
+mkdir -p "$tmp/junk/step_00000007.h5"
+printf '\001\002garbage\n' > "$tmp/junk/latest"
+expect_exit 2 verify-latest-garbage "checkpoint directory '$tmp/junk': its 'latest' holds '..garbage', not a checkpoint's name" \
+  "$z3d" ckpt verify "$tmp/junk"
+echo step_00000007.h5 > "$tmp/junk/latest"
+expect_exit 2 verify-latest-dir "checkpoint '$tmp/junk/step_00000007.h5' is not a file" "$z3d" ckpt verify "$tmp/junk"
 $PY -c "import h5py, sys; h5py.File(sys.argv[1], 'w')['x'] = [1.0]" "$tmp/foreign.h5"
 expect_exit 2 verify-foreign "'$tmp/foreign.h5' is an HDF5 file but not a zero3d checkpoint" \
   "$z3d" ckpt verify "$tmp/foreign.h5"
@@ -157,10 +167,22 @@ for ckpt, name in [(fp32, "/model/h.0.attn.c_attn.weight"), (fp32, "/optimizer/e
         got, stored = checksum(f[name]), int(f[name].attrs["checksum"])
         assert got == stored, f"{name}: numpy checksum {got:016x}, stored {stored:016x}"
         print(f"ok checksum {name} = {stored:016x} recomputed in numpy")
+
+# A diverged state: nan and inf in one tensor, its checksum made to match (a run saved it so).
+import shutil
+shutil.copyfile(fp32, tmp + "/nonfinite.h5")
+with h5py.File(tmp + "/nonfinite.h5", "r+") as f:
+    ds = f["/model/h.1.mlp.c_fc.bias"]
+    v = ds[()]
+    v[3], v[10] = np.nan, np.inf
+    ds[...] = v
+    ds.attrs["checksum"] = np.uint64(checksum(ds))
 PY
+expect_exit 4 verify-nonfinite "dataset '/model/h.1.mlp.c_fc.bias' holds 2 non-finite values \(inf or nan; the first is element 3\)" \
+  "$z3d" ckpt verify "$tmp/nonfinite.h5"
 
 # 6. a checkpoint another tool rewrote (chunked, compressed: h5repack) still loads, through
-#    parallel HDF5 instead of the offset reads, to the same state: resuming it trains the same step.
+#    HDF5 (each rank its own selection) instead of the offset reads, to the same state: resuming it trains the same step.
 h5repack -f GZIP=1 -l CHUNK=16x16 "$A/step_00000004.h5" "$tmp/repacked.h5"
 h5dump -pH -d /model/wte "$tmp/repacked.h5" | grep -q CHUNKED || fail "h5repack: /model/wte is not chunked"
 for f in "$A/step_00000004.h5" "$tmp/repacked.h5"; do

@@ -68,6 +68,12 @@ h = struct.unpack('<256i', b[:1024])
 assert h[:3] == (20240520, 1, 12), h[:3]
 assert bytes(struct.unpack('<12H', b[1024:])) == b'hello world\\n'
 " "$tmp/hw.bin" && [[ ! -e "$tmp/hw.bin.tmp" ]]; then passes=$((passes+1)); else echo "FAIL data prepare output"; fails=$((fails+1)); fi
+# found by a hostile probe (issue #33): an output that is one of the inputs, a checkpoint.dir that is a file
+expect prepare-into-input "--out '$tmp/a.txt' is also an input text" "$z3d" data prepare "$tmp/b.txt" "$tmp/a.txt" --out "$tmp/a.txt"
+[[ $(cat "$tmp/a.txt") == "hello " ]] && passes=$((passes+1)) || { echo "FAIL data prepare overwrote its input"; fails=$((fails+1)); }
+echo "a file" > "$tmp/afile"
+expect ckpt-dir-is-file   "cannot create checkpoint directory (checkpoint.dir) '$tmp/afile': Not a directory" \
+                                                                     train $tiny --set checkpoint.dir=\"$tmp/afile\" --set checkpoint.save_interval=5
 
 # bench io: writes, syncs and removes its file, and reports a rate
 if out=$($MPIRUN -np 2 "$z3d" bench io --dir "$tmp" --bytes 4e6 2>&1) && grep -qE "^4000000 bytes in [0-9.]+ s: [0-9.]+ MB/s" <<< "$out" &&

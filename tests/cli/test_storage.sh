@@ -204,4 +204,43 @@ has swap_full "^zero3d: error: offload to nvme: cannot reserve 3\.[0-9] MB for s
 [[ ! -e $tmp/swap_ro && ! -e $tmp/swap_full ]] || fail "swap: a run dir was created by a run that never started"
 [[ -z $(find "$mnt/swap" -mindepth 1) ]] || fail "swap_full: left behind: $(find "$mnt/swap" -mindepth 1)"
 echo "ok   offload to nvme: a read-only or too small nvme_path is refused at start (exit 2), nothing left"
+# ---- 11. two runs, their own run dirs, one checkpoint.dir: the second is refused naming the holder ----
+shared="$tmp/shared_ck"
+$MPIRUN -np 2 "$z3d" train "${tiny[@]}" --run-dir "$tmp/writer1" --set checkpoint.dir="$shared" \
+  --set checkpoint.save_interval=5 --set checkpoint.keep_last=2 --set train_steps=100000 > "$tmp/writer1.log" 2>&1 &
+holder=$!
+for _ in $(seq 300); do grep -q "^step " "$tmp/writer1.log" && break; sleep 0.1; done
+run writer2 2 --run-dir "$tmp/writer2" --set checkpoint.dir="$shared" --set checkpoint.save_interval=7 \
+  --set checkpoint.keep_last=2 --set train_steps=14 --set seed=99
+expect_rc writer2 2
+has writer2 "^zero3d: error: checkpoint directory \(checkpoint.dir\) '$shared' is in use by another zero3d run \(host [^ ]+ pid [0-9]+ since [0-9T:-]+; lock file $shared/.lock\)"
+[[ ! -e $tmp/writer2 ]] || fail "writer2: the refused run left its run dir"
+# A reader (no saves, so no lock) racing the writer's pruning (keep_last 1, a save every step)
+# re-reads 'latest' instead of calling the pruned file corrupt.
+kill -USR1 $holder; wait $holder
+$MPIRUN -np 2 "$z3d" train "${tiny[@]}" --run-dir "$tmp/writer1" --set checkpoint.dir="$shared" --set checkpoint.load=auto \
+  --set checkpoint.save_interval=1 --set checkpoint.keep_last=1 --set train_steps=100000 > "$tmp/writer1b.log" 2>&1 &
+holder=$!
+for _ in $(seq 300); do grep -q "^step " "$tmp/writer1b.log" && break; sleep 0.1; done
+for k in 1 2 3 4 5 6; do
+  run reader$k 1 --run-dir "$tmp/reader$k" --set checkpoint.dir="$shared" --set checkpoint.load=auto \
+    --set checkpoint.save_interval=0 --set train_steps=1
+  expect_rc reader$k 0
+  has reader$k "resumed from $shared/step_[0-9]+.h5"
+  ! grep -qiE "corrupt|truncated" "$tmp/reader$k.log" || { cat "$tmp/reader$k.log"; fail "reader$k: a pruned file was called bad"; }
+done
+kill -USR1 $holder; wait $holder
+no_leftovers lock "$shared" "$tmp/writer1"
+echo "ok   one checkpoint.dir, two runs: the second is refused naming the holder; readers racing the pruning load"
+# ---- 12. the run dir removed under the run: not "done", exit 7 naming what is gone ----
+$MPIRUN -np 2 "$z3d" train "${tiny[@]}" --run-dir "$tmp/removed" --set checkpoint.save_interval=0 \
+  --set train_steps=300 > "$tmp/removed.log" 2>&1 &
+launcher=$!
+for _ in $(seq 300); do grep -q "^step " "$tmp/removed.log" && break; sleep 0.1; done
+rm -rf "$tmp/removed"
+rc=0; wait $launcher || rc=$?
+expect_rc removed 7
+has removed "^zero3d: error: the run directory '$tmp/removed' was removed while the run went on: its metrics.jsonl, its checkpoints and its lock are gone"
+! grep -q "zero3d: done" "$tmp/removed.log" || fail "removed: it said done"
+echo "ok   the run dir removed mid-run: exit 7, not done"
 echo "storage: all passed"
