@@ -3,9 +3,12 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 namespace zero3d {
 
@@ -59,6 +62,11 @@ void fatal(const char* library, const std::string& message, const char* statemen
 
 void abort_job(const std::string& message, int exit_code) {
   const Where w;
+  // Ranks that find one fault at once (every rank reads the changed token file) would each print
+  // and abort, and OpenMPI's reports of the aborts collide (ORTE_ERROR_LOG: Data unpack would read
+  // past end of buffer). The lowest goes first; a higher rank waits a moment, in which the first
+  // abort has usually ended it: one line for the job.
+  if (w.mpi && w.rank > 0) std::this_thread::sleep_for(std::chrono::seconds(2));
   fprintf(stderr, "zero3d: error (rank %d, %s): %s\n", w.rank, w.host, message.c_str());
   w.abort(exit_code);
 }

@@ -1,6 +1,7 @@
 #include "io/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -208,11 +209,13 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
       throw UserError(strprintf("checkpoint '%s' could not be read: %s", path.c_str(), io_error().c_str()));
     }
   });
-  std::error_code fec;
-  const uint64_t file_size = fs::file_size(path, fec);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-
-  const int open_errno = fd < 0 ? errno : 0;
+  // The data comes through the descriptor HDF5 opened: a file pruned (unlinked) from here on is
+  // still read whole.
+  void* handle = nullptr;
+  H5Fget_vfd_handle(file.get(), H5P_DEFAULT, &handle);
+  const int fd = handle ? *static_cast<int*>(handle) : -1;
+  struct stat st {};
+  const uint64_t file_size = fd >= 0 && ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 
   // Data: every rank reads its pieces itself, in the same dataset order; a failure is recorded and
   // the rank goes on, so the ranks agree on it below.
@@ -232,8 +235,7 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
       char* dst = reinterpret_cast<char*>(buf.data());
       for (const auto& [first, n] : element_runs(*p, spec.dims)) {
         const uint64_t at = offsets[k] + first * sizeof(float);
-        if (fd < 0 && open_errno == ENOENT) failed = "it was removed while it was read";
-        else if (fd < 0) io_failure = strprintf("opening '%s': %s", path.c_str(), strerror(open_errno));
+        if (fd < 0) failed = "no file descriptor for it";
         else if (at + n * sizeof(float) > file_size) failed = "the file ends early (truncated)";
         else if (std::string e = pread_fully(fd, dst, n * sizeof(float), at); !e.empty())
           (e.find("truncated") != std::string::npos ? failed : io_failure) = e;
@@ -265,7 +267,6 @@ LoadedCheckpoint load_file(const CheckpointRun& run, const std::string& path, do
     engine.write_state(engine_state(spec.kind), p->piece, buf.data());
     out.io.stage_s += seconds_since(ts);
   }
-  if (fd >= 0) ::close(fd);
   for (const DatasetSpec& spec : specs) {
     size_t elems = 1;
     for (hsize_t d : spec.dims) elems *= d;
@@ -326,6 +327,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMo
   // made again from `latest` (a few times), and the pruned file is not called bad.
   ProcessGroup& world = *run.groups.world;
   const bool root = world.rank() == 0;
+  constexpr int kPrunedTries = 10;
   std::string errors;
   for (int attempt = 0;; ++attempt) {
     std::vector<std::string> candidates;
@@ -349,7 +351,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMo
       }
       std::error_code ec;
       pruned = world.all_reduce_max(static_cast<int64_t>(!fs::exists(c, ec))) != 0;
-      if (pruned && attempt < 3) {
+      if (pruned && attempt < kPrunedTries) {
         if (root) log_warn("checkpoint: '%s' was removed while it was read (another run prunes '%s'); reading 'latest' again",
                            c.c_str(), dir.c_str());
         break;
@@ -357,7 +359,7 @@ std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMo
       if (root) log_warn("checkpoint: %s; trying an older one", error.c_str());
       errors += "\n  " + error;
     }
-    if (!pruned || attempt >= 3) break;
+    if (!pruned || attempt >= kPrunedTries) break;
   }
   throw UserError(strprintf("checkpoint.load = auto: no checkpoint in '%s' loads:%s", dir.c_str(), errors.c_str()));
 }

@@ -157,6 +157,9 @@ rc=$?
 expect_rc trunc 2
 has trunc "^zero3d: error \(rank [01], [^)]*\): token file '$tmp/train.bin' changed under the run: tokens [0-9]+-[0-9]+ can no longer be read \(end of file\)"
 ! grep -qiE "bus error|signal 7" "$tmp/trunc.log" || fail "trunc: a SIGBUS"
+# Both ranks read the file: one line for the job, and no OpenMPI noise from two aborts at once.
+[[ $(grep -c "^zero3d: error" "$tmp/trunc.log") -eq 1 ]] || { cat "$tmp/trunc.log"; fail "trunc: not one error line"; }
+! grep -q "ORTE_ERROR_LOG" "$tmp/trunc.log" || { cat "$tmp/trunc.log"; fail "trunc: OpenMPI's ORTE_ERROR_LOG"; }
 echo "ok   training file truncated mid-run: exit 2 naming it, no SIGBUS"
 
 # ---- 9. background saves change nothing: the same metrics and files as saves in place ----
