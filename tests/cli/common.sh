@@ -6,7 +6,10 @@ z3d=$1
 MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
 cd "$2"
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# stop_jobs: the test's background runs (a case that failed left them) die with it; their ranks
+# die with their launcher (PR_SET_PDEATHSIG). Otherwise they train on and slow every later test.
+stop_jobs() { local j; for j in $(jobs -p); do pkill -9 -P "$j" 2>/dev/null; kill -9 "$j" 2>/dev/null; done; return 0; }
+trap 'stop_jobs; rm -rf "$tmp"' EXIT
 
 # fail MESSAGE: the test fails, saying why.
 fail() { echo "FAIL: $*" >&2; exit 1; }

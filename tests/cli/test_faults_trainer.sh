@@ -8,6 +8,7 @@ set -u
 source "$(dirname "$0")/common.sh" "$@"
 mnt="$tmp/mnt"
 cleanup() {
+  stop_jobs
   mountpoint -q "$mnt" && umount "$mnt"
   rm -rf "$tmp"
 }

@@ -11,6 +11,7 @@ source "$(dirname "$0")/common.sh" "$@"
 mnt="$tmp/mnt"
 mkdir -p "$mnt/ro_src" "$mnt/ro" "$mnt/small" "$mnt/mid" "$mnt/swap"
 cleanup() {
+  stop_jobs
   for m in "$mnt/ro" "$mnt/small" "$mnt/mid" "$mnt/swap"; do mountpoint -q "$m" && umount "$m"; done
   rm -rf "$tmp"
 }
