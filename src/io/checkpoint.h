@@ -50,7 +50,7 @@ struct CheckpointIO {
   // HDF5 transfers (dataset creation and collective writes/reads), and (save) flush, close, fsync
   // and rename.
   double stage_s = 0, transfer_s = 0, commit_s = 0;
-  int64_t independent = 0; // transfers HDF5 did not do collectively (expected 0)
+  int64_t independent = 0; // datasets read through HDF5, not by offset (a file another tool rewrote; else 0)
 };
 
 // The run whose state is saved or loaded.
