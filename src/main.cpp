@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "core/log.h"
+#include "kernels/host/cpu_kernels.h"
 #include "train/commands.h"
 #include "train/job.h"
 #include "train/stop_signal.h"
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   {
     std::string error;
     try {
+      cpu::use_level("auto", "compute.isa");  // ZERO3D_ISA, before any kernel runs
       rc = dispatch(Args(argv + 1, argv + argc));
     } catch (const UserError& e) {
       error = e.what();

@@ -4,7 +4,12 @@
 
 #include <omp.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <dnnl.h>
+
+#include "core/check.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -86,10 +91,18 @@ std::vector<const Kernels*> runnable() {
 #endif
 }
 
-const Kernels& select() {
-  static const Kernels* best = runnable().front();
-  return *best;
+std::string built_levels() {
+#if defined(__x86_64__)
+  return "avx512, avx2, sse2";
+#else
+  return "generic";
+#endif
 }
+
+namespace {
+std::atomic<const Kernels*> chosen{nullptr};  // set by use_level, or by the first select()
+std::atomic<bool> ran{false};                 // select() has handed the level out: it no longer changes
+}  // namespace
 
 const Kernels* by_name(const std::string& isa) {
   for (const Kernels* k : runnable())
@@ -97,9 +110,55 @@ const Kernels* by_name(const std::string& isa) {
   return nullptr;
 }
 
-// Per thread: six panels of T x head width (padded to the 64-row tile and 16 lanes: K^T, V^T, dQ,
-// and the Q, K, dO copies when the head width is no whole number of vectors), two 64 x 64 tiles,
-// the dK and dV tile accumulators and D (backward's set, which covers forward's).
+void use_level(const std::string& isa, const std::string& source) {
+  std::string want = isa, from = source;
+  if (want == "auto") {
+    const char* env = std::getenv("ZERO3D_ISA");
+    want = env && *env ? env : "auto";
+    from = "ZERO3D_ISA";
+  }
+  const Kernels* k = want == "auto" ? runnable().front() : by_name(want);
+  if (!k) {
+    std::string here;
+    for (const Kernels* r : runnable()) here += std::string(here.empty() ? "" : ", ") + r->isa;
+    const CpuFeatures& f = cpu_features();
+    const bool built = (", " + built_levels() + ",").find(", " + want + ",") != std::string::npos;
+    throw UserError(built ? strprintf("%s=%s: this CPU (%s, %s family %d model %d) does not run %s; the levels it runs: "
+                                      "%s (auto: the best of them)",
+                                      from.c_str(), want.c_str(), f.model.c_str(), f.vendor.c_str(), f.family,
+                                      f.model_number, want.c_str(), here.c_str())
+                          : strprintf("%s=%s: no such level in this build; the levels built in: %s; on this CPU: %s "
+                                      "(or auto)",
+                                      from.c_str(), want.c_str(), built_levels().c_str(), here.c_str()));
+  }
+  if (ran && k != chosen)
+    throw UserError(strprintf("%s=%s comes after the host loops ran at %s: set it before the job starts", from.c_str(),
+                              want.c_str(), chosen.load()->isa));
+  chosen = k;
+#if defined(__x86_64__)
+  // oneDNN's GEMMs at the same level, so that a forced level measures that level's machine. sse2
+  // maps to oneDNN's lowest, sse41. The CBLAS picks its own kernels at load (OPENBLAS_CORETYPE).
+  // Unforced, oneDNN is left alone (DNNL_MAX_CPU_ISA, when a user sets it, still applies).
+  static bool capped = false;
+  const std::string level = k->isa;
+  if (k != runnable().front() || capped)
+    dnnl_set_max_cpu_isa(k == runnable().front() ? dnnl_cpu_isa_all
+                         : level == "avx2"       ? dnnl_cpu_isa_avx2
+                                                 : dnnl_cpu_isa_sse41);
+  capped = k != runnable().front();
+#endif
+}
+
+const Kernels& select() {
+  if (!chosen) use_level("auto", "compute.isa");
+  if (!ran.load(std::memory_order_relaxed)) ran = true;
+  return *chosen.load(std::memory_order_relaxed);
+}
+
+// Per thread: six panels of T x head width (padded to the 64-row tile, and to 16 lanes: the widest
+// level's vector, a multiple of every level's): K^T, V^T, dQ, and the Q, K, dO copies when the head
+// width is no whole number of vectors; two 64 x 64 tiles, the dK and dV tile accumulators and D
+// (backward's set, which covers forward's).
 size_t attention_work_floats(int T, int head_dim) {
   const size_t Tp = (static_cast<size_t>(T) + 63) / 64 * 64, hp = (static_cast<size_t>(head_dim) + 15) / 16 * 16;
   return 6 * Tp * hp + 2 * 64 * 64 + 2 * 64 * hp + Tp + 16;

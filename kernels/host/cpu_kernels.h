@@ -69,10 +69,18 @@ struct Kernels {
 // Floats of attention workspace per thread for sequences of T with head width hd.
 size_t attention_work_floats(int T, int head_dim);
 
-// The best level this CPU runs (decided once), and every level it can run (best first), for tests.
+// The level this process runs: the best this CPU runs, unless use_level chose another before the
+// first kernel ran. runnable(): every level it can run (best first), for tests and benchmarks.
 const Kernels& select();
 std::vector<const Kernels*> runnable();
 const Kernels* by_name(const std::string& isa);  // nullptr when not built in or not runnable here
+// Runs this process's host loops, and caps oneDNN's kernels, at level `isa` (compute.isa): "auto"
+// is the ZERO3D_ISA environment variable when set, else the best level. A level above what the
+// CPU runs, or one not built in, is a UserError naming `source` and the levels there are. Call it
+// before any kernel or GEMM runs (main does, for ZERO3D_ISA; the trainer again for compute.isa).
+void use_level(const std::string& isa, const std::string& source);
+// The levels built into this binary, best first ("avx512, avx2, sse2" or "generic").
+std::string built_levels();
 
 // What the CPU reports, for messages and the run record: "avx512" / "avx2" / "sse2" / "generic",
 // plus the extensions GEMM libraries care about.

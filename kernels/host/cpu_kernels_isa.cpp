@@ -4,7 +4,7 @@
 // How they run fast:
 //  - vector math on simd::vf (simd.h): exp by polynomial, GELU through the sigmoid form
 //    x * sigmoid(2u) (the tanh form's 1 + tanh(u) loses digits for x << 0), row reductions in
-//    16 lanes; plain loops (Adam's sqrt, casts, adds) vectorize because the flags drop errno;
+//    W lanes, one register of the level (simd.h); plain loops (Adam's sqrt, casts, adds) vectorize because the flags drop errno;
 //  - threads (OpenMP) over rows, column blocks or fixed element blocks, only when the work is big
 //    enough to pay for a parallel region; sums over threads' parts add in block order, so the bits
 //    do not depend on the thread count;
@@ -309,39 +309,41 @@ void scale(float* x, float s, size_t n) {
 
 // ---- attention ----
 
-// Register tiles for the small products inside attention: kMR rows x kNV vectors of 16 columns
-// (16 zmm accumulators with AVX-512; fewer where vf spans several narrower registers).
-#if defined(__AVX512F__)
-constexpr int kMR = 4, kNV = 4;
-#elif defined(__AVX2__)
-constexpr int kMR = 2, kNV = 2;
+// Register tiles for the small products inside attention: kMR rows x kNV vectors of W columns,
+// sized to the level's registers so that the accumulators, the B vectors and the broadcast all
+// stay in registers (no spill in the k loop).
+#if defined(__AVX512F__) || defined(__aarch64__)
+constexpr int kMR = 4, kNV = 4;  // 16 accumulators + 4 B + 1 broadcast of 32 registers
+#elif defined(__FMA__)
+constexpr int kMR = 6, kNV = 2;  // AVX2: 12 + 2 + 1 of 16
 #else
-constexpr int kMR = 2, kNV = 1;
+constexpr int kMR = 4, kNV = 2;  // SSE2, no FMA: a product register as well, 8 + 2 + 1 + 1 of 16
 #endif
+static_assert(kMR * kNV + kNV + 1 <= kRegs, "a tile must fit the level's registers");
 
 // C[i, 0:NV*W] (+)= sum_k A(i, k) B[k, 0:NV*W] for MR rows: A(i, k) at A[i*sa + k*sk] (any
 // strides: it is broadcast), B rows at B + k*ldb, C rows at C + i*ldc.
 template <int MR, int NV>
 void tile(float* C, long ldc, const float* A, long sa, long sk, const float* B, long ldb, int K, bool acc) {
   vf c[MR][NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) c[r][v] = acc ? load(C + r * ldc + v * W) : vf{};
   for (int k = 0; k < K; ++k) {
     vf b[NV];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) b[v] = load(B + k * ldb + v * W);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const vf a = splat(A[r * sa + k * sk]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) store(C + r * ldc + v * W, c[r][v]);
 }
 
@@ -372,7 +374,7 @@ constexpr int kTileT = 64;  // query rows and key columns per attention tile
 int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
 // The causal triangle inside a diagonal tile: small_gemm in groups of kMR rows, each group with
-// its own extent, so nothing right of the diagonal is computed beyond one 16-lane vector.
+// its own extent, so nothing right of the diagonal is computed beyond one vector.
 // extent(r0, r1) for the group's rows [r0, r1) gives {n, kb, ke}: its column count (a multiple of
 // W) and its range [kb, ke) of the summed index. A group with an empty range is left as it is.
 struct Extent {
@@ -404,7 +406,7 @@ struct Rows {
 };
 
 // Head h (columns col.. of rows of stride ld) as rows of hp floats. A tile's broadcast operand
-// (4 rows at a time) is read in place when hd is a whole number of vectors; a streamed operand
+// (kMR rows at a time) is read in place when hd is a whole number of vectors; a streamed operand
 // (64 rows of vectors per tile) is copied into `panel`, contiguous: rows 3A floats apart fall into
 // a few L1 sets and evict each other. The padding of a copy is zero (the tiles read it).
 Rows head_rows(const float* X, long ld, int col, const AttnDims& d, float* panel, bool streamed) {
@@ -419,7 +421,7 @@ Rows head_rows(const float* X, long ld, int col, const AttnDims& d, float* panel
 }
 
 // Head h transposed into hp x Tp (K^T, V^T: the tiles broadcast along the other operand and need
-// keys contiguous), zeros in the padding. 16 rows at a time, so the reads stay in L1.
+// keys contiguous), zeros in the padding. W rows at a time, so the reads stay in L1.
 void pack_transposed(float* dst, const float* X, long ld, int col, const AttnDims& d) {
   for (int t0 = 0; t0 < d.T; t0 += W) {
     const int nt = std::min(W, d.T - t0);
@@ -451,7 +453,7 @@ float online_softmax_row(float* s, int valid, int width, float alpha, float& m, 
     const int k = std::min(W, valid - c);
     vf v = load_n(s + c, k) * alpha;
     if (k < W) {
-      const vi live = vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} < k;
+      const vi live = lane_index() < k;
       v = live ? v : mx;
     }
     store(s + c, v);
@@ -461,7 +463,7 @@ float online_softmax_row(float* s, int valid, int width, float alpha, float& m, 
   vf sum{};
   for (int c = 0; c < width; c += W) {
     vf e = vexp(load(s + c) - m_new);
-    if (c + W > valid) e = vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + c < valid ? e : vf{};
+    if (c + W > valid) e = lane_index() + c < valid ? e : vf{};
     store(s + c, e);
     sum += e;
   }
@@ -554,7 +556,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
           const int valid = std::min(nk, i0 + r - j0 + 1);
           const float lr = row_lse[i0 + r], Dr = D[i0 + r];
           for (int c = 0; c < nkp; c += W) {
-            const vi live = vi{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + c < valid;
+            const vi live = lane_index() + c < valid;
             const vf pv = live ? vexp(load(p + c) * alpha - lr) : vf{};  // masked lanes: never-written memory
             store(p + c, pv);
             store(dp + c, live ? pv * (load(dp + c) - Dr) : vf{});
@@ -634,7 +636,7 @@ void adam_step(float* p, float* m, float* v, const float* g, size_t n, const mat
   });
 }
 
-typedef uint32_t vu __attribute__((vector_size(64)));
+typedef uint32_t vu __attribute__((vector_size(4 * W)));
 inline vu bits_of(vf v) {
   vu u;
   std::memcpy(&u, &v, sizeof u);
@@ -718,8 +720,10 @@ void accumulate_fp16(uint16_t* acc, const float* x, size_t n) {
 
 // ---- reductions: per fixed block, then the blocks in order ----
 
-typedef double vd __attribute__((vector_size(64)));
-typedef float vf8 __attribute__((vector_size(32)));
+// 8 lanes of double as two halves of 4 (a ymm each on AVX2 and up): one 8-double vector was split
+// lane by lane on AVX2 (8% of the copy bound); the sums, and so the bits, are the same at every level.
+typedef double vd4 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
 
 template <typename F>
 double block_sum(size_t n, F&& f) {  // f(begin, end) -> double
@@ -738,16 +742,19 @@ double block_sum(size_t n, F&& f) {  // f(begin, end) -> double
 template <bool Square>
 double sum_impl(const float* x, size_t n) {
   return block_sum(n, [=](size_t b, size_t e) {
-    vd acc{};
+    vd4 lo{}, hi{};
     size_t i = b;
     for (; i + 8 <= e; i += 8) {
-      vf8 f;
-      std::memcpy(&f, x + i, sizeof f);
-      const vd v = __builtin_convertvector(f, vd);
-      acc += Square ? v * v : v;
+      vf4 f0, f1;
+      std::memcpy(&f0, x + i, sizeof f0);
+      std::memcpy(&f1, x + i + 4, sizeof f1);
+      const vd4 v0 = __builtin_convertvector(f0, vd4), v1 = __builtin_convertvector(f1, vd4);
+      lo += Square ? v0 * v0 : v0;
+      hi += Square ? v1 * v1 : v1;
     }
     double t[8];
-    std::memcpy(t, &acc, sizeof t);
+    std::memcpy(t, &lo, sizeof lo);
+    std::memcpy(t + 4, &hi, sizeof hi);
     double s = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
     for (; i < e; ++i) s += Square ? static_cast<double>(x[i]) * x[i] : x[i];
     return s;

@@ -35,32 +35,38 @@ int openblas_core_level(const std::string& core) {
   return 0;
 }
 
-int cpu_level() {
-  const cpu::CpuFeatures& f = cpu::cpu_features();
-  return f.avx512 ? 2 : f.avx2 ? 1 : 0;
+int cpu_level() {  // of the level this process runs (compute.isa), which caps oneDNN's too
+  const std::string isa = cpu::select().isa;
+  return isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0;
 }
-
-const char* name(GemmLibrary l) { return l == GemmLibrary::onednn ? "onednn" : "cblas"; }
 
 }  // namespace
 
+const char* gemm_library_name(GemmLibrary l) { return l == GemmLibrary::onednn ? "onednn" : "cblas"; }
+
 std::string GemmPlan::describe() const {
-  std::string s = std::string(name(forward)) + (bf16 ? " bf16" : " fp32");
-  if (input_grad != forward) s += std::string(", input gradients ") + name(input_grad);
-  if (weight_grad != forward) s += std::string(", weight gradients ") + name(weight_grad);
+  std::string s = std::string(gemm_library_name(forward)) + (bf16 ? " bf16" : " fp32");
+  if (input_grad != forward) s += std::string(", input gradients ") + gemm_library_name(input_grad);
+  if (weight_grad != forward) s += std::string(", weight gradients ") + gemm_library_name(weight_grad);
   return s;
 }
 
 GemmPlan make_gemm_plan(const std::string& library, bool bf16) {
   GemmPlan p;
   p.bf16 = bf16;
-  if (bf16) return p;
-  if (library == "cblas") {
-    p.forward = p.input_grad = p.weight_grad = GemmLibrary::cblas;
-  } else if (library == "auto") {
-    const std::string core = openblas_core();
-    if (!core.empty() && cpu_level() > 0 && openblas_core_level(core) == cpu_level())
-      p.weight_grad = GemmLibrary::cblas;
+  if (bf16) return (p.why = "bf16 GEMMs run on oneDNN"), p;
+  if (library != "auto") {
+    if (library == "cblas") p.forward = p.input_grad = p.weight_grad = GemmLibrary::cblas;
+    return (p.why = "compute.gemm=" + library), p;
+  }
+  const std::string core = openblas_core();
+  if (!core.empty() && cpu_level() > 0 && openblas_core_level(core) == cpu_level()) {
+    p.weight_grad = GemmLibrary::cblas;
+    p.why = "auto: weight gradients on OpenBLAS, whose " + core + " kernels match the level " + cpu::select().isa +
+            " (faster than oneDNN 2.6 on those shapes), the rest on oneDNN";
+  } else {
+    p.why = core.empty() ? "auto: oneDNN (the CBLAS is not OpenBLAS)"
+                         : "auto: oneDNN (OpenBLAS runs its " + core + " kernels, not level " + cpu::select().isa + "'s)";
   }
   return p;
 }
@@ -87,6 +93,21 @@ std::string onednn_isa() {
 bool onednn_has_bf16() {
   const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
   return isa == dnnl_cpu_isa_avx512_core_bf16 || isa == dnnl_cpu_isa_avx512_core_amx;
+}
+
+bool onednn_runs_bf16() {
+  static const bool runs = [] {
+    try {
+      using dt = dnnl::memory::data_type;
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      const dnnl::memory::desc a({16, 16}, dt::bf16, dnnl::memory::dims{16, 1}), c({16, 16}, dt::f32, dnnl::memory::dims{16, 1});
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, a, c), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return runs;
 }
 
 std::string cblas_name() {

@@ -16,10 +16,12 @@ namespace zero3d {
 
 enum class GemmLibrary { onednn, cblas };
 enum class GemmRole { forward, input_grad, weight_grad };  // by transposes: (N,T), (N,N), (T,N)
+const char* gemm_library_name(GemmLibrary l);  // "onednn", "cblas"
 
 struct GemmPlan {
   GemmLibrary forward = GemmLibrary::onednn, input_grad = GemmLibrary::onednn, weight_grad = GemmLibrary::onednn;
   bool bf16 = false;  // compute in bf16 (oneDNN only)
+  std::string why;    // the rule that chose, for `bench gemm`
   GemmLibrary for_role(GemmRole r) const {
     return r == GemmRole::forward ? forward : r == GemmRole::input_grad ? input_grad : weight_grad;
   }
@@ -56,6 +58,7 @@ class HostGemm {
 std::string onednn_version();
 std::string onednn_isa();
 bool onednn_has_bf16();  // oneDNN runs bf16 GEMM natively here (avx512_bf16 or AMX)
+bool onednn_runs_bf16();  // oneDNN has a bf16 GEMM here at all, native or emulated (not on AVX2)
 std::string cblas_name();
 // When the CBLAS is OpenBLAS running kernels below the CPU's ISA (a model it does not know): the
 // warning with the fix; "" otherwise.

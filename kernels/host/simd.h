@@ -1,8 +1,15 @@
 // kernels/host/simd.h: the vector type the host kernels are written in, and the math on it.
-// `vf` is 16 floats as a GCC vector: one zmm register where the ISA level has AVX-512, two ymm
-// on AVX2, four xmm on SSE2; kernels/host/cpu_kernels_isa.cpp is compiled once per level, so the
-// same source becomes each level's code. Reductions add lanes in one fixed tree order, so a
-// result does not depend on the thread count (threads split rows, never a row's sum).
+// `vf` is one register of the ISA level the file is compiled for (kernels/host/cpu_kernels_isa.cpp
+// is compiled once per level): 16 floats in a zmm on AVX-512, 8 in a ymm on AVX2, 4 in an xmm on
+// SSE2 and on the generic level (NEON's width on aarch64). A vector wider than the registers
+// would be split by the compiler into several, and kernels that keep a dozen vectors live (tiles,
+// exp's constants, the FMA peak's chains) would spill on the narrower levels; one register per vf
+// keeps each kernel's register count what its comment says. `kRegs` is the level's vector register
+// count, which the tile shapes are chosen against.
+//
+// Reductions add lanes in one fixed tree order (lane i with i + W/2, then i + W/4, ...), so a
+// result does not depend on the thread count (threads split rows, never a row's sum); it does
+// depend on the level, as W does (and FMA contraction): bits are fixed for a given machine and level.
 //
 // vexp is Cody-Waite range reduction (x = n ln2 + r, |r| <= ln2/2) and the degree-7 Taylor
 // polynomial of e^r (truncation r^8/8! < 6e-9 relative), then 2^n put into the exponent bits:
@@ -12,12 +19,21 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 namespace zero3d::cpu::simd {
 
-constexpr int W = 16;  // lanes of vf
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+constexpr int W = 16, kRegs = 32;
+#elif defined(__AVX2__)
+constexpr int W = 8, kRegs = 16;
+#elif defined(__aarch64__)
+constexpr int W = 4, kRegs = 32;
+#else
+constexpr int W = 4, kRegs = 16;  // SSE2 (x86-64 has 16 xmm) and any other target
+#endif
+typedef float vf __attribute__((vector_size(4 * W)));
+typedef int32_t vi __attribute__((vector_size(4 * W)));
 
 inline vf load(const float* p) {
   vf v;
@@ -25,24 +41,35 @@ inline vf load(const float* p) {
   return v;
 }
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-inline vf splat(float x) {  // a broadcast (vf{} + x would add 0.0: not foldable, -0 + 0 = +0)
-  return vf{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+// A broadcast, written as the initializer {x, x, ..., x}: one vbroadcastss. (vf{} + x would add
+// 0.0: not foldable, -0 + 0 = +0; a loop over the lanes compiles to W masked inserts.)
+template <size_t... I>
+inline vf splat_lanes(float x, std::index_sequence<I...>) {
+  return vf{((void)I, x)...};
 }
+inline vf splat(float x) { return splat_lanes(x, std::make_index_sequence<W>()); }
+template <size_t... I>
+inline vi lane_index(std::index_sequence<I...>) {
+  return vi{static_cast<int32_t>(I)...};
+}
+inline vi lane_index() { return lane_index(std::make_index_sequence<W>()); }  // {0, 1, ..., W - 1}
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 
-// Lane sums and maxima in a fixed pairwise order (lane i with i+8, then i+4, i+2, i+1), in
-// registers.
-template <typename Op>
-inline float reduce(vf v, Op op) {
-  typedef float v8 __attribute__((vector_size(32)));
-  typedef float v4 __attribute__((vector_size(16)));
-  typedef float v2 __attribute__((vector_size(8)));
-  const v8 a = op(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15));
-  const v4 b = op(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(a, a, 4, 5, 6, 7));
-  const v2 c = op(__builtin_shufflevector(b, b, 0, 1), __builtin_shufflevector(b, b, 2, 3));
-  return op(c[0], c[1]);
+// Lane sums and maxima in the fixed pairwise order (the low half with the high half, down to two
+// lanes), in registers.
+template <typename V, typename Op>
+inline float reduce(V v, Op op) {
+  constexpr int n = sizeof(V) / sizeof(float);
+  if constexpr (n == 2) {
+    return op(v[0], v[1]);
+  } else {
+    typedef float H __attribute__((vector_size(sizeof(V) / 2)));
+    H lo, hi;
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+    return reduce(op(lo, hi), op);
+  }
 }
 inline float reduce_add(vf v) {
   return reduce(v, [](auto x, auto y) { return x + y; });

@@ -123,6 +123,7 @@ struct CheckpointConfig {
 struct ComputeConfig {
   std::string gemm = "auto";       // "auto", "onednn", "cblas" (kernels/host/gemm.h)
   std::string bf16_gemm = "auto";  // with bf16: "auto", "on", "off"
+  std::string isa = "auto";        // the host loops' level: "auto" (ZERO3D_ISA, else the best), "avx512", ...
 };
 
 // comm.*: how data collectives move (ours; parallel/comm.h CollectiveImpl, shm_collectives.h).

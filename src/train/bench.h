@@ -13,6 +13,7 @@
 #include "config/config.h"
 
 #include "kernels/backend.h"
+#include "kernels/host/cpu_kernels.h"
 
 namespace zero3d {
 
@@ -47,7 +48,13 @@ double measure_copy_bandwidth(Backend& be, double min_seconds);
 // `bench gemm` quotes GEMM rates against): the best of `window_s` windows for `seconds`. A rank
 // that shares its core with busy ranks (oversubscribed, or others still starting) thus still
 // finds windows where it ran alone; one long window would average the sharing in. FLOP/s.
-double best_fma_peak(double seconds, double window_s = 0.002);
+// `level`: that level's loops instead of the process's.
+double best_fma_peak(double seconds, double window_s = 0.002, const cpu::Kernels* level = nullptr);
+
+// zero3d bench kernels (train/bench_kernels.cpp): every host kernel of a step at one micro-batch
+// of model m, at each of `levels` (empty: every level this CPU runs), against its bound.
+void bench_kernels(const ModelConfig& m, int micro, const std::string& config, double seconds,
+                   const std::vector<std::string>& levels);
 
 // Peak FLOP/s of a known accelerator from its name (dense bf16 tensor-core peaks from the vendor
 // data sheets), or 0 when unknown.

@@ -51,6 +51,7 @@ const char* kDataUsage =
 
 const char* kBenchUsage =
     "usage: zero3d bench gemm [--sizes N,N,...] [--seconds S] [--config FILE] [--backend NAME]\n"
+    "       zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST]\n"
     "       zero3d bench io [--dir DIR] [--bytes N]\n"
     "       zero3d bench comm [--min-bytes N] [--max-bytes N] [--factor F] [--ops LIST] [--types LIST] [--group N]\n"
     "  gemm: the GEMM rates a training run gets. Names the CPU, the ISA level of the host loops, the\n"
@@ -62,6 +63,11 @@ const char* kBenchUsage =
     "        (what training runs: compute.gemm=auto), onednn, cblas (the CBLAS linked in) and bf16\n"
     "        (oneDNN; inputs rounded to bf16, fp32 accumulation). Under mpirun every rank measures at\n"
     "        once (a node's load) and rank 0 prints its own rates.\n"
+    "  kernels: every host kernel of a training step at one micro-batch of FILE's model (default\n"
+    "        input/bench-cpu.json when it exists, else input/gpt-tiny.json), at each ISA level of\n"
+    "        LIST (default: every level this CPU runs, e.g. avx512,avx2,sse2): its rate and that\n"
+    "        rate against its bound, FLOPs / the level's FMA peak (attention) or bytes / the copy\n"
+    "        bandwidth (the rest; over 100%: the data stayed in cache). S seconds per cell (0.3).\n"
     "  io:   collective MPI-IO write rate of N bytes (default 1 GiB) over all ranks into a new file in\n"
     "        DIR (default .), synced to disk: the raw baseline for the checkpoint bandwidth.\n"
     "  comm: the collectives, nccl-tests style: for each of LIST (default all_reduce,reduce_scatter,\n"
@@ -212,7 +218,8 @@ std::string usage_main() {
          "commands:\n"
          "  train CONFIG.json       train a GPT model\n"
          "  data prepare TEXT...    make an llm.c token file from text\n"
-         "  bench gemm|io           measure the GEMM rate the trainer gets, or the file system's write rate\n"
+         "  bench gemm|kernels|io|comm  measure the GEMMs, the host kernels per ISA level, the file\n"
+         "                          system's write rate, or the collectives\n"
          "  ckpt inspect|verify|export  look into, check or export a checkpoint\n"
          "  --version               print the version and the backends built in\n";
 }
@@ -268,6 +275,7 @@ int cmd_train(const Args& a) {
   // Every rank reads the same files and arguments, so every rank reaches the same verdict here.
   Config cfg = load_config(src, world);
   for (const std::string& n : cfg.notices) log_info("zero3d: notice: %s", n.c_str());
+  cpu::use_level(cfg.compute.isa, "compute.isa");
   CommContext& comm = comm_context();  // read by every group as it is made
   comm.collectives = cfg.comm.collectives == "mpi"   ? CollectiveImpl::mpi
                      : cfg.comm.collectives == "shm" ? CollectiveImpl::shm
@@ -345,8 +353,10 @@ void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config
   std::unique_ptr<Backend> cblas = make_host_backend(o);
   o.gemm = "onednn";
   o.bf16_gemm = true;
-  std::unique_ptr<Backend> bf16 = make_host_backend(o);
+  // oneDNN 2.6 has no bf16 GEMM below AVX-512: there the column is '-'.
+  std::unique_ptr<Backend> bf16 = onednn_runs_bf16() ? make_host_backend(o) : nullptr;
   const bool native_bf16 = onednn_has_bf16();
+  auto column = [](double rate) { return rate > 0 ? strprintf("%9.1f", rate / 1e9) : strprintf("%9s", "-"); };
   log_info("# CPU: %s (%s family %d model %d): %s%s%s; host loops: %s; %d thread(s) per rank (%s), %d rank(s) "
            "measuring at once",
            f.model.c_str(), f.vendor.c_str(), f.family, f.model_number, f.level().c_str(),
@@ -354,9 +364,14 @@ void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config
            job.threads_source.c_str(), ranks);
   log_info("# GEMM libraries: %s (%s); CBLAS: %s", onednn_version().c_str(), onednn_isa().c_str(),
            cblas_name().c_str());
-  log_info("# zero3d's plan (compute.gemm=auto): %s", zero3d->describe_gemm().c_str());
+  const GemmPlan plan = make_gemm_plan("auto", false);
+  log_info("# zero3d's plan (compute.gemm=auto): %s; why: %s", zero3d->describe_gemm().c_str(), plan.why.c_str());
   if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("# note: %s", w.c_str());
-  if (!native_bf16) log_info("# note: oneDNN has no native bf16 GEMM on this CPU: the bf16 column is emulated");
+  if (!bf16)
+    log_info("# note: oneDNN has no bf16 GEMM at %s: the bf16 column is '-' (training with bf16 runs fp32 GEMMs "
+             "on the widened weights here)", onednn_isa().c_str());
+  else if (!native_bf16)
+    log_info("# note: oneDNN has no native bf16 GEMM at %s: the bf16 column is its emulation", onednn_isa().c_str());
   double peak = 0;
 #pragma omp parallel reduction(+ : peak)
   peak += cpu::select().fma_peak(std::max(0.3, seconds / 2));
@@ -366,16 +381,17 @@ void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config
     const GemmRate z = measure_gemm(*zero3d, n, n, n, seconds);
     const double r1 = measure_gemm(*onednn, n, n, n, seconds / 2).flops_per_s;
     const double r2 = measure_gemm(*cblas, n, n, n, seconds / 2).flops_per_s;
-    const double r3 = measure_gemm(*bf16, n, n, n, seconds / 2).flops_per_s;
-    log_info("%8d %12.3f %12.1f %9.1f %9.1f %9.1f %6.1f%%", n, z.seconds_per_call * 1e3, z.flops_per_s / 1e9, r1 / 1e9,
-             r2 / 1e9, r3 / 1e9, 100 * z.flops_per_s / peak);
+    const double r3 = bf16 ? measure_gemm(*bf16, n, n, n, seconds / 2).flops_per_s : 0;
+    log_info("%8d %12.3f %12.1f %9.1f %9.1f %s %6.1f%%", n, z.seconds_per_call * 1e3, z.flops_per_s / 1e9, r1 / 1e9,
+             r2 / 1e9, column(r3).c_str(), 100 * z.flops_per_s / peak);
   }
   if (!cfg) return;
   const ModelConfig& m = cfg->model;
   const int micro = cfg->train_micro_batch_size_per_gpu, tp = cfg->tp_size, N = micro * m.seq_len;
   log_info("# one micro-batch of %s: micro-batch %d x seq %d = %d tokens, d_model %d, vocab %d, tp %d (GFLOP/s)",
            config.c_str(), micro, m.seq_len, N, m.d_model, m.vocab_size, tp);
-  log_info("%-14s %6s %6s %6s %9s %9s %9s %9s", "gemm", "m", "n", "k", "zero3d", "onednn", "cblas", "bf16");
+  log_info("%-14s %6s %6s %6s %9s %9s %9s %9s  %s", "gemm", "m", "n", "k", "zero3d", "onednn", "cblas", "bf16",
+           "zero3d runs");
   const double t = std::max(0.1, seconds / 4);
   double flops = 0, secs[4] = {0, 0, 0, 0};
   for (const GemmShape& s : model_gemm_shapes(m, micro, tp)) {
@@ -389,6 +405,10 @@ void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config
     double rate[4];
     Backend* bes[4] = {zero3d.get(), onednn.get(), cblas.get(), bf16.get()};
     for (int b = 0; b < 4; ++b) {
+      if (!bes[b]) {
+        rate[b] = 0;
+        continue;
+      }
       const double sec = time_calls(*bes[b], [&] {
         bes[b]->gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, A.data(), lda, B.data(), ldb, static_cast<float>(s.beta),
                      C.data(), s.n);
@@ -397,11 +417,12 @@ void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config
       secs[b] += sec;
     }
     flops += 2.0 * s.m * s.n * s.k;
-    log_info("%-14s %6d %6d %6d %9.1f %9.1f %9.1f %9.1f", s.name.c_str(), s.m, s.n, s.k, rate[0] / 1e9, rate[1] / 1e9,
-             rate[2] / 1e9, rate[3] / 1e9);
+    const GemmRole role = s.ta ? GemmRole::weight_grad : s.tb ? GemmRole::forward : GemmRole::input_grad;
+    log_info("%-14s %6d %6d %6d %9.1f %9.1f %9.1f %s  %s", s.name.c_str(), s.m, s.n, s.k, rate[0] / 1e9, rate[1] / 1e9,
+             rate[2] / 1e9, column(rate[3]).c_str(), gemm_library_name(plan.for_role(role)));
   }
-  log_info("%-14s %20s %9.1f %9.1f %9.1f %9.1f", "all (by time)", "", flops / secs[0] / 1e9, flops / secs[1] / 1e9,
-           flops / secs[2] / 1e9, flops / secs[3] / 1e9);
+  log_info("%-14s %20s %9.1f %9.1f %9.1f %s", "all (by time)", "", flops / secs[0] / 1e9, flops / secs[1] / 1e9,
+           flops / secs[2] / 1e9, column(bf16 ? flops / secs[3] : 0).c_str());
   // The fused attention of one layer: model FLOPs (q k^T and p v over the causal half) per second.
   const int H = m.n_head / tp, A = m.d_model / tp, T = m.seq_len;
   DeviceBuffer<float> qkv(*zero3d, static_cast<size_t>(N) * 3 * A), out(*zero3d, static_cast<size_t>(N) * A),
@@ -452,6 +473,20 @@ int cmd_bench(const Args& a) {
     }
     if (o.factor <= 1) throw UserError("bench comm: --factor must be above 1");
     return bench_comm(o) == 0 ? 0 : 1;
+  }
+  if (a[0] == "kernels") {
+    std::string config = std::filesystem::exists("input/bench-cpu.json") ? "input/bench-cpu.json" : "input/gpt-tiny.json";
+    double seconds = 0.3;
+    std::vector<std::string> levels;
+    for (size_t i = 1; i < a.size(); ++i) {
+      if (a[i] == "--config") config = option_value(a, i, kBenchUsage);
+      else if (a[i] == "--seconds") seconds = parse_double(option_value(a, i, kBenchUsage), "--seconds");
+      else if (a[i] == "--levels") levels = split_commas(option_value(a, i, kBenchUsage));
+      else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
+    }
+    const Config cfg = load_config({config, "", {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"}}, 1);
+    bench_kernels(cfg.model, cfg.train_micro_batch_size_per_gpu, config, seconds, levels);
+    return 0;
   }
   if (a[0] != "gemm") throw UserError(strprintf("unknown bench '%s'\n%s", a[0].c_str(), kBenchUsage));
   std::vector<int> sizes = {512, 1024, 2048, 4096};

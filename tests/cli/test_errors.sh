@@ -79,16 +79,40 @@ expect ckpt-dir-is-file   "cannot create checkpoint directory (checkpoint.dir) '
 if out=$($MPIRUN -np 2 "$z3d" bench io --dir "$tmp" --bytes 4e6 2>&1) && grep -qE "^4000000 bytes in [0-9.]+ s: [0-9.]+ MB/s" <<< "$out" &&
    [[ ! -e "$tmp/zero3d-bench-io.tmp" ]]; then passes=$((passes+1)); else echo "FAIL bench io: $out"; fails=$((fails+1)); fi
 expect bench-io-option    "unknown option '--size'"               "$z3d" bench io --size 3
-# bench gemm: names the CPU, the libraries and their ISA, the FMA peak, and rates for a square size,
-# each GEMM of a gpt-tiny micro-batch and the fused attention (every rate a positive number)
-if out=$(timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config $tiny 2>&1) &&
-   grep -qE "^# CPU: .*host loops: (avx512|avx2|sse2|generic)" <<< "$out" &&
-   grep -qE "^# GEMM libraries: oneDNN [0-9.]+ \([a-z0-9_]+\); CBLAS: " <<< "$out" &&
-   grep -qE "^# FMA peak .*: [0-9.]+ GFLOP/s" <<< "$out" &&
-   grep -qE "^ +64 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+%" <<< "$out" &&
-   [[ $(grep -cE "^(qkv|attn proj|mlp fc|mlp proj|lm head) (fwd|dx|dW) +[0-9]+ +[0-9]+ +[0-9]+( +[0-9.]+){4}$" <<< "$out") == 15 ]] &&
-   grep -qE "^attention fwd +[0-9.]+ " <<< "$out" && grep -qE "^attention bwd +[0-9.]+ " <<< "$out"; then
-  passes=$((passes+1)); else echo "FAIL bench gemm:"; echo "$out"; fails=$((fails+1)); fi
+# bench gemm, at every ISA level this CPU runs (ZERO3D_ISA; oneDNN is capped there too, so an
+# AVX-512 CPU runs an AVX2 CPU's path, where oneDNN has no bf16 GEMM): names the CPU, the libraries
+# and their ISA, the FMA peak, and rates for a square size, each GEMM of a gpt-tiny micro-batch with
+# the library that runs it, and the fused attention (every rate a positive number, bf16 may be '-')
+levels="sse2"; grep -qw avx2 /proc/cpuinfo && levels="avx2 $levels"; grep -qw avx512f /proc/cpuinfo && levels="avx512 $levels"
+rate='([0-9.]+|-)'
+for level in $levels; do
+  if out=$(ZERO3D_ISA=$level timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config $tiny 2>&1) &&
+     grep -qE "^# CPU: .*host loops: $level;" <<< "$out" &&
+     grep -qE "^# GEMM libraries: oneDNN [0-9.]+ \([a-z0-9_]+\); CBLAS: " <<< "$out" &&
+     grep -qE "^# zero3d's plan \(compute.gemm=auto\): .*; why: auto: " <<< "$out" &&
+     grep -qE "^# FMA peak \($level, .*: [0-9.]+ GFLOP/s" <<< "$out" &&
+     grep -qE "^ +64 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +$rate +[0-9.]+%" <<< "$out" &&
+     [[ $(grep -cE "^(qkv|attn proj|mlp fc|mlp proj|lm head) (fwd|dx|dW) +[0-9]+ +[0-9]+ +[0-9]+( +[0-9.]+){3} +$rate  (onednn|cblas)$" <<< "$out") == 15 ]] &&
+     grep -qE "^attention fwd +[0-9.]+ " <<< "$out" && grep -qE "^attention bwd +[0-9.]+ " <<< "$out"; then
+    passes=$((passes+1)); else echo "FAIL bench gemm at $level:"; echo "$out"; fails=$((fails+1)); fi
+done
+# bench kernels: a column per level, a row per kernel, each cell a rate and its share of the bound
+if out=$(timeout 120 "$z3d" bench kernels --config $tiny --seconds 0.01 2>&1) &&
+   grep -qE "^kernel +${levels// / +}$" <<< "$out" &&
+   grep -qE "^# bounds: copy bandwidth [0-9.]+ GB/s .*FMA peak \(GFLOP/s\) " <<< "$out" &&
+   [[ $(grep -cE "^[a-z_0-9]+( \(\+bias\))?( +[0-9.]+ G[FB]/s +[0-9]+%)+$" <<< "$out") == 19 ]] &&
+   grep -qE "^attention_forward( +[0-9.]+ GF/s +[0-9]+%){$(wc -w <<< "$levels")}$" <<< "$out"; then
+  passes=$((passes+1)); else echo "FAIL bench kernels:"; echo "$out"; fails=$((fails+1)); fi
+expect bench-kernels-level "this CPU does not run level 'neon'"   "$z3d" bench kernels --config $tiny --levels neon
+# compute.isa / ZERO3D_ISA: a level this build has not, or (on a CPU without AVX-512) one above the
+# CPU, is refused in one line that names the levels there are
+expect isa-not-built      "compute.isa=generic: no such level in this build; the levels built in: avx512, avx2, sse2" \
+                                                                     train $tiny --set 'compute.isa="generic"'
+expect isa-env            "ZERO3D_ISA=avx9: no such level in this build" env ZERO3D_ISA=avx9 "$z3d" train $tiny --run-dir "$tmp/run"
+expect isa-choice         "compute.isa"                            train $tiny --set 'compute.isa="avx9"'
+if ! grep -qw avx512f /proc/cpuinfo; then
+  expect isa-above-cpu    "compute.isa=avx512: this CPU"           train $tiny --set 'compute.isa="avx512"'
+fi
 expect compute-gemm       'compute.gemm'                          train $tiny --set 'compute.gemm="mkl"'
 # found by a hostile probe (issue #11)
 printf '{"train_steps": 3, "gradient_clipping": 1e400}' > "$tmp/huge.json"

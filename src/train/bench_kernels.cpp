@@ -1,0 +1,169 @@
+// zero3d bench kernels: every host kernel of a training step at one micro-batch's shapes, at every
+// ISA level this CPU runs, each rate against its bound: FLOPs / that level's FMA peak for the
+// attention, bytes / the copy bandwidth for the rest (the bytes and FLOPs each call must move or
+// compute are the backend's own accounting, kernels/profile.h, as wall_clock_breakdown reports
+// them). A level that gets slower shows here on any machine that runs it, not only on its own.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "kernels/host/cpu_kernels.h"
+#include "train/bench.h"
+
+namespace zero3d {
+
+namespace {
+
+struct Case {
+  const char* name;
+  std::function<void()> call;
+};
+
+// Seconds, bytes and FLOPs per call of `call`, from the backend's profile: one warm-up call, then
+// calls for at least `seconds`.
+OpStat measure(Backend& be, const std::function<void()>& call, double seconds) {
+  OpProfile& prof = *be.profile();
+  call();
+  prof.ops.clear();
+  OpStat total;
+  do {
+    call();
+    total = OpStat{};
+    for (const auto& [name, st] : prof.ops) {
+      total.calls = std::max(total.calls, st.calls);
+      total.seconds += st.seconds;
+      total.bytes += st.bytes;
+      total.flops += st.flops;
+    }
+  } while (total.seconds < seconds);
+  return total;
+}
+
+}  // namespace
+
+void bench_kernels(const ModelConfig& m, int micro, const std::string& config, double seconds,
+                   const std::vector<std::string>& levels) {
+  const int B = micro, T = m.seq_len, C = m.d_model, H = m.n_head, F = 4 * C, V = m.vocab_size, N = B * T;
+  const size_t block = 12ull * C * C + 13ull * C;  // one transformer block's parameters: Adam's n
+  std::vector<const cpu::Kernels*> ks;
+  for (const std::string& l : levels) {
+    const cpu::Kernels* k = cpu::by_name(l);
+    if (!k) {
+      std::string here;
+      for (const cpu::Kernels* r : cpu::runnable()) here += std::string(here.empty() ? "" : ", ") + r->isa;
+      throw UserError(strprintf("bench kernels: this CPU does not run level '%s'; it runs %s", l.c_str(), here.c_str()));
+    }
+    ks.push_back(k);
+  }
+  if (ks.empty()) ks = cpu::runnable();
+
+  std::vector<std::string> header = {"kernel"};
+  std::vector<std::vector<std::string>> rows;
+  std::vector<double> peaks;
+  double copy_bw = 0;
+  for (const cpu::Kernels* k : ks) {
+    HostOptions o;
+    o.isa = k->isa;
+    std::unique_ptr<Backend> be = make_host_backend(o);
+    if (copy_bw == 0) copy_bw = measure_copy_bandwidth(*be, std::max(0.2, seconds));
+    const double peak = best_fma_peak(std::max(0.2, seconds), 0.002, k);
+    peaks.push_back(peak);
+    header.push_back(k->isa);
+
+    auto buffer = [&](size_t n, float lo, float hi) {
+      DeviceBuffer<float> b(*be, n);
+      std::vector<float> h(n);
+      for (size_t i = 0; i < n; ++i) h[i] = lo + (hi - lo) * static_cast<float>((i * 2654435761u) % 1000) * 1e-3f;
+      be->copy_from_host(b.data(), h.data(), b.bytes());
+      return b;
+    };
+    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F, NV = static_cast<size_t>(N) * V;
+    DeviceBuffer<float> x = buffer(NC, -1, 1), y = buffer(NC, -1, 1), dy = buffer(NC, -1, 1), w = buffer(C, 0.5, 1.5),
+                        b = buffer(C, -0.1f, 0.1f), dw = buffer(C, 0, 0), db = buffer(C, 0, 0), mean = buffer(N, 0, 0),
+                        rstd = buffer(N, 0, 0), h = buffer(NF, -3, 3), dh = buffer(NF, -1, 1), hb = buffer(F, 0, 0),
+                        qkv = buffer(3 * NC, -1, 1), att = buffer(NC, 0, 0), lse = buffer(static_cast<size_t>(B) * H * T, 0, 0),
+                        dqkv = buffer(3 * NC, 0, 0), logits = buffer(NV, -4, 4), dlogits = buffer(NV, 0, 0),
+                        losses = buffer(N, 0, 0), rmax = buffer(N, 0, 0), sumexp = buffer(N, 0, 0),
+                        target_logit = buffer(N, 0, 0), wte = buffer(static_cast<size_t>(V) * C, -1, 1),
+                        wpe = buffer(static_cast<size_t>(T) * C, -1, 1), p = buffer(block, -1, 1),
+                        mo = buffer(block, -1e-3f, 1e-3f), vo = buffer(block, 0, 1e-6f), g = buffer(block, -1e-2f, 1e-2f);
+    DeviceBuffer<int32_t> tokens(*be, N);
+    {
+      std::vector<int32_t> t(N);
+      for (int i = 0; i < N; ++i) t[i] = static_cast<int32_t>((i * 2654435761u) % V);
+      be->copy_from_host(tokens.data(), t.data(), tokens.bytes());
+    }
+    DeviceBuffer<uint16_t> half(*be, block);
+    const math::AdamParams adam{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, true};
+    be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, C);  // backward reads its lse
+    be->vocab_row_max(rmax.data(), logits.data(), N, V);
+    be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
+
+    const std::vector<Case> cases = {
+        {"attention_forward", [&] { be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, C); }},
+        {"attention_backward",
+         [&] { be->attention_backward(dqkv.data(), y.data(), att.data(), lse.data(), qkv.data(), B, T, H, C); }},
+        {"layernorm_forward",
+         [&] { be->layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C); }},
+        {"layernorm_backward", [&] {
+           be->layernorm_backward(dy.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), mean.data(),
+                                  rstd.data(), N, C);
+         }},
+        {"gelu_forward", [&] { be->gelu_forward(dh.data(), h.data(), NF); }},
+        {"gelu_backward (+bias)", [&] { be->gelu_backward(dh.data(), hb.data(), h.data(), dh.data(), N, F); }},
+        {"bias_backward", [&] { be->bias_backward(db.data(), dy.data(), N, C); }},
+        {"add", [&] { be->add(y.data(), x.data(), dy.data(), NC); }},
+        {"accumulate", [&] { be->accumulate(y.data(), x.data(), NC); }},
+        {"embedding_forward",
+         [&] { be->embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), N, T, C, 0, V); }},
+        {"embedding_backward",
+         [&] { be->embedding_backward(wte.data(), wpe.data(), dy.data(), tokens.data(), N, T, C, 0, V); }},
+        {"crossentropy", [&] { be->crossentropy(losses.data(), dlogits.data(), logits.data(), tokens.data(), N, V, 1e-3f); }},
+        {"vocab_sumexp", [&] {
+           be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
+         }},
+        {"vocab_crossentropy_grad", [&] {
+           be->vocab_crossentropy_grad(dlogits.data(), logits.data(), rmax.data(), sumexp.data(), tokens.data(), 0, N,
+                                       V, 1e-3f);
+         }},
+        {"adam_step", [&] { be->adam_step(p.data(), mo.data(), vo.data(), g.data(), block, adam); }},
+        {"scale", [&] { be->scale(g.data(), 1.0f, block); }},
+        {"cast_to_bf16", [&] { be->cast_to_bf16(half.data(), p.data(), block); }},
+        {"accumulate_bf16", [&] { be->accumulate_bf16(half.data(), g.data(), block); }},
+        {"sum_squares", [&] { (void)be->sum_squares(g.data(), block); }},
+    };
+    be->profile()->on = true;
+    if (rows.empty()) rows.resize(cases.size());
+    for (size_t c = 0; c < cases.size(); ++c) {
+      const OpStat st = measure(*be, cases[c].call, seconds);
+      const bool compute = st.flops > 0;
+      const double rate = (compute ? st.flops : st.bytes) / st.seconds, bound = compute ? peak : copy_bw;
+      if (rows[c].empty()) rows[c].push_back(cases[c].name);
+      rows[c].push_back(strprintf("%7.1f %s %4.0f%%", rate / 1e9, compute ? "GF/s" : "GB/s", 100 * rate / bound));
+    }
+  }
+
+  std::string peaks_line;
+  for (size_t i = 0; i < ks.size(); ++i)
+    peaks_line += strprintf("%s%s %.1f", i ? ", " : "", ks[i]->isa, peaks[i] / 1e9);
+  log_info("# host kernels, one micro-batch of %s: %d x %d tokens, d_model %d, %d heads, vocab %d; Adam and the casts "
+           "over one block's %zu parameters; %d thread(s)",
+           config.c_str(), B, T, C, H, V, block, cpu::threads());
+  log_info("# bounds: copy bandwidth %.1f GB/s (64 MiB copies); FMA peak (GFLOP/s) %s. Each cell: rate, %% of its "
+           "bound (above 100%%: the data stayed in cache)",
+           copy_bw / 1e9, peaks_line.c_str());
+  std::string line = strprintf("%-24s", header[0].c_str());
+  for (size_t i = 1; i < header.size(); ++i) line += strprintf(" %18s", header[i].c_str());
+  log_info("%s", line.c_str());
+  for (const auto& r : rows) {
+    line = strprintf("%-24s", r[0].c_str());
+    for (size_t i = 1; i < r.size(); ++i) line += strprintf(" %18s", r[i].c_str());
+    log_info("%s", line.c_str());
+  }
+}
+
+}  // namespace zero3d
