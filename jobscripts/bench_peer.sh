@@ -24,7 +24,8 @@
 #                                 [--zero-stage 1] [--torch-mode zero1|ddp] [--out FILE.json]
 # Builds nothing. zero3d runs as a user runs it: this script sets no thread or BLAS variable for it
 # (the ones it inherits are printed). Every command is echoed with a leading "+".
-# Env: MPIRUN (default "mpirun --oversubscribe"), PYTHON (default /usr/bin/python3).
+# Env: MPIRUN (default "mpirun --oversubscribe"), PYTHON (default /usr/bin/python3), ZERO3D_ISA (zero3d
+# at that level, and the peer too: OPENBLAS_CORETYPE and ATEN_CPU_CAPABILITY of the level).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,13 +81,19 @@ run() {
 # land on slower kernels: HASWELL's run at about half SKYLAKEX's 1024^3 rate on an AVX-512 CPU).
 # OMP_NUM_THREADS=1 sizes both torch's OpenMP pool and OpenBLAS's threads (OpenBLAS reads it when
 # OPENBLAS_NUM_THREADS and GOTO_NUM_THREADS are unset, hence the -u: one thread per rank).
-if grep -qw avx512f /proc/cpuinfo; then core=SKYLAKEX
-elif grep -qw avx2 /proc/cpuinfo; then core=HASWELL
-else core=""; fi
-peer_env=(env -u OPENBLAS_NUM_THREADS -u GOTO_NUM_THREADS OMP_NUM_THREADS=1 ${core:+OPENBLAS_CORETYPE=$core})
+# With ZERO3D_ISA set (zero3d forced to a lower level) the peer runs at that level too: OpenBLAS's
+# kernels of the level and ATen's vector kernels capped there (ATEN_CPU_CAPABILITY).
+if [[ ${ZERO3D_ISA:-} == avx2 ]]; then core=HASWELL aten=avx2
+elif [[ ${ZERO3D_ISA:-} == sse2 ]]; then core=PRESCOTT aten=default
+elif grep -qw avx512f /proc/cpuinfo; then core=SKYLAKEX aten=""
+elif grep -qw avx2 /proc/cpuinfo; then core=HASWELL aten=""
+else core="" aten=""; fi
+peer_env=(env -u OPENBLAS_NUM_THREADS -u GOTO_NUM_THREADS OMP_NUM_THREADS=1 ${core:+OPENBLAS_CORETYPE=$core}
+          ${aten:+ATEN_CPU_CAPABILITY=$aten})
 
 echo "# config $config, $ranks ranks, $rounds rounds of $steps steps, zero3d stage $stage vs pytorch $tmode"
-echo "# zero3d inherits: $(env | grep -E '^(OMP|OPENBLAS|GOTO|MKL)_[A-Z_]*=' | sort | tr '\n' ' ' || true)"
+echo "# zero3d inherits: $(env | grep -E '^(OMP|OPENBLAS|GOTO|MKL|ZERO3D)_[A-Z_]*=' | sort | tr '\n' ' ' || true)"
+echo "# the peer runs with: ${peer_env[*]:1}"
 echo "# (zero3d's GEMMs run through oneDNN, which picks its kernels from the CPU's ISA: OPENBLAS_* do not reach them)"
 for round in $(seq "$rounds"); do
   d=$tmp/round$round
