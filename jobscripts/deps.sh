@@ -8,7 +8,7 @@ zero3d_packages=(
   libdnnl-dev                            # oneDNN: host GEMM (fp32, bf16), ISA picked at run time
   libopenblas-dev                        # a CBLAS (compute.gemm=cblas; a site's tuned BLAS instead)
   nlohmann-json3-dev                     # config and metrics JSON
-  libgtest-dev                           # unit tests
+  libgtest-dev libgmock-dev              # unit tests (test_ckpt_dir uses gmock matchers)
   python3 python3-matplotlib python3-pandas python3-h5py  # postprocess/ and test checks
 )
 # tests/run.sh only: tests/slurm starts a private single-node Slurm (sbatch, srun --mpi=pmix);
