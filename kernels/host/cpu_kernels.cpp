@@ -99,6 +99,12 @@ std::string built_levels() {
 #endif
 }
 
+std::string runnable_levels() {
+  std::string s;
+  for (const Kernels* k : runnable()) s += std::string(s.empty() ? "" : ", ") + k->isa;
+  return s;
+}
+
 namespace {
 std::atomic<const Kernels*> chosen{nullptr};  // set by use_level, or by the first select()
 std::atomic<bool> ran{false};                 // select() has handed the level out: it no longer changes
@@ -119,8 +125,7 @@ void use_level(const std::string& isa, const std::string& source) {
   }
   const Kernels* k = want == "auto" ? runnable().front() : by_name(want);
   if (!k) {
-    std::string here;
-    for (const Kernels* r : runnable()) here += std::string(here.empty() ? "" : ", ") + r->isa;
+    const std::string here = runnable_levels();
     const CpuFeatures& f = cpu_features();
     const bool built = (", " + built_levels() + ",").find(", " + want + ",") != std::string::npos;
     throw UserError(built ? strprintf("%s=%s: this CPU (%s, %s family %d model %d) does not run %s; the levels it runs: "
@@ -140,12 +145,10 @@ void use_level(const std::string& isa, const std::string& source) {
   // maps to oneDNN's lowest, sse41. The CBLAS picks its own kernels at load (OPENBLAS_CORETYPE).
   // Unforced, oneDNN is left alone (DNNL_MAX_CPU_ISA, when a user sets it, still applies).
   static bool capped = false;
-  const std::string level = k->isa;
-  if (k != runnable().front() || capped)
-    dnnl_set_max_cpu_isa(k == runnable().front() ? dnnl_cpu_isa_all
-                         : level == "avx2"       ? dnnl_cpu_isa_avx2
-                                                 : dnnl_cpu_isa_sse41);
-  capped = k != runnable().front();
+  const bool best = k == runnable().front();
+  if (!best || capped)
+    dnnl_set_max_cpu_isa(best ? dnnl_cpu_isa_all : std::string(k->isa) == "avx2" ? dnnl_cpu_isa_avx2 : dnnl_cpu_isa_sse41);
+  capped = !best;
 #endif
 }
 

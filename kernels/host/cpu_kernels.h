@@ -79,8 +79,9 @@ const Kernels* by_name(const std::string& isa);  // nullptr when not built in or
 // CPU runs, or one not built in, is a UserError naming `source` and the levels there are. Call it
 // before any kernel or GEMM runs (main does, for ZERO3D_ISA; the trainer again for compute.isa).
 void use_level(const std::string& isa, const std::string& source);
-// The levels built into this binary, best first ("avx512, avx2, sse2" or "generic").
+// The levels built into this binary, and those this CPU runs, best first ("avx512, avx2, sse2").
 std::string built_levels();
+std::string runnable_levels();
 
 // What the CPU reports, for messages and the run record: "avx512" / "avx2" / "sse2" / "generic",
 // plus the extensions GEMM libraries care about.

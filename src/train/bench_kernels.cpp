@@ -52,11 +52,9 @@ void bench_kernels(const ModelConfig& m, int micro, const std::string& config, d
   std::vector<const cpu::Kernels*> ks;
   for (const std::string& l : levels) {
     const cpu::Kernels* k = cpu::by_name(l);
-    if (!k) {
-      std::string here;
-      for (const cpu::Kernels* r : cpu::runnable()) here += std::string(here.empty() ? "" : ", ") + r->isa;
-      throw UserError(strprintf("bench kernels: this CPU does not run level '%s'; it runs %s", l.c_str(), here.c_str()));
-    }
+    if (!k)
+      throw UserError(strprintf("bench kernels: this CPU does not run level '%s'; it runs %s", l.c_str(),
+                                cpu::runnable_levels().c_str()));
     ks.push_back(k);
   }
   if (ks.empty()) ks = cpu::runnable();
