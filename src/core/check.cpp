@@ -1,5 +1,6 @@
 #include "core/check.h"
 
+#include <dlfcn.h>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -46,12 +47,21 @@ struct Where {
     gethostname(host, sizeof host - 1);
   }
   [[noreturn]] void abort(int code) const {
+    if (mpi) abort_mpi_job(code);
     fflush(stderr);
-    if (mpi) MPI_Abort(MPI_COMM_WORLD, code);
     std::exit(code);
   }
 };
 }  // namespace
+
+void abort_mpi_job(int exit_code) {
+  fflush(stderr);
+  // OpenMPI 4's MCA parameter orte_execute_quiet ("do not output error and help messages") is
+  // read-only through MPI_T, so it is set where it lives; other MPIs lack the symbol.
+  if (auto* quiet = static_cast<bool*>(dlsym(RTLD_DEFAULT, "orte_execute_quiet"))) *quiet = true;
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::exit(exit_code);
+}
 
 void fatal(const char* library, const std::string& message, const char* statement, const char* file, int line) {
   const Where w;

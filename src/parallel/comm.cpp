@@ -235,9 +235,8 @@ void PendingOp::wait() {
               "another rank of that group is missing from the collective or has died. Aborting the job.\n",
               world_rank, host, waited, describe().c_str(), group_ ? group_->rank() : -1, group_ ? group_->size() : 0,
               static_cast<long long>(ctx.step));
-      fflush(stderr);
       abort_device_collectives();
-      MPI_Abort(MPI_COMM_WORLD, kExitWatchdog);
+      abort_mpi_job(kExitWatchdog);
     }
   }
   if (exposed) {  // the wait, split at the moment every rank had joined (helper operations)

@@ -214,10 +214,8 @@ class Worker {
                          rank_list(silent).c_str());
     fprintf(stderr, "zero3d: watchdog: at step %lld, %s. Where every rank is: %s. Aborting the job (exit code %d).\n",
             static_cast<long long>(comm_context().step), why.c_str(), where.c_str(), kExitWatchdog);
-    fflush(stderr);
     abort_device_collectives();  // the device's library first, so the GPU is released
-    MPI_Abort(MPI_COMM_WORLD, kExitWatchdog);
-    std::abort();
+    abort_mpi_job(kExitWatchdog);
   }
 
   State& s_;
