@@ -25,6 +25,7 @@
 #include "kernels/host/simd.h"
 #include "kernels/math/adamw.h"
 #include "kernels/math/dtype.h"
+#include "kernels/math/gelu.h"
 #include "kernels/math/layernorm.h"
 
 #ifndef ZERO3D_ISA
@@ -103,32 +104,52 @@ inline void store_n(float* p, vf v, int n) {
   std::memcpy(p, t, sizeof(float) * n);
 }
 
-float row_sum(const float* x, int n) {
-  vf s{};
+// Folds f(i) over the whole vectors i = 0, W, 2W, ... below n in four independent chains, one
+// chain waiting an add's latency per vector (a LayerNorm row ran at half the cache's speed on one
+// chain). Chain k takes vectors k, k + 4, ...; the chains join as op(op(0, 1), op(2, 3)): a fixed
+// order. Returns the folded vector; *end is the first element left over.
+template <typename F, typename Op>
+vf fold_vectors(int n, int* end, vf init, F&& f, Op op) {
+  vf a = init, b = init, c = init, d = init;
   int i = 0;
-  for (; i + W <= n; i += W) s += load(x + i);
-  float t = reduce_add(s);
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a = op(a, f(i));
+    b = op(b, f(i + W));
+    c = op(c, f(i + 2 * W));
+    d = op(d, f(i + 3 * W));
+  }
+  for (; i + W <= n; i += W) a = op(a, f(i));
+  *end = i;
+  return op(op(a, b), op(c, d));
+}
+template <typename F>
+vf sum_vectors(int n, int* end, F&& f) {
+  return fold_vectors(n, end, vf{}, f, [](vf a, vf b) { return a + b; });
+}
+
+float row_sum(const float* x, int n) {
+  int i;
+  float t = reduce_add(sum_vectors(n, &i, [=](int j) { return load(x + j); }));
   for (; i < n; ++i) t += x[i];
   return t;
 }
 float row_max(const float* x, int n) {
-  vf m = splat(-std::numeric_limits<float>::infinity());
-  int i = 0;
-  for (; i + W <= n; i += W) m = vmax(m, load(x + i));
+  int i;
+  const vf m = fold_vectors(
+      n, &i, splat(-std::numeric_limits<float>::infinity()), [=](int j) { return load(x + j); },
+      [](vf a, vf b) { return vmax(a, b); });
   float t = reduce_max(m);
   for (; i < n; ++i) t = x[i] > t ? x[i] : t;
   return t;
 }
 // sum exp(x - mx); with e != nullptr the exponentials are stored there (may alias x).
 float row_sumexp(float* e, const float* x, int n, float mx) {
-  vf s{};
-  int i = 0;
-  for (; i + W <= n; i += W) {
-    const vf v = vexp(load(x + i) - mx);
-    if (e) store(e + i, v);
-    s += v;
-  }
-  float t = reduce_add(s);
+  int i;
+  float t = reduce_add(sum_vectors(n, &i, [=](int j) {
+    const vf v = vexp(load(x + j) - mx);
+    if (e) store(e + j, v);
+    return v;
+  }));
   for (; i < n; ++i) {
     const float v = sexp(x[i] - mx);
     if (e) e[i] = v;
@@ -185,13 +206,11 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* x, con
     const float* xr = x + static_cast<size_t>(n) * C;
     float* o = out + static_cast<size_t>(n) * C;
     const float mu = row_sum(xr, C) / C;
-    vf s{};
-    int i = 0;
-    for (; i + W <= C; i += W) {
-      const vf d = load(xr + i) - mu;
-      s += d * d;
-    }
-    float var = reduce_add(s);
+    int i;
+    float var = reduce_add(sum_vectors(C, &i, [=](int j) {
+      const vf d = load(xr + j) - mu;
+      return d * d;
+    }));
     for (; i < C; ++i) var += (xr[i] - mu) * (xr[i] - mu);
     const float rs = 1.0f / std::sqrt(var / C + math::kLayerNormEps);
     for (int c = 0; c < C; ++c) o[c] = (xr[c] - mu) * rs * w[c] + b[c];
@@ -206,14 +225,11 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const 
   const float* sums = column_sums(N, 2 * C, [=](int n, float* acc) {
     const size_t o = static_cast<size_t>(n) * C;
     const float mu = mean[n], rs = rstd[n];
-    vf sg{}, sgx{};
-    int i = 0;
-    for (; i + W <= C; i += W) {
-      const vf g = load(dy + o + i) * load(w + i);
-      sg += g;
-      sgx += g * ((load(x + o + i) - mu) * rs);
-    }
-    float mg = reduce_add(sg), mgx = reduce_add(sgx);
+    int i;
+    float mg = reduce_add(sum_vectors(C, &i, [=](int j) { return load(dy + o + j) * load(w + j); }));
+    float mgx = reduce_add(sum_vectors(C, &i, [=](int j) {
+      return load(dy + o + j) * load(w + j) * ((load(x + o + j) - mu) * rs);
+    }));
     for (; i < C; ++i) {
       const float g = dy[o + i] * w[i];
       mg += g;
@@ -251,16 +267,15 @@ void bias_backward(float* dbias, const float* dout, int N, int C) {
 }
 
 // gelu(x) = x/2 (1 + tanh u) = x sigmoid(2u), u = s (x + 0.044715 x^3);
-// gelu'(x) = sig + 2 x sig (1 - sig) s (1 + 3 * 0.044715 x^2).
-constexpr float kS = 0.7978845608028654f, kK = 0.044715f;
-inline vf gelu_vf(vf x) {
-  const vf u = kS * (x + kK * x * x * x);
-  return x / (1.0f + vexp(-2.0f * u));
-}
+// gelu'(x) = sig + 2 x sig (1 - sig) s (1 + 3 * 0.044715 x^2). The constants are folded
+// (-2u = x (a + b x^2)): this kernel is bound by its arithmetic, not by memory.
+constexpr float kS = math::kGeluScale, kK = math::kGeluCubic;
+constexpr float kA = -2.0f * kS, kB = -2.0f * kS * kK, kD = 3.0f * kS * kK;
+inline vf gelu_vf(vf x) { return x / (1.0f + vexp(x * (kA + kB * (x * x)))); }
 inline vf gelu_grad_vf(vf x, vf dout) {
-  const vf u = kS * (x + kK * x * x * x);
-  const vf sig = 1.0f / (1.0f + vexp(-2.0f * u));
-  const vf du = kS * (1.0f + 3.0f * kK * x * x);
+  const vf x2 = x * x;
+  const vf sig = 1.0f / (1.0f + vexp(x * (kA + kB * x2)));
+  const vf du = kS + kD * x2;
   return dout * (sig + 2.0f * x * sig * (1.0f - sig) * du);
 }
 
@@ -721,7 +736,7 @@ void accumulate_fp16(uint16_t* acc, const float* x, size_t n) {
 // ---- reductions: per fixed block, then the blocks in order ----
 
 // 8 lanes of double as two halves of 4 (a ymm each on AVX2 and up): one 8-double vector was split
-// lane by lane on AVX2 (8% of the copy bound); the sums, and so the bits, are the same at every level.
+// lane by lane on AVX2 (8% of the copy bound).
 typedef double vd4 __attribute__((vector_size(32)));
 typedef float vf4 __attribute__((vector_size(16)));
 
@@ -739,22 +754,31 @@ double block_sum(size_t n, F&& f) {  // f(begin, end) -> double
   return s;
 }
 
+// kPairs accumulator pairs: an FMA's latency times its ports on AVX2 and up; SSE2's 16 xmm hold two
+// (a vd4 is two there). Pair p takes the 8 floats at i + 8p; the pairs join in index order.
+constexpr int kPairs = W >= 8 ? 4 : 2;
 template <bool Square>
 double sum_impl(const float* x, size_t n) {
   return block_sum(n, [=](size_t b, size_t e) {
-    vd4 lo{}, hi{};
+    vd4 lo[kPairs] = {}, hi[kPairs] = {};
     size_t i = b;
-    for (; i + 8 <= e; i += 8) {
+    auto add8 = [&](int p, size_t j) {
       vf4 f0, f1;
-      std::memcpy(&f0, x + i, sizeof f0);
-      std::memcpy(&f1, x + i + 4, sizeof f1);
+      std::memcpy(&f0, x + j, sizeof f0);
+      std::memcpy(&f1, x + j + 4, sizeof f1);
       const vd4 v0 = __builtin_convertvector(f0, vd4), v1 = __builtin_convertvector(f1, vd4);
-      lo += Square ? v0 * v0 : v0;
-      hi += Square ? v1 * v1 : v1;
-    }
+      lo[p] += Square ? v0 * v0 : v0;
+      hi[p] += Square ? v1 * v1 : v1;
+    };
+    for (; i + 8 * kPairs <= e; i += 8 * kPairs)
+#pragma GCC unroll 4
+      for (int p = 0; p < kPairs; ++p) add8(p, i + 8 * p);
+    for (; i + 8 <= e; i += 8) add8(0, i);
+#pragma GCC unroll 4
+    for (int p = 1; p < kPairs; ++p) lo[0] += lo[p], hi[0] += hi[p];
     double t[8];
-    std::memcpy(t, &lo, sizeof lo);
-    std::memcpy(t + 4, &hi, sizeof hi);
+    std::memcpy(t, &lo[0], sizeof lo[0]);
+    std::memcpy(t + 4, &hi[0], sizeof hi[0]);
     double s = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
     for (; i < e; ++i) s += Square ? static_cast<double>(x[i]) * x[i] : x[i];
     return s;
