@@ -142,6 +142,12 @@ float row_max(const float* x, int n) {
   for (; i < n; ++i) t = x[i] > t ? x[i] : t;
   return t;
 }
+float row_dot(const float* x, const float* y, int n) {
+  int i;
+  float t = reduce_add(sum_vectors(n, &i, [=](int j) { return load(x + j) * load(y + j); }));
+  for (; i < n; ++i) t += x[i] * y[i];
+  return t;
+}
 // sum exp(x - mx); with e != nullptr the exponentials are stored there (may alias x).
 float row_sumexp(float* e, const float* x, int n, float mx) {
   int i;
@@ -435,17 +441,50 @@ Rows head_rows(const float* X, long ld, int col, const AttnDims& d, float* panel
   return {panel, d.hp};
 }
 
-// Head h transposed into hp x Tp (K^T, V^T: the tiles broadcast along the other operand and need
-// keys contiguous), zeros in the padding. W rows at a time, so the reads stay in L1.
-void pack_transposed(float* dst, const float* X, long ld, int col, const AttnDims& d) {
-  for (int t0 = 0; t0 < d.T; t0 += W) {
-    const int nt = std::min(W, d.T - t0);
-    for (int k = 0; k < d.hd; ++k) {
-      float* o = dst + static_cast<size_t>(k) * d.Tp + t0;
-      for (int t = 0; t < nt; ++t) o[t] = X[(t0 + t) * ld + col + k];
+// A W x W block transposed in registers: log2(W) rounds, each interleaving row i with row
+// i + W/2 (the lanes of their low halves, a0 b0 a1 b1 ..., into row 2i; of their high halves into
+// row 2i + 1).
+template <size_t... J>
+inline vf interleave_low(vf a, vf b, std::index_sequence<J...>) {
+  return __builtin_shufflevector(a, b, (J % 2 ? W + J / 2 : J / 2)...);
+}
+template <size_t... J>
+inline vf interleave_high(vf a, vf b, std::index_sequence<J...>) {
+  return __builtin_shufflevector(a, b, (J % 2 ? W + W / 2 + J / 2 : W / 2 + J / 2)...);
+}
+inline void transpose_block(vf (&r)[W]) {
+  constexpr auto lanes = std::make_index_sequence<W>();
+#pragma GCC unroll 4
+  for (int round = 1; round < W; round *= 2) {
+    vf t[W];
+#pragma GCC unroll 16
+    for (int i = 0; i < W / 2; ++i) {
+      t[2 * i] = interleave_low(r[i], r[i + W / 2], lanes);
+      t[2 * i + 1] = interleave_high(r[i], r[i + W / 2], lanes);
     }
+#pragma GCC unroll 16
+    for (int i = 0; i < W; ++i) r[i] = t[i];
   }
-  for (int k = 0; k < d.hd; ++k) std::fill(dst + static_cast<size_t>(k) * d.Tp + d.T, dst + static_cast<size_t>(k + 1) * d.Tp, 0.0f);
+}
+
+// Head h transposed into hp x Tp (K^T, V^T: the tiles broadcast along the other operand and need
+// keys contiguous), zeros in the padding: W x W blocks in registers, the edges element by element
+// (a scalar transpose was a tenth of attention's time).
+void pack_transposed(float* dst, const float* X, long ld, int col, const AttnDims& d) {
+  auto at = [&](int t, int k) -> float& { return dst[static_cast<size_t>(k) * d.Tp + t]; };
+  const int T = d.T - d.T % W, hd = d.hd - d.hd % W;  // the whole blocks
+  for (int t0 = 0; t0 < T; t0 += W)
+    for (int k0 = 0; k0 < hd; k0 += W) {
+      vf r[W];
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) r[i] = load(X + (t0 + i) * ld + col + k0);
+      transpose_block(r);
+#pragma GCC unroll 16
+      for (int j = 0; j < W; ++j) store(&at(t0, k0 + j), r[j]);
+    }
+  for (int t = 0; t < d.T; ++t)
+    for (int k = t < T ? hd : 0; k < d.hd; ++k) at(t, k) = X[t * ld + col + k];
+  for (int k = 0; k < d.hd; ++k) std::fill(&at(d.T, k), &at(0, k + 1), 0.0f);
   std::fill(dst + static_cast<size_t>(d.hd) * d.Tp, dst + d.panel(), 0.0f);
 }
 
@@ -549,13 +588,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     pack_transposed(Kt, rows, ld, A + h * d.hd, d);
     pack_transposed(Vt, rows, ld, 2 * A + h * d.hd, d);
     std::memset(dQ, 0, sizeof(float) * d.panel());
-    for (int t = 0; t < T; ++t) {
-      const float* o = out + (static_cast<size_t>(b) * T + t) * A + h * d.hd;
-      const float* g = dO.row(t);
-      float s = 0;
-      for (int k = 0; k < d.hd; ++k) s += g[k] * o[k];
-      D[t] = s;
-    }
+    for (int t = 0; t < T; ++t) D[t] = row_dot(dO.row(t), out + (static_cast<size_t>(b) * T + t) * A + h * d.hd, d.hd);
     for (int j0 = 0; j0 < T; j0 += kTileT) {
       const int nk = std::min(kTileT, T - j0), nkp = round_up(nk, W);
       std::memset(dK, 0, sizeof(float) * kTileT * d.hp);
