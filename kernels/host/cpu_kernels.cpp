@@ -164,7 +164,7 @@ const Kernels& select() {
 // (backward's set, which covers forward's).
 size_t attention_work_floats(int T, int head_dim) {
   const size_t Tp = (static_cast<size_t>(T) + 63) / 64 * 64, hp = (static_cast<size_t>(head_dim) + 15) / 16 * 16;
-  return 6 * Tp * hp + 2 * 64 * 64 + 2 * 64 * hp + Tp + 16;
+  return 6 * (Tp + 16) * hp + 2 * 64 * 64 + 2 * 64 * hp + Tp + 16;  // AttnDims::panel() is (Tp + 16) hp
 }
 
 void set_threads(int n) {
