@@ -66,7 +66,9 @@ struct Kernels {
   double (*fma_peak)(double seconds);
 };
 
-// Floats of attention workspace per thread for sequences of T with head width hd.
+// Floats of attention workspace per thread for sequences of T with head width hd. A transposed
+// head's rows (K^T, V^T) are T padded to the 64-row tile plus kAttnRowPad floats (one cache line).
+constexpr int kAttnRowPad = 16;
 size_t attention_work_floats(int T, int head_dim);
 
 // The level this process runs: the best this CPU runs, unless use_level chose another before the

@@ -416,9 +416,9 @@ void causal_gemm(float* C, long ldc, const float* A, long sa, long sk, const flo
 // A tile reads 64 of its rows per key block; 1 KB apart (T = 256) they fell into 16 of L1's 64
 // sets and evicted each other (the q . k tile at 71% of the FMA peak on AVX-512, 92% with the line).
 struct AttnDims {
-  int T, H, A, hd, hp, Tp, ts;  // hp: head width padded to W; Tp: T padded to the tile
+  int T, H, A, hd, hp, ts;  // hp: head width padded to W
   AttnDims(int T_, int H_, int A_)
-      : T(T_), H(H_), A(A_), hd(A_ / H_), hp(round_up(hd, W)), Tp(round_up(T_, kTileT)), ts(Tp + 16) {}
+      : T(T_), H(H_), A(A_), hd(A_ / H_), hp(round_up(hd, W)), ts(round_up(T_, kTileT) + kAttnRowPad) {}
   size_t panel() const { return static_cast<size_t>(ts) * hp; }
   bool direct() const { return hd % W == 0; }  // head rows are whole vectors: tiles read them in place
 };
