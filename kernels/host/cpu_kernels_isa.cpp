@@ -107,10 +107,10 @@ inline void store_n(float* p, vf v, int n) {
 // Folds f(i) over the whole vectors i = 0, W, 2W, ... below n in four independent chains, one
 // chain waiting an add's latency per vector (a LayerNorm row ran at half the cache's speed on one
 // chain). Chain k takes vectors k, k + 4, ...; the chains join as op(op(0, 1), op(2, 3)): a fixed
-// order. Returns the folded vector; *end is the first element left over.
-template <typename F, typename Op>
-vf fold_vectors(int n, int* end, vf init, F&& f, Op op) {
-  vf a = init, b = init, c = init, d = init;
+// order. Returns the folded value (a vector, or a struct of them); *end is the first element left over.
+template <typename V, typename F, typename Op>
+V fold_vectors(int n, int* end, V init, F&& f, Op op) {
+  V a = init, b = init, c = init, d = init;
   int i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
     a = op(a, f(i));
@@ -231,11 +231,18 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const 
   const float* sums = column_sums(N, 2 * C, [=](int n, float* acc) {
     const size_t o = static_cast<size_t>(n) * C;
     const float mu = mean[n], rs = rstd[n];
+    struct Sums {
+      vf g, gx;
+    };
     int i;
-    float mg = reduce_add(sum_vectors(C, &i, [=](int j) { return load(dy + o + j) * load(w + j); }));
-    float mgx = reduce_add(sum_vectors(C, &i, [=](int j) {
-      return load(dy + o + j) * load(w + j) * ((load(x + o + j) - mu) * rs);
-    }));
+    const Sums s = fold_vectors(
+        C, &i, Sums{},
+        [=](int j) {
+          const vf g = load(dy + o + j) * load(w + j);
+          return Sums{g, g * ((load(x + o + j) - mu) * rs)};
+        },
+        [](Sums a, Sums b) { return Sums{a.g + b.g, a.gx + b.gx}; });
+    float mg = reduce_add(s.g), mgx = reduce_add(s.gx);
     for (; i < C; ++i) {
       const float g = dy[o + i] * w[i];
       mg += g;
