@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -78,32 +79,34 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
-std::vector<const Kernels*> runnable() {
+namespace {
+// Every level built in, best first.
+std::vector<const Kernels*> built() {
 #if defined(__x86_64__)
-  const CpuFeatures& f = cpu_features();
-  std::vector<const Kernels*> k;
-  if (f.avx512) k.push_back(&avx512::kernels);
-  if (f.avx2) k.push_back(&avx2::kernels);
-  k.push_back(&sse2::kernels);
-  return k;
+  return {&avx512::kernels, &avx2::kernels, &sse2::kernels};
 #else
   return {&generic::kernels};
 #endif
 }
-
-std::string built_levels() {
-#if defined(__x86_64__)
-  return "avx512, avx2, sse2";
-#else
-  return "generic";
-#endif
-}
-
-std::string runnable_levels() {
+std::string names(const std::vector<const Kernels*>& levels) {  // "avx512, avx2, sse2"
   std::string s;
-  for (const Kernels* k : runnable()) s += std::string(s.empty() ? "" : ", ") + k->isa;
+  for (const Kernels* k : levels) s += std::string(s.empty() ? "" : ", ") + k->isa;
   return s;
 }
+}  // namespace
+
+std::vector<const Kernels*> runnable() {
+  const CpuFeatures& f = cpu_features();
+  std::vector<const Kernels*> k;
+  for (const Kernels* level : built()) {
+    const std::string isa = level->isa;
+    if (isa == "avx512" ? f.avx512 : isa == "avx2" ? f.avx2 : true) k.push_back(level);
+  }
+  return k;
+}
+
+std::string built_levels() { return names(built()); }
+std::string runnable_levels() { return names(runnable()); }
 
 namespace {
 std::atomic<const Kernels*> chosen{nullptr};  // set by use_level, or by the first select()
@@ -127,14 +130,15 @@ void use_level(const std::string& isa, const std::string& source) {
   if (!k) {
     const std::string here = runnable_levels();
     const CpuFeatures& f = cpu_features();
-    const bool built = (", " + built_levels() + ",").find(", " + want + ",") != std::string::npos;
-    throw UserError(built ? strprintf("%s=%s: this CPU (%s, %s family %d model %d) does not run %s; the levels it runs: "
-                                      "%s (auto: the best of them)",
-                                      from.c_str(), want.c_str(), f.model.c_str(), f.vendor.c_str(), f.family,
-                                      f.model_number, want.c_str(), here.c_str())
-                          : strprintf("%s=%s: no such level in this build; the levels built in: %s; on this CPU: %s "
-                                      "(or auto)",
-                                      from.c_str(), want.c_str(), built_levels().c_str(), here.c_str()));
+    const std::vector<const Kernels*> all = built();
+    const bool in_build = std::any_of(all.begin(), all.end(), [&](const Kernels* l) { return want == l->isa; });
+    if (in_build)
+      throw UserError(strprintf("%s=%s: this CPU (%s, %s family %d model %d) does not run %s; the levels it runs: %s "
+                                "(auto: the best of them)",
+                                from.c_str(), want.c_str(), f.model.c_str(), f.vendor.c_str(), f.family,
+                                f.model_number, want.c_str(), here.c_str()));
+    throw UserError(strprintf("%s=%s: no such level in this build; the levels built in: %s; on this CPU: %s (or auto)",
+                              from.c_str(), want.c_str(), names(all).c_str(), here.c_str()));
   }
   if (ran && k != chosen)
     throw UserError(strprintf("%s=%s comes after the host loops ran at %s: set it before the job starts", from.c_str(),
@@ -147,7 +151,9 @@ void use_level(const std::string& isa, const std::string& source) {
   static bool capped = false;
   const bool best = k == runnable().front();
   if (!best || capped)
-    dnnl_set_max_cpu_isa(best ? dnnl_cpu_isa_all : std::string(k->isa) == "avx2" ? dnnl_cpu_isa_avx2 : dnnl_cpu_isa_sse41);
+    dnnl_set_max_cpu_isa(best                              ? dnnl_cpu_isa_all
+                         : std::string(k->isa) == "avx2" ? dnnl_cpu_isa_avx2
+                                                         : dnnl_cpu_isa_sse41);
   capped = !best;
 #endif
 }

@@ -4,7 +4,8 @@
 // How they run fast:
 //  - vector math on simd::vf (simd.h): exp by polynomial, GELU through the sigmoid form
 //    x * sigmoid(2u) (the tanh form's 1 + tanh(u) loses digits for x << 0), row reductions in
-//    W lanes, one register of the level (simd.h); plain loops (Adam's sqrt, casts, adds) vectorize because the flags drop errno;
+//    W lanes, one register of the level (simd.h); plain loops (Adam's sqrt, casts, adds)
+//    vectorize because the flags drop errno;
 //  - threads (OpenMP) over rows, column blocks or fixed element blocks, only when the work is big
 //    enough to pay for a parallel region; sums over threads' parts add in block order, so the bits
 //    do not depend on the thread count;
