@@ -58,6 +58,10 @@ struct Kernels {
   void (*accumulate_bf16)(uint16_t* acc, const float* x, size_t n);
   void (*accumulate_fp16)(uint16_t* acc, const float* x, size_t n);
 
+  // y = e^x elementwise by simd::vexp, the exp inside every softmax and GELU here: for its
+  // accuracy test at each level and bench kernels' exp rate.
+  void (*exp)(float* y, const float* x, size_t n);
+
   double (*sum_squares)(const float* x, size_t n);
   double (*sum)(const float* x, size_t n);
 

@@ -320,6 +320,12 @@ void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, i
   for (int c = 0; c < C; ++c) dbias[c] += sums[c];
 }
 
+void exp(float* y, const float* x, size_t n) {
+  for_blocks(n, [=](size_t b, size_t e) {
+    map_vf(b, e, [=](size_t i, int k) { store_n(y + i, vexp(load_n(x + i, k)), k); });
+  });
+}
+
 void add(float* out, const float* a, const float* b, size_t n) {
   for_blocks(n, [=](size_t s, size_t e) {
     for (size_t i = s; i < e; ++i) out[i] = a[i] + b[i];
@@ -865,7 +871,7 @@ const Kernels kernels = {
     embedding_forward, embedding_backward, layernorm_forward, layernorm_backward, add_bias, bias_backward,
     gelu_forward, gelu_backward, add, accumulate, scale, attention_forward, attention_backward, crossentropy,
     vocab_row_max, vocab_sumexp, vocab_crossentropy_grad, adam_step, cast_to_bf16, cast_from_bf16, cast_to_fp16,
-    cast_from_fp16, accumulate_bf16, accumulate_fp16, sum_squares, sum, fma_peak,
+    cast_from_fp16, accumulate_bf16, accumulate_fp16, exp, sum_squares, sum, fma_peak,
 };
 
 }  // namespace zero3d::cpu::ZERO3D_ISA
