@@ -3,7 +3,11 @@
 // attention, bytes / the copy bandwidth for the rest (the bytes and FLOPs each call must move or
 // compute are the backend's own accounting, kernels/profile.h, as wall_clock_breakdown reports
 // them). A level that gets slower shows here on any machine that runs it, not only on its own.
+// Kernels whose math needs an exp per element (GELU, the cross-entropy's softmax) have a second
+// roof, the level's exp rate: on SSE2 an exp costs more time than moving its 8 bytes, and copy
+// bandwidth alone would call a kernel that runs at its arithmetic's speed slow.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -21,7 +25,28 @@ namespace {
 struct Case {
   const char* name;
   std::function<void()> call;
+  size_t exps = 0;  // the exps one call's math needs at the least: one per element it maps
 };
+
+// Elements per second of the level's exp (cpu::Kernels::exp) on the run's threads, over 2 x 256 KiB
+// that stay in L2 (a call long enough that its parallel region costs nothing): the best 2 ms
+// window in `seconds`, as the FMA peak is taken.
+double best_exp_rate(const cpu::Kernels& k, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  std::vector<float> x(size_t{1} << 16), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = -10.0f + 20.0f * static_cast<float>(i) / static_cast<float>(x.size());
+  const auto start = Clock::now();
+  double best = 0;
+  do {
+    const auto t0 = Clock::now();
+    long calls = 0;
+    do k.exp(y.data(), x.data(), x.size()), ++calls;
+    while (since(t0) < 0.002);
+    best = std::max(best, static_cast<double>(calls * x.size()) / since(t0));
+  } while (since(start) < seconds);
+  return best;
+}
 
 // Seconds, bytes and FLOPs per call of `call`, from the backend's profile: one warm-up call, then
 // calls for at least `seconds`.
@@ -61,7 +86,7 @@ void bench_kernels(const ModelConfig& m, int micro, const std::string& config, d
 
   std::vector<std::string> header = {"kernel"};
   std::vector<std::vector<std::string>> rows;
-  std::vector<double> peaks;
+  std::vector<double> peaks, exp_rates;
   double copy_bw = 0;
   for (const cpu::Kernels* k : ks) {
     HostOptions o;
@@ -70,6 +95,8 @@ void bench_kernels(const ModelConfig& m, int micro, const std::string& config, d
     if (copy_bw == 0) copy_bw = measure_copy_bandwidth(*be, std::max(0.2, seconds));
     const double peak = best_fma_peak(std::max(0.2, seconds), 0.002, k);
     peaks.push_back(peak);
+    const double exp_rate = best_exp_rate(*k, std::max(0.2, seconds));
+    exp_rates.push_back(exp_rate);
     header.push_back(k->isa);
 
     auto buffer = [&](size_t n, float lo, float hi) {
@@ -82,7 +109,8 @@ void bench_kernels(const ModelConfig& m, int micro, const std::string& config, d
     const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F, NV = static_cast<size_t>(N) * V;
     DeviceBuffer<float> x = buffer(NC, -1, 1), y = buffer(NC, -1, 1), dy = buffer(NC, -1, 1), w = buffer(C, 0.5, 1.5),
                         b = buffer(C, -0.1f, 0.1f), dw = buffer(C, 0, 0), db = buffer(C, 0, 0), mean = buffer(N, 0, 0),
-                        rstd = buffer(N, 0, 0), h = buffer(NF, -3, 3), dh = buffer(NF, -1, 1), hb = buffer(F, 0, 0),
+                        rstd = buffer(N, 0, 0), h = buffer(NF, -3, 3), dh = buffer(NF, -1, 1), dhx = buffer(NF, 0, 0),
+                        hb = buffer(F, 0, 0),
                         qkv = buffer(3 * NC, -1, 1), att = buffer(NC, 0, 0), lse = buffer(static_cast<size_t>(B) * H * T, 0, 0),
                         dqkv = buffer(3 * NC, 0, 0), logits = buffer(NV, -4, 4), dlogits = buffer(NV, 0, 0),
                         losses = buffer(N, 0, 0), rmax = buffer(N, 0, 0), sumexp = buffer(N, 0, 0),
@@ -111,8 +139,9 @@ void bench_kernels(const ModelConfig& m, int micro, const std::string& config, d
            be->layernorm_backward(dy.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), mean.data(),
                                   rstd.data(), N, C);
          }},
-        {"gelu_forward", [&] { be->gelu_forward(dh.data(), h.data(), NF); }},
-        {"gelu_backward (+bias)", [&] { be->gelu_backward(dh.data(), hb.data(), h.data(), dh.data(), N, F); }},
+        {"gelu_forward", [&] { be->gelu_forward(dh.data(), h.data(), NF); }, NF},
+        // Out of place: in place, each call would scale dh by gelu' again, down into subnormals.
+        {"gelu_backward (+bias)", [&] { be->gelu_backward(dhx.data(), hb.data(), h.data(), dh.data(), N, F); }, NF},
         {"bias_backward", [&] { be->bias_backward(db.data(), dy.data(), N, C); }},
         {"add", [&] { be->add(y.data(), x.data(), dy.data(), NC); }},
         {"accumulate", [&] { be->accumulate(y.data(), x.data(), NC); }},
@@ -120,14 +149,15 @@ void bench_kernels(const ModelConfig& m, int micro, const std::string& config, d
          [&] { be->embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), N, T, C, 0, V); }},
         {"embedding_backward",
          [&] { be->embedding_backward(wte.data(), wpe.data(), dy.data(), tokens.data(), N, T, C, 0, V); }},
-        {"crossentropy", [&] { be->crossentropy(losses.data(), dlogits.data(), logits.data(), tokens.data(), N, V, 1e-3f); }},
+        {"crossentropy",
+         [&] { be->crossentropy(losses.data(), dlogits.data(), logits.data(), tokens.data(), N, V, 1e-3f); }, NV},
         {"vocab_sumexp", [&] {
            be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
-         }},
+         }, NV},
         {"vocab_crossentropy_grad", [&] {
            be->vocab_crossentropy_grad(dlogits.data(), logits.data(), rmax.data(), sumexp.data(), tokens.data(), 0, N,
                                        V, 1e-3f);
-         }},
+         }, NV},
         {"adam_step", [&] { be->adam_step(p.data(), mo.data(), vo.data(), g.data(), block, adam); }},
         {"scale", [&] { be->scale(g.data(), 1.0f, block); }},
         {"cast_to_bf16", [&] { be->cast_to_bf16(half.data(), p.data(), block); }},
@@ -139,27 +169,34 @@ void bench_kernels(const ModelConfig& m, int micro, const std::string& config, d
     for (size_t c = 0; c < cases.size(); ++c) {
       const OpStat st = measure(*be, cases[c].call, seconds);
       const bool compute = st.flops > 0;
-      const double rate = (compute ? st.flops : st.bytes) / st.seconds, bound = compute ? peak : copy_bw;
+      // The slower roof binds: moving the bytes, or (marked *) computing the exps.
+      const double copy_s = st.bytes / copy_bw, exp_s = static_cast<double>(cases[c].exps * st.calls) / exp_rate;
+      const double rate = (compute ? st.flops : st.bytes) / st.seconds;
+      const double bound = compute ? peak : st.bytes / std::max(copy_s, exp_s);
       if (rows[c].empty()) rows[c].push_back(cases[c].name);
-      rows[c].push_back(strprintf("%7.1f %s %4.0f%%", rate / 1e9, compute ? "GF/s" : "GB/s", 100 * rate / bound));
+      rows[c].push_back(strprintf("%7.1f %s %4.0f%%%s", rate / 1e9, compute ? "GF/s" : "GB/s", 100 * rate / bound,
+                                  exp_s > copy_s ? "*" : " "));
     }
   }
 
-  std::string peaks_line;
-  for (size_t i = 0; i < ks.size(); ++i)
+  std::string peaks_line, exps_line;
+  for (size_t i = 0; i < ks.size(); ++i) {
     peaks_line += strprintf("%s%s %.1f", i ? ", " : "", ks[i]->isa, peaks[i] / 1e9);
+    exps_line += strprintf("%s%s %.2f", i ? ", " : "", ks[i]->isa, exp_rates[i] / 1e9);
+  }
   log_info("# host kernels, one micro-batch of %s: %d x %d tokens, d_model %d, %d heads, vocab %d; Adam and the casts "
            "over one block's %zu parameters; %d thread(s)",
            config.c_str(), B, T, C, H, V, block, cpu::threads());
-  log_info("# bounds: copy bandwidth %.1f GB/s (64 MiB copies); FMA peak (GFLOP/s) %s. Each cell: rate, %% of its "
-           "bound (above 100%%: the data stayed in cache)",
-           copy_bw / 1e9, peaks_line.c_str());
+  log_info("# bounds: copy bandwidth %.1f GB/s (64 MiB copies); FMA peak (GFLOP/s) %s; exp rate (G/s, in L2) %s. "
+           "Each cell: rate, %% of its bound (above 100%%: the data stayed in cache; *: bound by one exp per element "
+           "at the exp rate, which is slower there than the copy)",
+           copy_bw / 1e9, peaks_line.c_str(), exps_line.c_str());
   std::string line = strprintf("%-24s", header[0].c_str());
-  for (size_t i = 1; i < header.size(); ++i) line += strprintf(" %18s", header[i].c_str());
+  for (size_t i = 1; i < header.size(); ++i) line += strprintf(" %19s", header[i].c_str());
   log_info("%s", line.c_str());
   for (const auto& r : rows) {
     line = strprintf("%-24s", r[0].c_str());
-    for (size_t i = 1; i < r.size(); ++i) line += strprintf(" %18s", r[i].c_str());
+    for (size_t i = 1; i < r.size(); ++i) line += strprintf(" %19s", r[i].c_str());
     log_info("%s", line.c_str());
   }
 }
