@@ -2,7 +2,7 @@
 """jobscripts/bench_peer.py: the PyTorch peer of zero3d, for speed comparisons.
 
 A GPT-2 written the way zero3d defines it (pre-LayerNorm blocks, packed qkv, tanh GELU, LM head
-tied to wte), trained from the same zero3d JSON config with AdamW, on R CPU ranks:
+tied to wte), trained from the same zero3d JSON config with AdamW and its lr schedule, on R CPU ranks:
   --mode ddp     DistributedDataParallel over gloo: every rank holds all optimizer state
   --mode zero1   DDP + ZeroRedundancyOptimizer: each rank keeps 1/R of the AdamW state (ZeRO-1)
 It measures speed, not correctness: the data order differs from zero3d's.
@@ -108,6 +108,38 @@ def micro_batch(tokens, g, rank, world, B, T):
     return x[:, :-1], x[:, 1:]   # inputs, targets shifted by one
 
 
+def lr_at_step(cfg, step):
+    """The learning rate of optimizer step `step` (1-based) under the config's DeepSpeed scheduler,
+    as zero3d's optim/lr_schedule.cpp computes it (lr_for_step: the schedule's iteration is step - 2,
+    DeepSpeed's count). Without a scheduler, the optimizer's lr."""
+    base = cfg["optimizer"]["params"]["lr"]
+    sc = cfg.get("scheduler") or {}
+    kind, p = sc.get("type", ""), sc.get("params", {})
+    if not kind:
+        return base
+    it = step - 2
+    W = max(2, p.get("warmup_num_steps", 1000))
+    T = p.get("total_num_steps", cfg.get("train_steps"))
+    linear = p.get("warmup_type", "log") == "linear"
+    frac = (lambda i: i / W) if linear else (lambda i: math.log(i + 1) / math.log(W))
+    if kind in ("WarmupLR", "WarmupDecayLR"):
+        lo, hi = p.get("warmup_min_lr", 0.0), p.get("warmup_max_lr", base)
+        if it < 0:
+            return lo
+        gamma = frac(it) if it < W else (max(0.0, (T - it) / max(1.0, T - W)) if kind == "WarmupDecayLR" else 1.0)
+        return lo + (hi - lo) * gamma
+    if kind != "WarmupCosineLR":
+        raise SystemExit(f"bench_peer.py: scheduler {kind} is not one zero3d implements")
+    if it < 0:
+        return 0.0
+    if it < W:
+        r0 = p.get("warmup_min_ratio", 0.0)
+        return base * (r0 + frac(it) * (1.0 - r0))
+    progress = min(1.0, (it - W + 1) / max(1, T - W))
+    floor = p.get("cos_min_ratio", 0.0001)
+    return base * max(0.0, floor + (1.0 - floor) * (1.0 + math.cos(math.pi * progress)) / 2.0)
+
+
 # ---- one rank ------------------------------------------------------------------------------------
 def train(args, cfg):
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -141,6 +173,8 @@ def train(args, cfg):
     barrier = dist.barrier if world > 1 else (lambda: None)
     step_s, losses = [], []
     for step in range(args.warmup + args.steps):
+        for g in opt.param_groups:  # the config's schedule, as zero3d follows it
+            g["lr"] = lr_at_step(cfg, step + 1)
         barrier()                  # every rank starts the step together
         t0 = time.perf_counter()
         loss_sum = 0.0

@@ -19,6 +19,8 @@
 #   of GEMM             model FLOP/s (tokens/s x flops_per_token of zero3d's "run" record) over
 #                       R x rank 0's `bench gemm` rate: the fraction of this machine's sgemm
 #                       throughput that one training step reaches (MFU against the GEMM, not a datasheet)
+#   of FMA peak         the same over R x rank 0's FMA peak (bench gemm's hand-written FMA loop at the
+#                       level zero3d runs): MFU against what the core can do at all
 #
 # usage: jobscripts/bench_peer.sh [--config input/bench-cpu.json] [--ranks 2] [--rounds 3] [--steps 10]
 #                                 [--zero-stage 1] [--torch-mode zero1|ddp] [--out FILE.json]
@@ -108,10 +110,12 @@ for round in $(seq "$rounds"); do
   run "$d/gemm.log" "${mpirun[@]}" -np "$ranks" "$z3d" bench gemm --sizes 1024 --seconds 2
   gflops=$(awk '$1 == "1024" { print $3; exit }' "$d/gemm.log")
   [[ -n $gflops ]] || { echo "bench_peer.sh: no '1024' line in bench gemm's output:" >&2; cat "$d/gemm.log" >&2; exit 1; }
+  peak=$(sed -n 's/^# FMA peak (.*): \([0-9.]*\) GFLOP\/s.*/\1/p' "$d/gemm.log")
+  [[ -n $peak ]] || { echo "bench_peer.sh: no '# FMA peak' line in bench gemm's output:" >&2; cat "$d/gemm.log" >&2; exit 1; }
   # one JSON line per round into the results
-  "$PY" - "$d/run/metrics.jsonl" "$d/peer.log" "$gflops" "$round" >> "$tmp/rounds.jsonl" <<'PY'
+  "$PY" - "$d/run/metrics.jsonl" "$d/peer.log" "$gflops" "$round" "$peak" >> "$tmp/rounds.jsonl" <<'PY'
 import json, statistics, sys
-metrics, peer_log, gflops, rnd = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+metrics, peer_log, gflops, rnd, peak = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 recs = [json.loads(l) for l in open(metrics) if l.strip()]
 run = next(r for r in recs if r["kind"] == "run")
 train = [r for r in recs if r["kind"] == "train"]
@@ -119,7 +123,7 @@ peer = json.loads([l for l in open(peer_log) if l.startswith("{")][-1])   # its 
 print(json.dumps({"round": rnd,
                   "zero3d": statistics.median(r["tokens_per_s"] for r in train if r["step"] >= 3),
                   "pytorch": peer["tokens_per_s"],
-                  "gemm_gflops_rank0": gflops, "flops_per_token": run["flops_per_token"],
+                  "gemm_gflops_rank0": gflops, "fma_peak_gflops_rank0": peak, "flops_per_token": run["flops_per_token"],
                   "zero3d_params": run["num_params"], "pytorch_params": peer["num_params"],
                   "zero3d_gemm": run.get("gemm", ""), "zero3d_threads": run.get("threads", 0),
                   "zero3d_loss": [train[0]["loss"], train[-1]["loss"]],
@@ -141,6 +145,7 @@ med = statistics.median
 fpt = rows[0]["flops_per_token"]
 # fraction of the R-rank GEMM rate (R x rank 0's number: all ranks ran the GEMM at once)
 frac = lambda r, k: r[k] * r["flops_per_token"] / (R * r["gemm_gflops_rank0"] * 1e9)
+peak = lambda r, k: r[k] * r["flops_per_token"] / (R * r["fma_peak_gflops_rank0"] * 1e9)
 res = {"config": config, "ranks": R, "rounds": len(rows), "steps": int(steps),
        "zero3d_stage": int(stage), "pytorch_mode": tmode, "flops_per_token": fpt,
        "gemm_note": "R-rank GEMM rate = ranks x rank 0's bench gemm GFLOP/s (all ranks measure at once)"}
@@ -149,6 +154,8 @@ for k in ("zero3d", "pytorch"):
     res[k] = {"tokens_per_s_median": med(xs), "tokens_per_s_min": min(xs), "tokens_per_s_max": max(xs)}
 fs = [frac(r, "zero3d") for r in rows]
 res["zero3d"].update(of_gemm_median=med(fs), of_gemm_min=min(fs), of_gemm_max=max(fs))
+ps = [peak(r, "zero3d") for r in rows]
+res["zero3d"].update(of_fma_peak_median=med(ps), of_fma_peak_min=min(ps), of_fma_peak_max=max(ps))
 res["ratio_per_round_median"] = med(r["zero3d"] / r["pytorch"] for r in rows)
 res["ratio_of_medians"] = res["zero3d"]["tokens_per_s_median"] / res["pytorch"]["tokens_per_s_median"]
 res["gemm_gflops_rank0_median"] = med(r["gemm_gflops_rank0"] for r in rows)
@@ -156,13 +163,14 @@ res["per_round"] = rows
 
 print(f"\n{config}, {R} ranks, {len(rows)} rounds, {fpt / 1e6:.1f} MFLOP/token; "
       f"GEMM rate = {R} x rank 0's bench gemm (median {res['gemm_gflops_rank0_median']:.1f} GFLOP/s)")
-print(f"{'':18} {'tokens/s median [min-max]':>28} {'model FLOP/s of GEMM':>24}")
+print(f"{'':18} {'tokens/s median [min-max]':>28} {'model FLOP/s of GEMM':>24} {'of FMA peak':>24}")
 for k, name in (("zero3d", f"zero3d (stage {stage})"), ("pytorch", f"pytorch ({tmode})")):
     s = res[k]
     # the GEMM ran in zero3d's environment, so only zero3d's fraction is like for like
     g = f"{s['of_gemm_median']:.3f} [{s['of_gemm_min']:.3f}-{s['of_gemm_max']:.3f}]" if k == "zero3d" else "-"
+    f = f"{s['of_fma_peak_median']:.3f} [{s['of_fma_peak_min']:.3f}-{s['of_fma_peak_max']:.3f}]" if k == "zero3d" else "-"
     print(f"{name:18} {s['tokens_per_s_median']:>10.0f} [{s['tokens_per_s_min']:.0f}-{s['tokens_per_s_max']:.0f}]"
-          f"{'':>4} {g:>24}")
+          f"{'':>4} {g:>24} {f:>24}")
 print(f"zero3d/pytorch: {res['ratio_per_round_median']:.2f} (median of per-round ratios), "
       f"{res['ratio_of_medians']:.2f} (ratio of medians)")
 if any(r["zero3d_params"] != r["pytorch_params"] for r in rows):
