@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   block_stop_signals();  // before any thread exists: SIGUSR1/SIGTERM go to one waiting thread only
   int provided = 0;
   // MULTIPLE: the watchdog thread and the checkpoint writer call MPI beside the training thread
-  // (without it both are off: parallel/watchdog.h, io/ckpt_writer.h).
+  // (without it both are off: parallel/watchdog.h, ckpt/writer.h).
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -44,7 +44,7 @@
 #include "kernels/math/gelu.h"
 #include "kernels/math/layernorm.h"
 #include "kernels/math/attention.h"
-#include "parallel/comm.h"
+#include "core/device_collectives.h"
 
 namespace zero3d {
 namespace {

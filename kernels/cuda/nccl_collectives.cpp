@@ -43,7 +43,7 @@
 
 #include "core/check.h"
 #include "kernels/cuda/check.cuh"
-#include "parallel/comm.h"
+#include "core/device_collectives.h"
 
 #if defined(ZERO3D_HAVE_NCCL)
 #include <nccl.h>
@@ -158,7 +158,7 @@ class NcclCollectives final : public DeviceCollectives {
   }
 
   // Several pieces: one NCCL call each, fused into one operation by a group call.
-  OpPtr reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t) override {
+  OpPtr reduce_scatter(const void* send, void* recv, const MessageSlices& pc, CommType t) override {
     const size_t eb = elem_bytes(t);
     return run(coll_, "reduce-scatter", [&](ncclComm_t c, cudaStream_t s) {
       const char* from = static_cast<const char*>(send);
@@ -174,7 +174,7 @@ class NcclCollectives final : public DeviceCollectives {
 
   // In place (send null): each piece's own block already lies at its place in recv, which is
   // NCCL's in-place all-gather (sendbuff == recvbuff + rank * count).
-  OpPtr all_gather(const void* send, void* recv, const Pieces& pc, CommType t) override {
+  OpPtr all_gather(const void* send, void* recv, const MessageSlices& pc, CommType t) override {
     const size_t eb = elem_bytes(t);
     return run(coll_, "all-gather", [&](ncclComm_t c, cudaStream_t s) {
       const char* from = static_cast<const char*>(send);

@@ -15,7 +15,7 @@
 
 #include "core/check.h"
 #include "kernels/backend.h"
-#include "parallel/comm.h"  // DeviceCollectives (none here)
+#include "core/device_collectives.h"  // DeviceCollectives (none here)
 
 namespace zero3d {
 

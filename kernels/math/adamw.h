@@ -5,7 +5,7 @@
 // (classic Adam with L2), wd * p is added to g before the moments instead.
 #pragma once
 #include <cmath>
-#include "kernels/common.h"
+#include "kernels/math/common.h"
 
 namespace zero3d::math {
 

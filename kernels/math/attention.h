@@ -9,7 +9,7 @@
 // tiles (kernels/host/cpu_kernels_isa.cpp).
 #pragma once
 #include <cmath>
-#include "kernels/common.h"
+#include "kernels/math/common.h"
 
 namespace zero3d::math {
 

@@ -4,7 +4,7 @@
 // gradient of the whole batch is already normalised. dlogits may alias logits.
 #pragma once
 #include <cmath>
-#include "kernels/common.h"
+#include "kernels/math/common.h"
 
 namespace zero3d::math {
 

@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
-#include "kernels/common.h"
+#include "kernels/math/common.h"
 
 namespace zero3d::math {
 

@@ -1,7 +1,7 @@
 // GELU, tanh approximation (GPT-2): gelu(x) = x/2 * (1 + tanh(s*(x + 0.044715 x^3))), s = sqrt(2/pi).
 #pragma once
 #include <cmath>
-#include "kernels/common.h"
+#include "kernels/math/common.h"
 
 namespace zero3d::math {
 

@@ -7,7 +7,7 @@
 // rows per column on CUDA); the per-element math is layernorm_xhat.
 #pragma once
 #include <cmath>
-#include "kernels/common.h"
+#include "kernels/math/common.h"
 
 namespace zero3d::math {
 

@@ -13,7 +13,7 @@
 
 namespace zero3d {
 
-class DeviceCollectives;  // parallel/comm.h
+class DeviceCollectives;  // core/device_collectives.h
 
 enum class MemKind : uint8_t { host, device };
 

@@ -59,9 +59,9 @@ FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_
   return L;
 }
 
-std::vector<BucketRun> bucket_runs(const FlatLayout& L, int first, int last, size_t limit) {
+std::vector<BucketMessage> bucket_messages(const FlatLayout& L, int first, int last, size_t limit) {
   limit = std::min<size_t>(limit, INT_MAX);  // MPI counts are int
-  std::vector<BucketRun> runs;
+  std::vector<BucketMessage> runs;
   size_t elems = 0;
   for (int i = first; i < last; ++i) {
     const size_t n = L.buckets[i].size;
@@ -75,7 +75,7 @@ std::vector<BucketRun> bucket_runs(const FlatLayout& L, int first, int last, siz
   return runs;
 }
 
-std::vector<size_t> slice_counts(const FlatLayout& L, BucketRun run) {
+std::vector<size_t> slice_counts(const FlatLayout& L, BucketMessage run) {
   std::vector<size_t> counts;
   for (int i = run.first; i < run.last; ++i) counts.push_back(L.buckets[i].size / L.dp);
   return counts;

@@ -1,13 +1,28 @@
 // model/flat_layout.h: where every parameter lives in the flat buffers, and which part of each
 // bucket a data-parallel rank owns.
 //
-// Tensors are grouped into units (the model's embeddings, each block, the final LayerNorm): the
-// granularity at which ZeRO-3 gathers and backward hands gradients over. Each unit is cut into
-// buckets of whole tensors of at most `bucket_elems` elements (a larger tensor is a bucket alone),
-// and every bucket is padded to a multiple of dp * 16 elements, so each of the dp ranks owns an
-// equal, 64-byte-aligned slice of every bucket: ShardInfo from shard_of(), the one sharding
-// function. Padding sits only between tensors and is always zero. The rank's shard is the
-// concatenation of its slices of all buckets (shard_offset in the shard buffers).
+// The words for a part of a buffer, used alike in model/, zero/, parallel/ and ckpt/:
+//   tensor   one parameter (ParamInfo): a contiguous range of the flat buffer
+//   unit     the tensors ZeRO-3 gathers and backward hands over together: the embeddings, each
+//            block, the final LayerNorm
+//   bucket   whole tensors of one unit, at most bucket_elems elements, padded to dp * 16
+//   slice    a dp rank's equal part of a bucket (ShardInfo, from shard_of: the one sharding function)
+//   shard    a rank's slices of all buckets, one after another (shard_offset)
+//   message  consecutive buckets that travel as one collective (BucketMessage; its slice counts
+//            are core/device_collectives.h's MessageSlices)
+//   piece    a rank's local elements of one tensor (zero/shard_view.h: owned, saved, checkpointed)
+//   run      elements whose logical indices are consecutive (LogicalRun), a piece is a list of runs
+//   rect     a rectangle of a logical tensor (LogicalRect): what HDF5 selects in a checkpoint
+// Names private to one file (a GradSync's unit gradient buffer, "Slab"; an optimizer state's
+// "Span"; the engine's update "Segment") are defined where they are declared.
+//
+// Tensors are grouped into units: the granularity at which ZeRO-3 gathers and backward hands
+// gradients over. Each unit is cut into buckets of whole tensors of at most `bucket_elems`
+// elements (a larger tensor is a bucket alone), and every bucket is padded to a multiple of
+// dp * 16 elements, so each of the dp ranks owns an equal, 64-byte-aligned slice of every bucket:
+// ShardInfo from shard_of(), the one sharding function. Padding sits only between tensors and is
+// always zero. The rank's shard is the concatenation of its slices of all buckets (shard_offset
+// in the shard buffers).
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -57,14 +72,14 @@ struct FlatLayout {
 
 // Consecutive buckets [first, last) that travel as one message: contiguous in the flat buffer,
 // and so are their slices in the shard (reduce_bucket_size, allgather_bucket_size).
-struct BucketRun {
+struct BucketMessage {
   int first = 0, last = 0;
 };
 // Buckets [first, last) in runs of at most `limit` elements each (a larger bucket alone; 0: one
 // bucket each; never more than INT_MAX, MPI's largest count), in order.
-std::vector<BucketRun> bucket_runs(const FlatLayout& L, int first, int last, size_t limit);
+std::vector<BucketMessage> bucket_messages(const FlatLayout& L, int first, int last, size_t limit);
 // The elements per rank of each bucket of a run (what one rank sends or keeps of each).
-std::vector<size_t> slice_counts(const FlatLayout& L, BucketRun run);
+std::vector<size_t> slice_counts(const FlatLayout& L, BucketMessage run);
 
 // persist_below: tensors with fewer elements are persistent (ZeRO-3); 0 = none.
 FlatLayout make_flat_layout(const std::vector<ParamInfo>& logical, int dp, size_t bucket_elems,

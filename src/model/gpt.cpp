@@ -99,9 +99,9 @@ size_t logical_run(const ParamInfo& p, size_t local) {
   return 1;
 }
 
-std::vector<LogicalBlock> logical_blocks(const ParamInfo& p, size_t begin, size_t size) {
+std::vector<LogicalRect> logical_rects(const ParamInfo& p, size_t begin, size_t size) {
   const size_t R = static_cast<size_t>(p.shape[0]), C = p.shape.size() > 1 ? static_cast<size_t>(p.shape[1]) : 1;
-  std::vector<LogicalBlock> local;  // partial first row, whole rows, partial last row
+  std::vector<LogicalRect> local;  // partial first row, whole rows, partial last row
   size_t i = begin;
   const size_t end = begin + size;
   if (i < end && i % C) {
@@ -116,8 +116,8 @@ std::vector<LogicalBlock> logical_blocks(const ParamInfo& p, size_t begin, size_
   }
   if (i < end) local.push_back({i / C, 0, 1, end - i});
   const size_t r = static_cast<size_t>(p.tp_rank);
-  std::vector<LogicalBlock> out;
-  for (const LogicalBlock& q : local) {
+  std::vector<LogicalRect> out;
+  for (const LogicalRect& q : local) {
     switch (p.split) {
       case TpSplit::none: out.push_back(q); break;
       case TpSplit::rows: out.push_back({q.r0 + r * R, q.c0, q.rows, q.cols}); break;

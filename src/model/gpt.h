@@ -68,11 +68,11 @@ size_t logical_run(const ParamInfo& p, size_t local);
 // Local elements [begin, begin + size) of p as rectangles of the logical tensor (a 1-D tensor is a
 // column): at most three rectangles per q/k/v block. Listed in local order, which is also logical
 // row-major order, so a contiguous buffer of the piece matches the union of the rectangles as
-// HDF5 transfers it (io/checkpoint.cpp's hyperslabs).
-struct LogicalBlock {
+// HDF5 transfers it (ckpt/checkpoint.cpp's hyperslabs).
+struct LogicalRect {
   size_t r0, c0, rows, cols;
 };
-std::vector<LogicalBlock> logical_blocks(const ParamInfo& p, size_t begin, size_t size);
+std::vector<LogicalRect> logical_rects(const ParamInfo& p, size_t begin, size_t size);
 
 // GPT-2 initialisation of elements [begin, end) of tensor `index` of the table, from the
 // counter-based RNG keyed by the logical element, so any rank (any tp rank, any ZeRO slice)

@@ -1,7 +1,8 @@
 // optim/lr_schedule.cpp: the formulas of deepspeed/runtime/lr_schedules.py (WarmupLR._get_gamma,
-// WarmupDecayLR._get_gamma, WarmupCosineLR.get_lr_ratio) and of deepspeed/runtime/utils.py
-// clip_grad_norm_.
+// WarmupDecayLR._get_gamma, WarmupCosineLR.get_lr_ratio).
 #include "optim/lr_schedule.h"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -60,10 +61,12 @@ double lr_for_step(const SchedulerConfig& sched, double base_lr, int64_t step) {
   return lr_at(sched, base_lr, step - 2);
 }
 
-double clip_coefficient(double max_norm, double grad_norm) {
-  if (!(max_norm > 0.0)) return 1.0;
-  const double coef = max_norm / (grad_norm + 1e-6);
-  return coef < 1.0 ? coef : 1.0;
+
+std::string schedule_state(const SchedulerConfig& sched, double base_lr, int64_t applied_steps) {
+  return nlohmann::json{{"type", name_of(sched.type)},
+                        {"applied_steps", applied_steps},
+                        {"next_lr", lr_for_step(sched, base_lr, applied_steps + 1)}}
+      .dump();
 }
 
 }  // namespace zero3d

@@ -1,5 +1,5 @@
 // optim/lr_schedule.h: DeepSpeed's LR schedules (deepspeed/runtime/lr_schedules.py), with its
-// parameter names, and DeepSpeed's gradient-clipping coefficient.
+// parameter names. (Gradient clipping is zero/grad_finish.h.)
 //
 // Timing (the non-obvious part). A DeepSpeed scheduler starts at last_batch_iteration = -1 and its
 // constructor writes get_lr() at -1 into the optimizer (WarmupLR/WarmupDecayLR: warmup_min_lr;
@@ -12,6 +12,8 @@
 // with optimizer.params.lr instead; we follow the current behaviour.)
 #pragma once
 #include <cstdint>
+
+#include <string>
 
 #include "config/config.h"
 
@@ -27,10 +29,9 @@ double lr_at(const SchedulerConfig& sched, double base_lr, int64_t it);
 // AdamW::step_count() after the step): lr_at(step - 2). See the timing note above.
 double lr_for_step(const SchedulerConfig& sched, double base_lr, int64_t step);
 
-// DeepSpeed/PyTorch gradient clipping: coefficient = max_norm / (norm + 1e-6), applied only when
-// below 1. Returns the factor to scale gradients by (1 when clipping is off, max_norm <= 0, or not
-// needed). Note norm == max_norm still clips, by max_norm / (max_norm + 1e-6). An infinite norm
-// gives 0; a NaN norm gives 1 (the caller's overflow check must skip such a step).
-double clip_coefficient(double max_norm, double grad_norm);
+// The schedule's position, described for a checkpoint (JSON: type, applied_steps, next_lr). Not
+// read back: the position is the optimizer's applied steps, which the engine restores.
+std::string schedule_state(const SchedulerConfig& sched, double base_lr, int64_t applied_steps);
+
 
 }  // namespace zero3d

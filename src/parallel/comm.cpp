@@ -27,30 +27,6 @@ CommLog& comm_log() {
   return log;
 }
 
-namespace {
-std::mutex device_collectives_mu;
-std::vector<DeviceCollectives*>& device_collectives_live() {
-  static std::vector<DeviceCollectives*> live;
-  return live;
-}
-}  // namespace
-
-void register_device_collectives(DeviceCollectives* d) {
-  std::lock_guard<std::mutex> lock(device_collectives_mu);
-  device_collectives_live().push_back(d);
-}
-
-void unregister_device_collectives(DeviceCollectives* d) {
-  std::lock_guard<std::mutex> lock(device_collectives_mu);
-  auto& live = device_collectives_live();
-  live.erase(std::remove(live.begin(), live.end(), d), live.end());
-}
-
-void abort_device_collectives() {
-  std::lock_guard<std::mutex> lock(device_collectives_mu);
-  for (DeviceCollectives* d : device_collectives_live()) d->abort();
-}
-
 // ---- comm time (wall_clock_breakdown) ----
 
 namespace {
@@ -292,37 +268,13 @@ PendingOp ProcessGroup::all_reduce(MemRef<void> buf, size_t n, CommType t, RedOp
   return counted("all_reduce", bytes, ring_bytes_sent(size_, bytes, 2), [&] { return all_reduce_impl(buf, n, t, op); });
 }
 
-size_t Pieces::part() const {
-  size_t n = 0;
-  for (size_t c : counts) n += c;
-  return n;
-}
-
-void Pieces::pack(const void* whole, void* part, int p, int r, size_t elem) const {
-  const char* from = static_cast<const char*>(whole);
-  char* to = static_cast<char*>(part);
-  for (size_t c : counts) {
-    std::memcpy(to, from + r * c * elem, c * elem);
-    from += p * c * elem, to += c * elem;
-  }
-}
-
-void Pieces::unpack(const void* part, void* whole, int p, int r, size_t elem) const {
-  const char* from = static_cast<const char*>(part);
-  char* to = static_cast<char*>(whole);
-  for (size_t c : counts) {
-    std::memcpy(to + r * c * elem, from, c * elem);
-    from += c * elem, to += p * c * elem;
-  }
-}
-
-PendingOp ProcessGroup::reduce_scatter(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) {
+PendingOp ProcessGroup::reduce_scatter(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t) {
   const uint64_t whole = static_cast<uint64_t>(size_) * pc.part() * elem_bytes(t);
   return counted("reduce_scatter", whole, ring_bytes_sent(size_, whole, 1),
                  [&] { return reduce_scatter_impl(send, recv, pc, t); });
 }
 
-PendingOp ProcessGroup::all_gather(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) {
+PendingOp ProcessGroup::all_gather(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t) {
   const uint64_t whole = static_cast<uint64_t>(size_) * pc.part() * elem_bytes(t);
   return counted("all_gather", whole, ring_bytes_sent(size_, whole, 1),
                  [&] { return all_gather_impl(send, recv, pc, t); });
@@ -330,7 +282,7 @@ PendingOp ProcessGroup::all_gather(MemRef<const void> send, MemRef<void> recv, c
 
 PendingOp ProcessGroup::all_gather(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) {
   const bool in_place = send.ptr == static_cast<const char*>(recv.ptr) + rank_ * count * elem_bytes(t);
-  return all_gather(in_place ? MemRef<const void>{nullptr, send.kind} : send, recv, Pieces{{count}}, t);
+  return all_gather(in_place ? MemRef<const void>{nullptr, send.kind} : send, recv, MessageSlices{{count}}, t);
 }
 
 PendingOp ProcessGroup::broadcast_bytes(MemRef<void> buf, size_t bytes, int root) {

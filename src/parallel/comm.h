@@ -44,66 +44,10 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/device_collectives.h"
 #include "core/mem.h"
 
 namespace zero3d {
-
-// Which 16-bit float format a uint16_t buffer holds.
-enum class Dtype16 { bf16, fp16 };
-
-// The element types the data collectives move (16-bit floats as raw bits) and their reductions.
-enum class CommType : uint8_t { f32, bf16, fp16 };
-enum class RedOp : uint8_t { sum, max };
-inline size_t elem_bytes(CommType t) { return t == CommType::f32 ? 4 : 2; }
-inline CommType comm_type(Dtype16 t) { return t == Dtype16::bf16 ? CommType::bf16 : CommType::fp16; }
-
-// One reduce-scatter or all-gather that does the work of several (several layout buckets in one
-// message: reduce_bucket_size, allgather_bucket_size). Piece j has counts[j] elements per rank. A
-// buffer with every rank's data (a reduce-scatter's send, an all-gather's recv) holds the pieces
-// one after another, each as its ranks' blocks in rank order; a buffer with one rank's data (a
-// reduce-scatter's recv, an all-gather's send) holds that rank's blocks of the pieces one after
-// another. One piece of `count` elements is the plain collective.
-struct Pieces {
-  std::vector<size_t> counts;
-  size_t part() const;  // one rank's elements: the sum of counts
-  // Rank r's blocks of every piece, from a buffer with all p ranks' data into one with one rank's
-  // (pack), or back (unpack); elem: bytes per element.
-  void pack(const void* whole, void* part, int p, int r, size_t elem) const;
-  void unpack(const void* part, void* whole, int p, int r, size_t elem) const;
-};
-
-// Data collectives on device memory that the device's own library moves (NCCL), one per group,
-// made by the backend (DeviceMemory::make_collectives). Each operation runs on a stream of the
-// group's, after the work queued on the backend's compute stream when it was issued; the host
-// polls its completion. As with MPI, every rank of the group issues the group's operations in the
-// same order. Sends and receives carry no tag: they match in issue order per peer and direction.
-class DeviceCollectives {
- public:
-  // An issued operation: done() polls without blocking, and fails the job (naming the library's
-  // error) when the library reports one.
-  class Op {
-   public:
-    virtual ~Op() = default;
-    virtual bool done() = 0;
-  };
-  using OpPtr = std::unique_ptr<Op>;
-  virtual ~DeviceCollectives() = default;
-  virtual std::string describe() const = 0;  // for the run record: "NCCL 2.28.9"
-  virtual bool point_to_point() const = 0;    // send and recv may be called
-  virtual OpPtr all_reduce(void* buf, size_t n, CommType t, RedOp op) = 0;
-  virtual OpPtr reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t) = 0;
-  virtual OpPtr all_gather(const void* send, void* recv, const Pieces& pc, CommType t) = 0;  // send null: in place
-  virtual OpPtr broadcast(void* buf, size_t bytes, int root) = 0;
-  virtual OpPtr send(const void* buf, size_t bytes, int peer) = 0;
-  virtual OpPtr recv(void* buf, size_t bytes, int peer) = 0;
-  // Stops the library's pending work (ncclCommAbort) so the device is released: the watchdog's
-  // last act before it aborts the job. Any thread may call it.
-  virtual void abort() = 0;
-};
-// Every live DeviceCollectives, so the watchdog can abort them all (called from any thread).
-void register_device_collectives(DeviceCollectives* d);
-void unregister_device_collectives(DeviceCollectives* d);
-void abort_device_collectives();
 
 // Which implementation moves a group's host-memory data collectives: MPI's own, the node's
 // shared memory (parallel/shm_collectives.h) for every size, or shared memory from
@@ -265,17 +209,17 @@ class ProcessGroup {
   void reduce_scatter_sum(MemRef<const float> send, MemRef<float> recv, size_t count) {
     ireduce_scatter_sum(send, recv, count).wait();
   }
-  // Several in one operation (Pieces): recv gets this rank's blocks of the pieces of send.
-  PendingOp ireduce_scatter_sum(MemRef<const float> send, MemRef<float> recv, const Pieces& pieces) {
+  // Several in one operation (MessageSlices): recv gets this rank's blocks of the pieces of send.
+  PendingOp ireduce_scatter_sum(MemRef<const float> send, MemRef<float> recv, const MessageSlices& pieces) {
     return reduce_scatter(send, recv, pieces, CommType::f32);
   }
   // recv (size()*count) = every rank's send (count), in group-rank order. send may be recv + rank*count.
   PendingOp iall_gather(MemRef<const float> send, MemRef<float> recv, size_t count) {
     return all_gather(send, recv, count, CommType::f32);
   }
-  // Several in place (Pieces): buf holds every rank's data, this rank's blocks filled; afterwards
+  // Several in place (MessageSlices): buf holds every rank's data, this rank's blocks filled; afterwards
   // every rank's are.
-  PendingOp iall_gather_in_place(MemRef<float> buf, const Pieces& pieces) {
+  PendingOp iall_gather_in_place(MemRef<float> buf, const MessageSlices& pieces) {
     return all_gather(MemRef<const void>{nullptr, buf.kind}, buf, pieces, CommType::f32);
   }
   void all_gather(MemRef<const float> send, MemRef<float> recv, size_t count) { iall_gather(send, recv, count).wait(); }
@@ -290,7 +234,7 @@ class ProcessGroup {
   void reduce_scatter_sum(MemRef<const uint16_t> send, MemRef<uint16_t> recv, size_t count, Dtype16 t) {
     ireduce_scatter_sum(send, recv, count, t).wait();
   }
-  PendingOp ireduce_scatter_sum(MemRef<const uint16_t> send, MemRef<uint16_t> recv, const Pieces& pieces, Dtype16 t) {
+  PendingOp ireduce_scatter_sum(MemRef<const uint16_t> send, MemRef<uint16_t> recv, const MessageSlices& pieces, Dtype16 t) {
     return reduce_scatter(send, recv, pieces, comm_type(t));
   }
   // A copy, so any 16-bit type. send may be recv + rank*count.
@@ -300,7 +244,7 @@ class ProcessGroup {
   void all_gather(MemRef<const uint16_t> send, MemRef<uint16_t> recv, size_t count) {
     iall_gather(send, recv, count).wait();
   }
-  PendingOp iall_gather_in_place(MemRef<uint16_t> buf, const Pieces& pieces) {
+  PendingOp iall_gather_in_place(MemRef<uint16_t> buf, const MessageSlices& pieces) {
     return all_gather(MemRef<const void>{nullptr, buf.kind}, buf, pieces, CommType::bf16);
   }
   void broadcast(MemRef<void> buf, size_t bytes, int root) { broadcast_bytes(buf, bytes, root).wait(); }
@@ -331,18 +275,18 @@ class ProcessGroup {
   // (bytes_sent, comms log) before calling these, so every transport is counted alike.
   virtual PendingOp all_reduce_impl(MemRef<void> buf, size_t n, CommType t, RedOp op) = 0;
   // all_gather_impl: send.ptr null is in place (this rank's blocks already in recv).
-  virtual PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) = 0;
-  virtual PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) = 0;
+  virtual PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t) = 0;
+  virtual PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t) = 0;
   virtual PendingOp broadcast_impl(MemRef<void> buf, size_t bytes, int root) = 0;
   virtual PendingOp send_impl(MemRef<const void> buf, size_t bytes, int peer, int tag) = 0;
   virtual PendingOp recv_impl(MemRef<void> buf, size_t bytes, int peer, int tag) = 0;
 
  private:
   PendingOp all_reduce(MemRef<void> buf, size_t n, CommType t, RedOp op);
-  PendingOp reduce_scatter(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t);
-  PendingOp all_gather(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t);
+  PendingOp reduce_scatter(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t);
+  PendingOp all_gather(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t);
   PendingOp reduce_scatter(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) {
-    return reduce_scatter(send, recv, Pieces{{count}}, t);
+    return reduce_scatter(send, recv, MessageSlices{{count}}, t);
   }
   PendingOp all_gather(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t);
   PendingOp broadcast_bytes(MemRef<void> buf, size_t bytes, int root);

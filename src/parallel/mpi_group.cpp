@@ -149,7 +149,7 @@ class Hierarchy final : public HostCollectives {
     return strprintf("shared memory in each node (%d ranks), MPI across the %d nodes", k_, n_);
   }
 
-  PendingOp reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t, const ProcessGroup* g) override {
+  PendingOp reduce_scatter(const void* send, void* recv, const MessageSlices& pc, CommType t, const ProcessGroup* g) override {
     return node_->run("reduce-scatter", g, [=, this] {
       const size_t e = elem_bytes(t), count = pc.part(), block = count * e;
       // Place l of every node takes the parts of the ranks at place l, node by node.
@@ -162,7 +162,7 @@ class Hierarchy final : public HostCollectives {
     });
   }
 
-  PendingOp all_gather(const void* send, void* recv, const Pieces& pc, CommType t, const ProcessGroup* g) override {
+  PendingOp all_gather(const void* send, void* recv, const MessageSlices& pc, CommType t, const ProcessGroup* g) override {
     return node_->run("all-gather", g, [=, this] {
       const size_t e = elem_bytes(t), count = pc.part(), block = count * e;
       const int p = k_ * n_;
@@ -356,7 +356,7 @@ class MpiGroup final : public ProcessGroup {
 
   // Several pieces go to MPI as one operation on the data in rank order: packed into scratch
   // (reduce-scatter), or gathered there and unpacked at completion (all-gather).
-  PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) override {
+  PendingOp reduce_scatter_impl(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t) override {
     const size_t eb = elem_bytes(t), part = pc.part();
     if (on_device(send.kind, recv.kind))
       return PendingOp(device_->reduce_scatter(send.ptr, recv.ptr, pc, t), "reduce-scatter", this);
@@ -379,7 +379,7 @@ class MpiGroup final : public ProcessGroup {
     return PendingOp(r, "reduce-scatter", this, st.finish());
   }
 
-  PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, const Pieces& pc, CommType t) override {
+  PendingOp all_gather_impl(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t) override {
     const size_t eb = elem_bytes(t), part = pc.part(), at = static_cast<size_t>(rank()) * part * eb;
     if (on_device(send.kind, recv.kind))
       return PendingOp(device_->all_gather(send.ptr, recv.ptr, pc, t), "all-gather", this);

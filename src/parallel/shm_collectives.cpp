@@ -230,7 +230,7 @@ struct ShmCollectives::Impl {
   }
 
   // Single copy: every rank reads the others' pieces where they lie, one pass per piece.
-  void reduce_scatter(const char* send, char* recv, const Pieces& pc, CommType t) {
+  void reduce_scatter(const char* send, char* recv, const MessageSlices& pc, CommType t) {
     const size_t e = elem_bytes(t);
     uint64_t g0 = 0;
     if (auto in = inputs_in_place(send, p * pc.part() * e, true, g0); !in.empty()) {
@@ -268,7 +268,7 @@ struct ShmCollectives::Impl {
   }
 
   // send null: in place (this rank's blocks already in recv, which the others then read).
-  void all_gather(const char* send, char* recv, const Pieces& pc, CommType t) {
+  void all_gather(const char* send, char* recv, const MessageSlices& pc, CommType t) {
     const size_t e = elem_bytes(t), part = pc.part();
     const char* input = send ? send : recv;
     uint64_t g0 = 0;
@@ -469,10 +469,10 @@ void ShmCollectives::all_reduce_here(void* buf, size_t n, CommType t, RedOp op) 
   impl_->all_reduce(static_cast<char*>(buf), n, t, op);
 }
 void ShmCollectives::reduce_scatter_here(const void* send, void* recv, size_t count, CommType t) {
-  impl_->reduce_scatter(static_cast<const char*>(send), static_cast<char*>(recv), Pieces{{count}}, t);
+  impl_->reduce_scatter(static_cast<const char*>(send), static_cast<char*>(recv), MessageSlices{{count}}, t);
 }
 void ShmCollectives::all_gather_here(const void* send, void* recv, size_t count, CommType t) {
-  impl_->all_gather(static_cast<const char*>(send), static_cast<char*>(recv), Pieces{{count}}, t);
+  impl_->all_gather(static_cast<const char*>(send), static_cast<char*>(recv), MessageSlices{{count}}, t);
 }
 
 PendingOp ShmCollectives::all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) {
@@ -480,13 +480,13 @@ PendingOp ShmCollectives::all_reduce(void* buf, size_t n, CommType t, RedOp op, 
                        [this, b = static_cast<char*>(buf), n, t, op] { impl_->all_reduce(b, n, t, op); });
 }
 
-PendingOp ShmCollectives::reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t,
+PendingOp ShmCollectives::reduce_scatter(const void* send, void* recv, const MessageSlices& pc, CommType t,
                                          const ProcessGroup* g) {
   return impl_->submit("reduce-scatter", g, [this, s = static_cast<const char*>(send), r = static_cast<char*>(recv),
                                              pc, t] { impl_->reduce_scatter(s, r, pc, t); });
 }
 
-PendingOp ShmCollectives::all_gather(const void* send, void* recv, const Pieces& pc, CommType t,
+PendingOp ShmCollectives::all_gather(const void* send, void* recv, const MessageSlices& pc, CommType t,
                                      const ProcessGroup* g) {
   return impl_->submit("all-gather", g, [this, s = static_cast<const char*>(send), r = static_cast<char*>(recv), pc,
                                          t] { impl_->all_gather(s, r, pc, t); });

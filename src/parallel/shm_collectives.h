@@ -61,9 +61,9 @@ class HostCollectives {
   virtual ~HostCollectives() = default;
   virtual PendingOp all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) = 0;
   // all_gather: send null is in place.
-  virtual PendingOp reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t,
+  virtual PendingOp reduce_scatter(const void* send, void* recv, const MessageSlices& pc, CommType t,
                                    const ProcessGroup* g) = 0;
-  virtual PendingOp all_gather(const void* send, void* recv, const Pieces& pc, CommType t, const ProcessGroup* g) = 0;
+  virtual PendingOp all_gather(const void* send, void* recv, const MessageSlices& pc, CommType t, const ProcessGroup* g) = 0;
   virtual std::string describe() const = 0;  // for the run record: "shared memory", ...
 };
 
@@ -78,8 +78,8 @@ class ShmCollectives final : public HostCollectives {
 
   // RedOp::max only on f32.
   PendingOp all_reduce(void* buf, size_t n, CommType t, RedOp op, const ProcessGroup* g) override;
-  PendingOp reduce_scatter(const void* send, void* recv, const Pieces& pc, CommType t, const ProcessGroup* g) override;
-  PendingOp all_gather(const void* send, void* recv, const Pieces& pc, CommType t, const ProcessGroup* g) override;
+  PendingOp reduce_scatter(const void* send, void* recv, const MessageSlices& pc, CommType t, const ProcessGroup* g) override;
+  PendingOp all_gather(const void* send, void* recv, const MessageSlices& pc, CommType t, const ProcessGroup* g) override;
   std::string describe() const override { return "shared memory"; }
 
   // Runs work on the helper thread, in issue order with the operations above (a composition of

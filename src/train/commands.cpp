@@ -9,7 +9,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "data/loader.h"
-#include "io/ckpt_tools.h"
+#include "ckpt/tools.h"
 #include "train/bench.h"
 #include "train/dry_run.h"
 #include "parallel/watchdog.h"
@@ -182,12 +182,48 @@ std::string choose_bf16_gemm(const Config& cfg, bool cuda, bool& bf16) {
                 "runs bf16 GEMMs at about half the fp32 rate)";
 }
 
-// The MFU peak per rank: --peak-flops, else a known GPU's; left at 0 on a CPU, where the trainer
-// measures the FMA peak of its cores at start.
-void choose_peak(RunOptions& opt, const Backend& be) {
-  if (opt.peak_flops > 0 || be.kind() != BackendKind::cuda) return;
-  opt.peak_flops = known_accelerator_peak(be.describe());
-  opt.peak_source = "known bf16 peak of " + be.describe();
+// The config's communication settings, into the one CommContext every group reads as it is made
+// (and the watchdog reads at every wait).
+void configure_comm(const Config& cfg) {
+  CommContext& comm = comm_context();
+  comm.timeout_s = cfg.comm_timeout_s;
+  comm.collectives = cfg.comm.collectives == "mpi"   ? CollectiveImpl::mpi
+                     : cfg.comm.collectives == "shm" ? CollectiveImpl::shm
+                                                     : CollectiveImpl::automatic;
+  comm.shm_min_bytes = static_cast<size_t>(cfg.comm.shm_min_bytes);
+  comm.shm_chunk_bytes = static_cast<size_t>(cfg.comm.shm_chunk_bytes);
+  comm.send_thread = cfg.comm.send_thread;
+  comm.device_library = cfg.comm.device_collectives == "auto";
+  // Tests: one node made to look like nodes of this many ranks (the hierarchical collectives).
+  if (const char* e = std::getenv("ZERO3D_RANKS_PER_NODE"); e && *e) comm.ranks_per_node = std::atoi(e);
+}
+
+// The MFU peak per rank, chosen here only: --peak-flops, else a known GPU's, else (with the world
+// group: a run, not --dry-run) on a CPU the FMA peak of its cores, on another device its measured
+// sgemm rate. Collective over the world when it measures.
+void choose_peak(RunOptions& opt, Backend& be, ProcessGroup* world) {
+  if (opt.peak_flops > 0) return;
+  if (be.kind() == BackendKind::cuda) {
+    opt.peak_flops = known_accelerator_peak(be.describe());
+    opt.peak_source = "known bf16 peak of " + be.describe();
+  }
+  if (opt.peak_flops > 0 || !world) return;  // --dry-run: measured when the run starts
+  if (be.kind() == BackendKind::host) {
+    // A CPU: the FMA peak of one core (the best window of any rank) x the cores the run computes
+    // on. peak_flops is per rank, as MFU divides by the world.
+    const double core = world->all_reduce_max(best_fma_peak(0.2));
+    const int cores = opt.job.compute_cores;
+    opt.peak_flops = core * cores / world->size();
+    opt.peak_source = strprintf("FMA peak %s x %d cores: %.1f GFLOP/s per core (the best 2 ms window of any rank), "
+                                "%.1f GFLOP/s in all",
+                                cpu::select().isa, cores, core / 1e9, core * cores / 1e9);
+    return;
+  }
+  // An accelerator without a known peak: its sgemm rate, rank 0's for every rank.
+  GemmRate r = measure_gemm(be, 1024, 1024, 1024, 1.0);
+  opt.peak_flops = r.flops_per_s;
+  opt.peak_source = strprintf("measured sgemm 1024^3 on rank 0 (%.1f GFLOP/s)", r.flops_per_s / 1e9);
+  world->broadcast(host_mem(&opt.peak_flops), sizeof(double), 0);
 }
 
 // --dry-run: the config resolved for `ranks` ranks, the backend and the MFU peak chosen as a real
@@ -200,7 +236,7 @@ int train_dry_run(const ConfigSources& src, RunOptions opt, const std::string& b
   HostOptions host;
   host.gemm = cfg.compute.gemm;
   choose_bf16_gemm(cfg, is_cuda(backend), host.bf16_gemm);
-  choose_peak(opt, *make_backend(backend, in.job.local_rank, host));
+  choose_peak(opt, *make_backend(backend, in.job.local_rank, host), nullptr);
   in.config_file = src.config_file;
   in.run_dir = opt.run_dir.empty() ? default_run_dir(in.job) : opt.run_dir;
   in.ranks = ranks;
@@ -278,16 +314,7 @@ int cmd_train(const Args& a) {
   Config cfg = load_config(src, world);
   for (const std::string& n : cfg.notices) log_info("zero3d: notice: %s", n.c_str());
   cpu::use_level(cfg.compute.isa, "compute.isa");
-  CommContext& comm = comm_context();  // read by every group as it is made
-  comm.collectives = cfg.comm.collectives == "mpi"   ? CollectiveImpl::mpi
-                     : cfg.comm.collectives == "shm" ? CollectiveImpl::shm
-                                                     : CollectiveImpl::automatic;
-  comm.shm_min_bytes = static_cast<size_t>(cfg.comm.shm_min_bytes);
-  comm.shm_chunk_bytes = static_cast<size_t>(cfg.comm.shm_chunk_bytes);
-  comm.send_thread = cfg.comm.send_thread;
-  comm.device_library = cfg.comm.device_collectives == "auto";
-  // Tests: one node made to look like nodes of this many ranks (the hierarchical collectives).
-  if (const char* e = std::getenv("ZERO3D_RANKS_PER_NODE"); e && *e) comm.ranks_per_node = std::atoi(e);
+  configure_comm(cfg);
   ProcessGroups groups = ProcessGroups::create(cfg.tp_size, cfg.pp_size);
   struct WatchdogScope {  // stopped (joined) however cmd_train ends
     WatchdogScope() { Watchdog::start(); }
@@ -312,7 +339,7 @@ int cmd_train(const Args& a) {
   } detach{groups};
   if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)
     if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("zero3d: warning: %s", w.c_str());
-  choose_peak(opt, *be);
+  choose_peak(opt, *be, groups.world.get());
   Trainer trainer(cfg, opt, *be, groups);
   return trainer.run();
 }

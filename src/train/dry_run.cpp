@@ -7,7 +7,7 @@
 
 #include "core/check.h"
 #include "data/loader.h"
-#include "io/ckpt_dir.h"
+#include "ckpt/dir.h"
 #include "model/gpt.h"
 #include "train/metrics.h"
 

@@ -16,39 +16,35 @@
 //                 pause_load:R:0 the same before the checkpoint load at start
 //   truncate_swap:R:S  before step S, rank R truncates its swap files (offload to nvme) to nothing (a
 //                 swap file that fails under the run: the job must stop with exit 8 naming the file)
-// Unset in normal runs; the trainer reads it once.
+// Unset in normal runs. The trainer reads it once and calls the hooks below at their points: the
+// one seam through which faults enter a run (none of them costs anything when unset).
 #pragma once
-#include <cstdlib>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "ckpt/writer.h"
+#include "zero/engine.h"
+
 namespace zero3d {
 
-struct Fault {
+class FaultInjector {
+ public:
+  explicit FaultInjector(int world_rank);  // reads ZERO3D_FAULT
+  bool at(const char* kind, int step) const;  // this rank has the fault at this step
+
+  void before_load() const;                                        // pause_load
+  SaveFaults before_save(int step, const std::string& ckpt_dir) const;  // fill_disk, free_disk; the writer's
+  void before_step(int step, ZeroEngine& engine, const SwapFiles& swap) const;  // inf, truncate_swap
+  void before_reduction(int step) const;                           // hang
+  void after_step(int step, ZeroEngine& engine) const;             // perturb
+
+ private:
   struct One {
     std::string kind;
     int rank = -1, step = -1;
   };
-  std::vector<One> faults;
-
-  static Fault from_env() {
-    Fault f;
-    const char* e = std::getenv("ZERO3D_FAULT");
-    if (!e) return f;
-    std::stringstream list(e);
-    for (std::string s; std::getline(list, s, ',');) {
-      size_t a = s.find(':'), b = s.find(':', a + 1);
-      if (a == std::string::npos || b == std::string::npos) continue;
-      f.faults.push_back({s.substr(0, a), std::atoi(s.substr(a + 1, b - a - 1).c_str()), std::atoi(s.substr(b + 1).c_str())});
-    }
-    return f;
-  }
-  bool at(const char* kind, int rank, int step) const {
-    for (const One& o : faults)
-      if (o.kind == kind && o.rank == rank && o.step == step) return true;
-    return false;
-  }
+  std::vector<One> faults_;
+  int rank_;
 };
 
 }  // namespace zero3d

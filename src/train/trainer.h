@@ -1,7 +1,13 @@
-// train/trainer.h: owns the ZeRO engine, model and data loaders of one run and runs the step
-// loop: for each step, gradient_accumulation_steps micro-batches of forward + backward on this
-// rank's slice of the global batch, the gradient reduction, the global gradient norm, clipping,
-// the LR schedule, one AdamW update, one metrics record (rank 0).
+// train/trainer.h: one training run, as a thin loop over parts that own their state:
+//   StepRunner       (train/step_runner.h) the models, the 1F1B schedule, the micro-batches, validation
+//   GradFinisher     (zero/grad_finish.h)  the gradient finished: dp, tied embedding, norm, clip
+//   ZeroEngine       (zero/engine.h)       parameters, gradients and optimizer state, sharded
+//   RunRecords       (train/records.h)     metrics.jsonl, the monitors and profilers, progress lines
+//   CheckpointPolicy (train/ckpt_policy.h) directories and locks, saves, the time budget, how a run ends
+//   FaultInjector    (train/fault.h)       ZERO3D_FAULT's hooks, for the safety tests
+// A step: forward and backward of gradient_accumulation_steps micro-batches, the gradient
+// finished, one AdamW update (skipped on overflow), the parameters gathered, one record; then the
+// step boundary: divergence and consistency checks, validation, a stop or a save.
 // Invariant: the global batch of step s is samples [s*G, (s+1)*G) of the loader's order whatever
 // the micro-batch split, so the logged loss (the mean over the global batch) is layout-independent.
 #pragma once
@@ -15,9 +21,10 @@
 
 namespace zero3d {
 
+// What the app layer (train/commands.cpp) decided for the run before it starts.
 struct RunOptions {
   std::string run_dir;     // created by the trainer after every input has been validated
-  double peak_flops = 0;   // MFU denominator per rank; 0 = known accelerator peak, else on a CPU its FMA peak
+  double peak_flops = 0;   // MFU denominator per rank (choose_peak in commands.cpp)
   std::string peak_source;
   std::string compute_choice;  // which precision the GEMMs run in, and why (commands.cpp)
   JobInfo job;             // launch facts: local rank, Slurm job and its time left, thread settings
@@ -25,8 +32,8 @@ struct RunOptions {
 
 class Trainer {
  public:
-  // Validates everything (data files, layout) before anything is written; every rank agrees on
-  // the outcome before any rank goes on. Throws UserError.
+  // Validates everything (data files, layout, the checkpoint to load, storage) before anything is
+  // written; every rank agrees on the outcome before any rank goes on. Throws UserError.
   Trainer(const Config& config, const RunOptions& options, Backend& backend, ProcessGroups& groups);
   ~Trainer();
   // Trains train_steps steps; returns the process exit code.

@@ -134,7 +134,7 @@ class ZeroEngine final : public ParamStore {
   bool mixed() const { return mixed_; }
   Dtype16 dtype16() const { return dt_; }
 
-  // ---- checkpoints: this rank's state as pieces of its tensors (io/checkpoint.h) ----
+  // ---- checkpoints: this rank's state as pieces of its tensors (ckpt/checkpoint.h) ----
   using Piece = zero3d::Piece;  // local elements [begin, begin + size) of layout().tensors[tensor]
   enum class State { master, exp_avg, exp_avg_sq };  // fp32; the master is the weights in fp32 runs
   // What this rank saves and loads, as pieces with their place in the logical tensors and their

@@ -179,10 +179,10 @@ class BoundarySync final : public SlabSync {
   // elements: all-reduce in place, or reduce-scatter into the shard.
   void reduce(int first, int last) {
     const Dtype16 t = s16_ ? s16_->type() : Dtype16::bf16;
-    for (const BucketRun& run : bucket_runs(L_, first, last, limit_)) {
+    for (const BucketMessage& run : bucket_messages(L_, first, last, limit_)) {
       const Bucket &b = L_.buckets[run.first], &end = L_.buckets[run.last - 1];
       const size_t n = end.offset + end.size - b.offset;
-      const Pieces pieces{slice_counts(L_, run)};
+      const MessageSlices pieces{slice_counts(L_, run)};
       if (!scatter_)
         ops_.push_back(s16_ ? dp_.iall_reduce_sum(grads16_.mem(b.offset), n, t)
                             : dp_.iall_reduce_sum(grads_.mem(b.offset), n));
@@ -235,11 +235,11 @@ class UnitSync final : public SlabSync {
     if (s16_) s16_->narrow(s.g16.data(), s.grads.data(), u.size);
     const size_t shard_base = L_.buckets[u.first_bucket].shard_offset;
     // In messages of up to reduce_bucket_size elements.
-    for (const BucketRun& run : bucket_runs(L_, u.first_bucket, u.first_bucket + u.num_buckets, limit_)) {
+    for (const BucketMessage& run : bucket_messages(L_, u.first_bucket, u.first_bucket + u.num_buckets, limit_)) {
       const Bucket &b = L_.buckets[run.first], &end = L_.buckets[run.last - 1];
       const size_t at = b.offset - u.offset, slice_at = b.shard_offset - shard_base;
       const size_t n = end.offset + end.size - b.offset;
-      const Pieces pieces{slice_counts(L_, run)};
+      const MessageSlices pieces{slice_counts(L_, run)};
       if (!s16_ && scatter_)
         s.ops.push_back(dp_.ireduce_scatter_sum(s.grads.mem(at), s.recv.mem(slice_at), pieces));
       else if (!s16_)

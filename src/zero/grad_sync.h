@@ -15,8 +15,8 @@
 //     on (each is waited for when its buffer is needed again, or at the boundary); without, each
 //     is waited for at once.
 //
-// Messages: runs of consecutive buckets of at most reduce_bucket_size elements (bucket_runs; a
-// bucket larger than that alone), one collective each (several reduce-scatters in one: Pieces).
+// Messages: runs of consecutive buckets of at most reduce_bucket_size elements (bucket_messages; a
+// bucket larger than that alone), one collective each (several reduce-scatters in one: MessageSlices).
 // A message spans units only at stages 0-1 without overlap_comm (elsewhere a unit is what
 // backward hands over). Sums are elementwise, so the grouping never changes what a rank gets
 // (nor its bits where the transport sums in a fixed order: shared memory, or MPI on 2 ranks).

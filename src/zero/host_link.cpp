@@ -93,7 +93,7 @@ HostLink::Stats HostLink::take_stats() {
   return std::exchange(stats_, Stats{});
 }
 
-// Pieces that follow each other both in the state and on the device merge: one copy each.
+// MessageSlices that follow each other both in the state and on the device merge: one copy each.
 void HostLink::set_gradients(std::vector<Grads> grads) {
   grads_.clear();
   for (const Grads& g : grads) {

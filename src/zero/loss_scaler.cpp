@@ -2,6 +2,8 @@
 // line for line (see the header for the rules), plus the static and disabled modes.
 #include "zero/loss_scaler.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 
@@ -83,6 +85,39 @@ void LossScaler::restore(const State& s) {
                               s.scale, static_cast<long long>(s.cur_iter),
                               static_cast<long long>(s.last_overflow_iter), s.cur_hysteresis));
   state_ = s;
+}
+
+namespace {
+struct Saved {
+  bool dynamic = false;
+  LossScaler::State state;
+};
+Saved parse_saved(const std::string& text) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    return {j.at("dynamic").get<bool>(),
+            {j.at("scale").get<double>(), j.at("cur_iter").get<int64_t>(), j.at("last_overflow_iter").get<int64_t>(),
+             j.at("cur_hysteresis").get<int>()}};
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(e.what());
+  }
+}
+}  // namespace
+
+std::string LossScaler::save_state() const {
+  return nlohmann::json{{"dynamic", dynamic()},
+                        {"scale", state_.scale},
+                        {"cur_iter", state_.cur_iter},
+                        {"last_overflow_iter", state_.last_overflow_iter},
+                        {"cur_hysteresis", state_.cur_hysteresis}}
+      .dump();
+}
+
+void LossScaler::check_state(const std::string& text) { parse_saved(text); }
+
+void LossScaler::load_state(const std::string& text) {
+  const Saved s = parse_saved(text);
+  if (s.dynamic && dynamic()) restore(s.state);
 }
 
 }  // namespace zero3d

@@ -38,6 +38,8 @@
 #pragma once
 #include <cstdint>
 
+#include <string>
+
 #include "config/config.h"
 
 namespace zero3d {
@@ -77,6 +79,15 @@ class LossScaler {
   // Dynamic mode: continue from a checkpointed state (throws UserError for a state no run can
   // produce). Static and disabled modes: no-op; the scale comes from the config.
   void restore(const State& s);
+
+  // Its checkpoint state, described by the scaler itself (ckpt/ stores the text as it is): JSON
+  // {"dynamic", "scale", "cur_iter", "last_overflow_iter", "cur_hysteresis"}.
+  std::string save_state() const;
+  // Continues from save_state()'s text: a dynamic scaler takes a dynamic one's state (restore);
+  // any other pair changes nothing. check_state: the text's form alone, for the load to name the file.
+  // Both throw UserError saying what is wrong.
+  void load_state(const std::string& text);
+  static void check_state(const std::string& text);
 
  private:
   enum class Mode { off, fixed, dynamic };

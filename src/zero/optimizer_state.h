@@ -3,7 +3,7 @@
 // themselves (mixed precision; fp32 stage 3 with offload_param). Chosen once, by
 // offload_optimizer.device:
 //   in memory (none; cpu, which on the host backend is the same memory): three arrays;
-//   swapped (nvme): one swap file per rank (io/swap_file.h), streamed through buffer_count
+//   swapped (nvme): one swap file per rank (storage/swap_file.h), streamed through buffer_count
 //     buffers of one sub-group (sub_group_size elements, rounded up to 1024) each. While the
 //     update runs on sub-group k, the reads of the next ones and the write of the previous one are
 //     in flight; the first reads of the next step start as soon as this step's stream ends, so
@@ -26,7 +26,7 @@
 
 #include "config/config.h"
 #include "core/host_buffer.h"
-#include "io/swap_file.h"
+#include "storage/swap_file.h"
 #include "kernels/backend.h"
 #include "model/flat_layout.h"  // ShardInfo
 

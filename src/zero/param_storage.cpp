@@ -114,8 +114,8 @@ class FullParams final : public ParamStorage {
   void gather_updated() override {  // in messages of up to allgather_bucket_size elements, spanning units
     if (stage0_) return;  // every rank updated everything
     std::vector<PendingOp> ops;
-    for (const BucketRun& run : bucket_runs(L_, 0, static_cast<int>(L_.buckets.size()), gather_limit_)) {
-      const Pieces pieces{slice_counts(L_, run)};
+    for (const BucketMessage& run : bucket_messages(L_, 0, static_cast<int>(L_.buckets.size()), gather_limit_)) {
+      const MessageSlices pieces{slice_counts(L_, run)};
       const size_t at = L_.buckets[run.first].offset;
       ops.push_back(s16_ ? dp_.iall_gather_in_place(params16_.mem(at), pieces)
                          : dp_.iall_gather_in_place(params_.mem(at), pieces));

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "io/swap_file.h"
+#include "storage/swap_file.h"
 #include "parallel/comm.h"
 #include "zero/host_link.h"
 #include "zero/optimizer_state.h"

@@ -24,7 +24,7 @@ void add_runs(const ParamInfo& p, size_t base, size_t begin, size_t n, std::vect
 }
 
 CheckpointPiece checkpoint_piece(const ParamInfo& info, const Piece& p) {
-  return {info.id, p, logical_blocks(info, p.begin, p.size), {}};
+  return {info.id, p, logical_rects(info, p.begin, p.size), {}};
 }
 }  // namespace
 

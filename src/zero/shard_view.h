@@ -8,7 +8,7 @@
 // embedding, so the ranks of the grid write every logical element exactly once. The gradient norm
 // counts the same elements.
 //
-// Checkpoint pieces: the same pieces as a checkpoint moves them (io/ iterates them and asks
+// Checkpoint pieces: the same pieces as a checkpoint moves them (ckpt/ iterates them and asks
 // nothing else about the layout): each with its place in the logical tensor and the runs this
 // rank counts in the dataset's checksum.
 //
@@ -40,7 +40,7 @@ struct LogicalRun {
 struct CheckpointPiece {
   int tensor = 0;                    // logical id: the index in the whole model's table (ParamInfo::id)
   Piece piece;                       // the local elements
-  std::vector<LogicalBlock> blocks;  // their place in the logical tensor (the file selection)
+  std::vector<LogicalRect> blocks;  // their place in the logical tensor (the file selection)
   std::vector<LogicalRun> counted;   // what this rank adds to the dataset's checksum
 };
 

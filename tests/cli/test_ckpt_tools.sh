@@ -148,7 +148,7 @@ with h5py.File(bf16, "r") as f:  # the master export is not the bf16 weights wid
     widened = (f["/model/wte"][()].astype(np.uint32) << 16).view(np.float32)
     assert not np.array_equal(widened, f["/optimizer/master/wte"][()]), "master equals bf16 weights"
 
-# The checksum (io/checkpoint.h): sum over elements of splitmix64((i << 32) | bits) mod 2^64.
+# The checksum (ckpt/checkpoint.h): sum over elements of splitmix64((i << 32) | bits) mod 2^64.
 def splitmix64(x):
     x = x + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)

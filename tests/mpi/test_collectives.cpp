@@ -155,7 +155,7 @@ class FakeLibrary final : public DeviceCollectives {
     };
     return o;
   }
-  OpPtr reduce_scatter(const void* send, void* recv, const Pieces& pc, zero3d::CommType t) override {
+  OpPtr reduce_scatter(const void* send, void* recv, const MessageSlices& pc, zero3d::CommType t) override {
     const size_t eb = elem_bytes(t), whole = p_ * pc.part();
     auto o = gather_all(send, whole * eb);
     o->then = [this, o = o.get(), recv, pc, t, whole, eb] {
@@ -169,7 +169,7 @@ class FakeLibrary final : public DeviceCollectives {
     };
     return o;
   }
-  OpPtr all_gather(const void* send, void* recv, const Pieces& pc, zero3d::CommType t) override {
+  OpPtr all_gather(const void* send, void* recv, const MessageSlices& pc, zero3d::CommType t) override {
     const size_t eb = elem_bytes(t), part = pc.part();
     std::vector<char> mine(part * eb);
     if (send) {
@@ -328,7 +328,7 @@ class Buf {
   T* dev_ = nullptr;
 };
 
-// Several reduce-scatters and in-place all-gathers as one operation (Pieces of unequal counts, one
+// Several reduce-scatters and in-place all-gathers as one operation (MessageSlices of unequal counts, one
 // empty), float and bf16, both in flight at once: each rank's blocks where the layout puts them.
 // Inputs are integers in [-6, 6], so every sum is exact whatever the order. `shared`: inputs in
 // comm buffers (the single-copy path, where thresholds allow).
@@ -336,7 +336,7 @@ template <typename T>
 static void test_pieces(ProcessGroup& g, const std::vector<int>& members, int me, const std::string& tag,
                         bool shared) {
   const int p = g.size(), r = g.rank();
-  const Pieces pc{{5, 0, 1, 1003, 16}};
+  const MessageSlices pc{{5, 0, 1, 1003, 16}};
   const size_t part = pc.part();
   auto val = [](int m, size_t i) { return value(m, i) - 6.0f; };
   auto enc = [](float x) -> T {

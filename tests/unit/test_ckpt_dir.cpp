@@ -10,8 +10,8 @@
 #include <string>
 
 #include "core/check.h"
-#include "io/ckpt_dir.h"
-#include "io/storage.h"
+#include "ckpt/dir.h"
+#include "storage/checks.h"
 
 using namespace zero3d;
 namespace fs = std::filesystem;

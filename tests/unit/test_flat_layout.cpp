@@ -55,9 +55,9 @@ TEST(FlatLayout, BucketRunsTileTheBucketsWithinTheLimit) {
   FlatLayout L = make_flat_layout(gpt_param_table(m), 2, 4000);
   const int nb = static_cast<int>(L.buckets.size());
   for (size_t limit : {size_t(0), size_t(4000), size_t(9000), size_t(50000), size_t(1) << 40}) {
-    const std::vector<BucketRun> runs = bucket_runs(L, 0, nb, limit);
+    const std::vector<BucketMessage> runs = bucket_messages(L, 0, nb, limit);
     int next = 0;
-    for (const BucketRun& r : runs) {
+    for (const BucketMessage& r : runs) {
       EXPECT_EQ(r.first, next);
       EXPECT_LT(r.first, r.last);
       size_t elems = 0;
@@ -73,5 +73,5 @@ TEST(FlatLayout, BucketRunsTileTheBucketsWithinTheLimit) {
     if (limit == 0) { EXPECT_EQ(runs.size(), size_t(nb)); }
     if (limit == size_t(1) << 40) { EXPECT_EQ(runs.size(), 1u); }
   }
-  EXPECT_TRUE(bucket_runs(L, 3, 3, 100).empty());
+  EXPECT_TRUE(bucket_messages(L, 3, 3, 100).empty());
 }

@@ -245,7 +245,7 @@ TEST(Model, LogicalBlocksAndRunsFollowLogicalIndex) {
         }
         for (auto [begin, size] : pieces) {
           std::vector<size_t> got;
-          for (const LogicalBlock& q : logical_blocks(p, begin, size))
+          for (const LogicalRect& q : logical_rects(p, begin, size))
             for (size_t i = 0; i < q.rows; ++i)
               for (size_t j = 0; j < q.cols; ++j) got.push_back((q.r0 + i) * cols + q.c0 + j);
           ASSERT_EQ(got.size(), size) << p.name;

@@ -16,6 +16,7 @@
 #include "kernels/backend.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "zero/grad_finish.h"
 
 namespace zero3d {
 namespace {

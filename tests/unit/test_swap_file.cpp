@@ -1,7 +1,7 @@
-// io/swap_file.h: transfers split over blocks and threads come back bit for bit, aligned (O_DIRECT)
+// storage/swap_file.h: transfers split over blocks and threads come back bit for bit, aligned (O_DIRECT)
 // or not; a file that cannot be made, or that shrinks under the run, is an IoError naming it; a
 // killed run's files are removed and a live one's are not; the checksum sees a changed byte.
-#include "io/swap_file.h"
+#include "storage/swap_file.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "io/ckpt_tools.h"
+#include "ckpt/tools.h"
 
 #include <algorithm>
 #include <bit>
@@ -20,9 +20,9 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
-#include "io/ckpt_dir.h"
-#include "io/ckpt_format.h"
-#include "io/hdf5_posix.h"
+#include "ckpt/dir.h"
+#include "ckpt/format.h"
+#include "storage/hdf5_posix.h"
 #include "model/gpt.h"
 
 namespace zero3d {
@@ -38,7 +38,7 @@ struct CheckpointFile {
   Hid file;
 };
 
-// Opens the checkpoint DIR_OR_FILE names, through zero3d's POSIX driver (io/hdf5_posix.h).
+// Opens the checkpoint DIR_OR_FILE names, through zero3d's POSIX driver (storage/hdf5_posix.h).
 // Callers hold a QuietHdf5. A file that is there but no HDF5 file is a corrupt checkpoint (exit 4)
 // for verify, a bad input (exit 2) for the others; a failed read is the storage's (exit 10).
 CheckpointFile open_checkpoint(const std::string& dir_or_file, bool verifying = false) {
@@ -154,7 +154,7 @@ struct DatasetSum {
   uint64_t nonfinite = 0, first_nonfinite = 0;
 };
 
-// Reads rows [r0, r0 + k) of dataset d into buf and adds their checksum (io/checkpoint.h) and
+// Reads rows [r0, r0 + k) of dataset d into buf and adds their checksum (ckpt/checkpoint.h) and
 // non-finite values to s. Returns false when HDF5 cannot read them.
 template <typename T>
 bool read_rows(hid_t ds, const DatasetInfo& d, hsize_t r0, hsize_t k, std::vector<T>& buf, DatasetSum& s) {

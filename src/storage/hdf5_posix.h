@@ -1,4 +1,4 @@
-// io/hdf5_posix.h: HDF5's file I/O through zero3d's own POSIX calls (a virtual file driver), so
+// storage/hdf5_posix.h: HDF5's file I/O through zero3d's own POSIX calls (a virtual file driver), so
 // every storage failure is named by the system's own words and never leaves HDF5 half-closed.
 //
 // HDF5's sec2 and MPI-IO drivers turn a failed pwrite/pread into "HDF5 error" (or an MPI error
@@ -16,7 +16,7 @@
 #pragma once
 #include <string>
 
-#include "io/hdf5.h"
+#include "storage/hdf5.h"
 
 namespace zero3d {
 

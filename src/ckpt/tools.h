@@ -1,4 +1,4 @@
-// io/ckpt_tools.h: `zero3d ckpt`, the checkpoint file seen from outside a run: inspect what it
+// ckpt/tools.h: `zero3d ckpt`, the checkpoint file seen from outside a run: inspect what it
 // holds, verify every dataset against its checksum, export the model weights as safetensors for
 // other tools (Hugging Face, llm.c converters).
 //
@@ -17,7 +17,7 @@ namespace zero3d {
 // table of every dataset (path, dtype, shape, bytes). Returns 0.
 int ckpt_inspect(const std::string& dir_or_file);
 
-// Recomputes every dataset's checksum (io/checkpoint.h) and prints one line per dataset that
+// Recomputes every dataset's checksum (ckpt/checkpoint.h) and prints one line per dataset that
 // differs, lacks a checksum or cannot be read. Returns 0, or kExitInconsistent when any fails.
 int ckpt_verify(const std::string& dir_or_file);
 

@@ -1,4 +1,4 @@
-#include "io/ckpt_transfer.h"
+#include "ckpt/transfer.h"
 
 #include <algorithm>
 
@@ -9,10 +9,10 @@ namespace zero3d {
 namespace {
 // Select the union of the blocks in a dataset's space. A 1-D tensor's blocks are columns (c0 0,
 // cols 1), so HDF5, reading only the first coordinate of each, selects its rows: its elements.
-void select_blocks(hid_t space, const std::vector<LogicalBlock>& blocks) {
+void select_blocks(hid_t space, const std::vector<LogicalRect>& blocks) {
   if (blocks.empty()) HDF5_CHECK(H5Sselect_none(space));
   bool first = true;
-  for (const LogicalBlock& q : blocks) {
+  for (const LogicalRect& q : blocks) {
     hsize_t start[2] = {q.r0, q.c0}, count[2] = {q.rows, q.cols};
     HDF5_CHECK(H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start, nullptr, count, nullptr));
     first = false;
@@ -27,7 +27,7 @@ std::vector<std::pair<uint64_t, uint64_t>> element_runs(const CheckpointPiece& p
     if (!runs.empty() && runs.back().first + runs.back().second == first) runs.back().second += n;
     else runs.push_back({first, n});
   };
-  for (const LogicalBlock& b : p.blocks) {
+  for (const LogicalRect& b : p.blocks) {
     if (b.cols == cols) add(b.r0 * cols, b.rows * cols);
     else
       for (size_t r = b.r0; r < b.r0 + b.rows; ++r) add(r * cols + b.c0, b.cols);
@@ -35,7 +35,7 @@ std::vector<std::pair<uint64_t, uint64_t>> element_runs(const CheckpointPiece& p
   return runs;
 }
 
-herr_t read_blocks(hid_t ds, const std::vector<LogicalBlock>& rects, float* buf, size_t n) {
+herr_t read_blocks(hid_t ds, const std::vector<LogicalRect>& rects, float* buf, size_t n) {
   Hid fspace(H5Dget_space(ds));
   if (!fspace.valid() || n == 0) return n == 0 ? 0 : -1;
   select_blocks(fspace.get(), rects);

@@ -1,4 +1,4 @@
-// io/hdf5.h: a move-only owner for every HDF5 identifier (file, group, dataset, dataspace,
+// storage/hdf5.h: a move-only owner for every HDF5 identifier (file, group, dataset, dataspace,
 // datatype, attribute, property list), closed by the H5*close that matches its kind, and the
 // small attribute helpers the checkpoint format uses. Identifiers never leak, also when a reader
 // throws halfway through a corrupt file.

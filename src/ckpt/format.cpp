@@ -1,4 +1,4 @@
-#include "io/ckpt_format.h"
+#include "ckpt/format.h"
 
 #include <cstring>
 

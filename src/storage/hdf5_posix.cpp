@@ -1,4 +1,4 @@
-#include "io/hdf5_posix.h"
+#include "storage/hdf5_posix.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// io/swap_file.h: one file of swapped training state (NVMe offload), read and written in the
+// storage/swap_file.h: one file of swapped training state (NVMe offload), read and written in the
 // background. Plain POSIX and threads, unit-tested without MPI.
 //
 // The file is created and preallocated (posix_fallocate) at construction: a disk too small for

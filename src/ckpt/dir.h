@@ -1,4 +1,4 @@
-// io/ckpt_dir.h: the checkpoint directory and its commit protocol, plain POSIX (no MPI, no HDF5),
+// ckpt/dir.h: the checkpoint directory and its commit protocol, plain POSIX (no MPI, no HDF5),
 // so it is unit-tested alone.
 //
 // A directory holds committed checkpoints step_XXXXXXXX.h5 and `latest`, one line naming the

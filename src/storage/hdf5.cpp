@@ -1,4 +1,4 @@
-#include "io/hdf5.h"
+#include "storage/hdf5.h"
 
 #include <cstdio>
 #include <cstdlib>

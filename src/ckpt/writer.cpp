@@ -1,4 +1,4 @@
-#include "io/ckpt_writer.h"
+#include "ckpt/writer.h"
 
 #include <fcntl.h>
 #include <mpi.h>
@@ -17,15 +17,15 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/posix_io.h"
-#include "io/ckpt_transfer.h"
-#include "io/hdf5_posix.h"
+#include "ckpt/transfer.h"
+#include "storage/hdf5_posix.h"
 #include "parallel/watchdog.h"
 
 namespace zero3d {
 
 namespace fs = std::filesystem;
 
-struct CheckpointWriter::Part {
+struct CheckpointWriter::StagedPiece {
   size_t spec = 0;                                   // index in specs_
   const CheckpointPiece* piece = nullptr;
   size_t staged = 0;                                 // byte offset in staging_
@@ -73,7 +73,7 @@ std::string agreed(ProcessGroup& g, const std::string& mine) {
 
 // Rank 0 alone: the file with its root attributes and every dataset (contiguous, space allocated,
 // checksum attribute set), and where each dataset's data starts. HDF5 writes through zero3d's
-// POSIX driver (io/hdf5_posix.h), so a failed write is named by the system and every handle
+// POSIX driver (storage/hdf5_posix.h), so a failed write is named by the system and every handle
 // still closes. Returns "" or what failed (HDF5's error stack, if it has one, appended to error_log).
 std::string create_skeleton(const std::string& tmp, const CheckpointHeader& header,
                             const std::vector<DatasetSpec>& specs, const std::vector<uint64_t>& sums,
@@ -150,7 +150,7 @@ CheckpointWriter::CheckpointWriter(const CheckpointRun& run, std::string dir, co
     file_bytes_ += elems * elem;
     const CheckpointPiece* p = piece_of[spec.tensor];
     if (!p) continue;
-    Part part{k, p, 0, elem, element_runs(*p, spec.dims)};
+    StagedPiece part{k, p, 0, elem, element_runs(*p, spec.dims)};
     // Staged at the same offset modulo a page as its first run in the file (datasets start on a
     // page), so the run's whole pages can go to the disk directly (write_run).
     const size_t in_page = (part.runs.front().first * elem) % kPage;
@@ -199,7 +199,7 @@ void CheckpointWriter::save(const TrainingState& st, SaveFaults faults) {
   const auto t0 = Clock::now();
   ZeroEngine& engine = run_.engine;
   if (staging_.size() < staging_bytes_) staging_ = HostBuffer(staging_bytes_);
-  for (const Part& p : parts_) {
+  for (const StagedPiece& p : parts_) {
     const DatasetSpec& spec = specs_[p.spec];
     char* out = staging_.data() + p.staged;
     if (spec.sixteen) engine.read_weights16(p.piece->piece, reinterpret_cast<uint16_t*>(out));
@@ -281,7 +281,7 @@ void CheckpointWriter::write(int64_t step, const TrainingState& st, SaveFaults f
     pause_for_fault_injection(strprintf("before its first write of the checkpoint of step %lld", (long long)step));
   phase.progress("checksums");
   std::vector<uint64_t> sums(specs_.size(), 0);
-  for (const Part& p : parts_) {
+  for (const StagedPiece& p : parts_) {
     const char* x = staging_.data() + p.staged;
     sums[p.spec] = p.elem == 2 ? checksum_piece(*p.piece, reinterpret_cast<const uint16_t*>(x))
                                : checksum_piece(*p.piece, reinterpret_cast<const float*>(x));
@@ -312,7 +312,7 @@ void CheckpointWriter::write(int64_t step, const TrainingState& st, SaveFaults f
         log_warn("fault injection: rank stalls in the middle of the checkpoint save of step %lld", (long long)step);
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
       }
-      const Part& p = parts_[i];
+      const StagedPiece& p = parts_[i];
       const char* src = staging_.data() + p.staged;
       for (const auto& [first, n] : p.runs) {
         if (!mine.empty()) break;

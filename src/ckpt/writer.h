@@ -1,4 +1,4 @@
-// io/ckpt_writer.h: a checkpoint save in two halves, so training need not wait for the disk.
+// ckpt/writer.h: a checkpoint save in two halves, so training need not wait for the disk.
 //
 //   stage (training thread, at the save step): this rank's pieces (zero/shard_view.h) are copied
 //     into one host buffer, allocated and touched once, in file order.
@@ -7,7 +7,7 @@
 //     creates the HDF5 file alone (root attributes, every dataset contiguous with its space
 //     allocated and its checksum attribute) and tells every rank where each dataset's data
 //     starts; every rank writes its pieces there with pwrite, straight from the staging buffer,
-//     one call per contiguous run, and fsyncs; the ranks vote; rank 0 commits (io/ckpt_dir.h).
+//     one call per contiguous run, and fsyncs; the ranks vote; rank 0 commits (ckpt/dir.h).
 //     The data never passes through MPI-IO's two-phase collective buffering: each rank's pieces
 //     are large contiguous runs already, and the page cache takes them at memory speed.
 //
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "core/host_buffer.h"
-#include "io/checkpoint.h"
+#include "ckpt/checkpoint.h"
 
 namespace zero3d {
 
@@ -75,7 +75,7 @@ class CheckpointWriter {
   SaveResult wait();
 
  private:
-  struct Part;  // one dataset's piece: where it is staged and where its runs go in the dataset
+  struct StagedPiece;  // one dataset's piece: where it is staged and where its runs go in the dataset
   void write(int64_t step, const TrainingState& st, SaveFaults faults);  // the second half
   void thread_main();
   double timeout_s() const;
@@ -85,7 +85,7 @@ class CheckpointWriter {
   const CheckpointConfig cfg_;
   std::unique_ptr<ProcessGroup> group_;  // the world again, for the writer alone
   std::vector<DatasetSpec> specs_;
-  std::vector<Part> parts_;
+  std::vector<StagedPiece> parts_;
   HostBuffer staging_;         // every part, in spec order (allocated at the first save)
   size_t staging_bytes_ = 0;
   bool keep_staging_ = true;   // false with swapped state: freed after each save

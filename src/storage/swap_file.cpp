@@ -1,4 +1,4 @@
-#include "io/swap_file.h"
+#include "storage/swap_file.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -15,7 +15,7 @@
 #include "core/check.h"
 #include "core/clock.h"
 #include "core/hash.h"
-#include "io/storage.h"
+#include "storage/checks.h"
 
 namespace zero3d {
 

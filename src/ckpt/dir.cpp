@@ -1,4 +1,4 @@
-#include "io/ckpt_dir.h"
+#include "ckpt/dir.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "io/storage.h"
+#include "storage/checks.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

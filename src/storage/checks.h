@@ -1,4 +1,4 @@
-// io/storage.h: what a run checks about its storage before it trains, and the locks that give the
+// storage/checks.h: what a run checks about its storage before it trains, and the locks that give the
 // run directory and the checkpoint directory one writer each. Plain POSIX, unit-tested without MPI.
 //
 // A lock is an flock on DIR/.lock, holding "host pid start-time". The kernel drops it when the

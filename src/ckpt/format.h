@@ -1,4 +1,4 @@
-// io/ckpt_format.h: what a checkpoint file holds, declared once and used by save, load and
+// ckpt/format.h: what a checkpoint file holds, declared once and used by save, load and
 // `zero3d ckpt`: the root attributes (one table: name, type, meaning), the datasets, the checksum.
 //
 // Format (version 1), self-describing (h5dump -H shows it all):
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "io/hdf5.h"
+#include "storage/hdf5.h"
 
 namespace zero3d {
 

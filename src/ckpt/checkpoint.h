@@ -1,7 +1,7 @@
-// io/checkpoint.h: one parallel-HDF5 file per checkpoint, written and read collectively by every
+// ckpt/checkpoint.h: one parallel-HDF5 file per checkpoint, written and read collectively by every
 // rank, that any layout can load.
 //
-// What the file holds: io/ckpt_format.h. How the ranks move it: io/ckpt_transfer.h. Which part of
+// What the file holds: ckpt/format.h. How the ranks move it: ckpt/transfer.h. Which part of
 // every dataset a rank moves: the engine's checkpoint pieces (zero/shard_view.h), precomputed
 // from the layout; this file only iterates them.
 //
@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "config/config.h"
-#include "io/ckpt_dir.h"     // checkpoint_file, list_checkpoints
-#include "io/ckpt_format.h"  // the format, shared with zero3d ckpt
+#include "ckpt/dir.h"     // checkpoint_file, list_checkpoints
+#include "ckpt/format.h"  // the format, shared with zero3d ckpt
 #include "parallel/groups.h"
 #include "zero/engine.h"
 #include "zero/loss_scaler.h"
@@ -37,8 +37,7 @@ struct TrainingState {
   int64_t step = 0;             // global steps taken (skipped fp16 steps included)
   int64_t optimizer_steps = 0;  // updates applied: Adam's t and the LR schedule's position
   uint64_t data_cursor = 0;     // global samples consumed
-  bool loss_scaler_dynamic = false;
-  LossScaler::State loss_scaler;
+  std::string loss_scaler;      // LossScaler::save_state(): the scaler's own description
 };
 
 // What one save or load moved and cost.
@@ -60,7 +59,7 @@ struct CheckpointRun {
   ZeroEngine& engine;
 };
 
-// Saves: io/ckpt_writer.h. What a save writes, shared with it:
+// Saves: ckpt/writer.h. What a save writes, shared with it:
 // the root attributes of a save of `st` by this run,
 CheckpointHeader checkpoint_header(const CheckpointRun& run, const TrainingState& st);
 // the engine state a dataset holds,
