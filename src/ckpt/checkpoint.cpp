@@ -1,33 +1,18 @@
 #include "ckpt/checkpoint.h"
 
-#include <sys/stat.h>
-
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
+#include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <thread>
 
-#include "core/check.h"
-#include "core/log.h"
-#include "core/posix_io.h"
 #include "ckpt/dir.h"
 #include "ckpt/reader.h"
 #include "ckpt/transfer.h"
-#include "storage/hdf5_posix.h"
-#include "parallel/watchdog.h"
+#include "core/check.h"
+#include "core/log.h"
 #include "optim/lr_schedule.h"
 
 namespace zero3d {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-}  // namespace
 
 ZeroEngine::State engine_state(StateKind k) {
   return k == StateKind::exp_avg ? ZeroEngine::State::exp_avg

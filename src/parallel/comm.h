@@ -281,9 +281,12 @@ class ProcessGroup {
   virtual PendingOp send_impl(MemRef<const void> buf, size_t bytes, int peer, int tag) = 0;
   virtual PendingOp recv_impl(MemRef<void> buf, size_t bytes, int peer, int tag) = 0;
 
- private:
+ public:
+  // The element type as a value, for callers that choose it once (zero/grad_sync.cpp).
   PendingOp all_reduce(MemRef<void> buf, size_t n, CommType t, RedOp op);
   PendingOp reduce_scatter(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t);
+
+ private:
   PendingOp all_gather(MemRef<const void> send, MemRef<void> recv, const MessageSlices& pc, CommType t);
   PendingOp reduce_scatter(MemRef<const void> send, MemRef<void> recv, size_t count, CommType t) {
     return reduce_scatter(send, recv, MessageSlices{{count}}, t);

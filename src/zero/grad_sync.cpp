@@ -10,12 +10,36 @@ namespace zero3d {
 
 namespace {
 
+template <typename T>
+MemRef<char> bytes_of(MemRef<T> m) {
+  return {reinterpret_cast<char*>(m.ptr), m.kind};
+}
+
+// The collective that reduces one message of gradients, chosen once at construction: all-reduce
+// in place, or reduce-scatter into the owners' slices; of fp32 or of 16-bit gradients (the type).
+// The message is n elements at element `at` of send; this rank's slices land at element `slice_at`
+// of recv (reduce-scatter only: recv is empty otherwise).
+struct GradReduce {
+  bool scatter = false;
+  CommType type = CommType::f32;
+  PendingOp issue(ProcessGroup& dp, MemRef<char> send, size_t at, MemRef<char> recv, size_t slice_at, size_t n,
+                  const MessageSlices& s) const {
+    const size_t e = elem_bytes(type);
+    return scatter ? dp.reduce_scatter(send + at * e, recv + slice_at * e, s, type)
+                   : dp.all_reduce(send + at * e, n, type, RedOp::sum);
+  }
+};
+GradReduce grad_reduce(bool scatter, const std::optional<Storage16>& s16) {
+  return {scatter, s16 ? comm_type(s16->type()) : CommType::f32};
+}
+
 // A full-size gradient buffer for one unit at a time, with the receive buffers of its
 // reductions and the requests still in flight. In mixed precision g16 holds the unit's gradient
 // rounded to 16 bits (what is reduced), recv16 the reduced slices, recv their widening.
 struct Slab {
   DeviceBuffer<float> grads, recv;
   DeviceBuffer<uint16_t> g16, recv16;
+  MemRef<char> send_bytes, recv_bytes;  // what the reductions send (grads or g16) and land in (recv or recv16)
   int unit = -1;
   bool reducing = false;  // done() has posted its reductions (the unit may be open in another slab)
   std::vector<PendingOp> ops;
@@ -40,6 +64,8 @@ class SlabSync : public GradSync {
       if (recv) s->recv = DeviceBuffer<float>(be_, n / p);
       if (g16) s->g16 = DeviceBuffer<uint16_t>(be_, n, BufferUse::comm);
       if (recv16) s->recv16 = DeviceBuffer<uint16_t>(be_, n / p);
+      s->send_bytes = g16 ? bytes_of(s->g16.mem()) : bytes_of(s->grads.mem());
+      s->recv_bytes = recv16 ? bytes_of(s->recv16.mem()) : bytes_of(s->recv.mem());
       buffer_bytes_ += s->grads.bytes() + s->recv.bytes() + s->g16.bytes() + s->recv16.bytes();
       slabs_.push_back(std::move(s));
     }
@@ -109,6 +135,8 @@ class BoundarySync final : public SlabSync {
     }
     grad_bytes_ = grads_.bytes() + grads16_.bytes();
     buffer_bytes_ += shard_.bytes() + shard16_.bytes() + grads32_.bytes();
+    send_ = s16_ ? bytes_of(grads16_.mem()) : bytes_of(grads_.mem());
+    recv_ = s16_ ? bytes_of(shard16_.mem()) : bytes_of(shard_.mem());
   }
 
   void begin_step(int micro_batches) override {
@@ -178,18 +206,10 @@ class BoundarySync final : public SlabSync {
   // Issues the reductions of buckets [first, last) in messages of up to reduce_bucket_size
   // elements: all-reduce in place, or reduce-scatter into the shard.
   void reduce(int first, int last) {
-    const Dtype16 t = s16_ ? s16_->type() : Dtype16::bf16;
     for (const BucketMessage& run : bucket_messages(L_, first, last, limit_)) {
       const Bucket &b = L_.buckets[run.first], &end = L_.buckets[run.last - 1];
       const size_t n = end.offset + end.size - b.offset;
-      const MessageSlices pieces{slice_counts(L_, run)};
-      if (!scatter_)
-        ops_.push_back(s16_ ? dp_.iall_reduce_sum(grads16_.mem(b.offset), n, t)
-                            : dp_.iall_reduce_sum(grads_.mem(b.offset), n));
-      else if (s16_)
-        ops_.push_back(dp_.ireduce_scatter_sum(grads16_.mem(b.offset), shard16_.mem(b.shard_offset), pieces, t));
-      else
-        ops_.push_back(dp_.ireduce_scatter_sum(grads_.mem(b.offset), shard_.mem(b.shard_offset), pieces));
+      ops_.push_back(reduce_.issue(dp_, send_, b.offset, recv_, b.shard_offset, n, MessageSlices{slice_counts(L_, run)}));
     }
   }
 
@@ -200,6 +220,8 @@ class BoundarySync final : public SlabSync {
   bool overlap_;
   size_t limit_;  // reduce_bucket_size
   const std::optional<Storage16>& s16_;
+  GradReduce reduce_ = grad_reduce(scatter_, s16_);  // after scatter_ and s16_, which it reads
+  MemRef<char> send_, recv_;  // the reductions' buffers: grads_ or grads16_, shard_ or shard16_
   DeviceBuffer<float> grads_, shard_, grads32_;
   DeviceBuffer<uint16_t> grads16_, shard16_;
   int micro_batches_ = 1;
@@ -240,14 +262,7 @@ class UnitSync final : public SlabSync {
       const size_t at = b.offset - u.offset, slice_at = b.shard_offset - shard_base;
       const size_t n = end.offset + end.size - b.offset;
       const MessageSlices pieces{slice_counts(L_, run)};
-      if (!s16_ && scatter_)
-        s.ops.push_back(dp_.ireduce_scatter_sum(s.grads.mem(at), s.recv.mem(slice_at), pieces));
-      else if (!s16_)
-        s.ops.push_back(dp_.iall_reduce_sum(s.grads.mem(at), n));
-      else if (scatter_)
-        s.ops.push_back(dp_.ireduce_scatter_sum(s.g16.mem(at), s.recv16.mem(slice_at), pieces, s16_->type()));
-      else
-        s.ops.push_back(dp_.iall_reduce_sum(s.g16.mem(at), n, s16_->type()));
+      s.ops.push_back(reduce_.issue(dp_, s.send_bytes, at, s.recv_bytes, slice_at, n, pieces));
     }
     if (!overlap_) complete(s);
   }
@@ -290,6 +305,7 @@ class UnitSync final : public SlabSync {
   bool scatter_, overlap_;
   size_t limit_;  // reduce_bucket_size
   const std::optional<Storage16>& s16_;
+  GradReduce reduce_ = grad_reduce(scatter_, s16_);  // after scatter_ and s16_, which it reads
   DeviceBuffer<float> shard_grads_, grads32_;
   DeviceBuffer<uint16_t> shard_grads16_;
 };
