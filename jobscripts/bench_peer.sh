@@ -29,7 +29,7 @@
 # Env: MPIRUN (default "mpirun --oversubscribe"), PYTHON (default /usr/bin/python3), ZERO3D_ISA (zero3d
 # at that level, and the peer too: OPENBLAS_CORETYPE and ATEN_CPU_CAPABILITY of the level).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
 
 config=input/bench-cpu.json ranks=2 rounds=3 steps=10 stage=1 tmode="" out=""
 while (($#)); do
@@ -47,6 +47,7 @@ while (($#)); do
   esac
   shift 2
 done
+bench_init  # after the options: --help needs no build
 for v in ranks rounds steps stage; do
   [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench_peer.sh: --${v/stage/zero-stage} must be a number" >&2; exit 2; }
 done
@@ -55,26 +56,12 @@ done
 [[ -z $tmode ]] && { ((stage >= 1)) && tmode=zero1 || tmode=ddp; }
 [[ $tmode == zero1 || $tmode == ddp ]] || { echo "bench_peer.sh: --torch-mode is zero1 or ddp" >&2; exit 2; }
 [[ -f $config ]] || { echo "bench_peer.sh: no config $config" >&2; exit 2; }
-z3d=build/bin/zero3d
-[[ -x $z3d ]] || { echo "bench_peer.sh: $z3d not found: build it first (tests/run.sh, or cmake -S . -B build && cmake --build build)" >&2; exit 2; }
-PY=${PYTHON:-/usr/bin/python3}
 "$PY" -c 'import torch' 2> /dev/null ||
   { echo "bench_peer.sh: the PyTorch peer needs torch for $PY: apt-get install python3-torch (Debian's CPU build)" >&2; exit 2; }
-read -r -a mpirun <<< "${MPIRUN:-mpirun --oversubscribe}"   # a command line, split on spaces
-if [[ $(id -u) == 0 ]]; then   # Open MPI refuses root without these
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/bench_peer.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM       # so the EXIT trap cleans up on Ctrl-C too
-
-# run LOG CMD...: echo CMD, run it with its output in LOG; on failure show LOG's tail and stop
-run() {
-  local log=$1; shift
-  printf '+'; printf ' %q' "$@"; printf '\n'
-  "$@" > "$log" 2>&1 || { local rc=$?; echo "bench_peer.sh: failed (exit $rc); last lines:" >&2; tail -n 20 "$log" >&2; exit 1; }
-}
 
 # The peer's environment. Debian's torch (BLAS_INFO=generic in torch.__config__.show()) runs fp32
 # nn.Linear and matmul through sgemm_ of libblas.so.3, which Debian's alternatives point at OpenBLAS;
@@ -101,27 +88,29 @@ for round in $(seq "$rounds"); do
   d=$tmp/round$round
   mkdir -p "$d"
   # zero3d, as a user runs it; no validation pass
-  run "$d/zero3d.log" "${mpirun[@]}" -np "$ranks" "$z3d" train "$config" --run-dir "$d/run" \
+  bench_run "$d/zero3d.log" "${mpirun[@]}" -np "$ranks" "$z3d" train "$config" --run-dir "$d/run" \
     --set train_steps="$steps" --set zero_optimization.stage="$stage" --set 'data.val=""'
   # the peer: 2 untimed steps, then the ones zero3d's median covers
-  run "$d/peer.log" "${peer_env[@]}" "$PY" jobscripts/bench_peer.py "$config" --ranks "$ranks" \
+  bench_run "$d/peer.log" "${peer_env[@]}" "$PY" jobscripts/bench_peer.py "$config" --ranks "$ranks" \
     --mode "$tmode" --warmup 2 --steps $((steps - 2)) --threads 1
   # GEMM rate: every rank runs it at once, rank 0 prints "n ms/call GFLOP/s [more...]" lines
-  run "$d/gemm.log" "${mpirun[@]}" -np "$ranks" "$z3d" bench gemm --sizes 1024 --seconds 2
+  bench_run "$d/gemm.log" "${mpirun[@]}" -np "$ranks" "$z3d" bench gemm --sizes 1024 --seconds 2
   gflops=$(awk '$1 == "1024" { print $3; exit }' "$d/gemm.log")
   [[ -n $gflops ]] || { echo "bench_peer.sh: no '1024' line in bench gemm's output:" >&2; cat "$d/gemm.log" >&2; exit 1; }
   peak=$(sed -n 's/^# FMA peak (.*): \([0-9.]*\) GFLOP\/s.*/\1/p' "$d/gemm.log")
   [[ -n $peak ]] || { echo "bench_peer.sh: no '# FMA peak' line in bench gemm's output:" >&2; cat "$d/gemm.log" >&2; exit 1; }
   # one JSON line per round into the results
   "$PY" - "$d/run/metrics.jsonl" "$d/peer.log" "$gflops" "$round" "$peak" >> "$tmp/rounds.jsonl" <<'PY'
-import json, statistics, sys
+import json, sys
+sys.path.insert(0, "postprocess")
+from bench_stats import med, records
 metrics, peer_log, gflops, rnd, peak = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-recs = [json.loads(l) for l in open(metrics) if l.strip()]
-run = next(r for r in recs if r["kind"] == "run")
-train = [r for r in recs if r["kind"] == "train"]
+run_dir = metrics.rsplit("/", 1)[0]
+run = records(run_dir, "run")[0]
+train = records(run_dir, "train")
 peer = json.loads([l for l in open(peer_log) if l.startswith("{")][-1])   # its last JSON line
 print(json.dumps({"round": rnd,
-                  "zero3d": statistics.median(r["tokens_per_s"] for r in train if r["step"] >= 3),
+                  "zero3d": med(r["tokens_per_s"] for r in train if r["step"] >= 3),
                   "pytorch": peer["tokens_per_s"],
                   "gemm_gflops_rank0": gflops, "fma_peak_gflops_rank0": peak, "flops_per_token": run["flops_per_token"],
                   "zero3d_params": run["num_params"], "pytorch_params": peer["num_params"],
@@ -138,10 +127,11 @@ if r["round"] == 1:
 done
 
 "$PY" - "$tmp/rounds.jsonl" "$ranks" "$config" "$stage" "$tmode" "$steps" "$out" <<'PY'
-import json, statistics, sys
+import json, sys
+sys.path.insert(0, "postprocess")
+from bench_stats import med
 path, R, config, stage, tmode, steps, out = sys.argv[1], int(sys.argv[2]), *sys.argv[3:]
 rows = [json.loads(l) for l in open(path)]
-med = statistics.median
 fpt = rows[0]["flops_per_token"]
 # fraction of the R-rank GEMM rate (R x rank 0's number: all ranks ran the GEMM at once)
 frac = lambda r, k: r[k] * r["flops_per_token"] / (R * r["gemm_gflops_rank0"] * 1e9)

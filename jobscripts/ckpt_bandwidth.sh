@@ -11,25 +11,22 @@
 # Under Slurm run it inside an allocation with MPIRUN="srun --mpi=pmix". Prints one line per
 # measurement and the median ratios save/dd and save/bench io.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
+bench_init
 dir=${1:-runs/ckpt-bandwidth}
 ranks=${2:-4}
 config=${3:-input/gpt2-124m.json}
 rounds=${4:-3}
-z3d=${ZERO3D_BIN:-build/bin/zero3d}
-MPIRUN=${MPIRUN:-mpirun --oversubscribe}
 rm -rf "$dir"
 mkdir -p "$dir"
 train() {  # train NAME ARGS...: one step of CONFIG on RANKS ranks, micro-batch 1, no validation
   local name=$1; shift
-  $MPIRUN -np "$ranks" "$z3d" train "$config" --peak-flops 1e11 --run-dir "$dir/$name" --set train_steps=1 \
-    --set data.val= --set train_micro_batch_size_per_gpu=1 --set gradient_accumulation_steps=1 "$@" > "$dir/$name.log" 2>&1 ||
-    { cat "$dir/$name.log"; exit 1; }
+  bench_run "$dir/$name.log" "${mpirun[@]}" -np "$ranks" "$z3d" train "$config" --peak-flops 1e11 --run-dir "$dir/$name" \
+    --set train_steps=1 --set data.val= --set train_micro_batch_size_per_gpu=1 --set gradient_accumulation_steps=1 "$@"
 }
 record() {  # record RUN FIELD: FIELD of RUN's checkpoint record
-  /usr/bin/python3 -c 'import json, sys
-print(next(r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "checkpoint")[sys.argv[2]])' \
-    "$dir/$1/metrics.jsonl" "$2"
+  "$PY" -c 'import sys; sys.path.insert(0, "postprocess"); from bench_stats import records
+print(records(sys.argv[1], "checkpoint")[0][sys.argv[2]])' "$dir/$1" "$2"
 }
 for round in $(seq "$rounds"); do
   sync; sleep 1
@@ -43,19 +40,20 @@ for round in $(seq "$rounds"); do
   sync; sleep 1
   # dd's last line: "N bytes (...) copied, S s, R GB/s"
   dd=$(dd if=/dev/zero of="$dir/dd.bin" bs=1M count=$((bytes >> 20)) conv=fsync 2>&1 | tail -1 |
-       /usr/bin/python3 -c 'import re, sys; m = re.match(r"(\d+) bytes.*copied, ([0-9.e+-]+) s", sys.stdin.read()); print(int(m[1]) / float(m[2]))')
+       "$PY" -c 'import re, sys; m = re.match(r"(\d+) bytes.*copied, ([0-9.e+-]+) s", sys.stdin.read()); print(int(m[1]) / float(m[2]))')
   rm -f "$dir/dd.bin"
   sync; sleep 1
-  io=$($MPIRUN -np "$ranks" "$z3d" bench io --dir "$dir" --bytes "$bytes" | tail -1 | sed -E 's/.*s: ([0-9.]+) MB\/s/\1/')
-  io=$(/usr/bin/python3 -c "print($io * 1e6)")
+  io=$("${mpirun[@]}" -np "$ranks" "$z3d" bench io --dir "$dir" --bytes "$bytes" | tail -1 | sed -E 's/.*s: ([0-9.]+) MB\/s/\1/')
+  io=$("$PY" -c "print($io * 1e6)")
   echo "$save $load $dd $io" >> "$dir/rates.txt"
-  /usr/bin/python3 -c "import sys; b, *r = map(float, sys.argv[1:]); print('round $round: %d bytes; MB/s: save %.0f, load %.0f, dd %.0f, bench io %.0f' % (b, *(x / 1e6 for x in r)))" \
+  "$PY" -c "import sys; b, *r = map(float, sys.argv[1:]); print('round $round: %d bytes; MB/s: save %.0f, load %.0f, dd %.0f, bench io %.0f' % (b, *(x / 1e6 for x in r)))" \
     "$bytes" "$save" "$load" "$dd" "$io"
 done
-/usr/bin/python3 - "$dir/rates.txt" <<'PY'
-import statistics, sys
+"$PY" - "$dir/rates.txt" <<'PY'
+import sys
+sys.path.insert(0, "postprocess")
+from bench_stats import med
 rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
-med = lambda xs: statistics.median(xs)
 print(f"median of {len(rows)} rounds: save / dd = {med([r[0] / r[2] for r in rows]):.2f}, "
       f"save / bench io = {med([r[0] / r[3] for r in rows]):.2f}, load / dd = {med([r[1] / r[2] for r in rows]):.2f}")
 PY

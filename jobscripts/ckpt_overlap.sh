@@ -9,34 +9,32 @@
 # usage: jobscripts/ckpt_overlap.sh [DIR [RANKS [CONFIG [STEPS [INTERVAL [ROUNDS]]]]]]
 #        defaults: runs/ckpt-overlap, 4, input/gpt2-124m.json (fp32 ZeRO-1: 1.49 GB a save), 12, 4, 2
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
+bench_init
 dir=${1:-runs/ckpt-overlap}
 ranks=${2:-4}
 config=${3:-input/gpt2-124m.json}
 steps=${4:-12}
 interval=${5:-4}
 rounds=${6:-2}
-z3d=${ZERO3D_BIN:-build/bin/zero3d}
-MPIRUN=${MPIRUN:-mpirun --oversubscribe}
 rm -rf "$dir"
 mkdir -p "$dir"
 for round in $(seq "$rounds"); do
   for mode in true false; do
     name=$mode$round
-    $MPIRUN -np "$ranks" "$z3d" train "$config" --peak-flops 1e11 --run-dir "$dir/$name" --set data.val= \
-      --set train_steps="$steps" --set checkpoint.save_interval="$interval" --set train_micro_batch_size_per_gpu=1 \
-      --set zero_optimization.stage=1 --set checkpoint.async=$mode > "$dir/$name.log" 2>&1 ||
-      { cat "$dir/$name.log"; exit 1; }
+    bench_run "$dir/$name.log" "${mpirun[@]}" -np "$ranks" "$z3d" train "$config" --peak-flops 1e11 --run-dir "$dir/$name" \
+      --set data.val= --set train_steps="$steps" --set checkpoint.save_interval="$interval" \
+      --set train_micro_batch_size_per_gpu=1 --set zero_optimization.stage=1 --set checkpoint.async=$mode
   done
 done
-/usr/bin/python3 - "$dir" "$rounds" <<'PY'
-import json, statistics, sys
+"$PY" - "$dir" "$rounds" <<'PY'
+import json, sys
+sys.path.insert(0, "postprocess")
+from bench_stats import med, spread
 d, rounds = sys.argv[1], int(sys.argv[2])
 def runs(mode):
     for r in range(1, rounds + 1):
-        recs = [json.loads(l) for l in open(f"{d}/{mode}{r}/metrics.jsonl")]
-        yield recs
-med = statistics.median
+        yield [json.loads(l) for l in open(f"{d}/{mode}{r}/metrics.jsonl")]
 sync_save, async_stall, inflight, normal = [], [], [], []
 for recs in runs("false"):
     sync_save += [r["seconds"] for r in recs if r["kind"] == "checkpoint"]
@@ -54,8 +52,8 @@ for recs in runs("true"):
             if r["step"] in saved:
                 pending = True
 print(f"in-place save: median {med(sync_save):.2f} s over {len(sync_save)} saves")
-print(f"background save: training waited median {med(async_stall):.3f} s per save "
-      f"[{min(async_stall):.3f}-{max(async_stall):.3f}] over {len(async_stall)} mid-run saves "
+print(f"background save: training waited median {spread(async_stall, '{:.3f}')} s per save "
+      f"over {len(async_stall)} mid-run saves "
       f"({med(async_stall) / med(sync_save):.1%} of the in-place save)")
 print(f"steps with a write in flight: median {med(inflight):.2f} s over {len(inflight)}; other steps "
       f"{med(normal):.2f} s over {len(normal)}: ratio {med(inflight) / med(normal):.2f}")

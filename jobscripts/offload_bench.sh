@@ -16,7 +16,8 @@
 #        defaults: runs/offload-bench, 2, input/gpt2-124m.json, 6, 2, 4000000, 1
 #        STAGES="1 2 3" (the default) in the environment picks the stages
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
+bench_init
 dir=${1:-runs/offload-bench}
 ranks=${2:-2}
 config=${3:-input/gpt2-124m.json}
@@ -24,8 +25,6 @@ steps=${4:-6}
 micro=${5:-2}
 sub_group=${6:-4000000}
 rounds=${7:-1}
-z3d=${ZERO3D_BIN:-build/bin/zero3d}
-MPIRUN=${MPIRUN:-mpirun --oversubscribe}
 rm -rf "$dir"
 mkdir -p "$dir/nvme"
 # Stage 3 prefetches the next unit (a gpt2-124m block is 7.1M elements), in memory and swapped
@@ -41,8 +40,8 @@ for round in $(seq "$rounds"); do
       [[ $mode == nvme_param && $stage != 3 ]] && continue
       args=(); [[ $mode != memory ]] && args+=("${opt[@]}"); [[ $mode == nvme_param ]] && args+=("${param[@]}")
       name=s${stage}_${mode}_$round
-      $MPIRUN -np "$ranks" "$z3d" train "$config" --run-dir "$dir/$name" "${common[@]}" \
-        --set zero_optimization.stage=$stage "${args[@]}" > "$dir/$name.log" 2>&1 || { cat "$dir/$name.log"; exit 1; }
+      bench_run "$dir/$name.log" "${mpirun[@]}" -np "$ranks" "$z3d" train "$config" --run-dir "$dir/$name" \
+        "${common[@]}" --set zero_optimization.stage=$stage "${args[@]}"
     done
   done
 done
@@ -50,10 +49,11 @@ done
 dd if=/dev/zero of="$dir/nvme/dd" bs=4M count=256 oflag=direct conv=fsync 2> "$dir/dd_write.txt"
 dd if="$dir/nvme/dd" of=/dev/null bs=4M iflag=direct 2> "$dir/dd_read.txt"
 rm -f "$dir/nvme/dd"
-/usr/bin/python3 - "$dir" "$rounds" <<'PY'
-import json, re, statistics, sys
+"$PY" - "$dir" "$rounds" <<'PY'
+import json, re, sys
+sys.path.insert(0, "postprocess")
+from bench_stats import med, spread
 d, rounds = sys.argv[1], int(sys.argv[2])
-med = statistics.median
 def dd(f):
     m = re.search(r"([0-9.]+) (GB|MB)/s", open(f"{d}/{f}").read())
     return float(m.group(1)) * (1e9 if m.group(2) == "GB" else 1e6)
@@ -89,6 +89,6 @@ for (stage, mode), row in sorted(rows.items()):
     swap = f"{(med(row['rd']) + med(row['wr'])) / 1e9:.2f} GB" if row["rd"] else "-"
     io = f"{med(row['io']):.2f}" if row["io"] else "-"
     wait = f"{med(row['wait']):.2f}" if row["wait"] else "-"
-    print(f"| {stage} | {mode} | {step:.2f} [{min(row['step']):.2f}-{max(row['step']):.2f}] | {step / bstep:.3f}x | "
+    print(f"| {stage} | {mode} | {spread(row['step'])} | {step / bstep:.3f}x | "
           f"{peak / 1e6:.0f} MB | {saved} | {files} | {swap} | {io} | {wait} |")
 PY

@@ -14,14 +14,13 @@
 #        defaults: runs/overlap-bench, 2, input/bench-cpu.json, 8, 1
 #        STAGES="0 1 2 3", IMPLS="mpi auto", OVERLAPS="false true" in the environment pick the runs
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/bench_lib.sh"
+bench_init
 dir=${1:-runs/overlap-bench}
 ranks=${2:-2}
 config=${3:-input/bench-cpu.json}
 steps=${4:-8}
 rounds=${5:-1}
-z3d=${ZERO3D_BIN:-build/bin/zero3d}
-MPIRUN=${MPIRUN:-mpirun --oversubscribe}
 rm -rf "$dir"
 mkdir -p "$dir"
 stages=(${STAGES:-0 1 2 3})
@@ -33,30 +32,28 @@ for round in $(seq "$rounds"); do
     for impl in ${IMPLS:-mpi auto}; do
       for overlap in ${OVERLAPS:-false true}; do
         run="$dir/r$round-z$stage-$impl-overlap_$overlap"
-        $MPIRUN -np "$ranks" "$z3d" train "$config" --run-dir "$run" --peak-flops 1e11 --set data.val= \
-          --set train_steps="$steps" --set steps_per_print="$steps" --set wall_clock_breakdown=true \
+        bench_run "$run.log" "${mpirun[@]}" -np "$ranks" "$z3d" train "$config" --run-dir "$run" --peak-flops 1e11 \
+          --set data.val= --set train_steps="$steps" --set steps_per_print="$steps" --set wall_clock_breakdown=true \
           --set zero_optimization.stage="$stage" --set zero_optimization.overlap_comm="$overlap" \
-          --set comm.collectives="$impl" >"$run.log" 2>&1 || { echo "run $run failed; see $run.log" >&2; exit 1; }
+          --set comm.collectives="$impl"
       done
     done
   done
 done
-/usr/bin/python3 - "$dir" <<'EOF'
-import glob, json, os, re, statistics, sys
+"$PY" - "$dir" <<'EOF'
+import glob, os, re, sys
+sys.path.insert(0, "postprocess")
+from bench_stats import med as median, step_medians
 root = sys.argv[1]
 rows = {}
 for path in sorted(glob.glob(os.path.join(root, "r*-z*"))):
     if not os.path.isdir(path):
         continue
     m = re.match(r"r(\d+)-z(\d)-(\w+)-overlap_(\w+)$", os.path.basename(path))
-    recs = [json.loads(l) for l in open(os.path.join(path, "metrics.jsonl"))]
-    train = [r for r in recs if r.get("kind", r.get("type")) == "train" or "step_time_s" in r]
-    train = [r for r in train if r["step"] >= 3]
     key = (int(m.group(2)), m.group(3), m.group(4))
-    rows.setdefault(key, []).append({k: statistics.median(r[k] for r in train)
-                                     for k in ("step_time_s", "comm_s", "comm_exposed_s", "comm_skew_s")})
+    rows.setdefault(key, []).append(step_medians(path, ("step_time_s", "comm_s", "comm_exposed_s", "comm_skew_s")))
 def med(key, k):
-    return statistics.median(r[k] for r in rows[key])
+    return median(r[k] for r in rows[key])
 print(f"# {root}: median over steps >= 3 and over rounds; comm: data collectives per step, slowest rank")
 print(f"{'stage':>5} {'collectives':>11} {'overlap':>7} | {'step s':>8} {'x stage 0':>9} | {'comm s':>8} {'exposed s':>9} "
       f"{'exposed %':>9} {'skew s':>8}")
