@@ -280,13 +280,7 @@ void CheckpointWriter::write(int64_t step, const TrainingState& st, SaveFaults f
   if (faults.pause_start)
     pause_for_fault_injection(strprintf("before its first write of the checkpoint of step %lld", (long long)step));
   phase.progress("checksums");
-  std::vector<uint64_t> sums(specs_.size(), 0);
-  for (const StagedPiece& p : parts_) {
-    const char* x = staging_.data() + p.staged;
-    sums[p.spec] = p.elem == 2 ? checksum_piece(*p.piece, reinterpret_cast<const uint16_t*>(x))
-                               : checksum_piece(*p.piece, reinterpret_cast<const float*>(x));
-  }
-  g.all_reduce_sum(sums.data(), sums.size());
+  const std::vector<uint64_t> sums = staged_checksums();
 
   phase.progress("creating the file");
   std::vector<uint64_t> offsets(specs_.size(), 0);
@@ -300,36 +294,7 @@ void CheckpointWriter::write(int64_t step, const TrainingState& st, SaveFaults f
   if (error.empty()) {
     g.all_reduce_sum(offsets.data(), offsets.size());  // rank 0's, on every rank
     phase.progress("writing its pieces");
-    mine.clear();
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
-    const int direct = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1 where unsupported (tmpfs)
-    const std::string who = strprintf("rank %d (%s)", run_.groups.world->rank(), host_name().c_str());
-    if (fd < 0) mine = strprintf("%s: opening '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
-    for (size_t i = 0; i < parts_.size() && mine.empty(); ++i) {
-      if (faults.pause_middle && i == parts_.size() / 2)
-        pause_for_fault_injection(strprintf("halfway through its writes of the checkpoint of step %lld", (long long)step));
-      if (faults.stall_halfway && i == parts_.size() / 2) {
-        log_warn("fault injection: rank stalls in the middle of the checkpoint save of step %lld", (long long)step);
-        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-      }
-      const StagedPiece& p = parts_[i];
-      const char* src = staging_.data() + p.staged;
-      for (const auto& [first, n] : p.runs) {
-        if (!mine.empty()) break;
-        if (const std::string e = write_run(fd, direct, src, n * p.elem, offsets[p.spec] + first * p.elem); !e.empty())
-          mine = strprintf("%s: writing '%s': %s", who.c_str(), tmp.c_str(), e.c_str());
-        src += n * p.elem;
-      }
-      phase.progress(strprintf("writing its pieces: dataset %zu of %zu", p.spec + 1, specs_.size()));
-    }
-    if (fd >= 0 && mine.empty() && ::fsync(fd) != 0)
-      mine = strprintf("%s: fsync of '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
-    if (direct >= 0 && mine.empty() && ::fsync(direct) != 0)
-      mine = strprintf("%s: fsync of '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
-    if (direct >= 0) ::close(direct);
-    if (fd >= 0 && ::close(fd) != 0 && mine.empty())
-      mine = strprintf("%s: closing '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
-    error = agreed(g, mine);
+    error = agreed(g, write_pieces(tmp, offsets, step, faults, phase));
   }
   const auto tc = Clock::now();
   r.io.transfer_s = std::chrono::duration<double>(tc - t0).count();
@@ -354,6 +319,54 @@ void CheckpointWriter::write(int64_t step, const TrainingState& st, SaveFaults f
                         error.c_str(),
                         latest.empty() ? "there is no committed checkpoint yet" : ("'latest' still names " + latest).c_str());
   }
+}
+
+// Every dataset's checksum: this rank's staged pieces, summed over group_ (collective).
+std::vector<uint64_t> CheckpointWriter::staged_checksums() {
+  std::vector<uint64_t> sums(specs_.size(), 0);
+  for (const StagedPiece& p : parts_) {
+    const char* x = staging_.data() + p.staged;
+    sums[p.spec] = p.elem == 2 ? checksum_piece(*p.piece, reinterpret_cast<const uint16_t*>(x))
+                               : checksum_piece(*p.piece, reinterpret_cast<const float*>(x));
+  }
+  group_->all_reduce_sum(sums.data(), sums.size());
+  return sums;
+}
+
+// This rank's pieces into the file rank 0 created, at `offsets` (each dataset's first byte), then
+// fsynced and closed. Local: no collective. Returns "" or this rank's first failure.
+std::string CheckpointWriter::write_pieces(const std::string& tmp, const std::vector<uint64_t>& offsets, int64_t step,
+                                           SaveFaults faults, Watchdog::Phase& phase) {
+  std::string mine;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC);
+  const int direct = ::open(tmp.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1 where unsupported (tmpfs)
+  const std::string who = strprintf("rank %d (%s)", run_.groups.world->rank(), host_name().c_str());
+  if (fd < 0) mine = strprintf("%s: opening '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
+  for (size_t i = 0; i < parts_.size() && mine.empty(); ++i) {
+    if (faults.pause_middle && i == parts_.size() / 2)
+      pause_for_fault_injection(strprintf("halfway through its writes of the checkpoint of step %lld", (long long)step));
+    if (faults.stall_halfway && i == parts_.size() / 2) {
+      log_warn("fault injection: rank stalls in the middle of the checkpoint save of step %lld", (long long)step);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    const StagedPiece& p = parts_[i];
+    const char* src = staging_.data() + p.staged;
+    for (const auto& [first, n] : p.runs) {
+      if (!mine.empty()) break;
+      if (const std::string e = write_run(fd, direct, src, n * p.elem, offsets[p.spec] + first * p.elem); !e.empty())
+        mine = strprintf("%s: writing '%s': %s", who.c_str(), tmp.c_str(), e.c_str());
+      src += n * p.elem;
+    }
+    phase.progress(strprintf("writing its pieces: dataset %zu of %zu", p.spec + 1, specs_.size()));
+  }
+  if (fd >= 0 && mine.empty() && ::fsync(fd) != 0)
+    mine = strprintf("%s: fsync of '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
+  if (direct >= 0 && mine.empty() && ::fsync(direct) != 0)
+    mine = strprintf("%s: fsync of '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
+  if (direct >= 0) ::close(direct);
+  if (fd >= 0 && ::close(fd) != 0 && mine.empty())
+    mine = strprintf("%s: closing '%s': %s", who.c_str(), tmp.c_str(), strerror(errno));
+  return mine;
 }
 
 }  // namespace zero3d

@@ -29,6 +29,7 @@
 
 #include "core/host_buffer.h"
 #include "ckpt/checkpoint.h"
+#include "parallel/watchdog.h"
 
 namespace zero3d {
 
@@ -77,6 +78,9 @@ class CheckpointWriter {
  private:
   struct StagedPiece;  // one dataset's piece: where it is staged and where its runs go in the dataset
   void write(int64_t step, const TrainingState& st, SaveFaults faults);  // the second half
+  std::vector<uint64_t> staged_checksums();                              // collective over group_
+  std::string write_pieces(const std::string& tmp, const std::vector<uint64_t>& offsets, int64_t step,
+                           SaveFaults faults, Watchdog::Phase& phase);  // this rank's, local
   void thread_main();
   double timeout_s() const;
 

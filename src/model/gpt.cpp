@@ -181,6 +181,13 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
       vocab_start_(tp_rank_ * V_), store_(store), layout_(store.layout()) {
   Z3D_ASSERT(layout_.tensors.size() == gpt_param_table(config, tp_size_, tp_rank_, stage_.size, stage_.rank).size(),
              "parameter layout does not match the model");
+  locate_units_and_modules();
+  plan_activations();
+  plan_backward_scratch();
+}
+
+// Where this stage's share lives: units of the parameter layout, tensor indices, profiled modules.
+void GPT::locate_units_and_modules() {
   // Units: [embeddings] blocks [final LayerNorm (+ the LM head's wte copy with pp > 1)].
   const int num_units = static_cast<int>(layout_.units.size());
   if (stage_.first()) emb_unit_ = 0, first_block_unit_ = 1, block_tensor0_ = 2;
@@ -196,14 +203,16 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
   block_module0_ = stage_.first() ? 1 : 0;
   lnf_module_ = block_module(L_, 0);
   head_module_ = lnf_module_ + 1;
+}
 
+// Activation plan. A block's activations: ln1, res2, ln2 (N*C each), qkv (3 N*A), atty (N*A),
+// fch and fch_gelu (N*F each), 4 N LayerNorm statistics and the attention's B*H*T row
+// log-sum-exps (this rank's heads; the T x T probabilities are recomputed in backward, never
+// stored); one set per layer, or a single shared set with activation checkpointing. Plus the
+// residual stream x_0..x_L, the final LayerNorm, one row block of this rank's logits (the LM
+// head runs in blocks of at most 2^25 logits, 128 MiB) and the losses.
+void GPT::plan_activations() {
   const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_, lse = static_cast<size_t>(B_) * H_ * T_;
-  // Activation plan. A block's activations: ln1, res2, ln2 (N*C each), qkv (3 N*A), atty (N*A),
-  // fch and fch_gelu (N*F each), 4 N LayerNorm statistics and the attention's B*H*T row
-  // log-sum-exps (this rank's heads; the T x T probabilities are recomputed in backward, never
-  // stored); one set per layer, or a single shared set with activation checkpointing. Plus the
-  // residual stream x_0..x_L, the final LayerNorm, one row block of this rank's logits (the LM
-  // head runs in blocks of at most 2^25 logits, 128 MiB) and the losses.
   const size_t per_set = N * C * 3 + N * A * 4 + N * F * 2 + N * 4 + lse;
   const size_t sets = opt_.checkpoint_activations ? 1 : static_cast<size_t>(L_);
   head_rows_ = static_cast<int>(std::min<size_t>(N, std::max<size_t>(256, (size_t{1} << 25) / V_)));
@@ -242,8 +251,12 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
   logits_ = take(static_cast<size_t>(head_rows_) * V_);
   losses_ = take(N);
   Z3D_ASSERT(p <= acts_.data() + total, "activation plan overflows its allocation");
+}
 
-  // Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradient.
+// Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradient. Then the
+// token buffers and the cross-entropy's row statistics.
+void GPT::plan_backward_scratch() {
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_;
   const size_t scratch = N * C * 2 + 3 * N * A + N * F;
   scratch_ = DeviceBuffer<float>(be_, scratch);
   float* s = scratch_.data();

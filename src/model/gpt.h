@@ -136,6 +136,10 @@ class GPT {
   F* tensor(F* unit_base, size_t i) const;
   template <typename F>
   LayerTensors<F> layer_tensors(F* unit_base, int l) const;
+  // The constructor's phases, in this order.
+  void locate_units_and_modules();
+  void plan_activations();       // acts_: every activation, one allocation
+  void plan_backward_scratch();  // scratch_, the token buffers, the cross-entropy's statistics
   void block_forward(int l, const LayerActs& a, const LayerTensors<const float>& w, float* x_next);
   void tp_all_reduce(float* x, size_t n);  // sum over the tensor-parallel group (no-op without)
   void crossentropy(int r0, int rows, float dloss);  // of one row block of (vocab-parallel) logits

@@ -68,12 +68,107 @@ OpStat measure(Backend& be, const std::function<void()>& call, double seconds) {
   return total;
 }
 
-}  // namespace
+// One micro-batch's shapes: N = B x T tokens of width C, H heads, MLP width F = 4C, vocabulary V.
+struct MicroBatch {
+  int B, T, C, H, F, V, N;
+  size_t NC, NF, NV;
+  size_t block;  // one transformer block's parameters: Adam's n
+  MicroBatch(const ModelConfig& m, int micro)
+      : B(micro), T(m.seq_len), C(m.d_model), H(m.n_head), F(4 * C), V(m.vocab_size), N(B * T),
+        NC(static_cast<size_t>(N) * C), NF(static_cast<size_t>(N) * F), NV(static_cast<size_t>(N) * V),
+        block(12ull * C * C + 13ull * C) {}
+};
 
-void bench_kernels(const ModelConfig& m, int micro, const std::string& config, double seconds,
-                   const std::vector<std::string>& levels) {
-  const int B = micro, T = m.seq_len, C = m.d_model, H = m.n_head, F = 4 * C, V = m.vocab_size, N = B * T;
-  const size_t block = 12ull * C * C + 13ull * C;  // one transformer block's parameters: Adam's n
+// n floats in [lo, hi), a fixed pattern.
+DeviceBuffer<float> filled(Backend& be, size_t n, float lo, float hi) {
+  DeviceBuffer<float> b(be, n);
+  std::vector<float> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = lo + (hi - lo) * static_cast<float>((i * 2654435761u) % 1000) * 1e-3f;
+  be.copy_from_host(b.data(), h.data(), b.bytes());
+  return b;
+}
+
+// N token ids in [0, V), a fixed pattern.
+DeviceBuffer<int32_t> token_ids(Backend& be, int N, int V) {
+  DeviceBuffer<int32_t> tokens(be, N);
+  std::vector<int32_t> t(N);
+  for (int i = 0; i < N; ++i) t[i] = static_cast<int32_t>((i * 2654435761u) % V);
+  be.copy_from_host(tokens.data(), t.data(), tokens.bytes());
+  return tokens;
+}
+
+// Every kernel's operands at one micro-batch's shapes, and the calls that time them. The calls
+// point into this object: it neither copies nor moves.
+struct KernelOperands : MicroBatch {
+  Backend* be;
+  DeviceBuffer<float> x, y, dy, w, b, dw, db, mean, rstd, h, dh, dhx, hb, qkv, att, lse, dqkv, logits, dlogits, losses,
+      rmax, sumexp, target_logit, wte, wpe, p, mo, vo, g;
+  DeviceBuffer<int32_t> tokens;
+  DeviceBuffer<uint16_t> half;
+  const math::AdamParams adam{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, true};
+
+  KernelOperands(Backend& backend, const ModelConfig& m, int micro)
+      : MicroBatch(m, micro), be(&backend), x(filled(backend, NC, -1, 1)), y(filled(backend, NC, -1, 1)),
+        dy(filled(backend, NC, -1, 1)), w(filled(backend, C, 0.5, 1.5)), b(filled(backend, C, -0.1f, 0.1f)),
+        dw(filled(backend, C, 0, 0)), db(filled(backend, C, 0, 0)), mean(filled(backend, N, 0, 0)),
+        rstd(filled(backend, N, 0, 0)), h(filled(backend, NF, -3, 3)), dh(filled(backend, NF, -1, 1)),
+        dhx(filled(backend, NF, 0, 0)), hb(filled(backend, F, 0, 0)), qkv(filled(backend, 3 * NC, -1, 1)),
+        att(filled(backend, NC, 0, 0)), lse(filled(backend, static_cast<size_t>(B) * H * T, 0, 0)),
+        dqkv(filled(backend, 3 * NC, 0, 0)), logits(filled(backend, NV, -4, 4)), dlogits(filled(backend, NV, 0, 0)),
+        losses(filled(backend, N, 0, 0)), rmax(filled(backend, N, 0, 0)), sumexp(filled(backend, N, 0, 0)),
+        target_logit(filled(backend, N, 0, 0)), wte(filled(backend, static_cast<size_t>(V) * C, -1, 1)),
+        wpe(filled(backend, static_cast<size_t>(T) * C, -1, 1)), p(filled(backend, block, -1, 1)),
+        mo(filled(backend, block, -1e-3f, 1e-3f)), vo(filled(backend, block, 0, 1e-6f)),
+        g(filled(backend, block, -1e-2f, 1e-2f)), tokens(token_ids(backend, N, V)), half(backend, block) {
+    be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, C);  // backward reads its lse
+    be->vocab_row_max(rmax.data(), logits.data(), N, V);
+    be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
+  }
+  KernelOperands(const KernelOperands&) = delete;
+  KernelOperands& operator=(const KernelOperands&) = delete;
+
+  std::vector<Case> cases() {
+    return {
+        {"attention_forward", [this] { be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, C); }},
+        {"attention_backward",
+         [this] { be->attention_backward(dqkv.data(), y.data(), att.data(), lse.data(), qkv.data(), B, T, H, C); }},
+        {"layernorm_forward",
+         [this] { be->layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C); }},
+        {"layernorm_backward", [this] {
+           be->layernorm_backward(dy.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), mean.data(),
+                                  rstd.data(), N, C);
+         }},
+        {"gelu_forward", [this] { be->gelu_forward(dh.data(), h.data(), NF); }, NF},
+        // Out of place: in place, each call would scale dh by gelu' again, down into subnormals.
+        {"gelu_backward (+bias)", [this] { be->gelu_backward(dhx.data(), hb.data(), h.data(), dh.data(), N, F); }, NF},
+        {"bias_backward", [this] { be->bias_backward(db.data(), dy.data(), N, C); }},
+        {"add", [this] { be->add(y.data(), x.data(), dy.data(), NC); }},
+        {"accumulate", [this] { be->accumulate(y.data(), x.data(), NC); }},
+        {"embedding_forward",
+         [this] { be->embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), N, T, C, 0, V); }},
+        {"embedding_backward",
+         [this] { be->embedding_backward(wte.data(), wpe.data(), dy.data(), tokens.data(), N, T, C, 0, V); }},
+        {"crossentropy",
+         [this] { be->crossentropy(losses.data(), dlogits.data(), logits.data(), tokens.data(), N, V, 1e-3f); }, NV},
+        {"vocab_sumexp", [this] {
+           be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
+         }, NV},
+        {"vocab_crossentropy_grad", [this] {
+           be->vocab_crossentropy_grad(dlogits.data(), logits.data(), rmax.data(), sumexp.data(), tokens.data(), 0, N,
+                                       V, 1e-3f);
+         }, NV},
+        {"adam_step", [this] { be->adam_step(p.data(), mo.data(), vo.data(), g.data(), block, adam); }},
+        {"scale", [this] { be->scale(g.data(), 1.0f, block); }},
+        {"cast_to_bf16", [this] { be->cast_to_bf16(half.data(), p.data(), block); }},
+        {"accumulate_bf16", [this] { be->accumulate_bf16(half.data(), g.data(), block); }},
+        {"sum_squares", [this] { (void)be->sum_squares(g.data(), block); }},
+    };
+  }
+};
+
+// The levels asked for (every level this CPU runs when none is): a level it does not run is the
+// user's mistake.
+std::vector<const cpu::Kernels*> levels_to_bench(const std::vector<std::string>& levels) {
   std::vector<const cpu::Kernels*> ks;
   for (const std::string& l : levels) {
     const cpu::Kernels* k = cpu::by_name(l);
@@ -83,122 +178,78 @@ void bench_kernels(const ModelConfig& m, int micro, const std::string& config, d
     ks.push_back(k);
   }
   if (ks.empty()) ks = cpu::runnable();
+  return ks;
+}
 
+// The table: a column per level, a row per kernel, and each level's bounds.
+struct KernelTable {
   std::vector<std::string> header = {"kernel"};
   std::vector<std::vector<std::string>> rows;
-  std::vector<double> peaks, exp_rates;
-  double copy_bw = 0;
-  for (const cpu::Kernels* k : ks) {
-    HostOptions o;
-    o.isa = k->isa;
-    std::unique_ptr<Backend> be = make_host_backend(o);
-    if (copy_bw == 0) copy_bw = measure_copy_bandwidth(*be, std::max(0.2, seconds));
-    const double peak = best_fma_peak(std::max(0.2, seconds), 0.002, k);
-    peaks.push_back(peak);
-    const double exp_rate = best_exp_rate(*k, std::max(0.2, seconds));
-    exp_rates.push_back(exp_rate);
-    header.push_back(k->isa);
+  std::vector<double> peaks, exp_rates;  // per level: FMA peak (FLOP/s), exp rate (1/s)
+  double copy_bw = 0;                    // bytes/s, measured once (the first level's backend)
+};
 
-    auto buffer = [&](size_t n, float lo, float hi) {
-      DeviceBuffer<float> b(*be, n);
-      std::vector<float> h(n);
-      for (size_t i = 0; i < n; ++i) h[i] = lo + (hi - lo) * static_cast<float>((i * 2654435761u) % 1000) * 1e-3f;
-      be->copy_from_host(b.data(), h.data(), b.bytes());
-      return b;
-    };
-    const size_t NC = static_cast<size_t>(N) * C, NF = static_cast<size_t>(N) * F, NV = static_cast<size_t>(N) * V;
-    DeviceBuffer<float> x = buffer(NC, -1, 1), y = buffer(NC, -1, 1), dy = buffer(NC, -1, 1), w = buffer(C, 0.5, 1.5),
-                        b = buffer(C, -0.1f, 0.1f), dw = buffer(C, 0, 0), db = buffer(C, 0, 0), mean = buffer(N, 0, 0),
-                        rstd = buffer(N, 0, 0), h = buffer(NF, -3, 3), dh = buffer(NF, -1, 1), dhx = buffer(NF, 0, 0),
-                        hb = buffer(F, 0, 0),
-                        qkv = buffer(3 * NC, -1, 1), att = buffer(NC, 0, 0), lse = buffer(static_cast<size_t>(B) * H * T, 0, 0),
-                        dqkv = buffer(3 * NC, 0, 0), logits = buffer(NV, -4, 4), dlogits = buffer(NV, 0, 0),
-                        losses = buffer(N, 0, 0), rmax = buffer(N, 0, 0), sumexp = buffer(N, 0, 0),
-                        target_logit = buffer(N, 0, 0), wte = buffer(static_cast<size_t>(V) * C, -1, 1),
-                        wpe = buffer(static_cast<size_t>(T) * C, -1, 1), p = buffer(block, -1, 1),
-                        mo = buffer(block, -1e-3f, 1e-3f), vo = buffer(block, 0, 1e-6f), g = buffer(block, -1e-2f, 1e-2f);
-    DeviceBuffer<int32_t> tokens(*be, N);
-    {
-      std::vector<int32_t> t(N);
-      for (int i = 0; i < N; ++i) t[i] = static_cast<int32_t>((i * 2654435761u) % V);
-      be->copy_from_host(tokens.data(), t.data(), tokens.bytes());
-    }
-    DeviceBuffer<uint16_t> half(*be, block);
-    const math::AdamParams adam{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, true};
-    be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, C);  // backward reads its lse
-    be->vocab_row_max(rmax.data(), logits.data(), N, V);
-    be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
+// One level's column: its bounds, then every kernel's rate against the binding one.
+void bench_level(const cpu::Kernels& k, const ModelConfig& m, int micro, double seconds, KernelTable& t) {
+  HostOptions o;
+  o.isa = k.isa;
+  std::unique_ptr<Backend> be = make_host_backend(o);
+  if (t.copy_bw == 0) t.copy_bw = measure_copy_bandwidth(*be, std::max(0.2, seconds));
+  const double peak = best_fma_peak(std::max(0.2, seconds), 0.002, &k);
+  t.peaks.push_back(peak);
+  const double exp_rate = best_exp_rate(k, std::max(0.2, seconds));
+  t.exp_rates.push_back(exp_rate);
+  t.header.push_back(k.isa);
 
-    const std::vector<Case> cases = {
-        {"attention_forward", [&] { be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, C); }},
-        {"attention_backward",
-         [&] { be->attention_backward(dqkv.data(), y.data(), att.data(), lse.data(), qkv.data(), B, T, H, C); }},
-        {"layernorm_forward",
-         [&] { be->layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C); }},
-        {"layernorm_backward", [&] {
-           be->layernorm_backward(dy.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), mean.data(),
-                                  rstd.data(), N, C);
-         }},
-        {"gelu_forward", [&] { be->gelu_forward(dh.data(), h.data(), NF); }, NF},
-        // Out of place: in place, each call would scale dh by gelu' again, down into subnormals.
-        {"gelu_backward (+bias)", [&] { be->gelu_backward(dhx.data(), hb.data(), h.data(), dh.data(), N, F); }, NF},
-        {"bias_backward", [&] { be->bias_backward(db.data(), dy.data(), N, C); }},
-        {"add", [&] { be->add(y.data(), x.data(), dy.data(), NC); }},
-        {"accumulate", [&] { be->accumulate(y.data(), x.data(), NC); }},
-        {"embedding_forward",
-         [&] { be->embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), N, T, C, 0, V); }},
-        {"embedding_backward",
-         [&] { be->embedding_backward(wte.data(), wpe.data(), dy.data(), tokens.data(), N, T, C, 0, V); }},
-        {"crossentropy",
-         [&] { be->crossentropy(losses.data(), dlogits.data(), logits.data(), tokens.data(), N, V, 1e-3f); }, NV},
-        {"vocab_sumexp", [&] {
-           be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
-         }, NV},
-        {"vocab_crossentropy_grad", [&] {
-           be->vocab_crossentropy_grad(dlogits.data(), logits.data(), rmax.data(), sumexp.data(), tokens.data(), 0, N,
-                                       V, 1e-3f);
-         }, NV},
-        {"adam_step", [&] { be->adam_step(p.data(), mo.data(), vo.data(), g.data(), block, adam); }},
-        {"scale", [&] { be->scale(g.data(), 1.0f, block); }},
-        {"cast_to_bf16", [&] { be->cast_to_bf16(half.data(), p.data(), block); }},
-        {"accumulate_bf16", [&] { be->accumulate_bf16(half.data(), g.data(), block); }},
-        {"sum_squares", [&] { (void)be->sum_squares(g.data(), block); }},
-    };
-    be->profile()->on = true;
-    if (rows.empty()) rows.resize(cases.size());
-    for (size_t c = 0; c < cases.size(); ++c) {
-      const OpStat st = measure(*be, cases[c].call, seconds);
-      const bool compute = st.flops > 0;
-      // The slower roof binds: moving the bytes, or (marked *) computing the exps.
-      const double copy_s = st.bytes / copy_bw, exp_s = static_cast<double>(cases[c].exps * st.calls) / exp_rate;
-      const double rate = (compute ? st.flops : st.bytes) / st.seconds;
-      const double bound = compute ? peak : st.bytes / std::max(copy_s, exp_s);
-      if (rows[c].empty()) rows[c].push_back(cases[c].name);
-      rows[c].push_back(strprintf("%7.1f %s %4.0f%%%s", rate / 1e9, compute ? "GF/s" : "GB/s", 100 * rate / bound,
+  KernelOperands ops(*be, m, micro);
+  const std::vector<Case> cases = ops.cases();
+  be->profile()->on = true;
+  if (t.rows.empty()) t.rows.resize(cases.size());
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const OpStat st = measure(*be, cases[c].call, seconds);
+    const bool compute = st.flops > 0;
+    // The slower roof binds: moving the bytes, or (marked *) computing the exps.
+    const double copy_s = st.bytes / t.copy_bw, exp_s = static_cast<double>(cases[c].exps * st.calls) / exp_rate;
+    const double rate = (compute ? st.flops : st.bytes) / st.seconds;
+    const double bound = compute ? peak : st.bytes / std::max(copy_s, exp_s);
+    if (t.rows[c].empty()) t.rows[c].push_back(cases[c].name);
+    t.rows[c].push_back(strprintf("%7.1f %s %4.0f%%%s", rate / 1e9, compute ? "GF/s" : "GB/s", 100 * rate / bound,
                                   exp_s > copy_s ? "*" : " "));
-    }
   }
+}
 
+void log_kernel_table(const KernelTable& t, const std::vector<const cpu::Kernels*>& ks, const MicroBatch& mb,
+                      const std::string& config) {
   std::string peaks_line, exps_line;
   for (size_t i = 0; i < ks.size(); ++i) {
-    peaks_line += strprintf("%s%s %.1f", i ? ", " : "", ks[i]->isa, peaks[i] / 1e9);
-    exps_line += strprintf("%s%s %.2f", i ? ", " : "", ks[i]->isa, exp_rates[i] / 1e9);
+    peaks_line += strprintf("%s%s %.1f", i ? ", " : "", ks[i]->isa, t.peaks[i] / 1e9);
+    exps_line += strprintf("%s%s %.2f", i ? ", " : "", ks[i]->isa, t.exp_rates[i] / 1e9);
   }
   log_info("# host kernels, one micro-batch of %s: %d x %d tokens, d_model %d, %d heads, vocab %d; Adam and the casts "
            "over one block's %zu parameters; %d thread(s)",
-           config.c_str(), B, T, C, H, V, block, cpu::threads());
+           config.c_str(), mb.B, mb.T, mb.C, mb.H, mb.V, mb.block, cpu::threads());
   log_info("# bounds: copy bandwidth %.1f GB/s (64 MiB copies); FMA peak (GFLOP/s) %s; exp rate (G/s, in L2) %s. "
            "Each cell: rate, %% of its bound (above 100%%: the data stayed in cache; *: bound by one exp per element "
            "at the exp rate, which is slower there than the copy)",
-           copy_bw / 1e9, peaks_line.c_str(), exps_line.c_str());
-  std::string line = strprintf("%-24s", header[0].c_str());
-  for (size_t i = 1; i < header.size(); ++i) line += strprintf(" %19s", header[i].c_str());
+           t.copy_bw / 1e9, peaks_line.c_str(), exps_line.c_str());
+  std::string line = strprintf("%-24s", t.header[0].c_str());
+  for (size_t i = 1; i < t.header.size(); ++i) line += strprintf(" %19s", t.header[i].c_str());
   log_info("%s", line.c_str());
-  for (const auto& r : rows) {
+  for (const auto& r : t.rows) {
     line = strprintf("%-24s", r[0].c_str());
     for (size_t i = 1; i < r.size(); ++i) line += strprintf(" %19s", r[i].c_str());
     log_info("%s", line.c_str());
   }
+}
+
+}  // namespace
+
+void bench_kernels(const ModelConfig& m, int micro, const std::string& config, double seconds,
+                   const std::vector<std::string>& levels) {
+  const std::vector<const cpu::Kernels*> ks = levels_to_bench(levels);
+  KernelTable table;
+  for (const cpu::Kernels* k : ks) bench_level(*k, m, micro, seconds, table);
+  log_kernel_table(table, ks, MicroBatch(m, micro), config);
 }
 
 }  // namespace zero3d

@@ -20,6 +20,7 @@
 #include "train/trainer.h"
 #include "parallel/groups.h"
 #include <algorithm>
+#include <array>
 #include <filesystem>
 #include <optional>
 
@@ -249,6 +250,85 @@ int train_dry_run(const ConfigSources& src, RunOptions opt, const std::string& b
   return 0;
 }
 
+// zero3d train's command line, checked.
+struct TrainArgs {
+  ConfigSources src;
+  RunOptions opt;
+  std::string backend = "auto";
+  bool help_config = false, dry_run = false, json = false;
+  int ranks = 0;  // --ranks (with --dry-run); 0: the MPI world's size
+};
+
+TrainArgs parse_train_args(const Args& a) {
+  TrainArgs t;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--help-config") t.help_config = true;
+    else if (a[i] == "--dry-run" || a[i] == "--dry-run=json") {
+      t.dry_run = true;
+      t.json = a[i] == "--dry-run=json";
+    } else if (a[i] == "--ranks") {
+      const double n = parse_double(option_value(a, i, kTrainUsage), "--ranks");
+      if (n != std::floor(n) || n > 1e6)
+        throw UserError(strprintf("--ranks must be a whole number of ranks, got '%s'", a[i].c_str()));
+      t.ranks = static_cast<int>(n);
+    } else if (a[i] == "--set") t.src.overrides.push_back(option_value(a, i, kTrainUsage));
+    else if (a[i] == "--deepspeed") t.src.deepspeed_file = option_value(a, i, kTrainUsage);
+    else if (a[i] == "--run-dir") t.opt.run_dir = option_value(a, i, kTrainUsage);
+    else if (a[i] == "--backend") t.backend = option_value(a, i, kTrainUsage);
+    else if (a[i] == "--peak-flops") {
+      t.opt.peak_flops = parse_double(option_value(a, i, kTrainUsage), "--peak-flops");
+      t.opt.peak_source = "--peak-flops";
+    } else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s' for zero3d train\n%s", a[i].c_str(), kTrainUsage));
+    else if (t.src.config_file.empty()) t.src.config_file = a[i];
+    else throw UserError(strprintf("zero3d train takes one CONFIG file, got a second: '%s'", a[i].c_str()));
+  }
+  if (t.src.config_file.empty()) throw UserError(strprintf("zero3d train needs a CONFIG file\n%s", kTrainUsage));
+  if (t.ranks > 0 && !t.dry_run) throw UserError("--ranks goes with --dry-run (a run takes its ranks from the MPI launch)");
+  return t;
+}
+
+// Without --run-dir: rank 0's default (its clock or the job id decides), broadcast so that every
+// rank writes to the same folder. Collective over the world.
+void agree_run_dir(RunOptions& opt, ProcessGroup& world) {
+  if (!opt.run_dir.empty()) return;
+  opt.run_dir = default_run_dir(opt.job);
+  std::vector<char> buf(256, '\0');
+  std::copy_n(opt.run_dir.begin(), std::min<size_t>(opt.run_dir.size(), 255), buf.begin());
+  world.broadcast(host_mem(buf.data()), buf.size(), 0);
+  opt.run_dir = buf.data();
+}
+
+// The run itself: the config resolved for the world, the groups, the watchdog, the backend and the
+// MFU peak, then the trainer. Collective over the world.
+int run_training(const ConfigSources& src, RunOptions opt, const std::string& backend, int world) {
+  // Every rank reads the same files and arguments, so every rank reaches the same verdict here.
+  Config cfg = load_config(src, world);
+  for (const std::string& n : cfg.notices) log_info("zero3d: notice: %s", n.c_str());
+  cpu::use_level(cfg.compute.isa, "compute.isa");
+  configure_comm(cfg);
+  ProcessGroups groups = ProcessGroups::create(cfg.tp_size, cfg.pp_size);
+  struct WatchdogScope {  // stopped (joined) however the run ends
+    WatchdogScope() { Watchdog::start(); }
+    ~WatchdogScope() { Watchdog::stop(); }
+  } watchdog;
+  opt.job = job_info(*groups.world);
+  agree_run_dir(opt, *groups.world);
+  HostOptions host;
+  host.gemm = cfg.compute.gemm;
+  opt.compute_choice = choose_bf16_gemm(cfg, is_cuda(backend), host.bf16_gemm);
+  std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank, host);
+  groups.use_device_memory(be->device_memory());
+  struct DetachDevice {  // the groups' staging buffers and NCCL go before the backend that made them
+    ProcessGroups& g;
+    ~DetachDevice() { g.use_device_memory(nullptr); }
+  } detach{groups};
+  if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)
+    if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("zero3d: warning: %s", w.c_str());
+  choose_peak(opt, *be, groups.world.get());
+  Trainer trainer(cfg, opt, *be, groups);
+  return trainer.run();
+}
+
 }  // namespace
 
 std::string usage_main() {
@@ -271,77 +351,18 @@ int cmd_train(const Args& a) {
     log_info("%s", describe_config_keys().c_str());
     return 0;
   }
-  ConfigSources src;
-  RunOptions opt;
-  std::string backend = "auto";
-  bool help_config = false, dry_run = false, json = false;
-  int ranks = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == "--help-config") help_config = true;
-    else if (a[i] == "--dry-run" || a[i] == "--dry-run=json") {
-      dry_run = true;
-      json = a[i] == "--dry-run=json";
-    } else if (a[i] == "--ranks") {
-      const double n = parse_double(option_value(a, i, kTrainUsage), "--ranks");
-      if (n != std::floor(n) || n > 1e6)
-        throw UserError(strprintf("--ranks must be a whole number of ranks, got '%s'", a[i].c_str()));
-      ranks = static_cast<int>(n);
-    } else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kTrainUsage));
-    else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kTrainUsage);
-    else if (a[i] == "--run-dir") opt.run_dir = option_value(a, i, kTrainUsage);
-    else if (a[i] == "--backend") backend = option_value(a, i, kTrainUsage);
-    else if (a[i] == "--peak-flops") {
-      opt.peak_flops = parse_double(option_value(a, i, kTrainUsage), "--peak-flops");
-      opt.peak_source = "--peak-flops";
-    } else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s' for zero3d train\n%s", a[i].c_str(), kTrainUsage));
-    else if (src.config_file.empty()) src.config_file = a[i];
-    else throw UserError(strprintf("zero3d train takes one CONFIG file, got a second: '%s'", a[i].c_str()));
-  }
-  if (src.config_file.empty()) throw UserError(strprintf("zero3d train needs a CONFIG file\n%s", kTrainUsage));
-  if (ranks > 0 && !dry_run) throw UserError("--ranks goes with --dry-run (a run takes its ranks from the MPI launch)");
+  const TrainArgs t = parse_train_args(a);
   const int world = ProcessGroup::world()->size();
-  if (dry_run && !help_config) return train_dry_run(src, opt, backend, ranks > 0 ? ranks : world, json);
-  if (help_config) {
-    log_info("# %s resolved for %d rank(s): key = value (where it came from)\n%s", src.config_file.c_str(), world,
-             describe_resolved(load_config(src, world)).c_str());
+  if (t.dry_run && !t.help_config) return train_dry_run(t.src, t.opt, t.backend, t.ranks > 0 ? t.ranks : world, t.json);
+  if (t.help_config) {
+    log_info("# %s resolved for %d rank(s): key = value (where it came from)\n%s", t.src.config_file.c_str(), world,
+             describe_resolved(load_config(t.src, world)).c_str());
     return 0;
   }
   // From here on SIGUSR1/SIGTERM only ask for a checkpoint and a stop (at the first step boundary),
   // also when they arrive during start-up or a checkpoint load.
   install_stop_handlers();
-
-  // Every rank reads the same files and arguments, so every rank reaches the same verdict here.
-  Config cfg = load_config(src, world);
-  for (const std::string& n : cfg.notices) log_info("zero3d: notice: %s", n.c_str());
-  cpu::use_level(cfg.compute.isa, "compute.isa");
-  configure_comm(cfg);
-  ProcessGroups groups = ProcessGroups::create(cfg.tp_size, cfg.pp_size);
-  struct WatchdogScope {  // stopped (joined) however cmd_train ends
-    WatchdogScope() { Watchdog::start(); }
-    ~WatchdogScope() { Watchdog::stop(); }
-  } watchdog;
-  opt.job = job_info(*groups.world);
-  if (opt.run_dir.empty()) {
-    opt.run_dir = default_run_dir(opt.job);  // rank 0's clock (or job id) decides for everyone
-    std::vector<char> buf(256, '\0');
-    std::copy_n(opt.run_dir.begin(), std::min<size_t>(opt.run_dir.size(), 255), buf.begin());
-    groups.world->broadcast(host_mem(buf.data()), buf.size(), 0);
-    opt.run_dir = buf.data();
-  }
-  HostOptions host;
-  host.gemm = cfg.compute.gemm;
-  opt.compute_choice = choose_bf16_gemm(cfg, is_cuda(backend), host.bf16_gemm);
-  std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank, host);
-  groups.use_device_memory(be->device_memory());
-  struct DetachDevice {  // the groups' staging buffers and NCCL go before the backend that made them
-    ProcessGroups& g;
-    ~DetachDevice() { g.use_device_memory(nullptr); }
-  } detach{groups};
-  if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)
-    if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("zero3d: warning: %s", w.c_str());
-  choose_peak(opt, *be, groups.world.get());
-  Trainer trainer(cfg, opt, *be, groups);
-  return trainer.run();
+  return run_training(t.src, t.opt, t.backend, world);
 }
 
 int cmd_data(const Args& a) {
@@ -370,22 +391,38 @@ int cmd_data(const Args& a) {
   return 0;
 }
 
-// zero3d bench gemm on the host: the same GEMMs through each library, side by side.
-void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config* cfg, const std::string& config,
-                     const JobInfo& job, int ranks) {
-  const cpu::CpuFeatures& f = cpu::cpu_features();
+namespace {
+
+// A GEMM table's cell: GFLOP/s, or '-' where the library has no such GEMM here.
+std::string gemm_column(double rate) { return rate > 0 ? strprintf("%9.1f", rate / 1e9) : strprintf("%9s", "-"); }
+
+// The columns of bench gemm: what training runs (compute.gemm=auto), oneDNN, the CBLAS linked in,
+// and oneDNN's bf16 GEMM (nullptr where oneDNN has none).
+struct GemmBackends {
+  std::unique_ptr<Backend> zero3d, onednn, cblas, bf16;
+  std::array<Backend*, 4> columns() const { return {zero3d.get(), onednn.get(), cblas.get(), bf16.get()}; }
+};
+
+GemmBackends make_gemm_backends() {
+  GemmBackends be;
   HostOptions o;
-  std::unique_ptr<Backend> zero3d = make_host_backend(o);
+  be.zero3d = make_host_backend(o);
   o.gemm = "onednn";
-  std::unique_ptr<Backend> onednn = make_host_backend(o);
+  be.onednn = make_host_backend(o);
   o.gemm = "cblas";
-  std::unique_ptr<Backend> cblas = make_host_backend(o);
+  be.cblas = make_host_backend(o);
   o.gemm = "onednn";
   o.bf16_gemm = true;
   // oneDNN 2.6 has no bf16 GEMM below AVX-512: there the column is '-'.
-  std::unique_ptr<Backend> bf16 = onednn_runs_bf16() ? make_host_backend(o) : nullptr;
+  be.bf16 = onednn_runs_bf16() ? make_host_backend(o) : nullptr;
+  return be;
+}
+
+// The machine and the libraries: the CPU and its ISA levels, the threads, the GEMM libraries,
+// zero3d's plan and why, and what the bf16 column means here.
+void log_gemm_setup(const GemmBackends& be, const GemmPlan& plan, const JobInfo& job, int ranks) {
+  const cpu::CpuFeatures& f = cpu::cpu_features();
   const bool native_bf16 = onednn_has_bf16();
-  auto column = [](double rate) { return rate > 0 ? strprintf("%9.1f", rate / 1e9) : strprintf("%9s", "-"); };
   log_info("# CPU: %s (%s family %d model %d): %s%s%s; host loops: %s; %d thread(s) per rank (%s), %d rank(s) "
            "measuring at once",
            f.model.c_str(), f.vendor.c_str(), f.family, f.model_number, f.level().c_str(),
@@ -393,30 +430,82 @@ void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config
            job.threads_source.c_str(), ranks);
   log_info("# GEMM libraries: %s (%s); CBLAS: %s", onednn_version().c_str(), onednn_isa().c_str(),
            cblas_name().c_str());
-  const GemmPlan plan = make_gemm_plan("auto", false);
-  log_info("# zero3d's plan (compute.gemm=auto): %s; why: %s", zero3d->describe_gemm().c_str(), plan.why.c_str());
+  log_info("# zero3d's plan (compute.gemm=auto): %s; why: %s", be.zero3d->describe_gemm().c_str(), plan.why.c_str());
   if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("# note: %s", w.c_str());
-  if (!bf16)
+  if (!be.bf16)
     log_info("# note: oneDNN has no bf16 GEMM at %s: the bf16 column is '-' (training with bf16 runs fp32 GEMMs "
              "on the widened weights here)", onednn_isa().c_str());
   else if (!native_bf16)
     log_info("# note: oneDNN has no native bf16 GEMM at %s: the bf16 column is its emulation", onednn_isa().c_str());
+}
+
+// The FMA peak of the rank's threads, then square GEMMs of each size through each library.
+void bench_square_gemms(const GemmBackends& be, const std::vector<int>& sizes, double seconds, const JobInfo& job) {
   double peak = 0;
 #pragma omp parallel reduction(+ : peak)
   peak += cpu::select().fma_peak(std::max(0.3, seconds / 2));
   log_info("# FMA peak (%s, %d thread(s)): %.1f GFLOP/s", cpu::select().isa, job.threads, peak / 1e9);
   log_info("%8s %12s %12s %9s %9s %9s %7s", "n", "ms/call", "GFLOP/s", "onednn", "cblas", "bf16", "%peak");
   for (int n : sizes) {
-    const GemmRate z = measure_gemm(*zero3d, n, n, n, seconds);
-    const double r1 = measure_gemm(*onednn, n, n, n, seconds / 2).flops_per_s;
-    const double r2 = measure_gemm(*cblas, n, n, n, seconds / 2).flops_per_s;
-    const double r3 = bf16 ? measure_gemm(*bf16, n, n, n, seconds / 2).flops_per_s : 0;
+    const GemmRate z = measure_gemm(*be.zero3d, n, n, n, seconds);
+    const double r1 = measure_gemm(*be.onednn, n, n, n, seconds / 2).flops_per_s;
+    const double r2 = measure_gemm(*be.cblas, n, n, n, seconds / 2).flops_per_s;
+    const double r3 = be.bf16 ? measure_gemm(*be.bf16, n, n, n, seconds / 2).flops_per_s : 0;
     log_info("%8d %12.3f %12.1f %9.1f %9.1f %s %6.1f%%", n, z.seconds_per_call * 1e3, z.flops_per_s / 1e9, r1 / 1e9,
-             r2 / 1e9, column(r3).c_str(), 100 * z.flops_per_s / peak);
+             r2 / 1e9, gemm_column(r3).c_str(), 100 * z.flops_per_s / peak);
   }
-  if (!cfg) return;
-  const ModelConfig& m = cfg->model;
-  const int micro = cfg->train_micro_batch_size_per_gpu, tp = cfg->tp_size, N = micro * m.seq_len;
+}
+
+// One GEMM shape through each column, calls for at least t seconds each: rate[b] in FLOP/s (0: no
+// such library), secs[b] += its seconds per call.
+void time_gemm_shape(const GemmBackends& be, const GemmShape& s, double t, double rate[4], double secs[4]) {
+  Backend& z = *be.zero3d;  // its buffers serve every library: all are host memory
+  const size_t sa = static_cast<size_t>(s.m) * s.k, sb = static_cast<size_t>(s.k) * s.n;
+  DeviceBuffer<float> A(z, sa), B(z, sb), C(z, static_cast<size_t>(s.m) * s.n);
+  std::vector<float> h(std::max(sa, sb));
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  z.copy_from_host(A.data(), h.data(), A.bytes());
+  z.copy_from_host(B.data(), h.data(), B.bytes());
+  const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+  const std::array<Backend*, 4> bes = be.columns();
+  for (int b = 0; b < 4; ++b) {
+    if (!bes[b]) {
+      rate[b] = 0;
+      continue;
+    }
+    const double sec = time_calls(*bes[b], [&] {
+      bes[b]->gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, A.data(), lda, B.data(), ldb, static_cast<float>(s.beta),
+                   C.data(), s.n);
+    }, t);
+    rate[b] = 2.0 * s.m * s.n * s.k / sec;
+    secs[b] += sec;
+  }
+}
+
+// The fused attention of one layer: model FLOPs (q k^T and p v over the causal half) per second.
+void bench_attention(Backend& be, const ModelConfig& m, int micro, int tp, double t) {
+  const int H = m.n_head / tp, A = m.d_model / tp, T = m.seq_len, N = micro * m.seq_len;
+  DeviceBuffer<float> qkv(be, static_cast<size_t>(N) * 3 * A), out(be, static_cast<size_t>(N) * A),
+      lse(be, static_cast<size_t>(micro) * H * T), dqkv(be, static_cast<size_t>(N) * 3 * A);
+  std::vector<float> h(qkv.size());
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  be.copy_from_host(qkv.data(), h.data(), qkv.bytes());
+  const double fwd_flops = 4.0 * micro * m.d_model / tp * (T * (T + 1.0) / 2);
+  const double tf = time_calls(be, [&] { be.attention_forward(out.data(), lse.data(), qkv.data(), micro, T, H, A); }, t);
+  const double tb = time_calls(be, [&] {
+    be.attention_backward(dqkv.data(), out.data(), out.data(), lse.data(), qkv.data(), micro, T, H, A);
+  }, t);
+  log_info("%-14s %20s %9.1f  (fused, causal: %.2f ms)", "attention fwd", "", fwd_flops / tf / 1e9, tf * 1e3);
+  log_info("%-14s %20s %9.1f  (fused, causal, model FLOPs = 2x forward: %.2f ms)", "attention bwd", "",
+           2 * fwd_flops / tb / 1e9, tb * 1e3);
+}
+
+// Every GEMM of one training micro-batch of `cfg`'s model through each column, the total by time,
+// and the fused attention.
+void bench_model_gemms(const GemmBackends& be, const GemmPlan& plan, const Config& cfg, const std::string& config,
+                       double seconds) {
+  const ModelConfig& m = cfg.model;
+  const int micro = cfg.train_micro_batch_size_per_gpu, tp = cfg.tp_size, N = micro * m.seq_len;
   log_info("# one micro-batch of %s: micro-batch %d x seq %d = %d tokens, d_model %d, vocab %d, tp %d (GFLOP/s)",
            config.c_str(), micro, m.seq_len, N, m.d_model, m.vocab_size, tp);
   log_info("%-14s %6s %6s %6s %9s %9s %9s %9s  %s", "gemm", "m", "n", "k", "zero3d", "onednn", "cblas", "bf16",
@@ -424,100 +513,84 @@ void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config
   const double t = std::max(0.1, seconds / 4);
   double flops = 0, secs[4] = {0, 0, 0, 0};
   for (const GemmShape& s : model_gemm_shapes(m, micro, tp)) {
-    const size_t sa = static_cast<size_t>(s.m) * s.k, sb = static_cast<size_t>(s.k) * s.n;
-    DeviceBuffer<float> A(*zero3d, sa), B(*zero3d, sb), C(*zero3d, static_cast<size_t>(s.m) * s.n);
-    std::vector<float> h(std::max(sa, sb));
-    for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
-    zero3d->copy_from_host(A.data(), h.data(), A.bytes());
-    zero3d->copy_from_host(B.data(), h.data(), B.bytes());
-    const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
     double rate[4];
-    Backend* bes[4] = {zero3d.get(), onednn.get(), cblas.get(), bf16.get()};
-    for (int b = 0; b < 4; ++b) {
-      if (!bes[b]) {
-        rate[b] = 0;
-        continue;
-      }
-      const double sec = time_calls(*bes[b], [&] {
-        bes[b]->gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, A.data(), lda, B.data(), ldb, static_cast<float>(s.beta),
-                     C.data(), s.n);
-      }, t);
-      rate[b] = 2.0 * s.m * s.n * s.k / sec;
-      secs[b] += sec;
-    }
+    time_gemm_shape(be, s, t, rate, secs);
     flops += 2.0 * s.m * s.n * s.k;
     const GemmRole role = s.ta ? GemmRole::weight_grad : s.tb ? GemmRole::forward : GemmRole::input_grad;
     log_info("%-14s %6d %6d %6d %9.1f %9.1f %9.1f %s  %s", s.name.c_str(), s.m, s.n, s.k, rate[0] / 1e9, rate[1] / 1e9,
-             rate[2] / 1e9, column(rate[3]).c_str(), gemm_library_name(plan.for_role(role)));
+             rate[2] / 1e9, gemm_column(rate[3]).c_str(), gemm_library_name(plan.for_role(role)));
   }
   log_info("%-14s %20s %9.1f %9.1f %9.1f %s", "all (by time)", "", flops / secs[0] / 1e9, flops / secs[1] / 1e9,
-           flops / secs[2] / 1e9, column(bf16 ? flops / secs[3] : 0).c_str());
-  // The fused attention of one layer: model FLOPs (q k^T and p v over the causal half) per second.
-  const int H = m.n_head / tp, A = m.d_model / tp, T = m.seq_len;
-  DeviceBuffer<float> qkv(*zero3d, static_cast<size_t>(N) * 3 * A), out(*zero3d, static_cast<size_t>(N) * A),
-      lse(*zero3d, static_cast<size_t>(micro) * H * T), dqkv(*zero3d, static_cast<size_t>(N) * 3 * A);
-  std::vector<float> h(qkv.size());
-  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
-  zero3d->copy_from_host(qkv.data(), h.data(), qkv.bytes());
-  const double fwd_flops = 4.0 * micro * m.d_model / tp * (T * (T + 1.0) / 2);
-  const double tf = time_calls(*zero3d, [&] { zero3d->attention_forward(out.data(), lse.data(), qkv.data(), micro, T, H, A); }, t);
-  const double tb = time_calls(*zero3d, [&] {
-    zero3d->attention_backward(dqkv.data(), out.data(), out.data(), lse.data(), qkv.data(), micro, T, H, A);
-  }, t);
-  log_info("%-14s %20s %9.1f  (fused, causal: %.2f ms)", "attention fwd", "", fwd_flops / tf / 1e9, tf * 1e3);
-  log_info("%-14s %20s %9.1f  (fused, causal, model FLOPs = 2x forward: %.2f ms)", "attention bwd", "",
-           2 * fwd_flops / tb / 1e9, tb * 1e3);
+           flops / secs[2] / 1e9, gemm_column(be.bf16 ? flops / secs[3] : 0).c_str());
+  bench_attention(*be.zero3d, m, micro, tp, t);
 }
 
-int cmd_bench(const Args& a) {
-  if (a.empty() || wants_help(a)) {
-    log_info("%s", kBenchUsage);
-    return a.empty() ? kExitUserError : 0;
+}  // namespace
+
+// zero3d bench gemm on the host: the same GEMMs through each library, side by side.
+void bench_host_gemm(const std::vector<int>& sizes, double seconds, const Config* cfg, const std::string& config,
+                     const JobInfo& job, int ranks) {
+  const GemmBackends be = make_gemm_backends();
+  const GemmPlan plan = make_gemm_plan("auto", false);
+  log_gemm_setup(be, plan, job, ranks);
+  bench_square_gemms(be, sizes, seconds, job);
+  if (cfg) bench_model_gemms(be, plan, *cfg, config, seconds);
+}
+
+namespace {
+
+// zero3d bench io [--dir DIR] [--bytes N]
+int bench_io_command(const Args& a) {
+  std::string dir = ".";
+  double bytes = 1 << 30;
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--dir") dir = option_value(a, i, kBenchUsage);
+    else if (a[i] == "--bytes") bytes = parse_double(option_value(a, i, kBenchUsage), "--bytes");
+    else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
-  if (a[0] == "io") {
-    std::string dir = ".";
-    double bytes = 1 << 30;
-    for (size_t i = 1; i < a.size(); ++i) {
-      if (a[i] == "--dir") dir = option_value(a, i, kBenchUsage);
-      else if (a[i] == "--bytes") bytes = parse_double(option_value(a, i, kBenchUsage), "--bytes");
-      else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
-    }
-    auto world = ProcessGroup::world();
-    const double t = measure_collective_write(world->comm(), dir, static_cast<uint64_t>(bytes));
-    log_info("# collective MPI-IO write + sync, %d ranks, %s\n%.0f bytes in %.3f s: %.1f MB/s", world->size(),
-             dir.c_str(), bytes, t, bytes / t / 1e6);
-    return 0;
+  auto world = ProcessGroup::world();
+  const double t = measure_collective_write(world->comm(), dir, static_cast<uint64_t>(bytes));
+  log_info("# collective MPI-IO write + sync, %d ranks, %s\n%.0f bytes in %.3f s: %.1f MB/s", world->size(),
+           dir.c_str(), bytes, t, bytes / t / 1e6);
+  return 0;
+}
+
+// zero3d bench comm [options]: exit 1 on any wrong element.
+int bench_comm_command(const Args& a) {
+  CommBenchOptions o;
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--min-bytes") o.min_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--min-bytes"));
+    else if (a[i] == "--max-bytes") o.max_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--max-bytes"));
+    else if (a[i] == "--factor") o.factor = parse_double(option_value(a, i, kBenchUsage), "--factor");
+    else if (a[i] == "--chunk-bytes") o.chunk_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--chunk-bytes"));
+    else if (a[i] == "--group") o.group_size = static_cast<int>(parse_double(option_value(a, i, kBenchUsage), "--group"));
+    else if (a[i] == "--ops") o.ops = split_commas(option_value(a, i, kBenchUsage));
+    else if (a[i] == "--types") o.types = split_commas(option_value(a, i, kBenchUsage));
+    else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
-  if (a[0] == "comm") {
-    CommBenchOptions o;
-    for (size_t i = 1; i < a.size(); ++i) {
-      if (a[i] == "--min-bytes") o.min_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--min-bytes"));
-      else if (a[i] == "--max-bytes") o.max_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--max-bytes"));
-      else if (a[i] == "--factor") o.factor = parse_double(option_value(a, i, kBenchUsage), "--factor");
-      else if (a[i] == "--chunk-bytes") o.chunk_bytes = static_cast<size_t>(parse_double(option_value(a, i, kBenchUsage), "--chunk-bytes"));
-      else if (a[i] == "--group") o.group_size = static_cast<int>(parse_double(option_value(a, i, kBenchUsage), "--group"));
-      else if (a[i] == "--ops") o.ops = split_commas(option_value(a, i, kBenchUsage));
-      else if (a[i] == "--types") o.types = split_commas(option_value(a, i, kBenchUsage));
-      else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
-    }
-    if (o.factor <= 1) throw UserError("bench comm: --factor must be above 1");
-    return bench_comm(o) == 0 ? 0 : 1;
+  if (o.factor <= 1) throw UserError("bench comm: --factor must be above 1");
+  return bench_comm(o) == 0 ? 0 : 1;
+}
+
+// zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST]
+int bench_kernels_command(const Args& a) {
+  std::string config = std::filesystem::exists("input/bench-cpu.json") ? "input/bench-cpu.json" : "input/gpt-tiny.json";
+  double seconds = 0.3;
+  std::vector<std::string> levels;
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--config") config = option_value(a, i, kBenchUsage);
+    else if (a[i] == "--seconds") seconds = parse_double(option_value(a, i, kBenchUsage), "--seconds");
+    else if (a[i] == "--levels") levels = split_commas(option_value(a, i, kBenchUsage));
+    else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
-  if (a[0] == "kernels") {
-    std::string config = std::filesystem::exists("input/bench-cpu.json") ? "input/bench-cpu.json" : "input/gpt-tiny.json";
-    double seconds = 0.3;
-    std::vector<std::string> levels;
-    for (size_t i = 1; i < a.size(); ++i) {
-      if (a[i] == "--config") config = option_value(a, i, kBenchUsage);
-      else if (a[i] == "--seconds") seconds = parse_double(option_value(a, i, kBenchUsage), "--seconds");
-      else if (a[i] == "--levels") levels = split_commas(option_value(a, i, kBenchUsage));
-      else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
-    }
-    const Config cfg = load_config({config, "", {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"}}, 1);
-    bench_kernels(cfg.model, cfg.train_micro_batch_size_per_gpu, config, seconds, levels);
-    return 0;
-  }
-  if (a[0] != "gemm") throw UserError(strprintf("unknown bench '%s'\n%s", a[0].c_str(), kBenchUsage));
+  const Config cfg = load_config({config, "", {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"}}, 1);
+  bench_kernels(cfg.model, cfg.train_micro_batch_size_per_gpu, config, seconds, levels);
+  return 0;
+}
+
+// zero3d bench gemm [--sizes N,N,...] [--seconds S] [--config FILE] [--backend NAME]: on a host
+// backend every library side by side (bench_host_gemm), on a device its sgemm alone.
+int bench_gemm_command(const Args& a) {
   std::vector<int> sizes = {512, 1024, 2048, 4096};
   double seconds = 1.0;
   std::string backend = "auto", config;
@@ -551,6 +624,20 @@ int cmd_bench(const Args& a) {
   }
   bench_host_gemm(sizes, seconds, cfg ? &*cfg : nullptr, config, job, world->size());
   return 0;
+}
+
+}  // namespace
+
+int cmd_bench(const Args& a) {
+  if (a.empty() || wants_help(a)) {
+    log_info("%s", kBenchUsage);
+    return a.empty() ? kExitUserError : 0;
+  }
+  if (a[0] == "io") return bench_io_command(a);
+  if (a[0] == "comm") return bench_comm_command(a);
+  if (a[0] == "kernels") return bench_kernels_command(a);
+  if (a[0] != "gemm") throw UserError(strprintf("unknown bench '%s'\n%s", a[0].c_str(), kBenchUsage));
+  return bench_gemm_command(a);
 }
 
 int cmd_ckpt(const Args& a) {

@@ -129,18 +129,24 @@ std::vector<double> pack(const ModuleProfile& p, const ProfiledStep& s) {
   return v;
 }
 
-}  // namespace
+// The whole model's figures, one dp replica's: the summary and every stage's metrics repeat them.
+struct ModelTotals {
+  double params = 0;     // parameters of the model
+  double fwd_flops = 0;  // forward FLOPs of the step's micro-batches
+  double samples = 0;    // samples per step, over the dp replicas
+};
 
-std::string report_flops_profile(const FlopsProfilerConfig& cfg, const ModelConfig& model, ProcessGroups& groups,
-                                 const ModuleProfile& mine, const ProfiledStep& step, MetricsLog* metrics) {
-  const Topology& topo = groups.topo;
-  const bool root_rank = groups.world_rank == 0;
-  const int tokens_per_micro = step.micro_batch * model.seq_len;
-  double model_params = 0;
-  for (const ParamInfo& p : gpt_param_table(model)) model_params += static_cast<double>(p.size);
-  const double model_fwd_flops = gpt_flops_per_token(model) / 3 * tokens_per_micro * step.accumulation;
-  const double samples = static_cast<double>(step.micro_batch) * step.accumulation * topo.dp;
+// One stage as world rank 0 reports it: its module tree and measured times, and what they give.
+struct StageProfile {
+  int stage = 0;
+  Node tree;
+  double reduce = 0, optimizer = 0, gather = 0, idle = 0, iter = 0;  // measured (s)
+  double fwd = 0, bwd = 0, upd = 0;  // latencies: modules' fwd, bwd + reduction, optimizer + all-gather
+  double flops = 0, factor = 0;      // fwd flops; the flops of fwd+bwd in fwd flops (3 + recomputed fwds)
+};
 
+std::string summary_header(const FlopsProfilerConfig& cfg, const Topology& topo, const ProfiledStep& step,
+                           const ModelTotals& model) {
   std::string text = strprintf(
       "-------------------------- flops profiler (DeepSpeed's summary) --------------------------\n"
       "Profile summary at step %d (profile_step %d: DeepSpeed counts the steps done before it)\n"
@@ -152,78 +158,129 @@ std::string report_flops_profile(const FlopsProfilerConfig& cfg, const ModelConf
       step.step, cfg.profile_step, step.accumulation, "world size:", topo.world, "data parallel size:", topo.dp,
       "model parallel size:", topo.tp * topo.pp, topo.tp, topo.pp,
       "batch size per rank:", step.micro_batch * step.accumulation, step.micro_batch, step.accumulation,
-      "params of model:", si(model_params).c_str(), "fwd flops of model (one dp replica):",
-      si(model_fwd_flops).c_str(), "iter latency (the measured step):", latency(step.step_s).c_str());
-  text += strprintf("%-56s %.2f\n", "samples/second:", samples / step.step_s);
+      "params of model:", si(model.params).c_str(), "fwd flops of model (one dp replica):",
+      si(model.fwd_flops).c_str(), "iter latency (the measured step):", latency(step.step_s).c_str());
+  text += strprintf("%-56s %.2f\n", "samples/second:", model.samples / step.step_s);
+  return text;
+}
+
+// Stage `stage`'s measured times (pack's order), from its speaker (tp rank 0, dp rank 0) to every
+// rank. Collective over the world: every rank calls it for every stage, in stage order.
+std::vector<double> stage_times(ProcessGroups& groups, int stage, size_t modules, const std::vector<double>& mine) {
+  const int speaker = groups.topo.rank(GridCoord{0, 0, stage});
+  std::vector<double> t(2 * modules + kStepTimes);
+  if (groups.world_rank == speaker) {
+    Z3D_ASSERT(mine.size() == t.size(), "flops profiler: this rank's modules are not its stage's");
+    t = mine;
+  }
+  groups.world->broadcast(host_mem(t.data()), t.size() * sizeof(double), speaker);
+  return t;
+}
+
+// The stage's modules with their measured times `t` filled in, and its tree and totals.
+StageProfile stage_profile(std::vector<ModuleStat>& mods, const std::vector<double>& t, int stage, int accumulation,
+                           double recompute_fwd_factor) {
+  for (size_t i = 0; i < mods.size(); ++i) mods[i].fwd_s = t[2 * i], mods[i].bwd_s = t[2 * i + 1];
+  const double* st = &t[2 * mods.size()];
+  StageProfile s;
+  s.stage = stage;
+  s.reduce = st[0], s.optimizer = st[1], s.gather = st[2], s.idle = st[3], s.iter = st[4];
+  s.tree = tree_of(mods, accumulation);
+  s.fwd = s.tree.fwd, s.bwd = s.tree.bwd + s.reduce, s.upd = s.optimizer + s.gather;
+  s.flops = 2 * s.tree.macs, s.factor = 3 + recompute_fwd_factor;
+  return s;
+}
+
+// One stage's section: its latencies and rates, then the aggregated and (optionally) detailed profile.
+std::string stage_report(const StageProfile& s, const FlopsProfilerConfig& cfg, const ModelConfig& model,
+                         const Topology& topo) {
+  const Node& tree = s.tree;
+  const double fwd = s.fwd, bwd = s.bwd, upd = s.upd, flops = s.flops, factor = s.factor;
+  const PipelineStage ps = pipeline_stage(model, topo.pp, s.stage);
+  std::string text = strprintf("\n---- pipeline stage %d of %d (layers %d-%d), tp rank 0 of %d, dp rank 0 ----\n",
+                               s.stage, topo.pp, ps.first_layer, ps.first_layer + ps.num_layers - 1, topo.tp);
+  auto line = [&](const char* what, const std::string& v) { text += strprintf("%-56s %s\n", what, v.c_str()); };
+  line("params per rank:", si(tree.params));
+  line("fwd MACs per rank:", si(tree.macs, "MACs"));
+  line("fwd flops per rank:", si(flops));
+  line("fwd latency:", latency(fwd));
+  line("bwd latency:", latency(bwd) + " (modules " + latency(tree.bwd) + " + gradient reduction " +
+                           latency(s.reduce) + ")");
+  line("fwd FLOPS per rank = fwd flops / fwd latency:", si(flops / fwd, "FLOPS"));
+  line("bwd FLOPS per rank = 2 * fwd flops / bwd latency:", si(2 * flops / bwd, "FLOPS"));
+  line(strprintf("fwd+bwd FLOPS per rank = %g * fwd flops / (fwd+bwd):", factor).c_str(),
+       si(factor * flops / (fwd + bwd), "FLOPS"));
+  line("step latency:", latency(upd) + " (optimizer " + latency(s.optimizer) + " + parameter all-gather " +
+                            latency(s.gather) + ")");
+  line("outside modules = iter - fwd - bwd - step:",
+       latency(s.iter - fwd - bwd - upd) + " (pipeline waits " + latency(s.idle) + ", data, control reductions)");
+  text += "\nAggregated profile per rank\n" + aggregated(tree, cfg.module_depth, cfg.top_modules);
+  if (cfg.detailed) {
+    text += "\nDetailed profile per rank\nEach module: params, % of params, MACs, % of MACs, fwd latency, % of fwd "
+            "latency, fwd FLOPS, bwd latency\n";
+    detailed(tree, tree, cfg.module_depth, text);
+  }
+  return text;
+}
+
+// The stage's "profile" record and one "profile_module" record per module.
+void write_stage_metrics(MetricsLog& metrics, const StageProfile& s, const std::vector<ModuleStat>& mods,
+                         const ProfiledStep& step, const Topology& topo, const ModelTotals& model) {
+  const Node& tree = s.tree;
+  const double fwd = s.fwd, bwd = s.bwd, upd = s.upd, flops = s.flops, factor = s.factor, iter = s.iter;
+  metrics.write(MetricsRecord("profile")
+                    .add("step", step.step).add("stage", s.stage).add("world_size", topo.world).add("dp", topo.dp)
+                    .add("tp", topo.tp).add("pp", topo.pp).add("micro_batch", step.micro_batch)
+                    .add("accumulation", step.accumulation).add("params", tree.params).add("fwd_macs", tree.macs)
+                    .add("fwd_flops", flops).add("fwd_latency_s", fwd).add("bwd_latency_s", bwd)
+                    .add("bwd_modules_s", tree.bwd).add("reduce_s", s.reduce).add("step_latency_s", upd)
+                    .add("optimizer_s", s.optimizer).add("gather_s", s.gather).add("iter_latency_s", iter)
+                    .add("pipeline_idle_s", s.idle).add("outside_modules_s", iter - fwd - bwd - upd)
+                    .add("fwd_flops_per_s", flops / fwd).add("bwd_flops_per_s", 2 * flops / bwd)
+                    .add("fwd_bwd_flops_per_s", factor * flops / (fwd + bwd))
+                    .add("samples_per_s", model.samples / iter).add("model_params", model.params)
+                    .add("model_fwd_flops", model.fwd_flops));
+  for (const ModuleStat& m : mods)
+    metrics.write(MetricsRecord("profile_module")
+                      .add("step", step.step).add("stage", s.stage).add("module", m.name).add("params", m.params)
+                      .add("fwd_macs", m.macs * step.accumulation).add("fwd_s", m.fwd_s).add("bwd_s", m.bwd_s));
+}
+
+// flops_profiler.output_file, when set: the whole text; a failed write only warns.
+void write_output_file(const FlopsProfilerConfig& cfg, const std::string& text) {
+  if (cfg.output_file.empty()) return;
+  std::ofstream f(cfg.output_file, std::ios::trunc);
+  f << text;
+  if (!f.good())
+    log_warn("flops_profiler.output_file '%s': cannot write: %s (the profile is in the log and metrics.jsonl)",
+             cfg.output_file.c_str(), std::strerror(errno));
+}
+
+}  // namespace
+
+std::string report_flops_profile(const FlopsProfilerConfig& cfg, const ModelConfig& model, ProcessGroups& groups,
+                                 const ModuleProfile& mine, const ProfiledStep& step, MetricsLog* metrics) {
+  const Topology& topo = groups.topo;
+  const bool root_rank = groups.world_rank == 0;
+  const int tokens_per_micro = step.micro_batch * model.seq_len;
+  ModelTotals totals;
+  for (const ParamInfo& p : gpt_param_table(model)) totals.params += static_cast<double>(p.size);
+  totals.fwd_flops = gpt_flops_per_token(model) / 3 * tokens_per_micro * step.accumulation;
+  totals.samples = static_cast<double>(step.micro_batch) * step.accumulation * topo.dp;
+  std::string text = summary_header(cfg, topo, step, totals);
 
   const std::vector<double> my_times = pack(mine, step);
   for (int p = 0; p < topo.pp; ++p) {
-    const int speaker = topo.rank(GridCoord{0, 0, p});
     std::vector<ModuleStat> mods = gpt_modules(model, step.micro_batch, topo.tp, 0, topo.pp, p);
-    std::vector<double> t(2 * mods.size() + kStepTimes);
-    if (groups.world_rank == speaker) {
-      Z3D_ASSERT(my_times.size() == t.size(), "flops profiler: this rank's modules are not its stage's");
-      t = my_times;
-    }
-    groups.world->broadcast(host_mem(t.data()), t.size() * sizeof(double), speaker);
+    const std::vector<double> t = stage_times(groups, p, mods.size(), my_times);
     if (!root_rank) continue;
-    for (size_t i = 0; i < mods.size(); ++i) mods[i].fwd_s = t[2 * i], mods[i].bwd_s = t[2 * i + 1];
-    const double* st = &t[2 * mods.size()];
-    const double reduce = st[0], optimizer = st[1], gather = st[2], idle = st[3], iter = st[4];
-    const Node tree = tree_of(mods, step.accumulation);
-    const double fwd = tree.fwd, bwd = tree.bwd + reduce, upd = optimizer + gather;
-    const double flops = 2 * tree.macs, factor = 3 + cfg.recompute_fwd_factor;
-    const PipelineStage ps = pipeline_stage(model, topo.pp, p);
-    text += strprintf("\n---- pipeline stage %d of %d (layers %d-%d), tp rank 0 of %d, dp rank 0 ----\n", p, topo.pp,
-                      ps.first_layer, ps.first_layer + ps.num_layers - 1, topo.tp);
-    auto line = [&](const char* what, const std::string& v) { text += strprintf("%-56s %s\n", what, v.c_str()); };
-    line("params per rank:", si(tree.params));
-    line("fwd MACs per rank:", si(tree.macs, "MACs"));
-    line("fwd flops per rank:", si(flops));
-    line("fwd latency:", latency(fwd));
-    line("bwd latency:", latency(bwd) + " (modules " + latency(tree.bwd) + " + gradient reduction " +
-                             latency(reduce) + ")");
-    line("fwd FLOPS per rank = fwd flops / fwd latency:", si(flops / fwd, "FLOPS"));
-    line("bwd FLOPS per rank = 2 * fwd flops / bwd latency:", si(2 * flops / bwd, "FLOPS"));
-    line(strprintf("fwd+bwd FLOPS per rank = %g * fwd flops / (fwd+bwd):", factor).c_str(),
-         si(factor * flops / (fwd + bwd), "FLOPS"));
-    line("step latency:", latency(upd) + " (optimizer " + latency(optimizer) + " + parameter all-gather " +
-                              latency(gather) + ")");
-    line("outside modules = iter - fwd - bwd - step:",
-         latency(iter - fwd - bwd - upd) + " (pipeline waits " + latency(idle) + ", data, control reductions)");
-    text += "\nAggregated profile per rank\n" + aggregated(tree, cfg.module_depth, cfg.top_modules);
-    if (cfg.detailed) {
-      text += "\nDetailed profile per rank\nEach module: params, % of params, MACs, % of MACs, fwd latency, % of fwd "
-              "latency, fwd FLOPS, bwd latency\n";
-      detailed(tree, tree, cfg.module_depth, text);
-    }
-    if (!metrics) continue;
-    metrics->write(MetricsRecord("profile")
-                       .add("step", step.step).add("stage", p).add("world_size", topo.world).add("dp", topo.dp)
-                       .add("tp", topo.tp).add("pp", topo.pp).add("micro_batch", step.micro_batch)
-                       .add("accumulation", step.accumulation).add("params", tree.params).add("fwd_macs", tree.macs)
-                       .add("fwd_flops", flops).add("fwd_latency_s", fwd).add("bwd_latency_s", bwd)
-                       .add("bwd_modules_s", tree.bwd).add("reduce_s", reduce).add("step_latency_s", upd)
-                       .add("optimizer_s", optimizer).add("gather_s", gather).add("iter_latency_s", iter)
-                       .add("pipeline_idle_s", idle).add("outside_modules_s", iter - fwd - bwd - upd)
-                       .add("fwd_flops_per_s", flops / fwd).add("bwd_flops_per_s", 2 * flops / bwd)
-                       .add("fwd_bwd_flops_per_s", factor * flops / (fwd + bwd))
-                       .add("samples_per_s", samples / iter).add("model_params", model_params)
-                       .add("model_fwd_flops", model_fwd_flops));
-    for (const ModuleStat& m : mods)
-      metrics->write(MetricsRecord("profile_module")
-                         .add("step", step.step).add("stage", p).add("module", m.name).add("params", m.params)
-                         .add("fwd_macs", m.macs * step.accumulation).add("fwd_s", m.fwd_s).add("bwd_s", m.bwd_s));
+    const StageProfile stage = stage_profile(mods, t, p, step.accumulation, cfg.recompute_fwd_factor);
+    text += stage_report(stage, cfg, model, topo);
+    if (metrics) write_stage_metrics(*metrics, stage, mods, step, topo, totals);
   }
   if (!root_rank) return "";
   text += "------------------------------------------------------------------------------------------\n";
-  if (!cfg.output_file.empty()) {
-    std::ofstream f(cfg.output_file, std::ios::trunc);
-    f << text;
-    if (!f.good())
-      log_warn("flops_profiler.output_file '%s': cannot write: %s (the profile is in the log and metrics.jsonl)",
-               cfg.output_file.c_str(), std::strerror(errno));
-  }
+  write_output_file(cfg, text);
   return text;
 }
 
