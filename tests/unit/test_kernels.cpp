@@ -1290,7 +1290,7 @@ TEST_P(Kernels, Reductions) {
   EXPECT_NEAR(be->sum_squares(dx.data(), n), ss, 1e-6 * ss);
   EXPECT_EQ(be->sum(dx.data(), 0), 0.0);
 
-  // The overflow check is a non-finite gradient norm (trainer.cpp), so sum_squares must stay
+  // The overflow check is a non-finite gradient norm (zero/grad_finish.cpp), so sum_squares must stay
   // finite on finite extremes (squares in double) and turn non-finite on +-inf or a NaN of
   // either sign anywhere, the last element included.
   x[3] = std::numeric_limits<float>::max();
