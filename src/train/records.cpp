@@ -181,7 +181,7 @@ void RunRecords::val(int step, double loss, int64_t tokens) {
   log_info("step %6d | val loss %.6f", step, loss);
 }
 
-void RunRecords::begin_step(int step) {
+void RunRecords::begin_step() {
   CommLog& comms = comm_log();
   comms.active = comms.enabled;  // the comms log covers what comm_bytes covers
 }

@@ -58,7 +58,7 @@ class RunRecords {
   // The step's records: metrics.jsonl, the flops profile, csv_monitor, memory_breakdown, the
   // progress line. Collective over the world (the memory and flops reports gather).
   void step(int step, const StepResult& r, StepRunner& runner, double flops_per_token, double tokens_per_step);
-  void begin_step(int step);          // the comms log and the flops profiler cover what follows
+  void begin_step();                  // the comms log covers what follows
   void end_step();                    // until here: the step's compute and communication
   void after_step(double step_time);  // wall_clock_breakdown: profiled from step 2 on
   void finish();                      // the kernel and comms reports (rank 0)

@@ -32,6 +32,9 @@ class StepRunner {
   // The validation loss: val_batches global batches of the val file, forward only (collective).
   double validate();
   bool can_validate() const { return val_data_ != nullptr && cfg_.data.val_batches > 0; }
+  int64_t val_tokens() const {  // what validate() reads, over every rank
+    return static_cast<int64_t>(cfg_.data.val_batches) * micro_ * dp_ * T_;
+  }
 
   double idle_s() const { return pipeline_idle_s_; }  // this step's waits for the neighbours
   double take_recompute_s();                           // activation checkpointing's re-forwards

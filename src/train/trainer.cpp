@@ -149,10 +149,7 @@ void Trainer::State::start_run(const std::optional<LoadedCheckpoint>& resumed) {
              static_cast<long long>(start_step), resumed->saved_layout.c_str(), resumed->io.bytes / 1e6,
              resumed->io.seconds);
   }
-  if (runner.can_validate() && start_step == 0) {
-    records.val(0, runner.validate(), static_cast<int64_t>(cfg.data.val_batches) * cfg.train_micro_batch_size_per_gpu *
-                                          groups.topo.dp * cfg.model.seq_len);
-  }
+  if (runner.can_validate() && start_step == 0) records.val(0, runner.validate(), runner.val_tokens());
   records.start_profiles(static_cast<int>(start_step) + 1);
 }
 
@@ -164,7 +161,7 @@ StepResult Trainer::State::train_step(int step) {
   comm_context().step = step;
   for (ProcessGroup* g : {groups.dp.get(), groups.tp.get(), groups.pp.get(), groups.embedding.get()})
     if (g) g->reset_bytes_sent();
-  records.begin_step(step);
+  records.begin_step();
   if (records.profiled(step)) runner.module_profile().reset_times(), runner.module_profile().on = true;
   const auto t0 = Clock::now();
   take_comm_time();  // from here on: this step's
@@ -256,8 +253,7 @@ int Trainer::State::step_boundary(int step, const StepResult& r) {
   const int check = c.zero.consistency_check_interval;
   if (check > 0 && (step % check == 0 || step == c.train_steps)) engine.check_replicas_consistent(step);
   if (runner.can_validate() && ((c.data.val_interval > 0 && step % c.data.val_interval == 0) || step == c.train_steps))
-    records.val(step, runner.validate(), static_cast<int64_t>(c.data.val_batches) * c.train_micro_batch_size_per_gpu *
-                                             groups.topo.dp * c.model.seq_len);
+    records.val(step, runner.validate(), runner.val_tokens());
   ckpt.note_step_time(r.step_time);
   records.after_step(r.step_time);
   // Stop reason: the signal number, or 1 for the budget.
