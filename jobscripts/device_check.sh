@@ -88,19 +88,43 @@ else
   exit 1
 fi
 
+# NCCL: the toolkit's, else the one PyTorch's wheels bring (nvidia-nccl-*: nccl.h and
+# libnccl.so.2 under site-packages/nvidia/nccl, without the unversioned link CMake looks for).
+cuda_home=$(dirname "$(dirname "$nvcc")")
+if [[ -z ${NCCL_HOME:-} && ! -e $cuda_home/include/nccl.h ]]; then
+  wheel=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+  if [[ -n $wheel && -e $wheel/include/nccl.h ]]; then
+    export NCCL_HOME=/tmp/z3d-nccl
+    mkdir -p $NCCL_HOME/lib
+    ln -sfn "$wheel/include" $NCCL_HOME/include
+    ln -sf "$(ls "$wheel"/lib/libnccl.so* | head -1)" $NCCL_HOME/lib/libnccl.so
+    export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    row "NCCL" "wheel's" "$wheel (the toolkit has none)"
+  fi
+fi
+
 # ---- 1. build ----
 t=$SECONDS
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
 build=build-device
-if ! { cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZERO3D_CUDA=ON \
-         -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 &&
-       cmake --build "$build" -j "$(getconf _NPROCESSORS_ONLN)" --target zero3d test_kernels test_collectives zero3d_cuda; } >>"$log" 2>&1; then
+if [[ -n ${DEVICE_PREBUILT:-} ]]; then
+  # A build made elsewhere (its bin/ and lib/), for when the build here is what failed.
+  mkdir -p "$build" && cp -r "$DEVICE_PREBUILT"/bin "$DEVICE_PREBUILT"/lib "$build"/
+  nccl="zero3d: no NCCL"
+  readelf -d "$build/lib/libzero3d_cuda.so" 2>/dev/null | grep -q 'libnccl' && nccl="zero3d: NCCL (prebuilt)"
+  row "build (CUDA, sm_90)" "prebuilt" "$DEVICE_PREBUILT, ${nccl#zero3d: }"
+elif ! { cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DZERO3D_CUDA=ON \
+           -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 &&
+         cmake --build "$build" -j "$(getconf _NPROCESSORS_ONLN)" --target zero3d test_kernels test_collectives zero3d_cuda; } >>"$log" 2>&1; then
   row "build (CUDA, sm_90)" "FAIL" "see $log"
   exit 1
+else
+  row "build (CUDA, sm_90)" "ok" "$((SECONDS - t)) s, $(getconf _NPROCESSORS_ONLN) cores"
+  nccl=$(grep -o 'zero3d: NCCL .*\|zero3d: no NCCL' "$log" | tail -1)
 fi
-row "build (CUDA, sm_90)" "ok" "$((SECONDS - t)) s, $(getconf _NPROCESSORS_ONLN) cores"
-nccl=$(grep -o 'zero3d: NCCL .*\|zero3d: no NCCL' "$log" | tail -1)
 z3d=$build/bin/zero3d
+missing=$(ldd "$z3d" "$build/lib/libzero3d_cuda.so" 2>&1 | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+[[ -n $missing ]] && row "libraries zero3d loads" "FAIL" "not found: $missing"
 mpirun=(mpirun --oversubscribe -np 1)
 
 # ---- 2. kernels on the CUDA backend against the host references ----

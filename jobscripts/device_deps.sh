@@ -2,12 +2,13 @@
 # jobscripts/device_deps.sh: the Debian 12 libraries zero3d builds against (MPI, parallel HDF5,
 # oneDNN, OpenBLAS, nlohmann-json, GoogleTest), carried to a machine that has a compiler, CMake and
 # CUDA but none of these and no network (a lent GPU machine: jobscripts/device_check.sh).
-#   device_deps.sh fetch DIR           here, with apt: the .deb files into DIR (about 35 MB)
+#   device_deps.sh fetch DIR           here, with apt: the .deb files into DIR (about 40 MB)
 #   device_deps.sh unpack DIR PREFIX   there: unpacked under PREFIX (dpkg -x: nothing installed
 #                                      system-wide, no root needed), with the links and paths
 #                                      Debian's maintainer scripts would make, and PREFIX/env.sh
 #                                      to source (PATH, LD_LIBRARY_PATH, Open MPI's relocation)
-# The list is what a bare Debian 12 with build-essential and python3 lacks, without the Fortran
+# The list is what a bare Debian 12 with build-essential and python3 lacks (and, below, what a newer
+# distribution names differently), without the Fortran
 # compiler, the autotools, X11 (hwloc's optional plugins) and -dev packages nothing here includes;
 # any newer glibc runs these libraries.
 set -euo pipefail
@@ -23,6 +24,11 @@ packages=(
   libdnnl-dev libdnnl2 ocl-icd-libopencl1
   libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread
   nlohmann-json3-dev libgtest-dev googletest
+  # What Debian's libcurl (linked by its HDF5) needs: on a newer distribution some are gone under
+  # these sonames (Ubuntu 24.04 has libunistring.so.5, not .2), so the whole set travels.
+  libunistring2 libidn2-0 libgnutls30 libnettle8 libhogweed6 libgmp10 libp11-kit0 libtasn1-6 libffi8
+  libgssapi-krb5-2 libkrb5-3 libkrb5support0 libk5crypto3 libcom-err2 libkeyutils1 libssl3 libzstd1
+  libquadmath0 libudev1
 )
 
 fetch() {
