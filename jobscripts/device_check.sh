@@ -9,7 +9,7 @@
 #      on one device unless they look like two hosts, so each gets its own NCCL_HOSTID and they
 #      talk through NCCL's socket transport on lo);
 #   4. gpt-tiny for 50 steps on the GPU and on the host, fp32 and bf16, losses compared (fp32
-#      within 1e-4 relative, bf16 within 2e-2);
+#      within 1e-4 relative, bf16 within 2e-2); llama-tiny (the Llama family's ops) in fp32 too;
 #      and gpt-tiny bf16 with the optimizer offloaded to host memory (AdamW on the CPU) against
 #      the host run, within 2e-2;
 #   5. a GPT-2 350M-shape model (d 1024, 24 layers, 16 heads, seq 1024, micro-batch 8) in bf16 for
@@ -209,6 +209,18 @@ for prec in fp32 bf16; do
     res="FAIL the comparison broke (see $log)"
   row "gpt-tiny $prec, GPU vs host" "${res%% *}" "${res#* }"
 done
+
+# ---- 4a. llama-tiny (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head), GPU against host ----
+llama=(input/llama-tiny.json --set data.val= --set train_steps=50 --set steps_per_print=50)
+name="llama-tiny fp32, GPU vs host"
+if ! train llama_host host 60 "${llama[@]}"; then row "$name" "FAIL" "host run failed: $out/llama_host.log"
+elif [[ -z $gpu ]]; then row "$name" "skipped" "no GPU (the host run passed)"
+elif ! train llama_cuda "$dev" 90 "${llama[@]}" "${fallback[@]}"; then
+  row "$name" "FAIL" "GPU run failed: $(tail -1 "$out/llama_cuda.log")"
+else
+  res=$(compare llama_cuda llama_host 1e-4 2>>"$log") || [[ $res == FAIL* ]] || res="FAIL the comparison broke (see $log)"
+  row "$name" "${res%% *}" "${res#* }"
+fi
 
 # ---- 4b. gpt-tiny bf16 with the optimizer offloaded from the GPU (state in host memory, AdamW on the CPU) ----
 name="gpt-tiny bf16, offload cpu, GPU vs host"

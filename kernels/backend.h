@@ -72,6 +72,7 @@ class Backend {
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                                  int C, int vocab_start, int vocab_rows) = 0;
   // dwte[tokens[n] - vocab_start,:] += dout[n,:] for tokens in range; dwpe[n % T,:] += dout[n,:]
+  // (dwpe == nullptr: no position embedding)
   virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
                                   int C, int vocab_start, int vocab_rows) = 0;
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
@@ -94,14 +95,29 @@ class Backend {
   virtual void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) = 0;
   virtual void add(float* out, const float* a, const float* b, size_t n) = 0;             // out = a + b
   virtual void accumulate(float* out, const float* a, size_t n) = 0;                      // out += a
-  // Causal self-attention of B sequences of T on packed rows qkv (B*T rows of 3A: [q | k | v], head
-  // h in columns h*hd of each third, hd = A/H): out (B*T rows of A) = softmax(q k^T / sqrt(hd),
-  // keys j <= t) v per head; lse (B*H*T) saves each row's log-sum-exp of the scaled scores for
-  // backward. The T x T probabilities are never stored.
-  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A) = 0;
+  // Causal self-attention of B sequences of T on packed rows qkv (B*T rows of A + 2 Hkv hd:
+  // [q | k | v], q holding H heads of hd = A/H columns, k and v Hkv heads each; Hkv divides H, and
+  // query head h reads key/value head h / (H / Hkv): grouped-query attention, multi-head when
+  // Hkv = H): out (B*T rows of A) = softmax(q k^T / sqrt(hd), keys j <= t) v per head; lse (B*H*T)
+  // saves each row's log-sum-exp of the scaled scores for backward. The T x T probabilities are
+  // never stored.
+  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) = 0;
   // dqkv (written, not accumulated) from dout, given forward's out and lse.
   virtual void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse,
-                                  const float* qkv, int B, int T, int H, int A) = 0;
+                                  const float* qkv, int B, int T, int H, int Hkv, int A) = 0;
+  // RMSNorm (kernels/math/rmsnorm.h) of N rows of C: out and each row's rstd; backward dx += and
+  // dw += (the column sums), as layernorm_backward.
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) = 0;
+  virtual void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                                const float* rstd, int N, int C) = 0;
+  // Rotary position embedding (kernels/math/rope.h), in place, on the first `heads` heads of hd
+  // columns of N rows of stride ld (row n at position n % T): forward turns them, backward turns a
+  // gradient back. cs: math::rope_table(T, hd, theta) in this backend's memory.
+  virtual void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) = 0;
+  // SwiGLU (kernels/math/swiglu.h): out (N x F) = silu(gate) * up of h (N x 2F, [gate | up]);
+  // backward writes dh (N x 2F) from dout (N x F).
+  virtual void swiglu_forward(float* out, const float* h, int N, int F) = 0;
+  virtual void swiglu_backward(float* dh, const float* h, const float* dout, int N, int F) = 0;
   // losses[n] = CE(logits[n,:], targets[n]); with dlogits != nullptr also dlogits (may alias logits)
   // = (softmax - onehot) * dloss.
   virtual void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,

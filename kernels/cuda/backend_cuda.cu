@@ -43,6 +43,8 @@
 #include "kernels/math/dtype.h"
 #include "kernels/math/gelu.h"
 #include "kernels/math/layernorm.h"
+#include "kernels/math/rope.h"
+#include "kernels/math/swiglu.h"
 #include "kernels/math/attention.h"
 #include "core/device_collectives.h"
 
@@ -366,30 +368,41 @@ __device__ void lane_axpy(float (&acc)[K], float f, const float* b, int hd) {
   for (size_t r = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < (n); \
        r += static_cast<size_t>(gridDim.x) * blockDim.x / 32)
 
+// Where a (batch, head)'s rows start in packed [q (H heads) | k (Hkv) | v (Hkv)] rows of stride ld:
+// query head h reads key/value head h / (H / Hkv).
+struct AttnHead {
+  const float *q, *k, *v;
+};
+__device__ AttnHead attn_head(const float* qkv, size_t b, size_t h, int T, int H, int Hkv, int A, size_t ld) {
+  const int hd = A / H;
+  const size_t kvh = h / (H / Hkv);
+  const float* rows = qkv + b * T * ld;
+  return {rows + h * hd, rows + A + kvh * hd, rows + A + (Hkv + kvh) * hd};
+}
+
 template <int K>
 __global__ void attention_forward_warp_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H,
-                                              int A) {
+                                              int Hkv, int A) {
   const int hd = A / H;
   const float alpha = 1.0f / sqrtf(static_cast<float>(hd));  // as the host computes it
-  const size_t ld = 3 * static_cast<size_t>(A);
+  const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_WARP_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
     const int i = static_cast<int>(r % T);
-    const float* rows = qkv + b * T * ld + h * hd;
+    const AttnHead x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
     float q[K], o[K];
-    lane_load<K>(q, rows + i * ld, hd);
+    lane_load<K>(q, x.q + i * ld, hd);
 #pragma unroll
     for (int k = 0; k < K; ++k) o[k] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     for (int j = 0; j <= i; ++j) {
-      const float* kv = rows + j * ld + A;
-      const float sc = alpha * lane_dot<K>(q, kv, hd);
+      const float sc = alpha * lane_dot<K>(q, x.k + j * ld, hd);
       const float mn = sc > m ? sc : m;
       const float corr = expf(m - mn), p = expf(sc - mn);
       l = l * corr + p;
 #pragma unroll
       for (int k = 0; k < K; ++k) o[k] *= corr;
-      lane_axpy<K>(o, p, kv + A, hd);
+      lane_axpy<K>(o, p, x.v + j * ld, hd);
       m = mn;
     }
 #pragma unroll
@@ -411,79 +424,148 @@ __global__ void attention_delta_kernel(float* delta, const float* dout, const fl
   }
 }
 
-// Row i's dq, and dk, dv of key row i, all written.
+// Row i's dq, all written; and, in the warp of the first query head of each group, dk and dv of
+// key row i summed over the group's query heads in head order.
 template <int K>
 __global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, const float* delta, const float* lse,
-                                               const float* qkv, size_t B, int T, int H, int A) {
-  const int hd = A / H;
+                                               const float* qkv, size_t B, int T, int H, int Hkv, int A) {
+  const int hd = A / H, G = H / Hkv;
   const float alpha = 1.0f / sqrtf(static_cast<float>(hd));
-  const size_t ld = 3 * static_cast<size_t>(A);
+  const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_WARP_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
     const int i = static_cast<int>(r % T);
-    const float* rows = qkv + b * T * ld + h * hd;
-    const float* g_rows = dout + b * T * A + h * hd;
-    const float* row_lse = lse + (b * H + h) * T;
-    const float* row_delta = delta + (b * H + h) * T;
-    float* d = dqkv + b * T * ld + h * hd + i * ld;
+    const AttnHead x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
+    float* d = dqkv + b * T * ld + i * ld;
     // dq_i over keys j <= i
-    float q[K], g[K], acc[K];
-    lane_load<K>(q, rows + i * ld, hd);
-    lane_load<K>(g, g_rows + i * A, hd);
-    const float Di = row_delta[i];
+    {
+      const float* g_rows = dout + b * T * A + h * hd;
+      float q[K], g[K], acc[K];
+      lane_load<K>(q, x.q + i * ld, hd);
+      lane_load<K>(g, g_rows + i * A, hd);
+      const float Di = delta[(b * H + h) * T + i], lse_i = lse[(b * H + h) * T + i];
 #pragma unroll
-    for (int k = 0; k < K; ++k) acc[k] = 0.0f;
-    for (int j = 0; j <= i; ++j) {
-      const float* kj = rows + j * ld + A;
-      const float p = expf(alpha * lane_dot<K>(q, kj, hd) - row_lse[i]);
-      const float ds = p * (lane_dot<K>(g, kj + A, hd) - Di);
-      lane_axpy<K>(acc, alpha * ds, kj, hd);
+      for (int k = 0; k < K; ++k) acc[k] = 0.0f;
+      for (int j = 0; j <= i; ++j) {
+        const float* kj = x.k + j * ld;
+        const float p = expf(alpha * lane_dot<K>(q, kj, hd) - lse_i);
+        const float ds = p * (lane_dot<K>(g, x.v + j * ld, hd) - Di);
+        lane_axpy<K>(acc, alpha * ds, kj, hd);
+      }
+      lane_store<K>(d + h * hd, acc, hd);
     }
-    lane_store<K>(d, acc, hd);
-    // dk_i and dv_i over queries i2 >= i
-    float kr[K], vr[K], dv[K];
-    lane_load<K>(kr, rows + i * ld + A, hd);
-    lane_load<K>(vr, rows + i * ld + 2 * A, hd);
+    if (h % G != 0) continue;
+    // dk_i and dv_i over queries i2 >= i of every query head hq of the group
+    float kr[K], vr[K], dk[K], dv[K];
+    lane_load<K>(kr, x.k + i * ld, hd);
+    lane_load<K>(vr, x.v + i * ld, hd);
 #pragma unroll
-    for (int k = 0; k < K; ++k) acc[k] = dv[k] = 0.0f;
-    for (int i2 = i; i2 < T; ++i2) {
-      const float* q2 = rows + i2 * ld;
-      const float* g2 = g_rows + i2 * A;
-      const float p = expf(alpha * lane_dot<K>(kr, q2, hd) - row_lse[i2]);
-      const float ds = p * (lane_dot<K>(vr, g2, hd) - row_delta[i2]);
-      lane_axpy<K>(dv, p, g2, hd);
-      lane_axpy<K>(acc, alpha * ds, q2, hd);
+    for (int k = 0; k < K; ++k) dk[k] = dv[k] = 0.0f;
+    for (size_t hq = h; hq < h + G; ++hq) {
+      const float* q_rows = qkv + b * T * ld + hq * hd;
+      const float* g_rows = dout + b * T * A + hq * hd;
+      const float* row_lse = lse + (b * H + hq) * T;
+      const float* row_delta = delta + (b * H + hq) * T;
+      for (int i2 = i; i2 < T; ++i2) {
+        const float* q2 = q_rows + i2 * ld;
+        const float* g2 = g_rows + i2 * A;
+        const float p = expf(alpha * lane_dot<K>(kr, q2, hd) - row_lse[i2]);
+        const float ds = p * (lane_dot<K>(vr, g2, hd) - row_delta[i2]);
+        lane_axpy<K>(dv, p, g2, hd);
+        lane_axpy<K>(dk, alpha * ds, q2, hd);
+      }
     }
-    lane_store<K>(d + A, acc, hd);
-    lane_store<K>(d + 2 * A, dv, hd);
+    lane_store<K>(d + (x.k - x.q) + h * hd, dk, hd);
+    lane_store<K>(d + (x.v - x.q) + h * hd, dv, hd);
   }
 }
 
 // Attention, fallback for heads wider than 256: one thread per (batch, head, row); see
 // kernels/math/attention.h.
-__global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H, int A) {
+__global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H, int Hkv,
+                                         int A) {
   const int hd = A / H;
   const float alpha = rsqrtf(static_cast<float>(hd));
+  const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_GRID_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
     const int i = static_cast<int>(r % T);
-    const float* rows = qkv + b * T * 3 * A + h * hd;
-    lse[r] = math::attention_row_forward(out + (b * T + i) * A + h * hd, rows, 3L * A, A, i, hd, alpha);
+    const AttnHead x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
+    lse[r] = math::attention_row_forward(out + (b * T + i) * A + h * hd, x.q, x.k, x.v, ld, i, hd, alpha);
   }
 }
 __global__ void attention_backward_kernel(float* dqkv, const float* dout, const float* out, const float* lse,
-                                          const float* qkv, size_t B, int T, int H, int A) {
-  const int hd = A / H;
+                                          const float* qkv, size_t B, int T, int H, int Hkv, int A) {
+  const int hd = A / H, G = H / Hkv;
   const float alpha = rsqrtf(static_cast<float>(hd));
+  const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_GRID_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
     const int i = static_cast<int>(r % T);
-    const size_t base = b * T * 3 * A + h * hd, obase = b * T * A + h * hd;
-    const float* row_lse = lse + (b * H + h) * T;
-    float* g = dqkv + base + static_cast<size_t>(i) * 3 * A;
-    math::attention_row_backward_q(g, qkv + base, 3L * A, A, dout + obase, out + obase, A, row_lse, i, hd, alpha);
-    math::attention_row_backward_kv(g + A, g + 2 * A, qkv + base, 3L * A, A, dout + obase, out + obase, A, row_lse,
-                                    i, T, hd, alpha);
+    const AttnHead x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
+    const size_t obase = b * T * A + h * hd;
+    float* g = dqkv + b * T * ld + static_cast<size_t>(i) * ld;
+    math::attention_row_backward_q(g + h * hd, x.q, x.k, x.v, ld, dout + obase, out + obase, A,
+                                   lse + (b * H + h) * T, i, hd, alpha);
+    if (h % G != 0) continue;
+    float *dk = g + (x.k - x.q) + h * hd, *dv = g + (x.v - x.q) + h * hd;
+    for (int d = 0; d < hd; ++d) dk[d] = dv[d] = 0.0f;
+    for (size_t hq = h; hq < h + G; ++hq) {
+      const size_t ob = b * T * A + hq * hd;
+      math::attention_row_backward_kv(dk, dv, qkv + b * T * ld + hq * hd, x.k, x.v, ld, dout + ob, out + ob, A,
+                                      lse + (b * H + hq) * T, i, T, hd, alpha);
+    }
+  }
+}
+
+// ---- the Llama family: RMSNorm one block per row (as LayerNorm), RoPE and SwiGLU elementwise ----
+
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, const float* w, size_t N, int C,
+                                       float eps) {
+  Z3D_ROW_LOOP(n, N) {
+    const float* xr = x + n * C;
+    float ss = 0.0f;
+    Z3D_COL_LOOP(i, C) ss += xr[i] * xr[i];
+    const float r = 1.0f / sqrtf(block_all_reduce(ss, SumOp{}) / C + eps);
+    Z3D_COL_LOOP(i, C) out[n * C + i] = xr[i] * r * w[i];
+    if (threadIdx.x == 0) rstd[n] = r;
+  }
+}
+
+__global__ void rmsnorm_backward_input_kernel(float* dx, const float* dy, const float* x, const float* w,
+                                              const float* rstd, size_t N, int C) {
+  Z3D_ROW_LOOP(n, N) {
+    const float* xr = x + n * C;
+    const float* dyr = dy + n * C;
+    const float r = rstd[n];
+    float sum_gx = 0.0f;
+    Z3D_COL_LOOP(i, C) sum_gx += dyr[i] * w[i] * (xr[i] * r);
+    const float mean_gx = block_all_reduce(sum_gx, SumOp{}) / C;
+    Z3D_COL_LOOP(i, C) dx[n * C + i] += r * (dyr[i] * w[i] - xr[i] * r * mean_gx);
+  }
+}
+
+__global__ void rope_kernel(float* x, const float* cs, size_t N, int T, int heads, int hd, long ld, bool backward) {
+  const int half = hd / 2;
+  Z3D_GRID_LOOP(e, N * heads * half) {
+    const size_t n = e / (static_cast<size_t>(heads) * half), h = e / half % heads;
+    const int i = static_cast<int>(e % half);
+    const float* c = cs + 2 * ((n % T) * half + i);
+    math::rope_pair(x + n * ld + h * hd, half, i, c[0], c[1], backward);
+  }
+}
+
+__global__ void swiglu_forward_kernel(float* out, const float* h, size_t N, int F) {
+  Z3D_GRID_LOOP(e, N * F) {
+    const size_t n = e / F, c = e % F;
+    out[e] = math::swiglu_forward(h[2 * n * F + c], h[2 * n * F + F + c]);
+  }
+}
+
+__global__ void swiglu_backward_kernel(float* dh, const float* h, const float* dout, size_t N, int F) {
+  Z3D_GRID_LOOP(e, N * F) {
+    const size_t n = e / F, c = e % F;
+    math::swiglu_backward(dh + 2 * n * F + c, dh + 2 * n * F + F + c, h[2 * n * F + c], h[2 * n * F + F + c], dout[e]);
   }
 }
 
@@ -506,6 +588,16 @@ __global__ void layernorm_params_partials_kernel(float* pw, float* pb, const flo
     }
     pw[i] = w_acc;
     pb[i] = b_acc;
+  }
+}
+
+__global__ void rmsnorm_params_partials_kernel(float* pw, const float* dy, const float* x, const float* rstd, size_t N,
+                                               int C) {
+  Z3D_GRID_LOOP(i, kColumnChunks * C) {
+    const size_t c = i % C, r = i / C;
+    float w_acc = 0.0f;
+    for (size_t n = r * N / kColumnChunks; n < (r + 1) * N / kColumnChunks; ++n) w_acc += dy[n * C + c] * (x[n * C + c] * rstd[n]);
+    pw[i] = w_acc;
   }
 }
 
@@ -722,7 +814,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
                           int vocab_start, int vocab_rows) override {
     launch(stream(), static_cast<size_t>(C) * kEmbedParts, embedding_backward_wte_kernel, dwte, dout, tokens, rows(N), C, vocab_start,
            vocab_rows);
-    launch(stream(), std::min(rows(N), rows(T)) * C, embedding_backward_wpe_kernel, dwpe, dout, rows(N), T, C);
+    if (dwpe) launch(stream(), std::min(rows(N), rows(T)) * C, embedding_backward_wpe_kernel, dwpe, dout, rows(N), T, C);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
                          int C) override {
@@ -763,30 +855,50 @@ class CudaBackend final : public Backend, public DeviceMemory {
   }
   void accumulate(float* out, const float* a, size_t n) override { launch(stream(), n, accumulate_kernel, out, a, n); }
   // One warp per row for heads up to 256 wide (K registers per lane per vector), else the fallback.
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A) override {
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) override {
     const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
-    if (hd <= 32) launch(stream(), warps, attention_forward_warp_kernel<1>, out, lse, qkv, rows(B), T, H, A);
-    else if (hd <= 64) launch(stream(), warps, attention_forward_warp_kernel<2>, out, lse, qkv, rows(B), T, H, A);
-    else if (hd <= 128) launch(stream(), warps, attention_forward_warp_kernel<4>, out, lse, qkv, rows(B), T, H, A);
-    else if (hd <= 256) launch(stream(), warps, attention_forward_warp_kernel<8>, out, lse, qkv, rows(B), T, H, A);
-    else launch(stream(), n, attention_forward_kernel, out, lse, qkv, rows(B), T, H, A);
+    auto args = [&](auto kernel, size_t work) { launch(stream(), work, kernel, out, lse, qkv, rows(B), T, H, Hkv, A); };
+    if (hd <= 32) args(attention_forward_warp_kernel<1>, warps);
+    else if (hd <= 64) args(attention_forward_warp_kernel<2>, warps);
+    else if (hd <= 128) args(attention_forward_warp_kernel<4>, warps);
+    else if (hd <= 256) args(attention_forward_warp_kernel<8>, warps);
+    else args(attention_forward_kernel, n);
   }
   void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
-                          int T, int H, int A) override {
+                          int T, int H, int Hkv, int A) override {
     const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
     if (hd > 256) {
-      launch(stream(), n, attention_backward_kernel, dqkv, dout, out, lse, qkv, rows(B), T, H, A);
+      launch(stream(), n, attention_backward_kernel, dqkv, dout, out, lse, qkv, rows(B), T, H, Hkv, A);
       return;
     }
     auto* delta = static_cast<float*>(stream_scratch(n * sizeof(float)));
     launch(stream(), warps, attention_delta_kernel, delta, dout, out, rows(B), T, H, A);
     auto args = [&](auto kernel) {
-      launch(stream(), warps, kernel, dqkv, dout, static_cast<const float*>(delta), lse, qkv, rows(B), T, H, A);
+      launch(stream(), warps, kernel, dqkv, dout, static_cast<const float*>(delta), lse, qkv, rows(B), T, H, Hkv, A);
     };
     if (hd <= 32) args(attention_backward_warp_kernel<1>);
     else if (hd <= 64) args(attention_backward_warp_kernel<2>);
     else if (hd <= 128) args(attention_backward_warp_kernel<4>);
     else args(attention_backward_warp_kernel<8>);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) override {
+    launch_rows(stream(), rows(N), rmsnorm_forward_kernel, out, rstd, x, w, rows(N), C, eps);
+  }
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd, int N,
+                        int C) override {
+    launch_rows(stream(), rows(N), rmsnorm_backward_input_kernel, dx, dy, x, w, rstd, rows(N), C);
+    auto* pw = static_cast<float*>(stream_scratch(kColumnChunks * rows(C) * sizeof(float)));
+    launch(stream(), kColumnChunks * rows(C), rmsnorm_params_partials_kernel, pw, dy, x, rstd, rows(N), C);
+    launch(stream(), rows(C), column_finish_kernel, dw, static_cast<const float*>(pw), C);
+  }
+  void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
+    launch(stream(), rows(N) * heads * (hd / 2), rope_kernel, x, cs, rows(N), T, heads, hd, ld, backward);
+  }
+  void swiglu_forward(float* out, const float* h, int N, int F) override {
+    launch(stream(), rows(N) * F, swiglu_forward_kernel, out, h, rows(N), F);
+  }
+  void swiglu_backward(float* dh, const float* h, const float* dout, int N, int F) override {
+    launch(stream(), rows(N) * F, swiglu_backward_kernel, dh, h, dout, rows(N), F);
   }
   void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
     launch_rows(stream(), rows(N), vocab_row_max_kernel, row_max, logits, rows(N), V);

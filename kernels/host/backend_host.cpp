@@ -117,14 +117,35 @@ class HostBackend final : public Backend {
     k_.accumulate(out, a, n);
   }
 
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A) override {
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) override {
     OpProfile::Scope op(&prof_, "attention_forward", 16.0 * B * T * A, 4.0 * B * A * (T * (T + 1.0) / 2));
-    k_.attention_forward(out, lse, qkv, B, T, H, A, attention_work(T, A / H));
+    k_.attention_forward(out, lse, qkv, B, T, H, Hkv, A, attention_work(T, A / H));
   }
   void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
-                          int T, int H, int A) override {
+                          int T, int H, int Hkv, int A) override {
     OpProfile::Scope op(&prof_, "attention_backward", 36.0 * B * T * A, 8.0 * B * A * (T * (T + 1.0) / 2));
-    k_.attention_backward(dqkv, dout, out, lse, qkv, B, T, H, A, attention_work(T, A / H));
+    k_.attention_backward(dqkv, dout, out, lse, qkv, B, T, H, Hkv, A, attention_work(T, A / H));
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) override {
+    OpProfile::Scope op(&prof_, "rmsnorm_forward", 12.0 * N * C, 0);
+    k_.rmsnorm_forward(out, rstd, x, w, N, C, eps);
+  }
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd, int N,
+                        int C) override {
+    OpProfile::Scope op(&prof_, "rmsnorm_backward", 20.0 * N * C, 0);
+    k_.rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
+  }
+  void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
+    OpProfile::Scope op(&prof_, backward ? "rope_backward" : "rope_forward", 8.0 * N * heads * hd, 0);
+    k_.rope(x, cs, N, T, heads, hd, ld, backward);
+  }
+  void swiglu_forward(float* out, const float* h, int N, int F) override {
+    OpProfile::Scope op(&prof_, "swiglu_forward", 12.0 * N * F, 0);
+    k_.swiglu_forward(out, h, N, F);
+  }
+  void swiglu_backward(float* dh, const float* h, const float* dout, int N, int F) override {
+    OpProfile::Scope op(&prof_, "swiglu_backward", 20.0 * N * F, 0);
+    k_.swiglu_backward(dh, h, dout, N, F);
   }
 
   void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,

@@ -164,13 +164,14 @@ const Kernels& select() {
   return *chosen.load(std::memory_order_relaxed);
 }
 
-// Per thread: six panels of T x head width (T padded to the 64-row tile plus kAttnRowPad, the width
-// to 16 lanes: the widest level's vector, a multiple of every level's): K^T, V^T, dQ, and the Q, K,
-// dO copies when the head width is no whole number of vectors; two 64 x 64 tiles, the dK and dV
-// tile accumulators and D (backward's set, which covers forward's).
+// Per thread: eight panels of T x head width (T padded to the 64-row tile plus kAttnRowPad, the
+// width to 16 lanes: the widest level's vector, a multiple of every level's): K^T, V^T, dQ, dK, dV
+// (a key/value head's gradients, summed over the query heads that share it), and the Q, K, dO
+// copies when the head width is no whole number of vectors; two 64 x 64 tiles and D (backward's
+// set, which covers forward's).
 size_t attention_work_floats(int T, int head_dim) {
   const size_t Tp = (static_cast<size_t>(T) + 63) / 64 * 64, hp = (static_cast<size_t>(head_dim) + 15) / 16 * 16;
-  return 6 * (Tp + kAttnRowPad) * hp + 2 * 64 * 64 + 2 * 64 * hp + Tp + 16;
+  return 8 * (Tp + kAttnRowPad) * hp + 2 * 64 * 64 + Tp + 16;
 }
 
 void set_threads(int n) {

@@ -37,10 +37,17 @@ struct Kernels {
   void (*accumulate)(float* out, const float* a, size_t n);
   void (*scale)(float* x, float s, size_t n);
 
-  // Causal multi-head attention on packed qkv rows (see Backend::attention_forward).
-  void (*attention_forward)(float* out, float* lse, const float* qkv, int B, int T, int H, int A, float* work);
+  // Causal multi-head (grouped-query) attention on packed qkv rows (see Backend::attention_forward).
+  void (*attention_forward)(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A, float* work);
   void (*attention_backward)(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv,
-                             int B, int T, int H, int A, float* work);
+                             int B, int T, int H, int Hkv, int A, float* work);
+  // The Llama family's ops (see the Backend's of the same name).
+  void (*rmsnorm_forward)(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps);
+  void (*rmsnorm_backward)(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd,
+                           int N, int C);
+  void (*rope)(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward);
+  void (*swiglu_forward)(float* out, const float* h, int N, int F);
+  void (*swiglu_backward)(float* dh, const float* h, const float* dout, int N, int F);
 
   void (*crossentropy)(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                        float dloss);

@@ -28,6 +28,7 @@
 #include "kernels/math/dtype.h"
 #include "kernels/math/gelu.h"
 #include "kernels/math/layernorm.h"
+#include "kernels/math/rope.h"
 
 #ifndef ZERO3D_ISA
 #error "compile this file with -DZERO3D_ISA=<level> (see CMakeLists.txt)"
@@ -197,8 +198,10 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
     const int c0 = blk * 64, c1 = std::min(C, c0 + 64);
     for (int n = 0; n < N; ++n) {
       const float* d = dout + static_cast<size_t>(n) * C;
-      float* p = dwpe + static_cast<size_t>(n % T) * C;
-      for (int c = c0; c < c1; ++c) p[c] += d[c];
+      if (dwpe) {
+        float* p = dwpe + static_cast<size_t>(n % T) * C;
+        for (int c = c0; c < c1; ++c) p[c] += d[c];
+      }
       const int row = tokens[n] - vocab_start;
       if (row < 0 || row >= vocab_rows) continue;
       float* e = dwte + static_cast<size_t>(row) * C;
@@ -320,6 +323,79 @@ void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, i
   for (int c = 0; c < C; ++c) dbias[c] += sums[c];
 }
 
+// ---- the Llama family: RMSNorm, RoPE, SwiGLU ----
+
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) {
+  for_rows(N, C, [=](int n) {
+    const float* xr = x + static_cast<size_t>(n) * C;
+    float* o = out + static_cast<size_t>(n) * C;
+    int i;
+    float ss = reduce_add(sum_vectors(C, &i, [=](int j) {
+      const vf v = load(xr + j);
+      return v * v;
+    }));
+    for (; i < C; ++i) ss += xr[i] * xr[i];
+    const float rs = 1.0f / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c) o[c] = xr[c] * rs * w[c];
+    rstd[n] = rs;
+  });
+}
+
+// One pass per row: the row's mean of g * xhat, then dx, and dw summed per column (column_sums).
+void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd, int N,
+                      int C) {
+  const float* sums = column_sums(N, C, [=](int n, float* acc) {
+    const size_t o = static_cast<size_t>(n) * C;
+    const float rs = rstd[n];
+    int i;
+    float mgx = reduce_add(sum_vectors(C, &i, [=](int j) { return load(dy + o + j) * load(w + j) * (load(x + o + j) * rs); }));
+    for (; i < C; ++i) mgx += dy[o + i] * w[i] * (x[o + i] * rs);
+    mgx /= C;
+    map_vf(0, C, [&](size_t c, int k) {
+      const vf d = load_n(dy + o + c, k), xh = load_n(x + o + c, k) * rs;
+      store_n(dx + o + c, load_n(dx + o + c, k) + rs * (d * load_n(w + c, k) - xh * mgx), k);
+      store_n(acc + c, load_n(acc + c, k) + d * xh, k);
+    });
+  });
+  for (int c = 0; c < C; ++c) dw[c] += sums[c];
+}
+
+void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) {
+  const int half = hd / 2;
+  for_rows(N, static_cast<size_t>(heads) * hd, [=](int n) {
+    const float* c = cs + 2 * static_cast<size_t>(n % T) * half;
+    float* row = x + n * ld;
+    for (int h = 0; h < heads; ++h)
+      for (int i = 0; i < half; ++i) math::rope_pair(row + h * hd, half, i, c[2 * i], c[2 * i + 1], backward);
+  });
+}
+
+inline vf sigmoid_vf(vf g) { return 1.0f / (1.0f + vexp(-g)); }
+
+void swiglu_forward(float* out, const float* h, int N, int F) {
+  for_rows(N, 2 * static_cast<size_t>(F), [=](int n) {
+    const float* g = h + 2 * static_cast<size_t>(n) * F;
+    float* o = out + static_cast<size_t>(n) * F;
+    map_vf(0, F, [=](size_t c, int k) {
+      const vf gv = load_n(g + c, k);
+      store_n(o + c, gv * sigmoid_vf(gv) * load_n(g + F + c, k), k);
+    });
+  });
+}
+
+void swiglu_backward(float* dh, const float* h, const float* dout, int N, int F) {
+  for_rows(N, 2 * static_cast<size_t>(F), [=](int n) {
+    const float* g = h + 2 * static_cast<size_t>(n) * F;
+    const float* d = dout + static_cast<size_t>(n) * F;
+    float* dg = dh + 2 * static_cast<size_t>(n) * F;
+    map_vf(0, F, [=](size_t c, int k) {
+      const vf gv = load_n(g + c, k), uv = load_n(g + F + c, k), dv = load_n(d + c, k), sg = sigmoid_vf(gv);
+      store_n(dg + c, dv * uv * sg * (1.0f + gv * (1.0f - sg)), k);
+      store_n(dg + F + c, dv * gv * sg, k);
+    });
+  });
+}
+
 void exp(float* y, const float* x, size_t n) {
   for_blocks(n, [=](size_t b, size_t e) {
     map_vf(b, e, [=](size_t i, int k) { store_n(y + i, vexp(load_n(x + i, k)), k); });
@@ -429,12 +505,19 @@ void causal_gemm(float* C, long ldc, const float* A, long sa, long sk, const flo
 // ts, the row stride of a transposed head (K^T, V^T): T padded to the tile, plus one cache line.
 // A tile reads 64 of its rows per key block; 1 KB apart (T = 256) they fell into 16 of L1's 64
 // sets and evicted each other (the q . k tile at 71% of the FMA peak on AVX-512, 92% with the line).
+// Columns of packed rows [q (H heads) | k (Hkv heads) | v (Hkv heads)], ld apart: query head h
+// at q(h), its key/value head's at k(h / group), v(h / group).
 struct AttnDims {
-  int T, H, A, hd, hp, ts;  // hp: head width padded to W
-  AttnDims(int T_, int H_, int A_)
-      : T(T_), H(H_), A(A_), hd(A_ / H_), hp(round_up(hd, W)), ts(round_up(T_, kTileT) + kAttnRowPad) {}
+  int T, H, Hkv, A, hd, hp, ts;  // hp: head width padded to W
+  AttnDims(int T_, int H_, int Hkv_, int A_)
+      : T(T_), H(H_), Hkv(Hkv_), A(A_), hd(A_ / H_), hp(round_up(hd, W)), ts(round_up(T_, kTileT) + kAttnRowPad) {}
   size_t panel() const { return static_cast<size_t>(ts) * hp; }
   bool direct() const { return hd % W == 0; }  // head rows are whole vectors: tiles read them in place
+  long ld() const { return A + 2L * Hkv * hd; }
+  int group() const { return H / Hkv; }
+  int q(int h) const { return h * hd; }
+  int k(int kvh) const { return A + kvh * hd; }
+  int v(int kvh) const { return A + (Hkv + kvh) * hd; }
 };
 
 // A head's rows as a tile operand: where row t starts, and the stride between rows.
@@ -506,14 +589,15 @@ void pack_transposed(float* dst, const float* X, long ld, int col, const AttnDim
   std::fill(dst + static_cast<size_t>(d.hd) * d.ts, dst + d.panel(), 0.0f);
 }
 
-// f(b, h, w) for every (batch, head), spread over the threads; w: the thread's workspace. One
-// thread computes all of a head, so its bits do not depend on the thread count.
+// f(b, h, w) for every (batch, head) of `heads` heads, spread over the threads; w: the thread's
+// workspace. One thread computes all of a head, so its bits do not depend on the thread count.
 template <typename F>
-void for_each_head(const AttnDims& d, int B, float* work, F&& f) {
+void for_each_head(const AttnDims& d, int B, int heads, float* work, F&& f) {
   const size_t per_thread = attention_work_floats(d.T, d.hd);
-  const bool par = B * d.H > 1 && static_cast<size_t>(d.T) * d.T * d.hd >= kMinParallel / 8;
+  const bool par = B * heads > 1 && static_cast<size_t>(d.T) * d.T * d.hd >= kMinParallel / 8;
 #pragma omp parallel for schedule(dynamic, 1) if (par)
-  for (int bh = 0; bh < B * d.H; ++bh) f(bh / d.H, bh % d.H, work + per_thread * static_cast<size_t>(omp_get_thread_num()));
+  for (int bh = 0; bh < B * heads; ++bh)
+    f(bh / heads, bh % heads, work + per_thread * static_cast<size_t>(omp_get_thread_num()));
 }
 
 // One row of a score tile: s[0, valid) *= alpha, then p = exp(s - m_new) with the running max m
@@ -545,17 +629,17 @@ float online_softmax_row(float* s, int valid, int width, float alpha, float& m, 
   return corr;
 }
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A, float* work) {
-  const AttnDims d(T, H, A);
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A, float* work) {
+  const AttnDims d(T, H, Hkv, A);
   const float alpha = 1.0f / std::sqrt(static_cast<float>(d.hd));
-  const long ld = 3L * A;
-  for_each_head(d, B, work, [&](int b, int h, float* w) {
+  const long ld = d.ld();
+  for_each_head(d, B, H, work, [&](int b, int h, float* w) {
+    const int kvh = h / d.group();
     float *Kt = w, *panel_q = Kt + d.panel(), *panel_v = panel_q + d.panel(), *S = panel_v + d.panel();
     float *O = S + kTileT * kTileT, *m = O + static_cast<size_t>(kTileT) * d.hp, *l = m + kTileT;
     const float* rows = qkv + static_cast<size_t>(b) * T * ld;
-    const Rows Q = head_rows(rows, ld, h * d.hd, d, panel_q, false),
-               V = head_rows(rows, ld, 2 * A + h * d.hd, d, panel_v, true);
-    pack_transposed(Kt, rows, ld, A + h * d.hd, d);
+    const Rows Q = head_rows(rows, ld, d.q(h), d, panel_q, false), V = head_rows(rows, ld, d.v(kvh), d, panel_v, true);
+    pack_transposed(Kt, rows, ld, d.k(kvh), d);
     for (int i0 = 0; i0 < T; i0 += kTileT) {
       const int nq = std::min(kTileT, T - i0);
       std::fill(m, m + kTileT, -std::numeric_limits<float>::infinity());
@@ -588,64 +672,69 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 // FlashAttention-2's backward: per key tile j, over the query tiles i >= j: P = exp(S - lse),
 // dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P (dP - D_i) with D_i = dO_i . O_i, dQ_i += dS K_j,
-// dK_j += dS^T Q_i; then dq = alpha dQ, dk = alpha dK.
+// dK_j += dS^T Q_i; then dq = alpha dQ, dk = alpha dK. One thread per key/value head: it runs the
+// query heads that share it one after another, summing their dK and dV in head order.
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
-                        int T, int H, int A, float* work) {
-  const AttnDims d(T, H, A);
+                        int T, int H, int Hkv, int A, float* work) {
+  const AttnDims d(T, H, Hkv, A);
   const float alpha = 1.0f / std::sqrt(static_cast<float>(d.hd));
-  const long ld = 3L * A;
-  for_each_head(d, B, work, [&](int b, int h, float* w) {
-    float *Kt = w, *Vt = Kt + d.panel(), *dQ = Vt + d.panel(), *panel_q = dQ + d.panel(), *panel_k = panel_q + d.panel(),
-          *panel_do = panel_k + d.panel();
-    float *P = panel_do + d.panel(), *dP = P + kTileT * kTileT, *dK = dP + kTileT * kTileT,
-          *dV = dK + static_cast<size_t>(kTileT) * d.hp, *D = dV + static_cast<size_t>(kTileT) * d.hp;
+  const long ld = d.ld();
+  const size_t P = d.panel();
+  for_each_head(d, B, Hkv, work, [&](int b, int kvh, float* w) {
+    float *Kt = w, *Vt = Kt + P, *dQ = Vt + P, *dK = dQ + P, *dV = dK + P, *panel_q = dV + P, *panel_k = panel_q + P,
+          *panel_do = panel_k + P;
+    float *Pt = panel_do + P, *dP = Pt + kTileT * kTileT, *D = dP + kTileT * kTileT;
     const float* rows = qkv + static_cast<size_t>(b) * T * ld;
-    const float* row_lse = lse + (static_cast<size_t>(b) * H + h) * T;
-    const Rows Q = head_rows(rows, ld, h * d.hd, d, panel_q, true), K = head_rows(rows, ld, A + h * d.hd, d, panel_k, true),
-               dO = head_rows(dout + static_cast<size_t>(b) * T * A, A, h * d.hd, d, panel_do, true);
-    pack_transposed(Kt, rows, ld, A + h * d.hd, d);
-    pack_transposed(Vt, rows, ld, 2 * A + h * d.hd, d);
-    std::memset(dQ, 0, sizeof(float) * d.panel());
-    for (int t = 0; t < T; ++t) D[t] = row_dot(dO.row(t), out + (static_cast<size_t>(b) * T + t) * A + h * d.hd, d.hd);
-    for (int j0 = 0; j0 < T; j0 += kTileT) {
-      const int nk = std::min(kTileT, T - j0), nkp = round_up(nk, W);
-      std::memset(dK, 0, sizeof(float) * kTileT * d.hp);
-      std::memset(dV, 0, sizeof(float) * kTileT * d.hp);
-      for (int i0 = j0; i0 < T; i0 += kTileT) {
-        const int nq = std::min(kTileT, T - i0);
-        auto keys = [&](int r1) { return std::min(nk, i0 + r1 - j0); };  // of query rows [.., r1)
-        auto scores = [&](int, int r1) { return Extent{round_up(keys(r1), W), 0, d.hd}; };
-        causal_gemm(P, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.ts, nq, false, scores);     // q . k
-        causal_gemm(dP, kTileT, dO.row(i0), dO.ld, 1, Vt + j0, d.ts, nq, false, scores);  // do . v
-        for (int r = 0; r < nq; ++r) {
-          float *p = P + r * kTileT, *dp = dP + r * kTileT;
-          const int valid = std::min(nk, i0 + r - j0 + 1);
-          const float lr = row_lse[i0 + r], Dr = D[i0 + r];
-          for (int c = 0; c < nkp; c += W) {
-            const vi live = lane_index() + c < valid;
-            const vf pv = live ? vexp(load(p + c) * alpha - lr) : vf{};  // masked lanes: never-written memory
-            store(p + c, pv);
-            store(dp + c, live ? pv * (load(dp + c) - Dr) : vf{});
+    const Rows K = head_rows(rows, ld, d.k(kvh), d, panel_k, true);
+    pack_transposed(Kt, rows, ld, d.k(kvh), d);
+    pack_transposed(Vt, rows, ld, d.v(kvh), d);
+    std::memset(dK, 0, sizeof(float) * P);
+    std::memset(dV, 0, sizeof(float) * P);
+    for (int h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
+      const float* row_lse = lse + (static_cast<size_t>(b) * H + h) * T;
+      const Rows Q = head_rows(rows, ld, d.q(h), d, panel_q, true),
+                 dO = head_rows(dout + static_cast<size_t>(b) * T * A, A, d.q(h), d, panel_do, true);
+      std::memset(dQ, 0, sizeof(float) * P);
+      for (int t = 0; t < T; ++t) D[t] = row_dot(dO.row(t), out + (static_cast<size_t>(b) * T + t) * A + d.q(h), d.hd);
+      for (int j0 = 0; j0 < T; j0 += kTileT) {
+        const int nk = std::min(kTileT, T - j0), nkp = round_up(nk, W);
+        float *dKj = dK + static_cast<size_t>(j0) * d.hp, *dVj = dV + static_cast<size_t>(j0) * d.hp;
+        for (int i0 = j0; i0 < T; i0 += kTileT) {
+          const int nq = std::min(kTileT, T - i0);
+          auto keys = [&](int r1) { return std::min(nk, i0 + r1 - j0); };  // of query rows [.., r1)
+          auto scores = [&](int, int r1) { return Extent{round_up(keys(r1), W), 0, d.hd}; };
+          causal_gemm(Pt, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.ts, nq, false, scores);    // q . k
+          causal_gemm(dP, kTileT, dO.row(i0), dO.ld, 1, Vt + j0, d.ts, nq, false, scores);  // do . v
+          for (int r = 0; r < nq; ++r) {
+            float *p = Pt + r * kTileT, *dp = dP + r * kTileT;
+            const int valid = std::min(nk, i0 + r - j0 + 1);
+            const float lr = row_lse[i0 + r], Dr = D[i0 + r];
+            for (int c = 0; c < nkp; c += W) {
+              const vi live = lane_index() + c < valid;
+              const vf pv = live ? vexp(load(p + c) * alpha - lr) : vf{};  // masked lanes: never-written memory
+              store(p + c, pv);
+              store(dp + c, live ? pv * (load(dp + c) - Dr) : vf{});
+            }
           }
+          // key rows [c0, ..) meet queries i >= j0 + c0 (tile rows from j0 + c0 - i0)
+          auto queries = [&](int c0, int) { return Extent{d.hp, std::max(0, j0 + c0 - i0), nq}; };
+          causal_gemm(dVj, d.hp, Pt, 1, kTileT, dO.row(i0), dO.ld, nkp, true, queries);  // P^T dO
+          causal_gemm(dQ + static_cast<size_t>(i0) * d.hp, d.hp, dP, kTileT, 1, K.row(j0), K.ld, nq, true,
+                      [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });             // dS K
+          causal_gemm(dKj, d.hp, dP, 1, kTileT, Q.row(i0), Q.ld, nkp, true, queries);     // dS^T Q
         }
-        // key rows [c0, ..) meet queries i >= j0 + c0 (tile rows from j0 + c0 - i0)
-        auto queries = [&](int c0, int) { return Extent{d.hp, std::max(0, j0 + c0 - i0), nq}; };
-        causal_gemm(dV, d.hp, P, 1, kTileT, dO.row(i0), dO.ld, nkp, true, queries);  // P^T dO
-        causal_gemm(dQ + static_cast<size_t>(i0) * d.hp, d.hp, dP, kTileT, 1, K.row(j0), K.ld, nq, true,
-                    [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });           // dS K
-        causal_gemm(dK, d.hp, dP, 1, kTileT, Q.row(i0), Q.ld, nkp, true, queries);  // dS^T Q
       }
-      for (int c = 0; c < nk; ++c) {
-        float* g = dqkv + (static_cast<size_t>(b) * T + j0 + c) * ld + h * d.hd;
-        for (int k = 0; k < d.hd; ++k) {
-          g[A + k] = alpha * dK[c * d.hp + k];
-          g[2 * A + k] = dV[c * d.hp + k];
-        }
+      for (int t = 0; t < T; ++t) {
+        float* g = dqkv + (static_cast<size_t>(b) * T + t) * ld + d.q(h);
+        for (int k = 0; k < d.hd; ++k) g[k] = alpha * dQ[static_cast<size_t>(t) * d.hp + k];
       }
     }
     for (int t = 0; t < T; ++t) {
-      float* g = dqkv + (static_cast<size_t>(b) * T + t) * ld + h * d.hd;
-      for (int k = 0; k < d.hd; ++k) g[k] = alpha * dQ[static_cast<size_t>(t) * d.hp + k];
+      float* g = dqkv + (static_cast<size_t>(b) * T + t) * ld;
+      for (int k = 0; k < d.hd; ++k) {
+        g[d.k(kvh) + k] = alpha * dK[static_cast<size_t>(t) * d.hp + k];
+        g[d.v(kvh) + k] = dV[static_cast<size_t>(t) * d.hp + k];
+      }
     }
   });
 }
@@ -883,7 +972,8 @@ extern const Kernels kernels;  // found by cpu_kernels.cpp
 const Kernels kernels = {
     Z3D_STR(ZERO3D_ISA),
     embedding_forward, embedding_backward, layernorm_forward, layernorm_backward, add_bias, bias_backward,
-    gelu_forward, gelu_backward, add, accumulate, scale, attention_forward, attention_backward, crossentropy,
+    gelu_forward, gelu_backward, add, accumulate, scale, attention_forward, attention_backward, rmsnorm_forward,
+    rmsnorm_backward, rope, swiglu_forward, swiglu_backward, crossentropy,
     vocab_row_max, vocab_sumexp, vocab_crossentropy_grad, adam_step, cast_to_bf16, cast_from_bf16, cast_to_fp16,
     cast_from_fp16, accumulate_bf16, accumulate_fp16, exp, sum_squares, sum, fma_peak,
 };

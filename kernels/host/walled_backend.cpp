@@ -102,12 +102,28 @@ class WalledBackend final : public Backend, public DeviceMemory {
   }
   void add(float* out, const float* a, const float* b, size_t n) override { run([&] { inner_->add(out, a, b, n); }); }
   void accumulate(float* out, const float* a, size_t n) override { run([&] { inner_->accumulate(out, a, n); }); }
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int A) override {
-    run([&] { inner_->attention_forward(out, lse, qkv, B, T, H, A); });
+  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) override {
+    run([&] { inner_->attention_forward(out, lse, qkv, B, T, H, Hkv, A); });
   }
   void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
-                          int T, int H, int A) override {
-    run([&] { inner_->attention_backward(dqkv, dout, out, lse, qkv, B, T, H, A); });
+                          int T, int H, int Hkv, int A) override {
+    run([&] { inner_->attention_backward(dqkv, dout, out, lse, qkv, B, T, H, Hkv, A); });
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) override {
+    run([&] { inner_->rmsnorm_forward(out, rstd, x, w, N, C, eps); });
+  }
+  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd, int N,
+                        int C) override {
+    run([&] { inner_->rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C); });
+  }
+  void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
+    run([&] { inner_->rope(x, cs, N, T, heads, hd, ld, backward); });
+  }
+  void swiglu_forward(float* out, const float* h, int N, int F) override {
+    run([&] { inner_->swiglu_forward(out, h, N, F); });
+  }
+  void swiglu_backward(float* dh, const float* h, const float* dout, int N, int F) override {
+    run([&] { inner_->swiglu_backward(dh, h, dout, N, F); });
   }
   void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
                     float dloss) override {

@@ -46,6 +46,7 @@ CheckpointHeader checkpoint_header(const CheckpointRun& run, const TrainingState
   h.precision = name_of(c.precision);
   h.n_layer = c.model.n_layer, h.n_head = c.model.n_head, h.d_model = c.model.d_model;
   h.vocab_size = c.model.vocab_size, h.seq_len = c.model.seq_len;
+  h.architecture = architecture_of(c.model).dump();
   h.config = c.resolved.dump();
   h.loss_scaler = st.loss_scaler;  // each owner describes its own state
   h.lr_scheduler = schedule_state(c.scheduler, c.optimizer.lr, st.optimizer_steps);

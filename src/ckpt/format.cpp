@@ -50,6 +50,7 @@ const std::vector<HeaderField> kHeaderFields = {
     {"d_model", &H::d_model, "model shape"},
     {"vocab_size", &H::vocab_size, "model shape"},
     {"seq_len", &H::seq_len, "model shape"},
+    {"architecture", &H::architecture, "the architecture keys (JSON); absent in GPT-2 checkpoints before them"},
     {"config", &H::config, "the resolved run config (JSON)"},
     {"loss_scaler", &H::loss_scaler, "the fp16 loss scaler's state (JSON)"},
     {"lr_scheduler", &H::lr_scheduler, "the LR schedule's position (JSON)"},
@@ -86,7 +87,9 @@ CheckpointHeader read_header(hid_t file, const std::string& path) {
   if (h.format_version > kCheckpointFormatVersion)
     throw UserError(strprintf("checkpoint '%s' has format version %lld; this zero3d reads up to %d (upgrade zero3d)",
                               path.c_str(), (long long)h.format_version, kCheckpointFormatVersion));
-  for (size_t i = 2; i < kHeaderFields.size(); ++i) need(kHeaderFields[i]);
+  for (size_t i = 2; i < kHeaderFields.size(); ++i)
+    if (std::string(kHeaderFields[i].name) != "architecture") need(kHeaderFields[i]);
+  read_attr(file, "architecture", h.architecture);  // optional
   return h;
 }
 

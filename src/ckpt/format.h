@@ -45,6 +45,7 @@ struct CheckpointHeader {
   int64_t world_size = 0, tp = 0, pp = 0, dp = 0, zero_stage = 0;
   std::string precision;
   int64_t n_layer = 0, n_head = 0, d_model = 0, vocab_size = 0, seq_len = 0;
+  std::string architecture;  // config/config.h's architecture_of, JSON; "" in checkpoints before it (GPT-2)
   std::string config, loss_scaler, lr_scheduler, rng, checksum_algorithm;
 
   bool mixed() const { return precision != "fp32"; }  // 16-bit /model and an fp32 /optimizer/master
@@ -60,7 +61,8 @@ struct HeaderField {
 extern const std::vector<HeaderField> kHeaderFields;
 
 void write_header(hid_t file, const CheckpointHeader& h);  // collective in a parallel file
-// Every field; UserError naming `path` and the first attribute that is missing or of another type.
+// Every field; UserError naming `path` and the first attribute that is missing or of another type
+// (but "architecture", which checkpoints from before the Llama family lack: "" then).
 CheckpointHeader read_header(hid_t file, const std::string& path);
 // Each field's value as text, "(missing)" where it is absent (inspect shows what is there).
 std::vector<std::pair<const HeaderField*, std::string>> header_text(hid_t file);

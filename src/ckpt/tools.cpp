@@ -74,6 +74,14 @@ std::optional<ModelConfig> model_of(hid_t f) {
     if (!read_attr(f, keys[i], v[i]) || v[i] <= 0 || v[i] > INT_MAX) return std::nullopt;
   ModelConfig m;
   m.vocab_size = int(v[0]), m.seq_len = int(v[1]), m.n_layer = int(v[2]), m.n_head = int(v[3]), m.d_model = int(v[4]);
+  std::string arch;  // absent before the Llama family: GPT-2, ModelConfig's defaults
+  if (read_attr(f, "architecture", arch)) {
+    try {
+      set_architecture(m, nlohmann::json::parse(arch));
+    } catch (const nlohmann::json::exception&) {
+      return std::nullopt;
+    }
+  }
   return m;
 }
 

@@ -17,13 +17,39 @@
 
 namespace zero3d {
 
+// The architecture as data: GPT-2 (LayerNorm, learned positions, GELU MLP, biases, tied LM head)
+// and the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases, untied head)
+// are two settings of the same keys; model.arch picks their defaults.
 struct ModelConfig {
   int vocab_size = 0;
   int seq_len = 0;
   int n_layer = 0;
   int n_head = 0;
   int d_model = 0;
+  std::string arch = "gpt2";         // "gpt2" | "llama": the defaults of the keys below
+  std::string norm = "layernorm";    // "layernorm" (eps 1e-5, with bias) | "rmsnorm"
+  double rms_norm_eps = 1e-5;
+  std::string position = "learned";  // "learned" (wpe) | "rope"
+  double rope_theta = 500000.0;
+  std::string mlp = "gelu";          // "gelu" (tanh approximation) | "swiglu"
+  int intermediate_size = 0;         // the MLP's hidden width; 0: gelu 4 d_model, swiglu Meta's rule
+  int num_key_value_heads = 0;       // 0: n_head (multi-head attention)
+  bool bias = true;                  // biases on the linear layers
+  bool tie_word_embeddings = true;   // the LM head is the token embedding
+
+  int head_dim() const { return d_model / n_head; }
+  int kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : n_head; }
+  int ffn_hidden() const;  // intermediate_size, or its default for this MLP
+  bool rmsnorm() const { return norm == "rmsnorm"; }
+  bool rope() const { return position == "rope"; }
+  bool swiglu() const { return mlp == "swiglu"; }
 };
+// Meta's Llama rule for the SwiGLU width: 2/3 of 4 d_model, rounded up to a multiple of 256.
+int swiglu_default_width(int d_model);
+// The architecture keys (all but the shape) as a JSON object, and back: what a checkpoint records
+// beside the shape. A missing key keeps m's value (a checkpoint older than these keys is GPT-2's).
+nlohmann::json architecture_of(const ModelConfig& m);
+void set_architecture(ModelConfig& m, const nlohmann::json& arch);
 
 struct DataConfig {
   std::string train;      // llm.c token file

@@ -321,9 +321,10 @@ class Resolver {
       if (sel.empty())
         fail({k.path, k.when_key}, strprintf("config key '%s' needs %s to be set (it applies to %s)", k.path.c_str(),
                                              k.when_key.c_str(), quoted_list(k.when_values).c_str()));
+      const std::string others = takes.empty() ? "" : strprintf("; \"%s\" takes: %s", sel.c_str(), takes.c_str());
       fail({k.path, k.when_key},
-           strprintf("config key '%s' does not apply to %s \"%s\" (it applies to %s; \"%s\" takes: %s)", k.path.c_str(),
-                     k.when_key.c_str(), sel.c_str(), quoted_list(k.when_values).c_str(), sel.c_str(), takes.c_str()));
+           strprintf("config key '%s' does not apply to %s \"%s\" (it applies to %s%s)", k.path.c_str(),
+                     k.when_key.c_str(), sel.c_str(), quoted_list(k.when_values).c_str(), others.c_str()));
     }
     for (const json& op : value("comms_logger.prof_ops"))
       if (!std::set<std::string>{"all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv"}.count(
@@ -483,28 +484,30 @@ class Resolver {
   }
 
   void check_model() {
-    int64_t d = value("model.d_model").get<int64_t>(), h = value("model.n_head").get<int64_t>();
-    if (d % h != 0)
-      fail({"model.d_model", "model.n_head"},
-           strprintf("model.d_model %lld must be divisible by model.n_head %lld (each head gets d_model / n_head "
-                     "channels)",
-                     (long long)d, (long long)h));
-    const int64_t tp = value("tensor_parallel.tp_size").get<int64_t>(), v = value("model.vocab_size").get<int64_t>();
-    if (h % tp != 0)
-      fail({"tensor_parallel.tp_size", "model.n_head"},
-           strprintf("model.n_head %lld must be divisible by tensor_parallel.tp_size %lld (attention heads are split "
-                     "across the tensor-parallel ranks)",
-                     (long long)h, (long long)tp));
-    const int64_t pp = value("pipeline_parallel.pp_size").get<int64_t>(), L = value("model.n_layer").get<int64_t>();
-    if (L < pp)
+    auto get = [&](const char* k) { return value(k).get<int64_t>(); };
+    // num must be divisible by den: one line naming both keys, their values and why.
+    auto divides = [&](const char* num, const char* den, const char* why) {
+      if (get(num) % get(den) != 0)
+        fail({den, num}, strprintf("%s %lld must be divisible by %s %lld (%s)", num, (long long)get(num), den,
+                                   (long long)get(den), why));
+    };
+    const char *tp = "tensor_parallel.tp_size", *heads = "model.n_head";
+    divides("model.d_model", heads, "each head gets d_model / n_head channels");
+    divides(heads, tp, "attention heads are split across the tensor-parallel ranks");
+    divides(heads, "model.num_key_value_heads", "each key/value head serves the same number of query heads");
+    divides("model.num_key_value_heads", tp,
+            "each tensor-parallel rank holds whole key/value heads; use a tp_size that divides it");
+    divides("model.intermediate_size", tp, "the MLP's hidden units are split across the tensor-parallel ranks");
+    const int64_t hd = get("model.d_model") / get(heads);
+    if (value("model.position") == "rope" && hd % 2 != 0)
+      fail({"model.position", "model.d_model", heads},
+           strprintf("rotary embeddings need an even head width; d_model / n_head is %lld", (long long)hd));
+    if (get("model.n_layer") < get("pipeline_parallel.pp_size"))
       fail({"pipeline_parallel.pp_size", "model.n_layer"},
            strprintf("pipeline_parallel.pp_size %lld is larger than model.n_layer %lld (every stage needs a layer)",
-                     (long long)pp, (long long)L));
-    if (v % tp != 0)
-      fail({"tensor_parallel.tp_size", "model.vocab_size"},
-           strprintf("model.vocab_size %lld must be divisible by tensor_parallel.tp_size %lld (the embedding and LM "
-                     "head are split by vocabulary rows; pad the vocabulary, as llm.c's 50304 does)",
-                     (long long)v, (long long)tp));
+                     (long long)get("pipeline_parallel.pp_size"), (long long)get("model.n_layer")));
+    divides("model.vocab_size", tp,
+            "the embedding and LM head are split by vocabulary rows; pad the vocabulary, as llm.c's 50304 does");
   }
 
   std::string provenance_of(const Key& k) const {

@@ -27,6 +27,35 @@ const char* name_of(SchedulerType t) {
   return n[static_cast<int>(t)];
 }
 
+int swiglu_default_width(int d_model) { return (8 * d_model / 3 + 255) / 256 * 256; }
+int ModelConfig::ffn_hidden() const {
+  if (intermediate_size > 0) return intermediate_size;
+  return swiglu() ? swiglu_default_width(d_model) : 4 * d_model;
+}
+
+nlohmann::json architecture_of(const ModelConfig& m) {
+  return {{"arch", m.arch},
+          {"norm", m.norm},
+          {"rms_norm_eps", m.rms_norm_eps},
+          {"position", m.position},
+          {"rope_theta", m.rope_theta},
+          {"mlp", m.mlp},
+          {"intermediate_size", m.ffn_hidden()},
+          {"num_key_value_heads", m.kv_heads()},
+          {"bias", m.bias},
+          {"tie_word_embeddings", m.tie_word_embeddings}};
+}
+
+void set_architecture(ModelConfig& m, const nlohmann::json& a) {
+  auto get = [&](const char* k, auto& v) {
+    if (a.contains(k)) v = a.at(k).get<std::remove_reference_t<decltype(v)>>();
+  };
+  get("arch", m.arch), get("norm", m.norm), get("rms_norm_eps", m.rms_norm_eps), get("position", m.position);
+  get("rope_theta", m.rope_theta), get("mlp", m.mlp), get("intermediate_size", m.intermediate_size);
+  get("num_key_value_heads", m.num_key_value_heads), get("bias", m.bias);
+  get("tie_word_embeddings", m.tie_word_embeddings);
+}
+
 namespace config_schema {
 namespace {
 
@@ -277,6 +306,36 @@ std::vector<Key> build() {
           .range(1, kIntMax).no_default().need(),
       field("model.d_model", at(&Config::model, &MC::d_model), "residual stream width").range(1, kIntMax)
           .no_default().need(),
+      choice("model.arch", at(&Config::model, &MC::arch), {"gpt2", "llama"},
+             "architecture preset: the defaults of model.norm, position, mlp, bias and tie_word_embeddings (gpt2: "
+             "layernorm, learned, gelu, true, true; llama: rmsnorm, rope, swiglu, false, false)"),
+      choice("model.norm", at(&Config::model, &MC::norm), {"layernorm", "rmsnorm"},
+             "normalization: LayerNorm with bias (eps 1e-5) or RMSNorm (eps model.rms_norm_eps)")
+          .derived_default([](const Lookup& get) { return json(get("model.arch") == "llama" ? "rmsnorm" : "layernorm"); }),
+      field("model.rms_norm_eps", at(&Config::model, &MC::rms_norm_eps), "RMSNorm's epsilon (Hugging Face's name)")
+          .range(0, kInf, true).only_when("model.norm", {"rmsnorm"}),
+      choice("model.position", at(&Config::model, &MC::position), {"learned", "rope"},
+             "positions: a learned embedding (wpe) or rotary embeddings on queries and keys")
+          .derived_default([](const Lookup& get) { return json(get("model.arch") == "llama" ? "rope" : "learned"); }),
+      field("model.rope_theta", at(&Config::model, &MC::rope_theta), "RoPE's base (Llama 3: 500000, Llama 2: 10000)")
+          .range(0, kInf, true).only_when("model.position", {"rope"}),
+      choice("model.mlp", at(&Config::model, &MC::mlp), {"gelu", "swiglu"},
+             "MLP: GELU (tanh approximation) or SwiGLU (silu(gate) * up, three matrices)")
+          .derived_default([](const Lookup& get) { return json(get("model.arch") == "llama" ? "swiglu" : "gelu"); }),
+      field("model.intermediate_size", at(&Config::model, &MC::intermediate_size),
+            "the MLP's hidden width (Hugging Face's name)").range(1, kIntMax)
+          .derived_default([](const Lookup& get) {
+            const int d = static_cast<int>(get("model.d_model").get<int64_t>());
+            return json(get("model.mlp") == "swiglu" ? swiglu_default_width(d) : 4 * d);
+          }),
+      field("model.num_key_value_heads", at(&Config::model, &MC::num_key_value_heads),
+            "key/value heads (grouped-query attention; must divide n_head; n_head: multi-head, 1: multi-query)")
+          .range(1, kIntMax).derived_default([](const Lookup& get) { return get("model.n_head"); }),
+      field("model.bias", at(&Config::model, &MC::bias), "biases on the linear layers")
+          .derived_default([](const Lookup& get) { return json(get("model.arch") == "gpt2"); }),
+      field("model.tie_word_embeddings", at(&Config::model, &MC::tie_word_embeddings),
+            "the LM head is the token embedding (else a matrix of its own, lm_head.weight)")
+          .derived_default([](const Lookup& get) { return json(get("model.arch") == "gpt2"); }),
       field("data.train", at(&Config::data, &DC::train), "llm.c token file for training").non_empty().no_default().need(),
       field("data.val", at(&Config::data, &DC::val), "llm.c token file for validation; \"\" = none"),
       field("data.val_interval", at(&Config::data, &DC::val_interval),

@@ -6,14 +6,66 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "kernels/math/rope.h"
 #include "model/param_store.h"
 #include "parallel/comm.h"
 
 namespace zero3d {
 
 namespace {
-// Per-layer parameter order; the constructor and layer_params() both follow it.
+// A block's tensors in table order; a model without biases (or with RMSNorm) leaves some out.
 enum LayerParam { kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kNumLayerParams };
+
+struct BlockTensor {
+  LayerParam role;
+  const char* name;
+  std::vector<int64_t> shape;
+  bool decay;
+  TpSplit split;
+  std::vector<int64_t> blocks;  // TpSplit::blocks: logical rows of each block
+};
+
+// The tensors of one transformer block of model m, in table order.
+std::vector<BlockTensor> block_tensors(const ModelConfig& m) {
+  const int64_t C = m.d_model, hd = m.head_dim(), Q = int64_t{m.n_head} * hd, KV = int64_t{m.kv_heads()} * hd,
+                F = m.ffn_hidden();
+  const bool ln = !m.rmsnorm(), b = m.bias;
+  using S = TpSplit;
+  const std::vector<int64_t> qkv{Q, KV, KV}, fc = m.swiglu() ? std::vector<int64_t>{F, F} : std::vector<int64_t>{F};
+  const int64_t fc_rows = m.swiglu() ? 2 * F : F;
+  std::vector<BlockTensor> t;
+  auto add = [&](bool present, BlockTensor bt) {
+    if (present) t.push_back(std::move(bt));
+  };
+  add(true, {kLn1W, "ln_1.weight", {C}, false, S::none, {}});
+  add(ln, {kLn1B, "ln_1.bias", {C}, false, S::none, {}});
+  add(true, {kQkvW, "attn.c_attn.weight", {Q + 2 * KV, C}, true, S::blocks, qkv});  // column-parallel, whole heads
+  add(b, {kQkvB, "attn.c_attn.bias", {Q + 2 * KV}, false, S::blocks, qkv});
+  add(true, {kProjW, "attn.c_proj.weight", {C, Q}, true, S::cols, {}});  // row-parallel
+  add(b, {kProjB, "attn.c_proj.bias", {C}, false, S::none, {}});
+  add(true, {kLn2W, "ln_2.weight", {C}, false, S::none, {}});
+  add(ln, {kLn2B, "ln_2.bias", {C}, false, S::none, {}});
+  add(true, {kFcW, "mlp.c_fc.weight", {fc_rows, C}, true, S::blocks, fc});  // column-parallel ([gate | up])
+  add(b, {kFcB, "mlp.c_fc.bias", {fc_rows}, false, S::blocks, fc});
+  add(true, {kFcProjW, "mlp.c_proj.weight", {C, F}, true, S::cols, {}});  // row-parallel
+  add(b, {kFcProjB, "mlp.c_proj.bias", {C}, false, S::none, {}});
+  return t;
+}
+
+// Local row r of a TpSplit::blocks tensor: its block, the block's first local and logical rows.
+struct BlockRow {
+  size_t block, local0, logical0, part;
+};
+BlockRow block_row(const ParamInfo& p, size_t r) {
+  size_t local0 = 0, logical0 = 0;
+  for (size_t b = 0; b < p.blocks.size(); ++b) {
+    const size_t part = static_cast<size_t>(p.blocks[b]) / static_cast<size_t>(p.tp);
+    if (r < local0 + part || b + 1 == p.blocks.size()) return {b, local0, logical0, part};
+    local0 += part;
+    logical0 += static_cast<size_t>(p.blocks[b]);
+  }
+  return {0, 0, 0, 0};
+}
 }  // namespace
 
 PipelineStage pipeline_stage(const ModelConfig& m, int pp, int pp_rank) {
@@ -24,44 +76,40 @@ PipelineStage pipeline_stage(const ModelConfig& m, int pp, int pp_rank) {
 std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp, int tp_rank, int pp, int pp_rank) {
   const int64_t V = m.vocab_size, T = m.seq_len, C = m.d_model;
   const PipelineStage stage = pipeline_stage(m, pp, pp_rank);
+  const std::vector<BlockTensor> block = block_tensors(m);
+  // Ids number the whole model's tensors in table order (the RNG streams of their initial values).
+  const int emb = m.rope() ? 1 : 2, per_block = static_cast<int>(block.size()), final_id = emb + per_block * m.n_layer;
   std::vector<ParamInfo> t;
   int unit = 0;
-  auto add = [&](std::string name, std::vector<int64_t> logical, bool decay, TpSplit split, int id) {
+  auto add = [&](std::string name, std::vector<int64_t> logical, bool decay, TpSplit split, int id,
+                 std::vector<int64_t> blocks = {}) {
     ParamInfo p{std::move(name), logical, 0, 1, decay, unit, split, logical, tp, tp_rank, id};
+    p.blocks = std::move(blocks);
     if (split == TpSplit::cols) p.shape[1] /= tp;
     else if (split != TpSplit::none) p.shape[0] /= tp;
     for (auto d : p.shape) p.size *= static_cast<size_t>(d);
     p.offset = t.empty() ? 0 : t.back().offset + t.back().size;
-    p.own_bucket = p.name == "wte" && pp > 1;
+    p.own_bucket = p.name == "wte" && pp > 1 && m.tie_word_embeddings;
     t.push_back(std::move(p));
   };
   using S = TpSplit;
   if (stage.first()) {
-    add("wte", {V, C}, true, S::rows, 0);  // vocab-parallel embedding and LM head
-    add("wpe", {T, C}, true, S::none, 1);
+    add("wte", {V, C}, true, S::rows, 0);  // vocab-parallel embedding (and, tied, LM head)
+    if (!m.rope()) add("wpe", {T, C}, true, S::none, 1);
     ++unit;
   }
   for (int l = stage.first_layer; l < stage.first_layer + stage.num_layers; ++l, ++unit) {
-    std::string h = "h." + std::to_string(l) + ".";
-    const int id = 2 + 12 * l;
-    add(h + "ln_1.weight", {C}, false, S::none, id);
-    add(h + "ln_1.bias", {C}, false, S::none, id + 1);
-    add(h + "attn.c_attn.weight", {3 * C, C}, true, S::rows3, id + 2);  // column-parallel, whole heads
-    add(h + "attn.c_attn.bias", {3 * C}, false, S::rows3, id + 3);
-    add(h + "attn.c_proj.weight", {C, C}, true, S::cols, id + 4);  // row-parallel
-    add(h + "attn.c_proj.bias", {C}, false, S::none, id + 5);
-    add(h + "ln_2.weight", {C}, false, S::none, id + 6);
-    add(h + "ln_2.bias", {C}, false, S::none, id + 7);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, true, S::rows, id + 8);  // column-parallel
-    add(h + "mlp.c_fc.bias", {4 * C}, false, S::rows, id + 9);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, true, S::cols, id + 10);  // row-parallel
-    add(h + "mlp.c_proj.bias", {C}, false, S::none, id + 11);
+    const std::string h = "h." + std::to_string(l) + ".";
+    for (int k = 0; k < per_block; ++k)
+      add(h + block[k].name, block[k].shape, block[k].decay, block[k].split, emb + per_block * l + k, block[k].blocks);
   }
   if (stage.last()) {
-    const int id = 2 + 12 * m.n_layer;
-    add("ln_f.weight", {C}, false, S::none, id);
-    add("ln_f.bias", {C}, false, S::none, id + 1);
-    if (pp > 1) {  // the LM head's copy of the tied embedding, kept equal to the first stage's
+    int id = final_id;
+    add("ln_f.weight", {C}, false, S::none, id++);
+    if (!m.rmsnorm()) add("ln_f.bias", {C}, false, S::none, id++);
+    if (!m.tie_word_embeddings) {
+      add("lm_head.weight", {V, C}, true, S::rows, id);  // vocab-parallel, like wte
+    } else if (pp > 1) {  // the LM head's copy of the tied embedding, kept equal to the first stage's
       add("wte", {V, C}, true, S::rows, 0);
       t.back().tied_copy = true;
     }
@@ -72,13 +120,12 @@ std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp, int tp_rank
 size_t logical_index(const ParamInfo& p, size_t local) {
   const size_t cols = p.shape.size() > 1 ? static_cast<size_t>(p.shape[1]) : 1;
   const size_t i = local / cols, j = local % cols, r = static_cast<size_t>(p.tp_rank);
-  const size_t rows = static_cast<size_t>(p.shape[0]);
   switch (p.split) {
     case TpSplit::none: return local;
-    case TpSplit::rows: return (r * rows + i) * cols + j;
-    case TpSplit::rows3: {  // local rows [q_r | k_r | v_r], each rows/3 long
-      const size_t part = rows / 3, block = i / part, within = i % part;
-      return (block * part * p.tp + r * part + within) * cols + j;
+    case TpSplit::rows: return (r * static_cast<size_t>(p.shape[0]) + i) * cols + j;
+    case TpSplit::blocks: {  // local rows: this rank's share of each block, in block order
+      const BlockRow b = block_row(p, i);
+      return (b.logical0 + r * b.part + (i - b.local0)) * cols + j;
     }
     case TpSplit::cols: return i * cols * p.tp + r * cols + j;
   }
@@ -90,9 +137,9 @@ size_t logical_run(const ParamInfo& p, size_t local) {
   switch (p.split) {
     case TpSplit::none:
     case TpSplit::rows: return p.size - local;
-    case TpSplit::rows3: {
-      const size_t block = p.size / 3;  // elements of each of q, k, v on this rank
-      return block - local % block;
+    case TpSplit::blocks: {  // to the end of the local block
+      const BlockRow b = block_row(p, local / cols);
+      return (b.local0 + b.part) * cols - local;
     }
     case TpSplit::cols: return cols - local % cols;
   }
@@ -122,12 +169,12 @@ std::vector<LogicalRect> logical_rects(const ParamInfo& p, size_t begin, size_t 
       case TpSplit::none: out.push_back(q); break;
       case TpSplit::rows: out.push_back({q.r0 + r * R, q.c0, q.rows, q.cols}); break;
       case TpSplit::cols: out.push_back({q.r0, q.c0 + r * C, q.rows, q.cols}); break;
-      case TpSplit::rows3: {  // cut at the q/k/v blocks, R/3 local rows each
-        const size_t part = R / 3;
+      case TpSplit::blocks: {  // cut at the blocks
         for (size_t a = q.r0; a < q.r0 + q.rows;) {
-          const size_t b = std::min(q.r0 + q.rows, (a / part + 1) * part);
-          out.push_back({(a / part) * part * p.tp + r * part + a % part, q.c0, b - a, q.cols});
-          a = b;
+          const BlockRow b = block_row(p, a);
+          const size_t e = std::min(q.r0 + q.rows, b.local0 + b.part);
+          out.push_back({b.logical0 + r * b.part + (a - b.local0), q.c0, e - a, q.cols});
+          a = e;
         }
         break;
       }
@@ -136,10 +183,20 @@ std::vector<LogicalRect> logical_rects(const ParamInfo& p, size_t begin, size_t 
   return out;
 }
 
+std::string describe_architecture(const ModelConfig& m) {
+  const std::string heads = m.kv_heads() == m.n_head ? std::to_string(m.n_head) + " heads"
+                                                       : strprintf("%d heads (%d key/value heads)", m.n_head, m.kv_heads());
+  return strprintf("%s: %d layers, d_model %d, %s of %d, %s, %s, %s %d, %s, %s", m.arch.c_str(), m.n_layer, m.d_model,
+                   heads.c_str(), m.head_dim(), m.rmsnorm() ? "RMSNorm" : "LayerNorm",
+                   m.rope() ? strprintf("RoPE (theta %g)", m.rope_theta).c_str() : "learned positions",
+                   m.swiglu() ? "SwiGLU" : "GELU", m.ffn_hidden(), m.bias ? "biases" : "no biases",
+                   m.tie_word_embeddings ? "LM head tied to wte" : "untied LM head");
+}
+
 double gpt_flops_per_token(const ModelConfig& m) {  // the whole model's, whatever the layout
   double n = 0;
-  for (const auto& p : gpt_param_table(m))
-    if (p.name != "wpe") n += static_cast<double>(p.size);
+  for (const auto& p : gpt_param_table(m))  // a lookup is no matrix multiply: wpe, and wte when untied
+    if (p.name != "wpe" && (p.name != "wte" || m.tie_word_embeddings)) n += static_cast<double>(p.size);
   return 6.0 * n + 6.0 * m.n_layer * static_cast<double>(m.d_model) * (m.seq_len + 1);
 }
 
@@ -177,25 +234,35 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
     : be_(backend), cfg_(config), opt_(options), tp_(tp), tp_size_(tp ? tp->size() : 1), tp_rank_(tp ? tp->rank() : 0),
       stage_(stage.num_layers < 0 ? PipelineStage{0, 1, 0, config.n_layer} : stage), B_(micro_batch),
       T_(config.seq_len), C_(config.d_model), V_(config.vocab_size / tp_size_), L_(stage_.num_layers),
-      H_(config.n_head / tp_size_), A_(config.d_model / tp_size_), F_(4 * config.d_model / tp_size_),
-      vocab_start_(tp_rank_ * V_), store_(store), layout_(store.layout()) {
+      H_(config.n_head / tp_size_), A_(config.d_model / tp_size_), F_(config.ffn_hidden() / tp_size_),
+      vocab_start_(tp_rank_ * V_), Hkv_(config.kv_heads() / tp_size_), hd_(config.head_dim()),
+      QKV_(A_ + 2 * Hkv_ * hd_), F2_(config.swiglu() ? 2 * F_ : F_), store_(store), layout_(store.layout()) {
+  role_.assign(kNumLayerParams, -1);
+  for (const BlockTensor& t : block_tensors(config)) role_[t.role] = block_size_++;
   Z3D_ASSERT(layout_.tensors.size() == gpt_param_table(config, tp_size_, tp_rank_, stage_.size, stage_.rank).size(),
              "parameter layout does not match the model");
   locate_units_and_modules();
   plan_activations();
   plan_backward_scratch();
+  if (config.rope()) {
+    const std::vector<float> cs = math::rope_table(T_, hd_, config.rope_theta);
+    rope_cs_ = DeviceBuffer<float>(be_, cs.size());
+    be_.copy_from_host(rope_cs_.data(), cs.data(), rope_cs_.bytes());
+    activation_bytes_ += rope_cs_.bytes();
+  }
 }
 
 // Where this stage's share lives: units of the parameter layout, tensor indices, profiled modules.
 void GPT::locate_units_and_modules() {
   // Units: [embeddings] blocks [final LayerNorm (+ the LM head's wte copy with pp > 1)].
   const int num_units = static_cast<int>(layout_.units.size());
-  if (stage_.first()) emb_unit_ = 0, first_block_unit_ = 1, block_tensor0_ = 2;
-  if (stage_.last()) {
+  if (stage_.first()) emb_unit_ = 0, first_block_unit_ = 1, block_tensor0_ = cfg_.rope() ? 1 : 2;
+  if (stage_.last()) {  // the LM head's weight: wte (tied, one stage), its copy (tied) or lm_head.weight
     final_unit_ = num_units - 1;
-    lnf_index_ = block_tensor0_ + 12 * static_cast<size_t>(L_);
-    head_unit_ = stage_.first() ? emb_unit_ : final_unit_;
-    head_wte_index_ = stage_.first() ? 0 : lnf_index_ + 2;
+    lnf_index_ = block_tensor0_ + static_cast<size_t>(block_size_) * L_;
+    const bool in_emb = cfg_.tie_word_embeddings && stage_.first();
+    head_unit_ = in_emb ? emb_unit_ : final_unit_;
+    head_wte_index_ = in_emb ? 0 : lnf_index_ + (cfg_.rmsnorm() ? 1 : 2);
   }
   Z3D_ASSERT(layout_.tensors[0].tp == tp_size_ && layout_.tensors[0].tp_rank == tp_rank_,
              "parameter layout is for another tensor-parallel rank");
@@ -205,15 +272,16 @@ void GPT::locate_units_and_modules() {
   head_module_ = lnf_module_ + 1;
 }
 
-// Activation plan. A block's activations: ln1, res2, ln2 (N*C each), qkv (3 N*A), atty (N*A),
-// fch and fch_gelu (N*F each), 4 N LayerNorm statistics and the attention's B*H*T row
+// Activation plan. A block's activations: ln1, res2, ln2 (N*C each), qkv (N*QKV), atty (N*A),
+// fch (N*F2) and fch_gelu (N*F), 4 N norm statistics and the attention's B*H*T row
 // log-sum-exps (this rank's heads; the T x T probabilities are recomputed in backward, never
 // stored); one set per layer, or a single shared set with activation checkpointing. Plus the
 // residual stream x_0..x_L, the final LayerNorm, one row block of this rank's logits (the LM
 // head runs in blocks of at most 2^25 logits, 128 MiB) and the losses.
 void GPT::plan_activations() {
-  const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_, lse = static_cast<size_t>(B_) * H_ * T_;
-  const size_t per_set = N * C * 3 + N * A * 4 + N * F * 2 + N * 4 + lse;
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_, F2 = F2_, QKV = QKV_,
+               lse = static_cast<size_t>(B_) * H_ * T_;
+  const size_t per_set = N * C * 3 + N * QKV + N * A + N * F2 + N * F + N * 4 + lse;
   const size_t sets = opt_.checkpoint_activations ? 1 : static_cast<size_t>(L_);
   head_rows_ = static_cast<int>(std::min<size_t>(N, std::max<size_t>(256, (size_t{1} << 25) / V_)));
   const size_t total = per_set * sets + N * C * (L_ + 2) + N * 3 + static_cast<size_t>(head_rows_) * V_;
@@ -227,14 +295,14 @@ void GPT::plan_activations() {
     a.ln1 = take(N * C);
     a.ln1_mean = take(N);
     a.ln1_rstd = take(N);
-    a.qkv = take(3 * N * A);
+    a.qkv = take(N * QKV);
     a.lse = take(lse);
     a.atty = take(N * A);
     a.res2 = take(N * C);
     a.ln2 = take(N * C);
     a.ln2_mean = take(N);
     a.ln2_rstd = take(N);
-    a.fch = take(N * F);
+    a.fch = take(N * F2);
     a.fch_gelu = take(N * F);
     layers_.push_back(a);
   }
@@ -253,17 +321,18 @@ void GPT::plan_activations() {
   Z3D_ASSERT(p <= acts_.data() + total, "activation plan overflows its allocation");
 }
 
-// Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradient. Then the
+// Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradients. Then the
 // token buffers and the cross-entropy's row statistics.
 void GPT::plan_backward_scratch() {
-  const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_;
-  const size_t scratch = N * C * 2 + 3 * N * A + N * F;
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_, F = F_, F2 = F2_, QKV = QKV_;
+  const size_t scratch = N * C * 2 + N * QKV + N * F2 + (cfg_.swiglu() ? N * F : 0);
   scratch_ = DeviceBuffer<float>(be_, scratch);
   float* s = scratch_.data();
   dres_ = s; s += N * C;
   dbuf_c_ = s; s += N * C;
-  dqkv_ = s; s += 3 * N * A;
-  dfch_ = s;
+  dqkv_ = s; s += N * QKV;
+  dfch_ = s; s += N * F2;
+  dact_ = cfg_.swiglu() ? s : dfch_;  // SwiGLU: the activation's gradient beside its input's
   activation_bytes_ += scratch_.bytes();
 
   inputs_ = DeviceBuffer<int32_t>(be_, N);
@@ -281,8 +350,8 @@ F* GPT::tensor(F* unit_base, size_t i) const {
 
 template <typename F>
 GPT::LayerTensors<F> GPT::layer_tensors(F* base, int l) const {
-  const size_t first = block_tensor0_ + static_cast<size_t>(l) * kNumLayerParams;
-  auto at = [&](int k) { return tensor(base, first + k); };
+  const size_t first = block_tensor0_ + static_cast<size_t>(l) * block_size_;
+  auto at = [&](int k) { return role_[k] < 0 ? nullptr : tensor(base, first + role_[k]); };
   return {at(kLn1W), at(kLn1B), at(kQkvW), at(kQkvB), at(kProjW), at(kProjB),
           at(kLn2W), at(kLn2B), at(kFcW),  at(kFcB),  at(kFcProjW), at(kFcProjB)};
 }
@@ -325,21 +394,40 @@ void GPT::block_forward(int l, const LayerActs& a, const LayerTensors<const floa
   };
   {
     auto t = timed(block_module(l, 0));
-    be_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b, N, C);
+    norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.x, w.ln1_w, w.ln1_b);
   }
   {
     auto t = timed(block_module(l, 1));
-    be_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, nullptr, N, C, 3 * A_);
-    be_.attention_forward(a.atty, a.lse, a.qkv, B_, T_, H_, A_);
+    be_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, nullptr, N, C, QKV_);
+    if (cfg_.rope()) be_.rope(a.qkv, rope_cs_.data(), N, T_, H_ + Hkv_, hd_, QKV_, false);  // q and k turned in place
+    be_.attention_forward(a.atty, a.lse, a.qkv, B_, T_, H_, Hkv_, A_);
     row_parallel(a.res2, a.atty, w.proj_w, w.proj_b, a.x, A_);  // res2 = x + attn
   }
   {
     auto t = timed(block_module(l, 2));
-    be_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b, N, C);
+    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2_w, w.ln2_b);
   }
   auto t = timed(block_module(l, 3));
-  be_.linear_gelu_forward(a.fch_gelu, a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F_);
+  if (cfg_.swiglu()) {
+    be_.linear_forward(a.fch, a.ln2, w.fc_w, w.fc_b, nullptr, N, C, F2_);
+    be_.swiglu_forward(a.fch_gelu, a.fch, N, F_);
+  } else {
+    be_.linear_gelu_forward(a.fch_gelu, a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F_);
+  }
   row_parallel(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, a.res2, F_);  // x_next = res2 + mlp
+}
+
+void GPT::norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b) {
+  const int N = B_ * T_;
+  if (cfg_.rmsnorm()) be_.rmsnorm_forward(out, rstd, x, w, N, C_, static_cast<float>(cfg_.rms_norm_eps));
+  else be_.layernorm_forward(out, mean, rstd, x, w, b, N, C_);
+}
+
+void GPT::norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                        const float* mean, const float* rstd) {
+  const int N = B_ * T_;
+  if (cfg_.rmsnorm()) be_.rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C_);
+  else be_.layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C_);
 }
 
 // Cross-entropy of the logits of rows [r0, r0 + rows) (in logits_), their losses into
@@ -407,8 +495,8 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
     emb = store_.acquire_params(emb_unit_);
     // Vocab-parallel embedding: each rank looks up its rows (others give 0), rank 0 adds positions.
     auto t = timed(0);
-    be_.embedding_forward(enc_, inputs_.data(), tensor(emb, 0), tp_rank_ == 0 ? tensor(emb, 1) : nullptr, N, T_, C,
-                          vocab_start_, V_);
+    const float* wpe = cfg_.rope() || tp_rank_ != 0 ? nullptr : tensor(emb, 1);
+    be_.embedding_forward(enc_, inputs_.data(), tensor(emb, 0), wpe, N, T_, C, vocab_start_, V_);
     tp_all_reduce(enc_, static_cast<size_t>(N) * C);
     if (!stage_.last()) store_.release_params(emb_unit_);
   }
@@ -422,8 +510,8 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const float* wte = tensor(head_unit_ == emb_unit_ ? emb : fin, head_wte_index_);
   {
     auto t = timed(lnf_module_);
-    be_.layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf_index_), tensor(fin, lnf_index_ + 1), N,
-                          C);
+    norm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf_index_),
+                 cfg_.rmsnorm() ? nullptr : tensor(fin, lnf_index_ + 1));
   }
   // Training: the head's backward runs here, block by block, so its gradients are taken now; the
   // final unit's is handed over by backward() (after the final LayerNorm's), the tied
@@ -464,8 +552,8 @@ void GPT::backward() {
     {
       auto t = timed(lnf_module_);
       be_.zero(dres_, NC * sizeof(float));
-      be_.layernorm_backward(dres_, tensor(dfinal_, lnf_index_), tensor(dfinal_, lnf_index_ + 1), dbuf_c_, xfinal_,
-                             tensor(fin, lnf_index_), lnf_mean_, lnf_rstd_, N, C);
+      norm_backward(dres_, tensor(dfinal_, lnf_index_), cfg_.rmsnorm() ? nullptr : tensor(dfinal_, lnf_index_ + 1),
+                    dbuf_c_, xfinal_, tensor(fin, lnf_index_), lnf_mean_, lnf_rstd_);
     }
     store_.grads_done(final_unit_);
     store_.release_params(final_unit_);
@@ -495,25 +583,31 @@ void GPT::backward() {
     // Row-parallel layers need no communication backward; column-parallel ones all-reduce dx.
     {
       auto t = timed(block_module(l, 3));
-      linear_backward(dfch_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, F_, C);
-      be_.gelu_backward(dfch_, g.fc_b, a.fch, dfch_, N, F_);  // with fc's bias gradient, in one pass
-      linear_backward(dbuf_c_, g.fc_w, nullptr, dfch_, a.ln2, w.fc_w, C, F_);
+      linear_backward(dact_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, F_, C);
+      if (cfg_.swiglu()) {
+        be_.swiglu_backward(dfch_, a.fch, dact_, N, F_);
+        if (g.fc_b) be_.bias_backward(g.fc_b, dfch_, N, F2_);
+      } else {
+        be_.gelu_backward(dfch_, g.fc_b, a.fch, dfch_, N, F_);  // with fc's bias gradient, in one pass
+      }
+      linear_backward(dbuf_c_, g.fc_w, nullptr, dfch_, a.ln2, w.fc_w, C, F2_);
       tp_all_reduce(dbuf_c_, NC);
     }
     {
       auto t = timed(block_module(l, 2));
-      be_.layernorm_backward(dres_, g.ln2_w, g.ln2_b, dbuf_c_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd, N, C);
+      norm_backward(dres_, g.ln2_w, g.ln2_b, dbuf_c_, a.res2, w.ln2_w, a.ln2_mean, a.ln2_rstd);
     }
     {  // attention: dres now holds d res2, which flows unchanged into d x_l
       auto t = timed(block_module(l, 1));
       linear_backward(dbuf_c_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, A_, C);
-      be_.attention_backward(dqkv_, dbuf_c_, a.atty, a.lse, a.qkv, B_, T_, H_, A_);
-      linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, 3 * A_);
+      be_.attention_backward(dqkv_, dbuf_c_, a.atty, a.lse, a.qkv, B_, T_, H_, Hkv_, A_);
+      if (cfg_.rope()) be_.rope(dqkv_, rope_cs_.data(), N, T_, H_ + Hkv_, hd_, QKV_, true);  // back to q, k
+      linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, QKV_);
       tp_all_reduce(dbuf_c_, NC);
     }
     {
       auto t = timed(block_module(l, 0));
-      be_.layernorm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_c_, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+      norm_backward(dres_, g.ln1_w, g.ln1_b, dbuf_c_, a.x, w.ln1_w, a.ln1_mean, a.ln1_rstd);
     }
     store_.grads_done(unit);
     store_.release_params(unit);
@@ -522,7 +616,8 @@ void GPT::backward() {
   if (!stage_.last()) demb = store_.acquire_grads(emb_unit_);  // the lookup's gradient needs no weights
   {
     auto t = timed(0);
-    be_.embedding_backward(tensor(demb, 0), tensor(demb, 1), dres_, inputs_.data(), N, T_, C, vocab_start_, V_);
+    be_.embedding_backward(tensor(demb, 0), cfg_.rope() ? nullptr : tensor(demb, 1), dres_, inputs_.data(), N, T_, C,
+                           vocab_start_, V_);
   }
   store_.grads_done(emb_unit_);
 }

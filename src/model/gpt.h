@@ -1,6 +1,9 @@
-// model/gpt.h: GPT-2 (token + learned position embeddings, pre-LayerNorm blocks with causal
-// multi-head self-attention and a 4x GELU MLP, final LayerNorm, LM head tied to the token
-// embedding, cross-entropy loss) with hand-written forward and backward on a Backend.
+// model/gpt.h: a decoder-only transformer with hand-written forward and backward on a Backend,
+// its architecture as data (config/config.h's ModelConfig): GPT-2 (token + learned position
+// embeddings, pre-LayerNorm blocks with causal multi-head self-attention and a 4x GELU MLP, final
+// LayerNorm, LM head tied to the token embedding) or the Llama family (RMSNorm, rotary positions,
+// grouped-query attention, SwiGLU, no biases, an LM head of its own), and mixes of the two;
+// cross-entropy loss.
 //
 // Parameters live in ONE flat buffer in the order of param_table() (embeddings, then layer by
 // layer, then the final LayerNorm), gradients in a second buffer of the same layout, so ZeRO can
@@ -25,10 +28,11 @@ struct FlatLayout;
 namespace zero3d {
 
 // How a tensor is split across the tensor-parallel ranks (Megatron): `rows` splits dim 0
-// (column-parallel weights and their biases, the vocab-parallel embedding), `rows3` splits each
-// of the three C-row blocks [q | k | v] of the packed attention weight so a rank holds whole
-// heads, `cols` splits dim 1 (row-parallel weights); `none` is replicated.
-enum class TpSplit { none, rows, rows3, cols };
+// (column-parallel weights and their biases, the vocab-parallel embedding), `blocks` splits each
+// of the row blocks of a packed weight ([q | k | v] of the attention, so a rank holds whole query
+// and key/value heads; [gate | up] of SwiGLU), `cols` splits dim 1 (row-parallel weights); `none`
+// is replicated.
+enum class TpSplit { none, rows, blocks, cols };
 
 struct ParamInfo {
   std::string name;
@@ -43,6 +47,7 @@ struct ParamInfo {
   int id = 0;               // index in the whole model's table (the RNG stream of its initial values)
   bool tied_copy = false;   // the last pipeline stage's copy of wte (its gradient is summed with the first's)
   bool own_bucket = false;  // kept in a bucket of its own (wte with pp > 1, so both copies shard alike)
+  std::vector<int64_t> blocks;  // TpSplit::blocks: the logical rows of each block
 };
 
 // Which layers a pipeline stage runs: contiguous ranges, the first n_layer % pp stages one layer
@@ -62,11 +67,11 @@ std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp = 1, int tp_
 // Index in the logical (whole, row-major) tensor of this rank's element `local`.
 size_t logical_index(const ParamInfo& p, size_t local);
 // How many local elements from `local` on map to consecutive logical indices (the run ends at a
-// local row for `cols`, at a q/k/v block for `rows3`, at the tensor's end otherwise). Logical
+// local row for `cols`, at a block for `blocks`, at the tensor's end otherwise). Logical
 // indices increase with local ones, so a rank's piece is a sorted list of logical runs.
 size_t logical_run(const ParamInfo& p, size_t local);
 // Local elements [begin, begin + size) of p as rectangles of the logical tensor (a 1-D tensor is a
-// column): at most three rectangles per q/k/v block. Listed in local order, which is also logical
+// column): at most three rectangles per block. Listed in local order, which is also logical
 // row-major order, so a contiguous buffer of the piece matches the union of the rectangles as
 // HDF5 transfers it (ckpt/checkpoint.cpp's hyperslabs).
 struct LogicalRect {
@@ -80,6 +85,10 @@ std::vector<LogicalRect> logical_rects(const ParamInfo& p, size_t begin, size_t 
 // and embeddings, residual projections scaled by 1/sqrt(2 n_layer), zero biases, LayerNorm weight 1.
 void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_layer, uint64_t seed, size_t begin,
                      size_t end, float* out);
+
+// The architecture in words, for the dry run: "llama: 12 layers, d_model 768, 12 heads (4
+// key/value heads) of 64, RMSNorm, RoPE (theta 500000), SwiGLU 2048, no biases, untied LM head".
+std::string describe_architecture(const ModelConfig& m);
 
 // Model FLOPs per token of one training step (forward + backward): 6 per parameter that takes part
 // in a matrix multiply (everything but the position embedding; the tied token embedding counts
@@ -124,9 +133,10 @@ class GPT {
   void set_module_profile(ModuleProfile* p);
 
  private:
-  struct LayerActs {
+  struct LayerActs {  // fch: the MLP's first layer out (pre-activation); fch_gelu: its activation
     float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *lse, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
   };
+  // A block's tensors; those the architecture leaves out (biases, a norm's bias) are nullptr.
   template <typename F>
   struct LayerTensors {
     F *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b, *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
@@ -141,6 +151,10 @@ class GPT {
   void plan_activations();       // acts_: every activation, one allocation
   void plan_backward_scratch();  // scratch_, the token buffers, the cross-entropy's statistics
   void block_forward(int l, const LayerActs& a, const LayerTensors<const float>& w, float* x_next);
+  // LayerNorm or RMSNorm (mean unused by RMSNorm; b, db nullptr there).
+  void norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b);
+  void norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                     const float* mean, const float* rstd);
   void tp_all_reduce(float* x, size_t n);  // sum over the tensor-parallel group (no-op without)
   void crossentropy(int r0, int rows, float dloss);  // of one row block of (vocab-parallel) logits
   float lm_head(const float* wte, float* dwte, float dloss);  // returns the mean loss
@@ -157,19 +171,24 @@ class GPT {
   // Units and tensor indices of this stage's share of the model (see gpt_param_table).
   int emb_unit_ = -1, first_block_unit_ = 0, final_unit_ = -1, head_unit_ = -1;
   size_t block_tensor0_ = 0, lnf_index_ = 0, head_wte_index_ = 0;
-  // B, T, C as usual; V, H, A (= C/tp: attention width), F (= 4C/tp) are this rank's shares.
-  int B_, T_, C_, V_, L_, H_, A_, F_, vocab_start_;
+  // B, T, C as usual; V, H, A (= C/tp: attention width), F (the MLP's hidden width / tp), Hkv
+  // (key/value heads) are this rank's shares; QKV: the width of a packed [q | k | v] row, F2 of the
+  // MLP's first layer (2F with SwiGLU's [gate | up]).
+  int B_, T_, C_, V_, L_, H_, A_, F_, vocab_start_, Hkv_, hd_, QKV_, F2_;
+  std::vector<int> role_;  // LayerParam -> index in a block's tensors, -1: absent
+  int block_size_ = 0;     // tensors per block
   ParamStore& store_;
   const FlatLayout& layout_;
   DeviceBuffer<float> acts_;     // all activations, one allocation
   DeviceBuffer<float> scratch_;  // backward scratch, one allocation
   DeviceBuffer<int32_t> inputs_, targets_;
   DeviceBuffer<float> ce_;  // vocab-parallel cross-entropy: row max, sum of exp, target logit
+  DeviceBuffer<float> rope_cs_;  // RoPE's (cos, sin) table, math::rope_table
   int head_rows_ = 0;       // rows per LM-head block (logits_ holds one block)
   std::vector<LayerActs> layers_;
   float *enc_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
         *losses_ = nullptr, *xfinal_ = nullptr;
-  float *dres_ = nullptr, *dbuf_c_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr;
+  float *dres_ = nullptr, *dbuf_c_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr, *dact_ = nullptr;
   size_t activation_bytes_ = 0;
   std::vector<float> host_losses_, host_ce_;
   double recompute_s_ = 0;

@@ -120,7 +120,7 @@ struct KernelOperands : MicroBatch {
         wpe(filled(backend, static_cast<size_t>(T) * C, -1, 1)), p(filled(backend, block, -1, 1)),
         mo(filled(backend, block, -1e-3f, 1e-3f)), vo(filled(backend, block, 0, 1e-6f)),
         g(filled(backend, block, -1e-2f, 1e-2f)), tokens(token_ids(backend, N, V)), half(backend, block) {
-    be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, C);  // backward reads its lse
+    be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, H, C);  // backward reads its lse
     be->vocab_row_max(rmax.data(), logits.data(), N, V);
     be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
   }
@@ -129,9 +129,9 @@ struct KernelOperands : MicroBatch {
 
   std::vector<Case> cases() {
     return {
-        {"attention_forward", [this] { be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, C); }},
+        {"attention_forward", [this] { be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, H, C); }},
         {"attention_backward",
-         [this] { be->attention_backward(dqkv.data(), y.data(), att.data(), lse.data(), qkv.data(), B, T, H, C); }},
+         [this] { be->attention_backward(dqkv.data(), y.data(), att.data(), lse.data(), qkv.data(), B, T, H, H, C); }},
         {"layernorm_forward",
          [this] { be->layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C); }},
         {"layernorm_backward", [this] {

@@ -491,9 +491,9 @@ void bench_attention(Backend& be, const ModelConfig& m, int micro, int tp, doubl
   for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
   be.copy_from_host(qkv.data(), h.data(), qkv.bytes());
   const double fwd_flops = 4.0 * micro * m.d_model / tp * (T * (T + 1.0) / 2);
-  const double tf = time_calls(be, [&] { be.attention_forward(out.data(), lse.data(), qkv.data(), micro, T, H, A); }, t);
+  const double tf = time_calls(be, [&] { be.attention_forward(out.data(), lse.data(), qkv.data(), micro, T, H, H, A); }, t);
   const double tb = time_calls(be, [&] {
-    be.attention_backward(dqkv.data(), out.data(), out.data(), lse.data(), qkv.data(), micro, T, H, A);
+    be.attention_backward(dqkv.data(), out.data(), out.data(), lse.data(), qkv.data(), micro, T, H, H, A);
   }, t);
   log_info("%-14s %20s %9.1f  (fused, causal: %.2f ms)", "attention fwd", "", fwd_flops / tf / 1e9, tf * 1e3);
   log_info("%-14s %20s %9.1f  (fused, causal, model FLOPs = 2x forward: %.2f ms)", "attention bwd", "",

@@ -89,10 +89,12 @@ RunPlan plan_run(const Config& c, const DryRunInputs& in) {
     const PipelineStage st = pipeline_stage(c.model, p.pp, s);
     std::string what = strprintf("layers %d-%d", st.first_layer, st.first_layer + st.num_layers - 1);
     if (st.first()) what = "embeddings, " + what;
-    if (st.last()) what += p.pp > 1 ? ", ln_f, the LM head's copy of wte" : ", ln_f";
+    if (st.last())
+      what += !c.model.tie_word_embeddings ? ", ln_f, lm_head" : p.pp > 1 ? ", ln_f, the LM head's copy of wte" : ", ln_f";
     p.stage_layers.push_back(what);
   }
   p.flops_per_token = gpt_flops_per_token(c.model);
+  p.architecture = describe_architecture(c.model);
   p.train_batch_size = c.train_batch_size;
   p.seq_len = c.model.seq_len;
   p.train_steps = c.train_steps;
@@ -138,6 +140,7 @@ std::string format_plan(const RunPlan& p) {
   for (int st = 0; st < p.pp; ++st)
     s += strprintf("%s%s (%s%s)", st ? ", " : "", with_commas(p.params_per_rank[st]).c_str(),
                    p.pp > 1 ? strprintf("pp stage %d: ", st).c_str() : "", p.stage_layers[st].c_str());
+  s += "\narch       " + p.architecture;
   s += strprintf("\nFLOPs      %.5g MFLOP per token, %.4g GFLOP per step (model FLOPs: 6 per parameter in a matrix "
                  "multiply + causal attention)\n",
                  p.flops_per_token / 1e6, p.flops_per_step() / 1e9);

@@ -21,6 +21,7 @@ struct RunPlan {
   Precision precision = Precision::fp32;
   int64_t num_params = 0;                 // the whole model's
   std::vector<int64_t> params_per_rank;   // per pipeline stage: one tensor-parallel rank's share
+  std::string architecture;  // describe_architecture
   std::vector<std::string> stage_layers;  // per pipeline stage: "layers 0-1", with what else it holds
   double flops_per_token = 0;             // model FLOPs (forward + backward), as the run record's
   int64_t train_batch_size = 0, seq_len = 0, train_steps = 0;

@@ -129,6 +129,12 @@ std::pair<float*, size_t> ZeroEngine::tied_embedding_grad() {
   return {nullptr, 0};
 }
 
+bool ZeroEngine::has_tied_embedding() const {
+  for (const ParamInfo& t : layout_.tensors)
+    if (t.own_bucket) return true;
+  return false;
+}
+
 void ZeroEngine::scale_grads(float s) {
   for (const Bucket& b : layout_.buckets) be_.scale(sync_->owned(b), s, view_.owned_size(b));
 }

@@ -120,6 +120,7 @@ class ZeroEngine final : public ParamStore {
   // With pp > 1, the first and last stage's optimizer-owned gradient of wte (after
   // finish_gradients), laid out alike on both, to be summed over the embedding group.
   std::pair<float*, size_t> tied_embedding_grad();
+  bool has_tied_embedding() const;  // this stage holds a copy of the tied embedding (pp > 1, tied LM head)
   void optimizer_step(double lr);   // Adam on this rank's optimizer-owned parameters
   void gather_updated_params();     // stages 1-2: all-gather the buckets; stage 3: persistent ones
   int64_t optimizer_steps() const { return adam_->step_count(); }

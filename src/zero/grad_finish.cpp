@@ -12,7 +12,7 @@ double clip_coefficient(double max_norm, double grad_norm) {
 
 void GradFinisher::reduce() {
   engine_.finish_gradients();
-  if (groups_.topo.pp > 1 && groups_.embedding) {
+  if (groups_.topo.pp > 1 && groups_.embedding && engine_.has_tied_embedding()) {  // every rank or none: the config
     auto [g, n] = engine_.tied_embedding_grad();
     be_.synchronize();
     groups_.embedding->all_reduce_sum(be_.mem(g), n);

@@ -22,3 +22,16 @@ expect_exit() {
   grep -qE -- "$pattern" "$tmp/$name.log" || { cat "$tmp/$name.log"; fail "$name: output lacks /$pattern/"; }
   echo "ok $name"
 }
+
+# train_layout CONFIG NAME TP PP DP GAS [ARGS...]: CONFIG for 20 steps on tp x pp x dp ranks, the
+# global batch of 8 sequences in micro-batches of 8 / DP / GAS, into $tmp/NAME (log $tmp/NAME.log);
+# the test fails with the log's tail when the run does. For the per-layout comparisons.
+train_layout() {
+  local config=$1 name=$2 tp=$3 pp=$4 dp=$5 gas=$6
+  shift 6
+  timeout 300 $MPIRUN -np $((tp * pp * dp)) "$z3d" train "$config" --run-dir "$tmp/$name" \
+    --peak-flops 1e11 --set train_steps=20 --set data.val="" --set train_batch_size=8 \
+    --set gradient_accumulation_steps=$gas --set train_micro_batch_size_per_gpu=$((8 / dp / gas)) \
+    --set tensor_parallel.tp_size=$tp --set pipeline_parallel.pp_size=$pp --set comm_timeout_s=60 "$@" \
+    > "$tmp/$name.log" 2>&1 || { echo "run $name failed:"; tail -20 "$tmp/$name.log"; exit 1; }
+}

@@ -8,15 +8,7 @@
 # usage: test_3d.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
-run() {  # run NAME TP PP DP GAS [--set ...]
-  local name=$1 tp=$2 pp=$3 dp=$4 gas=$5; shift 5
-  timeout 300 $MPIRUN -np $((tp * pp * dp)) "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \
-    --peak-flops 1e11 --set train_steps=20 --set data.val="" --set train_batch_size=8 \
-    --set gradient_accumulation_steps=$gas --set train_micro_batch_size_per_gpu=$((8 / dp / gas)) \
-    --set tensor_parallel.tp_size=$tp --set pipeline_parallel.pp_size=$pp --set wall_clock_breakdown=true \
-    --set comm_timeout_s=60 "$@" \
-    > "$tmp/$name.log" 2>&1 || { echo "run $name failed:"; tail -20 "$tmp/$name.log"; exit 1; }
-}
+run() { train_layout input/gpt-tiny.json "$@" --set wall_clock_breakdown=true; }  # run NAME TP PP DP GAS [--set ...]
 run ref 1 1 1 1
 layouts="2,2,2,2 1,2,4,2 2,1,4,2 1,4,2,4 4,1,2,2 4,2,1,4 2,4,1,4 1,1,8,1 1,2,1,4 1,4,1,8 2,2,1,4 1,2,2,2"
 for l in $layouts; do

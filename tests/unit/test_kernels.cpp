@@ -32,6 +32,7 @@
 #include "kernels/host/cpu_kernels.h"
 #include "kernels/host/gemm.h"
 #include "kernels/math/dtype.h"
+#include "kernels/math/rope.h"
 
 namespace {
 
@@ -661,10 +662,15 @@ TEST_P(Kernels, GeluForwardBackward) {
 // causal attention
 // ---------------------------------------------------------------------------------------------
 
-// Double reference on packed rows [q | k | v] (B*T rows of 3A): out, lse and, given dout, dqkv.
+// Double reference on packed rows [q (H heads) | k (Hkv) | v (Hkv)] (B*T rows of A + 2 Hkv hd):
+// out, lse and, given dout, dqkv. Query head h reads key/value head h / (H / Hkv).
 struct RefAttention {
-  int B, T, H, A;
+  int B, T, H, Hkv, A;
   int hd() const { return A / H; }
+  size_t ld() const { return static_cast<size_t>(A) + 2 * static_cast<size_t>(Hkv) * hd(); }
+  size_t qc(int h) const { return static_cast<size_t>(h) * hd(); }
+  size_t kc(int h) const { return A + static_cast<size_t>(h / (H / Hkv)) * hd(); }
+  size_t vc(int h) const { return kc(h) + static_cast<size_t>(Hkv) * hd(); }
   void forward(const Vec& qkv, Vec& out, Vec& lse) const {
     out.assign(static_cast<size_t>(B) * T * A, 0.0);
     lse.assign(static_cast<size_t>(B) * H * T, 0.0);
@@ -702,48 +708,49 @@ struct RefAttention {
             for (int d = 0; d < hd(); ++d) dp += dout[o + d] * v(qkv, b, h, j, d);
             const double ds = p * (dp - Di);
             for (int d = 0; d < hd(); ++d) {
-              g[row(b, i) + h * hd() + d] += alpha * ds * qkv[row(b, j) + A + h * hd() + d];      // dq_i
-              g[row(b, j) + A + h * hd() + d] += alpha * ds * qkv[row(b, i) + h * hd() + d];      // dk_j
-              g[row(b, j) + 2 * A + h * hd() + d] += p * dout[o + d];                             // dv_j
+              g[row(b, i) + qc(h) + d] += alpha * ds * qkv[row(b, j) + kc(h) + d];  // dq_i
+              g[row(b, j) + kc(h) + d] += alpha * ds * qkv[row(b, i) + qc(h) + d];  // dk_j
+              g[row(b, j) + vc(h) + d] += p * dout[o + d];                          // dv_j
             }
           }
         }
     return g;
   }
-  size_t row(int b, int t) const { return (static_cast<size_t>(b) * T + t) * 3 * A; }
+  size_t row(int b, int t) const { return (static_cast<size_t>(b) * T + t) * ld(); }
   double dot_qk(const Vec& qkv, int b, int h, int i, int j) const {
     double s = 0;
-    for (int d = 0; d < hd(); ++d) s += qkv[row(b, i) + h * hd() + d] * qkv[row(b, j) + A + h * hd() + d];
+    for (int d = 0; d < hd(); ++d) s += qkv[row(b, i) + qc(h) + d] * qkv[row(b, j) + kc(h) + d];
     return s;
   }
-  double v(const Vec& qkv, int b, int h, int j, int d) const { return qkv[row(b, j) + 2 * A + h * hd() + d]; }
+  double v(const Vec& qkv, int b, int h, int j, int d) const { return qkv[row(b, j) + vc(h) + d]; }
 };
 
 struct AttentionRun {
   std::vector<float> out, lse, dqkv;
 };
 AttentionRun run_attention(Backend& be, const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T,
-                           int H, int A) {
+                           int H, int Hkv, int A) {
   auto dq = to_device(be, qkv), dO = to_device(be, dout);
   auto out = to_device(be, std::vector<float>(static_cast<size_t>(B) * T * A, kNaN));
   auto lse = to_device(be, std::vector<float>(static_cast<size_t>(B) * H * T, kNaN));
   auto g = to_device(be, std::vector<float>(qkv.size(), kNaN));  // written, not accumulated
-  be.attention_forward(out.data(), lse.data(), dq.data(), B, T, H, A);
-  be.attention_backward(g.data(), dO.data(), out.data(), lse.data(), dq.data(), B, T, H, A);
+  be.attention_forward(out.data(), lse.data(), dq.data(), B, T, H, Hkv, A);
+  be.attention_backward(g.data(), dO.data(), out.data(), lse.data(), dq.data(), B, T, H, Hkv, A);
   return {to_host(be, out), to_host(be, lse), to_host(be, g)};
 }
 
 // Random qkv (entries in [-range, range]) and output weights r; the op's out, lse and dqkv (for
 // dout = r) against the double reference: forward within (rtol, atol), dqkv within 10x that.
-AttentionRun check_attention(Backend& be, std::mt19937& rng, int B, int T, int H, int A, float range, double rtol,
+AttentionRun check_attention(Backend& be, std::mt19937& rng, const RefAttention& ref, float range, double rtol,
                              double atol, std::vector<float>& qkv, std::vector<float>& r) {
-  qkv = uniform(rng, static_cast<size_t>(B) * T * 3 * A, -range, range);
+  const auto [B, T, H, Hkv, A] = ref;
+  qkv = uniform(rng, static_cast<size_t>(B) * T * ref.ld(), -range, range);
   r = uniform(rng, static_cast<size_t>(B) * T * A, -1, 1);
-  const RefAttention ref{B, T, H, A};
   Vec out, lse;
   ref.forward(to_double(qkv), out, lse);
-  const AttentionRun got = run_attention(be, qkv, r, B, T, H, A);
-  const std::string tag = " (T=" + std::to_string(T) + " hd=" + std::to_string(A / H) + ")";
+  const AttentionRun got = run_attention(be, qkv, r, B, T, H, Hkv, A);
+  const std::string tag = " (T=" + std::to_string(T) + " hd=" + std::to_string(A / H) + " H=" + std::to_string(H) +
+                          " Hkv=" + std::to_string(Hkv) + ")";
   expect_close(got.out, out, rtol, atol, ("attention out" + tag).c_str());
   expect_close(got.lse, lse, rtol, atol, ("attention lse" + tag).c_str());
   expect_close(got.dqkv, ref.backward(to_double(qkv), to_double(r)), 10 * rtol, 10 * atol, ("dqkv" + tag).c_str());
@@ -751,42 +758,205 @@ AttentionRun check_attention(Backend& be, std::mt19937& rng, int B, int T, int H
 }
 
 // Small enough for finite differences through every input: a head width that is no multiple of the
-// vector width, a sequence shorter than one tile.
+// vector width, a sequence shorter than one tile; multi-head, grouped-query (two query heads per
+// key/value head) and multi-query (one key/value head).
 TEST_P(Kernels, AttentionForwardBackwardFiniteDifferences) {
-  const int B = 2, T = 5, H = 2, A = 6;
-  std::vector<float> qkv, r;
-  const AttentionRun got = check_attention(*be, rng, B, T, H, A, 1.5f, kFwdRtol, kFwdAtol, qkv, r);
-  const RefAttention ref{B, T, H, A};
+  for (auto [H, Hkv] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{3, 1}}) {
+    const RefAttention ref{2, 5, H, Hkv, 3 * H};
+    const auto [B, T, H_, Hkv_, A] = ref;
+    std::vector<float> qkv, r;
+    const AttentionRun got = check_attention(*be, rng, ref, 1.5f, kFwdRtol, kFwdAtol, qkv, r);
+    const std::string tag = " H=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv);
 
-  auto forward = [&] { return run_attention(*be, qkv, r, B, T, H, A).out; };
-  expect_close(got.dqkv, finite_diff(qkv, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
-               "dqkv vs fd(op)");
-  Vec qd = to_double(qkv);
-  auto L_ref = [&] {
-    Vec o, l;
-    ref.forward(qd, o, l);
-    return dot(r, o);
-  };
-  expect_close(got.dqkv, finite_diff(qd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dqkv vs fd(ref)");
+    auto forward = [&] { return run_attention(*be, qkv, r, B, T, H, Hkv, A).out; };
+    expect_close(got.dqkv, finite_diff(qkv, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
+                 ("dqkv vs fd(op)" + tag).c_str());
+    Vec qd = to_double(qkv);
+    auto L_ref = [&] {
+      Vec o, l;
+      ref.forward(qd, o, l);
+      return dot(r, o);
+    };
+    expect_close(got.dqkv, finite_diff(qd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, ("dqkv vs fd(ref)" + tag).c_str());
+  }
 }
 
-// Several tiles (T over 2 x 64, the last partial) and head widths on and off the vector width:
-// against the double reference, and causal (a later position's k and v change no earlier output).
+// Several tiles (T over 2 x 64, the last partial) and head widths on and off the vector width,
+// multi-head and grouped-query: against the double reference, and causal (a later position's k
+// and v change no earlier output).
 TEST_P(Kernels, AttentionTiledMatchesReference) {
   // hd 16 and 24: one register per lane on the GPU; 64 (GPT-2's) two; 80 three of four.
-  for (auto [B, T, H, hd] : {std::tuple{1, 150, 2, 16}, std::tuple{2, 67, 3, 24}, std::tuple{1, 70, 2, 64},
-                             std::tuple{1, 40, 1, 80}}) {
-    const int A = H * hd;
+  for (auto [B, T, H, Hkv, hd] : {std::tuple{1, 150, 2, 2, 16}, std::tuple{2, 67, 3, 3, 24}, std::tuple{1, 70, 2, 2, 64},
+                                  std::tuple{1, 40, 1, 1, 80}, std::tuple{1, 150, 4, 2, 16}, std::tuple{2, 70, 4, 1, 64}}) {
+    const RefAttention ref{B, T, H, Hkv, H * hd};
     std::vector<float> qkv, r;
-    const AttentionRun got = check_attention(*be, rng, B, T, H, A, 2.0f, 1e-5, 1e-6, qkv, r);
-    const std::string tag = "T=" + std::to_string(T) + " hd=" + std::to_string(hd);
+    const AttentionRun got = check_attention(*be, rng, ref, 2.0f, 1e-5, 1e-6, qkv, r);
+    const std::string tag = "T=" + std::to_string(T) + " hd=" + std::to_string(hd) + " Hkv=" + std::to_string(Hkv);
 
-    for (int c = 3 * A / 3; c < 3 * A; ++c) qkv[(static_cast<size_t>(T) - 1) * 3 * A + c] = 1e4f;  // last k, v
-    const AttentionRun changed = run_attention(*be, qkv, r, B, T, H, A);
-    std::vector<float> before(got.out.begin(), got.out.begin() + static_cast<size_t>(T - 1) * A);
-    std::vector<float> after(changed.out.begin(), changed.out.begin() + static_cast<size_t>(T - 1) * A);
+    for (size_t c = ref.A; c < ref.ld(); ++c) qkv[(static_cast<size_t>(T) - 1) * ref.ld() + c] = 1e4f;  // last k, v
+    const AttentionRun changed = run_attention(*be, qkv, r, B, T, H, Hkv, ref.A);
+    std::vector<float> before(got.out.begin(), got.out.begin() + static_cast<size_t>(T - 1) * ref.A);
+    std::vector<float> after(changed.out.begin(), changed.out.begin() + static_cast<size_t>(T - 1) * ref.A);
     expect_bits_equal(after, before, ("causal: earlier rows unchanged " + tag).c_str());
   }
+}
+
+// Grouped-query attention is multi-head attention with each key/value head repeated for the query
+// heads that share it: the same outputs, and its dk, dv the sums of the repeated heads' gradients.
+TEST_P(Kernels, GroupedQueryAttentionIsRepeatedKeyValueHeads) {
+  const int B = 1, T = 70, H = 4, Hkv = 2, hd = 16, A = H * hd, G = H / Hkv;
+  const RefAttention gqa{B, T, H, Hkv, A};
+  const size_t ld = gqa.ld(), ldm = 3 * static_cast<size_t>(A);
+  const std::vector<float> qkv = uniform(rng, static_cast<size_t>(B) * T * ld, -2, 2), r = uniform(rng, B * T * A, -1, 1);
+  std::vector<float> mha(static_cast<size_t>(B) * T * ldm);
+  for (int t = 0; t < B * T; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < hd; ++d) {
+        const size_t kv = (h / G) * hd + d;
+        mha[t * ldm + h * hd + d] = qkv[t * ld + h * hd + d];
+        mha[t * ldm + A + h * hd + d] = qkv[t * ld + A + kv];
+        mha[t * ldm + 2 * A + h * hd + d] = qkv[t * ld + A + Hkv * hd + kv];
+      }
+  const AttentionRun g = run_attention(*be, qkv, r, B, T, H, Hkv, A), m = run_attention(*be, mha, r, B, T, H, H, A);
+  expect_close(g.out, to_double(m.out), 1e-6, 1e-7, "gqa out vs repeated heads");
+  expect_close(g.lse, to_double(m.lse), 1e-6, 1e-7, "gqa lse vs repeated heads");
+  Vec want(g.dqkv.size(), 0.0);
+  for (int t = 0; t < B * T; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < hd; ++d) {
+        const size_t kv = (h / G) * hd + d;
+        want[t * ld + h * hd + d] = m.dqkv[t * ldm + h * hd + d];
+        want[t * ld + A + kv] += m.dqkv[t * ldm + A + h * hd + d];
+        want[t * ld + A + Hkv * hd + kv] += m.dqkv[t * ldm + 2 * A + h * hd + d];
+      }
+  expect_close(g.dqkv, want, 1e-5, 1e-6, "gqa dqkv vs summed repeated heads");
+}
+
+// ---------------------------------------------------------------------------------------------
+// the Llama family: RMSNorm, RoPE, SwiGLU
+// ---------------------------------------------------------------------------------------------
+
+Vec ref_rmsnorm(const Vec& x, const Vec& w, int N, int C, double eps, Vec* rstd = nullptr) {
+  Vec out(x.size());
+  for (int n = 0; n < N; ++n) {
+    double ss = 0.0;
+    for (int c = 0; c < C; ++c) ss += x[n * C + c] * x[n * C + c];
+    const double rs = 1.0 / std::sqrt(ss / C + eps);
+    for (int c = 0; c < C; ++c) out[n * C + c] = x[n * C + c] * rs * w[c];
+    if (rstd) (*rstd)[n] = rs;
+  }
+  return out;
+}
+
+TEST_P(Kernels, RMSNormForwardBackward) {
+  const int N = 3, C = 19;  // a tail past every level's vectors
+  const float eps = 1e-6f;
+  std::vector<float> x = uniform(rng, N * C, -1, 1);
+  for (int c = 0; c < C; ++c) x[2 * C + c] = 0.5f + 3.0f * x[2 * C + c];  // an offset, a wider spread
+  std::vector<float> w = uniform(rng, C, 0.5f, 1.5f);
+  const std::vector<float> r = uniform(rng, N * C, -1, 1);
+  struct Fwd {
+    std::vector<float> y, rstd;
+  };
+  auto forward = [&] {
+    auto xd = to_device(*be, x), wd = to_device(*be, w);
+    auto y = to_device(*be, std::vector<float>(N * C, kNaN)), rstd = to_device(*be, std::vector<float>(N, kNaN));
+    be->rmsnorm_forward(y.data(), rstd.data(), xd.data(), wd.data(), N, C, eps);
+    return Fwd{to_host(*be, y), to_host(*be, rstd)};
+  };
+  const Fwd f = forward();
+  Vec rstd_ref(N);
+  expect_close(f.y, ref_rmsnorm(to_double(x), to_double(w), N, C, eps, &rstd_ref), kFwdRtol, kFwdAtol, "rmsnorm out");
+  expect_close(f.rstd, rstd_ref, kFwdRtol, kFwdAtol, "rmsnorm rstd");
+
+  struct Grads {
+    std::vector<float> dx, dw;
+  };
+  auto backward = [&](const Grads& pre) {
+    auto dx = to_device(*be, pre.dx), dw = to_device(*be, pre.dw), dy = to_device(*be, r);
+    auto xd = to_device(*be, x), wd = to_device(*be, w), rstd = to_device(*be, f.rstd);
+    be->rmsnorm_backward(dx.data(), dw.data(), dy.data(), xd.data(), wd.data(), rstd.data(), N, C);
+    return Grads{to_host(*be, dx), to_host(*be, dw)};
+  };
+  const Grads g = backward(Grads{std::vector<float>(N * C, 0.0f), std::vector<float>(C, 0.0f)});
+  auto L_op = [&] { return dot(r, forward().y); };
+  expect_close(g.dx, finite_diff(x, kStepFloat, L_op), kFdOpRtol, kFdOpAtol, "rmsnorm dx vs fd(op)");
+  expect_close(g.dw, finite_diff(w, kStepFloat, L_op), kFdOpRtol, kFdOpAtol, "rmsnorm dw vs fd(op)");
+  Vec xd = to_double(x), wd = to_double(w);
+  auto L_ref = [&] { return dot(r, ref_rmsnorm(xd, wd, N, C, eps)); };
+  expect_close(g.dx, finite_diff(xd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "rmsnorm dx vs fd(ref)");
+  expect_close(g.dw, finite_diff(wd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "rmsnorm dw vs fd(ref)");
+
+  const Grads pre{uniform(rng, N * C, -1, 1), uniform(rng, C, -1, 1)};
+  const Grads acc = backward(pre);
+  expect_accumulated(acc.dx, pre.dx, g.dx, "rmsnorm dx +=");
+  expect_accumulated(acc.dw, pre.dw, g.dw, "rmsnorm dw +=");
+}
+
+// RoPE turns the first `heads` heads of each row and leaves the rest of the row alone; against the
+// double reference (angles in double), its backward is the gradient of the forward (a rotation's
+// transpose), and backward after forward gives the input back.
+TEST_P(Kernels, RopeForwardBackward) {
+  const int T = 5, N = 2 * T, heads = 3, hd = 6, half = hd / 2;
+  const long ld = 5 * hd;  // q (2 heads) and k (1) turned, v (2) not
+  const double theta = 10000.0;
+  const std::vector<float> table = zero3d::math::rope_table(T, hd, theta);
+  std::vector<float> x = uniform(rng, N * ld, -1, 1);
+  const std::vector<float> r = uniform(rng, N * ld, -1, 1);
+  auto run = [&](const std::vector<float>& in, bool backward) {
+    auto xd = to_device(*be, in), cs = to_device(*be, table);
+    be->rope(xd.data(), cs.data(), N, T, heads, hd, ld, backward);
+    return to_host(*be, xd);
+  };
+  auto ref = [&](const Vec& in) {
+    Vec out = in;
+    for (int n = 0; n < N; ++n)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < half; ++i) {
+          const double a = (n % T) * std::pow(theta, -2.0 * i / hd);
+          const size_t p = n * ld + h * hd + i;
+          out[p] = in[p] * std::cos(a) - in[p + half] * std::sin(a);
+          out[p + half] = in[p + half] * std::cos(a) + in[p] * std::sin(a);
+        }
+    return out;
+  };
+  expect_close(run(x, false), ref(to_double(x)), kFwdRtol, kFwdAtol, "rope forward");
+  expect_close(run(run(x, false), true), to_double(x), 1e-6, 1e-6, "rope backward undoes forward");
+  const std::vector<float> g = run(r, true);  // d(r . rope(x)) / dx
+  expect_close(g, finite_diff(x, kStepFloat, [&] { return dot(r, run(x, false)); }), kFdOpRtol, kFdOpAtol,
+               "rope dx vs fd(op)");
+  Vec xd = to_double(x);
+  expect_close(g, finite_diff(xd, kStepDouble, [&] { return dot(r, ref(xd)); }), kFdRefRtol, kFdRefAtol,
+               "rope dx vs fd(ref)");
+}
+
+TEST_P(Kernels, SwiGLUForwardBackward) {
+  const int N = 3, F = 21;
+  std::vector<float> h = uniform(rng, N * 2 * F, -4, 4);
+  const std::vector<float> r = uniform(rng, N * F, -1, 1);
+  auto forward = [&] {
+    auto hd = to_device(*be, h), out = to_device(*be, std::vector<float>(N * F, kNaN));
+    be->swiglu_forward(out.data(), hd.data(), N, F);
+    return to_host(*be, out);
+  };
+  auto ref = [&](const Vec& in) {
+    Vec out(static_cast<size_t>(N) * F);
+    for (int n = 0; n < N; ++n)
+      for (int c = 0; c < F; ++c) {
+        const double g = in[n * 2 * F + c], u = in[n * 2 * F + F + c];
+        out[n * F + c] = g / (1.0 + std::exp(-g)) * u;
+      }
+    return out;
+  };
+  expect_close(forward(), ref(to_double(h)), kFwdRtol, kFwdAtol, "swiglu out");
+  auto hd = to_device(*be, h), dout = to_device(*be, r), dh = to_device(*be, std::vector<float>(N * 2 * F, kNaN));
+  be->swiglu_backward(dh.data(), hd.data(), dout.data(), N, F);
+  const std::vector<float> g = to_host(*be, dh);
+  expect_close(g, finite_diff(h, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
+               "swiglu dh vs fd(op)");
+  Vec hdd = to_double(h);
+  expect_close(g, finite_diff(hdd, kStepDouble, [&] { return dot(r, ref(hdd)); }), kFdRefRtol, kFdRefAtol,
+               "swiglu dh vs fd(ref)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1347,19 +1517,22 @@ TEST(HostKernels, ThreadCountDoesNotChangeBits) {
   const std::vector<float> qkv = uniform(rng, static_cast<size_t>(N) * 3 * A, -2, 2),
                            dout = uniform(rng, static_cast<size_t>(N) * A, -1, 1),
                            x = uniform(rng, static_cast<size_t>(N) * C, -3, 3),
-                           big = uniform(rng, size_t{1} << 20, -1, 1);
+                           big = uniform(rng, size_t{1} << 20, -1, 1),
+                           qkv_gqa = uniform(rng, static_cast<size_t>(N) * 2 * A, -2, 2);  // H = 2, Hkv = 1
   const std::vector<int32_t> tokens = random_ints(rng, N, 50);
   auto run = [&](int threads) {
     zero3d::cpu::set_threads(threads);
     auto be = zero3d::make_host_backend();
     std::vector<std::vector<float>> r;
-    const AttentionRun a = run_attention(*be, qkv, dout, B, T, H, A);
-    r.push_back(a.out), r.push_back(a.lse), r.push_back(a.dqkv);
+    for (const AttentionRun& a : {run_attention(*be, qkv, dout, B, T, H, H, A), run_attention(*be, qkv_gqa, dout, B, T, H, 1, A)})
+      r.push_back(a.out), r.push_back(a.lse), r.push_back(a.dqkv);
     auto dx = to_device(*be, x), w = to_device(*be, std::vector<float>(C, 1.5f)), b = to_device(*be, std::vector<float>(C, 0.25f));
     DeviceBuffer<float> y(*be, x.size()), mean(*be, N), rstd(*be, N), g(*be, x.size()), dw(*be, C), db(*be, C);
     be->layernorm_forward(y.data(), mean.data(), rstd.data(), dx.data(), w.data(), b.data(), N, C);
     be->layernorm_backward(g.data(), dw.data(), db.data(), dx.data(), dx.data(), w.data(), mean.data(), rstd.data(), N, C);
     be->gelu_backward(y.data(), db.data(), dx.data(), y.data(), N, C);
+    be->rmsnorm_forward(y.data(), rstd.data(), dx.data(), w.data(), N, C, 1e-6f);
+    be->rmsnorm_backward(g.data(), dw.data(), y.data(), dx.data(), w.data(), rstd.data(), N, C);
     auto tok = to_device(*be, tokens);
     DeviceBuffer<float> dwte(*be, 50 * C), dwpe(*be, static_cast<size_t>(T) * C);
     be->embedding_backward(dwte.data(), dwpe.data(), dx.data(), tok.data(), N, T, C, 0, 50);

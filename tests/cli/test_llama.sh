@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The Llama family (input/llama-tiny.json: RMSNorm, RoPE, SwiGLU, 4 query heads on 2 key/value
+# heads, no biases, untied LM head) on every kind of layout: tensor parallelism (splitting query and
+# key/value heads and SwiGLU's [gate | up]), pipelines (the untied head on the last stage), ZeRO
+# stages 0-3 with data parallelism, activation checkpointing, bf16. 20 steps with the same global
+# batch: per-step losses within 1e-4 relative of the single-rank run (bf16: 2e-2); a checkpoint
+# saved on one layout resumes on another and continues the single-rank run; a tp that does not
+# divide the key/value heads is refused before anything runs.
+# usage: test_llama.sh ZERO3D_BINARY SOURCE_DIR
+set -eu
+source "$(dirname "$0")/common.sh" "$@"
+run() { train_layout input/llama-tiny.json "$@"; }  # run NAME TP PP DP GAS [--set ...]
+run ref 1 1 1 1 --set checkpoint.save_interval=10
+run bf16_ref 1 1 1 1 --set bf16.enabled=true
+run t2p1d1_s0 2 1 1 1
+run t1p2d1_s0 1 2 1 2
+run t1p4d1_s0 1 4 1 4
+run t2p2d2_s1 2 2 2 2 --set zero_optimization.stage=1
+run t1p1d4_s2 1 1 4 1 --set zero_optimization.stage=2
+run t2p1d2_s3 2 1 2 1 --set zero_optimization.stage=3 --set zero_optimization.stage3_param_persistence_threshold=0
+run t1p2d2_s3 1 2 2 2 --set zero_optimization.stage=3 --set zero_optimization.stage3_param_persistence_threshold=0
+run t2p1d1_ckpt 2 1 1 1 --set activation_checkpointing.enabled=true
+run t1p1d2_bf16 1 1 2 1 --set bf16.enabled=true --set zero_optimization.stage=2
+# Resume the single-rank run's step-10 checkpoint on tp 2 x pp 2 (resharded on load).
+run resume_t2p2 2 2 1 2 --set checkpoint.load=\""$tmp/ref/checkpoints/step_00000010.h5"\" --set zero_optimization.stage=0
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys, glob, os
+tmp = sys.argv[1]
+def train(name):
+    return [r for r in map(json.loads, open(f"{tmp}/{name}/metrics.jsonl")) if r["kind"] == "train"]
+ref, bf = train("ref"), train("bf16_ref")
+passed = failed = 0
+def check(ok, what):
+    global passed, failed
+    if ok: passed += 1
+    else: failed += 1; print("FAIL", what)
+for d in sorted(glob.glob(f"{tmp}/t*/")):
+    name = os.path.basename(d.rstrip("/"))
+    tr = train(name)
+    base, tol = (bf, 2e-2) if "bf16" in name else (ref, 1e-4)
+    err = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(tr, base))
+    check(len(tr) == 20 and err <= tol, f"{name}: loss {err:.2e} relative to 1 rank (tolerance {tol:g})")
+    print(f"{name}: max relative loss difference {err:.2e}")
+res = train("resume_t2p2")
+err = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(res, ref[10:]))
+check([r["step"] for r in res] == list(range(11, 21)) and err <= 1e-4, f"resume on tp 2 x pp 2: {err:.2e}")
+print(f"resume_t2p2: steps {res[0]['step']}-{res[-1]['step']}, max relative loss difference {err:.2e}")
+check(ref[-1]["loss"] < ref[0]["loss"] - 0.5, f"the loss falls: {ref[0]['loss']:.3f} -> {ref[-1]['loss']:.3f}")
+print(f"llama: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
+PY
+# A tp that does not divide num_key_value_heads: refused with the keys named, nothing run.
+if out=$(timeout 60 $MPIRUN -np 4 "$z3d" train input/llama-tiny.json --run-dir "$tmp/refused" \
+      --set tensor_parallel.tp_size=4 2>&1); then
+  echo "FAIL tp 4 on 2 key/value heads was not refused"; exit 1
+fi
+grep -q "model.num_key_value_heads 2 must be divisible by tensor_parallel.tp_size 4" <<< "$out" ||
+  { echo "FAIL the refusal did not say why:"; echo "$out" | tail -5; exit 1; }
+[[ ! -e $tmp/refused/metrics.jsonl ]] || { echo "FAIL the refused run wrote metrics"; exit 1; }
+echo "llama: tp 4 on 2 key/value heads refused"
