@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """jobscripts/bench_peer.py: the PyTorch peer of zero3d, for speed comparisons.
 
-A GPT-2 written the way zero3d defines it (pre-LayerNorm blocks, packed qkv, tanh GELU, LM head
-tied to wte), trained from the same zero3d JSON config with AdamW and its lr schedule, on R CPU ranks:
+A GPT written the way zero3d defines it (pre-norm blocks, packed qkv; GPT-2's LayerNorm, learned
+positions, tanh GELU and tied LM head, or the Llama family's RMSNorm, RoPE, SwiGLU, grouped-query
+attention and untied head, as the config's model keys say), trained from the same zero3d JSON config with AdamW and its lr schedule, on R CPU ranks:
   --mode ddp     DistributedDataParallel over gloo: every rank holds all optimizer state
   --mode zero1   DDP + ZeroRedundancyOptimizer: each rank keeps 1/R of the AdamW state (ZeRO-1)
 It measures speed, not correctness: the data order differs from zero3d's.
@@ -34,46 +35,102 @@ import torch.nn.functional as F
 
 
 # ---- the model ---------------------------------------------------------------------------------
-class Block(nn.Module):
-    """x = x + proj(attn(ln_1(x))); x = x + fc_proj(gelu_tanh(fc(ln_2(x))))"""
+def arch_of(m):
+    """The architecture keys of a zero3d model config, resolved as zero3d resolves them (input/README.md,
+    "The model"): model.arch picks the defaults of the rest."""
+    llama = m.get("arch", "gpt2") == "llama"
+    C = m["d_model"]
+    mlp = m.get("mlp", "swiglu" if llama else "gelu")
+    return dict(norm=m.get("norm", "rmsnorm" if llama else "layernorm"), eps=m.get("rms_norm_eps", 1e-5),
+                position=m.get("position", "rope" if llama else "learned"), theta=m.get("rope_theta", 500000.0),
+                mlp=mlp, ffn=m.get("intermediate_size") or ((8 * C // 3 + 255) // 256 * 256 if mlp == "swiglu" else 4 * C),
+                kv=m.get("num_key_value_heads", m["n_head"]), bias=m.get("bias", not llama),
+                tie=m.get("tie_word_embeddings", not llama))
 
-    def __init__(self, C, n_head, T):
+
+class RMSNorm(nn.Module):
+    def __init__(self, C, eps):
         super().__init__()
-        self.n_head = n_head
-        self.ln_1 = nn.LayerNorm(C, eps=1e-5)
-        self.qkv = nn.Linear(C, 3 * C)        # q, k, v packed in one GEMM
-        self.proj = nn.Linear(C, C)           # residual projection 1
-        self.ln_2 = nn.LayerNorm(C, eps=1e-5)
-        self.fc = nn.Linear(C, 4 * C)
-        self.fc_proj = nn.Linear(4 * C, C)    # residual projection 2
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def norm(a, C):
+    return RMSNorm(C, a["eps"]) if a["norm"] == "rmsnorm" else nn.LayerNorm(C, eps=1e-5)
+
+
+def rope_table(T, hd, theta):
+    """(cos, sin), T x hd/2, the angles in double rounded to float as zero3d's kernels/math/rope.h."""
+    i = torch.arange(hd // 2, dtype=torch.float64)
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta ** (-2.0 * i / hd)
+    return angle.cos().float(), angle.sin().float()
+
+
+def rotate(x, cos, sin):
+    """RoPE on (B, heads, T, hd): pairs (i, i + hd/2), Hugging Face's rotate-half layout."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+class Block(nn.Module):
+    """x = x + proj(attn(norm_1(x))); x = x + fc_proj(act(fc(norm_2(x)))), act = tanh GELU or SwiGLU"""
+
+    def __init__(self, C, n_head, T, a):
+        super().__init__()
+        self.n_head, self.a = n_head, a
+        hd = C // n_head
+        self.sizes = [C, a["kv"] * hd, a["kv"] * hd]
+        self.ln_1 = norm(a, C)
+        self.qkv = nn.Linear(C, sum(self.sizes), bias=a["bias"])   # q, k, v packed in one GEMM
+        self.proj = nn.Linear(C, C, bias=a["bias"])                 # residual projection 1
+        self.ln_2 = norm(a, C)
+        self.fc = nn.Linear(C, a["ffn"] * (2 if a["mlp"] == "swiglu" else 1), bias=a["bias"])  # [gate | up]
+        self.fc_proj = nn.Linear(a["ffn"], C, bias=a["bias"])      # residual projection 2
         # causal mask: position t sees positions <= t. A plain attribute, not a buffer: DDP would
         # broadcast a buffer, and gloo cannot broadcast bool tensors.
         self.causal = torch.ones(T, T, dtype=torch.bool).tril()
+        self.rope = rope_table(T, hd, a["theta"]) if a["position"] == "rope" else None
 
     def attn(self, x):
         B, T, C = x.shape
         hd = C // self.n_head
-        # (B, T, 3C) -> three (B, n_head, T, hd)
-        q, k, v = (t.view(B, T, self.n_head, hd).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        # (B, T, C + 2 kv hd) -> (B, heads, T, hd) each
+        q, k, v = (t.reshape(B, T, -1, hd).transpose(1, 2) for t in self.qkv(x).split(self.sizes, dim=2))
+        if self.rope is not None:
+            cos, sin = (t[:T] for t in self.rope)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        group = self.n_head // k.shape[1]   # grouped-query attention: each key/value head serves `group`
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
         att = att.masked_fill(~self.causal[:T, :T], float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)   # heads back side by side
         return self.proj(y)
 
+    def mlp(self, x):
+        h = self.fc(x)
+        if self.a["mlp"] == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            return self.fc_proj(F.silu(gate) * up)
+        return self.fc_proj(F.gelu(h, approximate="tanh"))
+
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
-        return x + self.fc_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab_size, seq_len, n_layer, n_head, d_model):
+    def __init__(self, vocab_size, seq_len, n_layer, n_head, d_model, arch=None):
         super().__init__()
-        self.wte = nn.Embedding(vocab_size, d_model)   # also the LM head (tied)
-        self.wpe = nn.Embedding(seq_len, d_model)      # learned positions
-        self.blocks = nn.ModuleList(Block(d_model, n_head, seq_len) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(d_model, eps=1e-5)
+        a = self.a = arch or arch_of(dict(d_model=d_model, n_head=n_head))
+        self.wte = nn.Embedding(vocab_size, d_model)   # also the LM head when tied
+        self.wpe = nn.Embedding(seq_len, d_model) if a["position"] == "learned" else None
+        self.blocks = nn.ModuleList(Block(d_model, n_head, seq_len, a) for _ in range(n_layer))
+        self.ln_f = norm(a, d_model)
+        self.lm_head = None if a["tie"] else nn.Linear(d_model, vocab_size, bias=False)
         # GPT-2 init: N(0, 0.02), the residual projections scaled by 1/sqrt(2 n_layer) so the
-        # residual stream's variance does not grow with depth; biases 0; LayerNorm 1 and 0.
+        # residual stream's variance does not grow with depth; biases 0; norms 1 and 0.
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -81,13 +138,36 @@ class GPT(nn.Module):
                 residual = name.endswith("proj.weight")   # proj and fc_proj
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer) if residual else 0.02)
 
-    def forward(self, idx, targets):
+    def logits(self, idx):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T))
         for block in self.blocks:
             x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)   # ln_f(x) @ wte^T, no bias
-        return F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))   # mean over B*T
+        head = self.wte.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(self.ln_f(x), head)   # ln_f(x) @ W^T, no bias
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        return F.cross_entropy(self.logits(idx).view(B * T, -1), targets.reshape(B * T))   # mean over B*T
+
+    def zero3d_names(self):
+        """This model's parameters under zero3d's tensor names (model/gpt.cpp's table)."""
+        names = {"wte": self.wte.weight, "ln_f.weight": self.ln_f.weight}
+        if self.wpe is not None:
+            names["wpe"] = self.wpe.weight
+        if getattr(self.ln_f, "bias", None) is not None:
+            names["ln_f.bias"] = self.ln_f.bias
+        if self.lm_head is not None:
+            names["lm_head.weight"] = self.lm_head.weight
+        ours = {"ln_1": "ln_1", "qkv": "attn.c_attn", "proj": "attn.c_proj", "ln_2": "ln_2", "fc": "mlp.c_fc",
+                "fc_proj": "mlp.c_proj"}
+        for l, b in enumerate(self.blocks):
+            for name, p in b.named_parameters():
+                mod, kind = name.split(".")
+                names[f"h.{l}.{ours[mod]}.{kind}"] = p
+        return names
 
 
 # ---- data: an llm.c token file ---------------------------------------------------------------------
@@ -151,7 +231,7 @@ def train(args, cfg):
 
     m = cfg["model"]
     B, gas, T = cfg["train_micro_batch_size_per_gpu"], cfg.get("gradient_accumulation_steps", 1), m["seq_len"]
-    model = GPT(m["vocab_size"], T, m["n_layer"], m["n_head"], m["d_model"])
+    model = GPT(m["vocab_size"], T, m["n_layer"], m["n_head"], m["d_model"], arch_of(m))
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
 
     # AdamW; weight decay on 2-D weights (Linear weights, wte, wpe), not on biases or LayerNorm

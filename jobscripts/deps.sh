@@ -12,8 +12,9 @@ zero3d_packages=(
   python3 python3-matplotlib python3-pandas python3-h5py  # postprocess/ and test checks
 )
 # tests/run.sh only: tests/slurm starts a private single-node Slurm (sbatch, srun --mpi=pmix);
-# tests/cli/test_faults.sh fails I/O calls in running ranks with libfiu (fiu-run, fiu-ctrl).
-zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge fiu-utils)
+# tests/cli/test_faults.sh fails I/O calls in running ranks with libfiu (fiu-run, fiu-ctrl);
+# tests/cli/test_hf.sh compares against PyTorch (python3-torch).
+zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge fiu-utils python3-torch)
 
 # zero3d_install_deps [EXTRA_PACKAGE...]
 zero3d_install_deps() {

@@ -32,6 +32,9 @@ build/bin/zero3d ckpt verify "$run/checkpoints" >/dev/null
 # Plots: both runs' loss curves on one plot; model-state memory of both layouts against ZeRO's formula.
 /usr/bin/python3 postprocess/loss.py "$run" "$resumed" --val --out "$run/loss.png" >/dev/null
 /usr/bin/python3 postprocess/memory.py "$run" "$resumed" --out "$run" >/dev/null
+# Text out of the step-200 checkpoint (byte-level: each byte a token; 64-token context).
+sample=$(build/bin/zero3d generate "$run/checkpoints" --prompt "The program " --max-tokens 48 --temperature 0.7 \
+  --top-k 20 --seed 1 2>/dev/null)
 echo
 echo "quickstart: trained 200 steps on pp 2 x dp 2 (ZeRO-2): metrics in $run/metrics.jsonl, config in $run/config.json,"
 echo "  checkpoints in $run/checkpoints (zero3d ckpt inspect $run/checkpoints)"
@@ -39,3 +42,6 @@ echo "quickstart: resumed its step-200 checkpoint on tp 2 x dp 2 (ZeRO-3) and tr
 echo "  metrics in $resumed/metrics.jsonl"
 echo "quickstart: plots in $run/loss.png (loss curves of both) and $run/memory.png (memory per rank against"
 echo "  ZeRO's formula; table in $run/memory.md)"
+echo "quickstart: text from its step-200 model (zero3d generate $run/checkpoints --prompt \"The program \" ...):"
+echo "  $sample" | tr '\n' ' '
+echo

@@ -40,6 +40,8 @@ static int dispatch(const Args& args) {
   if (cmd == "data") return cmd_data(rest);
   if (cmd == "bench") return cmd_bench(rest);
   if (cmd == "ckpt") return cmd_ckpt(rest);
+  if (cmd == "generate") return cmd_generate(rest);
+  if (cmd == "eval") return cmd_eval(rest);
   throw UserError(strprintf("unknown command '%s'\n%s", cmd.c_str(), usage_main().c_str()));
 }
 

@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "ckpt/dir.h"
 #include "ckpt/format.h"
+#include "ckpt/hf.h"
 #include "storage/hdf5_posix.h"
 #include "model/gpt.h"
 
@@ -303,9 +304,40 @@ int ckpt_verify(const std::string& dir_or_file) {
   return 0;
 }
 
-int ckpt_export(const std::string& dir_or_file, const std::string& out, const std::string& weights) {
+CheckpointModel read_checkpoint_model(const std::string& dir_or_file) {
+  QuietHdf5 quiet;
+  const CheckpointFile c = open_checkpoint(dir_or_file);
+  CheckpointModel out;
+  std::string precision;
+  const std::optional<ModelConfig> m = model_of(c.file.get());
+  if (!read_attr(c.file.get(), "precision", precision) || !read_attr(c.file.get(), "step", out.step) || !m)
+    throw UserError(strprintf("checkpoint '%s' lacks its precision, step or model shape attributes (corrupt file)",
+                              c.path.c_str()));
+  out.model = *m;
+  const std::string group = precision != "fp32" ? "/optimizer/master" : "/model";
+  for (const ParamInfo& p : gpt_param_table(*m)) {
+    const std::string path = group + "/" + p.name;
+    Hid ds = open_checkpoint_dataset(c.file.get(), c.path, path);
+    const DatasetInfo d = describe(ds.get(), path);
+    DatasetSum sum;
+    uint64_t stored = 0;
+    std::vector<float> t;
+    if (d.elem != Elem::f32 || d.count() != p.size || !read_rows(ds.get(), d, 0, d.rows(), t, sum) ||
+        !read_attr(ds.get(), "checksum", stored) || stored != sum.sum)
+      throw UserError(strprintf("checkpoint '%s': dataset '%s' is not %zu float32 values matching its checksum "
+                                "(zero3d ckpt verify says what is wrong)",
+                                c.path.c_str(), path.c_str(), p.size));
+    out.tensors.push_back(std::move(t));
+  }
+  return out;
+}
+
+int ckpt_export(const std::string& dir_or_file, const std::string& out, const std::string& weights,
+                const std::string& format) {
   if (weights != "master" && weights != "model")
     throw UserError(strprintf("--weights must be master or model, got '%s'", weights.c_str()));
+  if (format != "safetensors" && format != "hf")
+    throw UserError(strprintf("--format must be safetensors or hf, got '%s'", format.c_str()));
   QuietHdf5 quiet;
   const CheckpointFile c = open_checkpoint(dir_or_file);
   const hid_t f = c.file.get();
@@ -318,62 +350,103 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
   // The fp32 master lives in /optimizer/master for 16-bit runs, in /model for fp32 runs.
   const std::string group = weights == "master" && precision != "fp32" ? "/optimizer/master" : "/model";
 
-  // Pass 1: shapes and dtypes make the header. Pass 2: the data, one tensor at a time.
-  std::vector<DatasetInfo> tensors;
+  // What goes out: zero3d's tensors as they are, or Hugging Face's (ckpt/hf.h: parts, transposes).
+  std::vector<HfTensor> pieces;
+  if (format == "hf") {
+    pieces = hf_tensors(*m);
+  } else {
+    for (const ParamInfo& p : gpt_param_table(*m))
+      pieces.push_back({p.name, p.name, 0, p.shape[0], p.shape.size() > 1 ? p.shape[1] : 1, false, p.shape.size() == 1});
+  }
+
+  // Pass 1: shapes and dtypes make the header. Pass 2: the data, one source tensor at a time.
+  std::map<std::string, DatasetInfo> sources;
   nlohmann::ordered_json header;
   std::set<std::string> dtypes;
   uint64_t offset = 0;
-  for (const ParamInfo& p : gpt_param_table(*m)) {
-    const std::string path = group + "/" + p.name;
-    Hid ds = open_checkpoint_dataset(c.file.get(), c.path, path);
-    DatasetInfo d = describe(ds.get(), path);
+  for (const HfTensor& t : pieces) {
+    if (!sources.count(t.source)) {
+      const std::string path = group + "/" + t.source;
+      Hid ds = open_checkpoint_dataset(c.file.get(), c.path, path);
+      sources.emplace(t.source, describe(ds.get(), path));
+    }
+    const DatasetInfo& d = sources.at(t.source);
     std::string dtype;
     if (d.elem == Elem::f32) dtype = "F32";
     else if (d.elem == Elem::u16 && weights == "model" && d.half == "bfloat16") dtype = "BF16";
     else if (d.elem == Elem::u16 && weights == "model" && d.half == "float16") dtype = "F16";
     else
       throw UserError(strprintf("checkpoint '%s': dataset '%s' is %s; export expects float32%s", c.path.c_str(),
-                                path.c_str(), d.dtype.c_str(),
+                                d.path.c_str(), d.dtype.c_str(),
                                 weights == "model" ? " or uint16 with attribute dtype bfloat16/float16" : ""));
-    header[p.name] = {{"dtype", dtype},
-                      {"shape", d.dims},
-                      {"data_offsets", nlohmann::ordered_json::array({offset, offset + d.bytes()})}};
-    offset += d.bytes();
+    const uint64_t bytes = static_cast<uint64_t>(t.rows) * t.cols * d.elem_size;
+    header[t.name] = {{"dtype", dtype},
+                      {"shape", t.shape()},
+                      {"data_offsets", nlohmann::ordered_json::array({offset, offset + bytes})}};
+    offset += bytes;
     dtypes.insert(dtype);
-    tensors.push_back(std::move(d));
   }
   header["__metadata__"] = {{"format", "pt"}, {"source", c.path}, {"step", std::to_string(step)}};
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
 
-  AtomicFile o(out, "safetensors file");  // a failed export leaves no partial OUT.tmp behind
+  std::string file = out;
+  if (format == "hf") {  // a directory as transformers' from_pretrained reads it
+    std::error_code ec;
+    std::filesystem::create_directories(out, ec);
+    if (ec) throw UserError(strprintf("cannot create the export directory '%s': %s", out.c_str(), ec.message().c_str()));
+    const std::string torch_dtype = *dtypes.begin() == "F32" ? "float32" : *dtypes.begin() == "BF16" ? "bfloat16" : "float16";
+    AtomicFile cfg(out + "/config.json", "Hugging Face config");
+    cfg.write(hf_config(*m, torch_dtype).dump(2) + "\n");
+    cfg.commit();
+    file = out + "/model.safetensors";
+  }
+  AtomicFile o(file, "safetensors file");  // a failed export leaves no partial OUT.tmp behind
   const uint64_t n = text.size();
   o.write(&n, sizeof n);
   o.write(text);
   std::vector<float> f32;
   std::vector<uint16_t> u16;
-  for (const DatasetInfo& d : tensors) {
-    Hid ds = open_checkpoint_dataset(c.file.get(), c.path, d.path);
-    DatasetSum sum;
-    uint64_t stored = 0;
-    const bool ok = d.elem == Elem::f32 ? read_rows(ds.get(), d, 0, d.rows(), f32, sum)
-                                        : read_rows(ds.get(), d, 0, d.rows(), u16, sum);
-    if (!ok)
-      throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be read (corrupt or truncated file)",
-                                c.path.c_str(), d.path.c_str()));
-    if (!read_attr(ds.get(), "checksum", stored) || stored != sum.sum)
-      throw UserError(strprintf("checkpoint '%s': dataset '%s' has no checksum or fails it: the file is corrupt "
-                                "(zero3d ckpt verify lists every bad dataset)",
-                                c.path.c_str(), d.path.c_str()));
-    if (d.elem == Elem::f32) o.write(f32.data(), d.bytes());
-    else o.write(u16.data(), d.bytes());
+  std::string loaded;  // the source tensor in f32 / u16
+  std::vector<char> moved;
+  for (const HfTensor& t : pieces) {
+    const DatasetInfo& d = sources.at(t.source);
+    if (loaded != t.source) {
+      Hid ds = open_checkpoint_dataset(c.file.get(), c.path, d.path);
+      DatasetSum sum;
+      uint64_t stored = 0;
+      const bool ok = d.elem == Elem::f32 ? read_rows(ds.get(), d, 0, d.rows(), f32, sum)
+                                          : read_rows(ds.get(), d, 0, d.rows(), u16, sum);
+      if (!ok)
+        throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be read (corrupt or truncated file)",
+                                  c.path.c_str(), d.path.c_str()));
+      if (!read_attr(ds.get(), "checksum", stored) || stored != sum.sum)
+        throw UserError(strprintf("checkpoint '%s': dataset '%s' has no checksum or fails it: the file is corrupt "
+                                  "(zero3d ckpt verify lists every bad dataset)",
+                                  c.path.c_str(), d.path.c_str()));
+      loaded = t.source;
+    }
+    const char* data = d.elem == Elem::f32 ? reinterpret_cast<const char*>(f32.data())
+                                           : reinterpret_cast<const char*>(u16.data());
+    const size_t es = d.elem_size, row_bytes = static_cast<size_t>(t.cols) * es;
+    const char* first = data + static_cast<size_t>(t.row0) * row_bytes;
+    if (!t.transpose) {
+      o.write(first, static_cast<size_t>(t.rows) * row_bytes);
+      continue;
+    }
+    moved.resize(static_cast<size_t>(t.rows) * row_bytes);  // (rows, cols) -> (cols, rows)
+    for (int64_t r = 0; r < t.rows; ++r)
+      for (int64_t col = 0; col < t.cols; ++col)
+        std::memcpy(moved.data() + (static_cast<size_t>(col) * t.rows + r) * es,
+                    first + static_cast<size_t>(r) * row_bytes + static_cast<size_t>(col) * es, es);
+    o.write(moved.data(), moved.size());
   }
   o.commit();
   std::string dtype_list;
   for (const std::string& t : dtypes) dtype_list += (dtype_list.empty() ? "" : "+") + t;
-  log_info("exported %zu tensors (%s weights from %s, %s, %llu bytes of data) of step %lld from '%s' to '%s'",
-           tensors.size(), weights.c_str(), group.c_str(), dtype_list.c_str(), (unsigned long long)offset,
-           (long long)step, c.path.c_str(), out.c_str());
+  log_info("exported %zu tensors (%s weights from %s, %s, %llu bytes of data%s) of step %lld from '%s' to '%s'",
+           pieces.size(), weights.c_str(), group.c_str(), dtype_list.c_str(), (unsigned long long)offset,
+           format == "hf" ? ", Hugging Face names and config.json" : "", (long long)step, c.path.c_str(), out.c_str());
   return 0;
 }
 

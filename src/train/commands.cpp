@@ -26,6 +26,25 @@
 
 namespace zero3d {
 
+// Value of option `name` at a[i]; advances i. Throws when the value is missing (the next argument
+// is another option: `--set --deepspeed x.json` must not set a key named "--deepspeed").
+std::string option_value(const Args& a, size_t& i, const char* usage) {
+  if (i + 1 >= a.size() || a[i + 1].starts_with("--"))
+    throw UserError(strprintf("option %s needs a value\n%s", a[i].c_str(), usage));
+  return a[++i];
+}
+
+// The comma-separated items of s ("a,b,,c": a, b, "", c).
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t pos = 0; pos <= s.size();) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    out.push_back(s.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
 namespace {
 
 const char* kTrainUsage =
@@ -86,38 +105,21 @@ const char* kBenchUsage =
 const char* kCkptUsage =
     "usage: zero3d ckpt inspect CKPT\n"
     "       zero3d ckpt verify CKPT\n"
-    "       zero3d ckpt export CKPT --out MODEL.safetensors [--weights master|model]\n"
+    "       zero3d ckpt export CKPT --out MODEL.safetensors [--weights master|model] [--format safetensors|hf]\n"
     "  CKPT: a checkpoint file (step_XXXXXXXX.h5), or a checkpoint directory meaning the one its 'latest' names.\n"
     "  inspect  print the step, the layout at save, the model shape, the optimizer state and every dataset\n"
     "  verify   recompute every dataset's checksum; exit code 4 when any differs, is missing or unreadable\n"
     "  export   write the model weights as safetensors (GPT-2 names without 'transformer.', matrices (out, in)):\n"
     "           --weights master (default) the fp32 master weights, F32; model: the weights computed with,\n"
     "           as stored (F32, BF16 or F16)\n"
+    "           --format hf: --out names a directory; config.json and model.safetensors as Hugging Face\n"
+    "           transformers loads them (GPT2LMHeadModel or LlamaForCausalLM)\n"
     "  Runs on rank 0 alone; one process is enough.\n";
 
 bool wants_help(const Args& a) {
   for (const auto& s : a)
     if (s == "--help" || s == "-h") return true;
   return false;
-}
-
-// Value of option `name` at a[i]; advances i. Throws when the value is missing (the next argument
-// is another option: `--set --deepspeed x.json` must not set a key named "--deepspeed").
-std::string option_value(const Args& a, size_t& i, const char* usage) {
-  if (i + 1 >= a.size() || a[i + 1].starts_with("--"))
-    throw UserError(strprintf("option %s needs a value\n%s", a[i].c_str(), usage));
-  return a[++i];
-}
-
-// The comma-separated items of s ("a,b,,c": a, b, "", c).
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t pos = 0; pos <= s.size();) {
-    const size_t comma = std::min(s.find(',', pos), s.size());
-    out.push_back(s.substr(pos, comma - pos));
-    pos = comma + 1;
-  }
-  return out;
 }
 
 double parse_double(const std::string& s, const char* what) {
@@ -339,6 +341,8 @@ std::string usage_main() {
          "  bench gemm|kernels|io|comm  measure the GEMMs, the host kernels per ISA level, the file\n"
          "                          system's write rate, or the collectives\n"
          "  ckpt inspect|verify|export  look into, check or export a checkpoint\n"
+         "  generate CKPT --prompt TEXT  continue a prompt with a checkpoint's model\n"
+         "  eval CKPT --tokens FILE  the loss and perplexity of a checkpoint's model on a token file\n"
          "  --version               print the version and the backends built in\n";
 }
 
@@ -648,10 +652,11 @@ int cmd_ckpt(const Args& a) {
   const std::string& tool = a[0];
   if (tool != "inspect" && tool != "verify" && tool != "export")
     throw UserError(strprintf("unknown ckpt command '%s' (inspect, verify or export)\n%s", tool.c_str(), kCkptUsage));
-  std::string path, out, weights = "master";
+  std::string path, out, weights = "master", format = "safetensors";
   for (size_t i = 1; i < a.size(); ++i) {
     if (tool == "export" && a[i] == "--out") out = option_value(a, i, kCkptUsage);
     else if (tool == "export" && a[i] == "--weights") weights = option_value(a, i, kCkptUsage);
+    else if (tool == "export" && a[i] == "--format") format = option_value(a, i, kCkptUsage);
     else if (a[i].starts_with("-"))
       throw UserError(strprintf("unknown option '%s' for zero3d ckpt %s\n%s", a[i].c_str(), tool.c_str(), kCkptUsage));
     else if (path.empty()) path = a[i];
@@ -666,7 +671,7 @@ int cmd_ckpt(const Args& a) {
   if (ProcessGroup::world()->rank() != 0) return 0;
   if (tool == "inspect") return ckpt_inspect(path);
   if (tool == "verify") return ckpt_verify(path);
-  return ckpt_export(path, out, weights);
+  return ckpt_export(path, out, weights, format);
 }
 
 }  // namespace zero3d
