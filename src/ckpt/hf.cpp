@@ -1,6 +1,11 @@
 #include "ckpt/hf.h"
 
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
 #include "core/check.h"
+#include "kernels/math/dtype.h"
 #include "model/gpt.h"
 
 namespace zero3d {
@@ -76,6 +81,76 @@ nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_
            {"max_position_embeddings", m.seq_len}, {"rms_norm_eps", m.rms_norm_eps}, {"rope_theta", m.rope_theta},
            {"hidden_act", "silu"}, {"attention_bias", m.bias}, {"mlp_bias", m.bias},
            {"tie_word_embeddings", m.tie_word_embeddings}, {"torch_dtype", torch_dtype}};
+}
+
+std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const ModelConfig& m) {
+  auto slurp = [&](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw UserError(strprintf("checkpoint.init_from: cannot read '%s'", path.c_str()));
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  // config.json must describe this run's model: every key hf_config writes (but torch_dtype).
+  const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors";
+  nlohmann::json have;
+  try {
+    have = nlohmann::json::parse(slurp(cfg_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(strprintf("checkpoint.init_from: '%s' is not JSON (%s)", cfg_path.c_str(), e.what()));
+  }
+  const nlohmann::ordered_json expected = hf_config(m, "float32");
+  for (const auto& [key, want] : expected.items()) {
+    if (key == "torch_dtype" || key == "n_inner" || key == "resid_pdrop" || key == "embd_pdrop" || key == "attn_pdrop")
+      continue;  // not part of the weights' meaning
+    const nlohmann::json got = have.contains(key) ? have[key] : nlohmann::json();
+    const bool same = got.is_number() && want.is_number() ? got.get<double>() == want.get<double>() : got == want;
+    if (!same)
+      throw UserError(strprintf("checkpoint.init_from: '%s' has %s = %s, but this run's model needs %s (set the "
+                                "model keys to the checkpoint's)",
+                                cfg_path.c_str(), key.c_str(), got.dump().c_str(), want.dump().c_str()));
+  }
+  const std::string file = slurp(st_path);
+  uint64_t n = 0;
+  if (file.size() < 8 || (std::memcpy(&n, file.data(), 8), file.size() < 8 + n))
+    throw UserError(strprintf("checkpoint.init_from: '%s' is not a safetensors file", st_path.c_str()));
+  const nlohmann::json header = nlohmann::json::parse(file.substr(8, n), nullptr, false);
+  if (header.is_discarded())
+    throw UserError(strprintf("checkpoint.init_from: '%s' has no valid safetensors header", st_path.c_str()));
+  const char* data = file.data() + 8 + n;
+  const size_t data_bytes = file.size() - 8 - n;
+  auto w = std::make_shared<InitialWeights>();
+  for (const ParamInfo& p : gpt_param_table(m))
+    if (!p.tied_copy) w->tensors[p.name].assign(p.size, 0.0f);
+  for (const HfTensor& t : hf_tensors(m)) {
+    if (!header.contains(t.name))
+      throw UserError(strprintf("checkpoint.init_from: '%s' has no tensor '%s'", st_path.c_str(), t.name.c_str()));
+    const nlohmann::json& h = header[t.name];
+    const std::string dtype = h.value("dtype", "");
+    const size_t es = dtype == "F32" ? 4 : dtype == "BF16" || dtype == "F16" ? 2 : 0;
+    const auto shape = h.value("shape", std::vector<int64_t>{});
+    const auto off = h.value("data_offsets", std::vector<uint64_t>{});
+    const size_t count = static_cast<size_t>(t.rows * t.cols);
+    if (es == 0 || shape != t.shape() || off.size() != 2 || off[1] > data_bytes || off[1] - off[0] != count * es)
+      throw UserError(strprintf("checkpoint.init_from: '%s': tensor '%s' is %s %s; this model needs F32, BF16 or F16 "
+                                "of shape %s",
+                                st_path.c_str(), t.name.c_str(), dtype.c_str(), nlohmann::json(shape).dump().c_str(),
+                                nlohmann::json(t.shape()).dump().c_str()));
+    auto value = [&](size_t i) {
+      const char* q = data + off[0] + i * es;
+      if (es == 4) {
+        float f;
+        std::memcpy(&f, q, 4);
+        return f;
+      }
+      uint16_t u;
+      std::memcpy(&u, q, 2);
+      return dtype == "BF16" ? math::float_from_bf16(u) : math::float_from_fp16(u);
+    };
+    float* dst = w->tensors.at(t.source).data() + static_cast<size_t>(t.row0 * t.cols);
+    for (int64_t r = 0; r < t.rows; ++r)
+      for (int64_t c = 0; c < t.cols; ++c)
+        dst[r * t.cols + c] = value(t.transpose ? static_cast<size_t>(c * t.rows + r) : static_cast<size_t>(r * t.cols + c));
+  }
+  return w;
 }
 
 }  // namespace zero3d

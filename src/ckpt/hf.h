@@ -5,11 +5,13 @@
 // permutation: zero3d turns the same "rotate half" pairs as transformers' Llama.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
+#include "model/param_store.h"
 
 namespace zero3d {
 
@@ -28,5 +30,11 @@ struct HfTensor {
 std::vector<HfTensor> hf_tensors(const ModelConfig& m);
 // config.json for those tensors (torch_dtype: "float32", "bfloat16" or "float16").
 nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_dtype);
+
+// The weights of a Hugging Face directory (config.json and model.safetensors, F32, BF16 or F16)
+// under zero3d's names and layouts, for checkpoint.init_from: the inverse of hf_tensors(m). A
+// UserError naming the file and what differs when config.json does not describe model m, or a
+// tensor is missing or of another shape.
+std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const ModelConfig& m);
 
 }  // namespace zero3d

@@ -140,6 +140,7 @@ struct CheckpointConfig {
   int keep_last = 0;
   LoadMode load = LoadMode::none;
   std::string load_path;  // LoadMode::path: a checkpoint file, or a directory meaning its 'latest' 
+  std::string init_from;  // a Hugging Face directory to start from instead of the seeded draw ("" = none)
   bool async = true;             // write in the background (ckpt/writer.h), where MPI allows threads
   std::string on_failure = "stop";  // a save that fails (disk full, I/O error): "stop" or "continue"
   double timeout_s = 0;          // a save or load longer than this aborts (exit 3); 0 = from size and bandwidth

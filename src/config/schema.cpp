@@ -346,6 +346,10 @@ std::vector<Key> build() {
             "wall-time budget from start: checkpoint and exit 6 at the last step boundary where another step and "
             "a checkpoint still fit; 0 = none (under Slurm the job's end time is a budget too)").range(0, kInf),
       field("checkpoint.dir", at(&Config::checkpoint, &CC::dir), "checkpoint directory; \"\" = <run dir>/checkpoints"),
+      field("checkpoint.init_from", at(&Config::checkpoint, &CC::init_from),
+            "start from these weights instead of the seeded draw: a Hugging Face directory (config.json and "
+            "model.safetensors, as `zero3d ckpt export --format hf` writes or transformers saves), on any layout; "
+            "a checkpoint that checkpoint.load resumes replaces them; \"\" = none"),
       field("checkpoint.save_interval", at(&Config::checkpoint, &CC::save_interval),
             "steps between checkpoints (and one at the last step); 0 = none").range(0, kIntMax),
       field("checkpoint.keep_last", at(&Config::checkpoint, &CC::keep_last), "newest checkpoints kept; 0 = all")

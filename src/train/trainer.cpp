@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/hf.h"
 #include "core/check.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -113,9 +114,15 @@ struct Trainer::State {
 
 Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backend, ProcessGroups& groups) {
   const SwapFiles swap = prepare_swap(config, options, groups);
-  groups.world->agree([&] { s_ = std::make_unique<State>(config, options, backend, groups, swap); });
+  std::shared_ptr<InitialWeights> from;
+  groups.world->agree([&] {
+    s_ = std::make_unique<State>(config, options, backend, groups, swap);
+    if (!config.checkpoint.init_from.empty()) from = read_hf_weights(config.checkpoint.init_from, config.model);
+  });
   State& s = *s_;
+  set_initial_weights(from);  // checkpoint.init_from: every rank copies its share of the same weights
   s.engine.init_weights(config.seed);
+  set_initial_weights(nullptr);
   s.flops_per_token = gpt_flops_per_token(config.model);
   s.tokens_per_step = static_cast<double>(config.train_batch_size) * config.model.seq_len;
   // Resume before anything is written: a checkpoint that does not load is an input error too.

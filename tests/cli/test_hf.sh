@@ -7,7 +7,8 @@
 # which loads it into jobscripts/bench_peer.py's PyTorch model and compares the export (names,
 # shapes, bitwise round trip), the loss (1e-5 relative) and every layout's gradients (1e-5);
 # `zero3d eval` gives the step-1 loss again, and `zero3d generate` (greedy, KV cache) the tokens
-# PyTorch's greedy decoding picks.
+# PyTorch's greedy decoding picks; checkpoint.init_from starts another seed on tp 2 x pp 2 from the
+# export, to the bit (export -> import -> export), and refuses a directory of another model.
 # Skipped (exit 77) without python3-torch and python3-h5py.
 # usage: test_hf.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
@@ -56,7 +57,31 @@ PY
     --temperature 0 --ids 2> "$tmp/$model-generate.log") || { cat "$tmp/$model-generate.log"; fail "generate of $model"; }
   PEER_GENERATED="$generated" PEER_PROMPT=12 /usr/bin/python3 tests/cli/peer_check.py "$tmp/$model-hf" "$tmp/one.bin" \
     "$tmp/$model-1/metrics.jsonl" "${ckpts[@]}"
+  # checkpoint.init_from: another seed on tp 2 x pp 2 starts from the export: the first loss again, and
+  # exporting that run's step-1 weights gives the same tensors to the bit (export -> import -> export).
+  step1 $config $model-from 2 2 --set seed=99 --set zero_optimization.stage=0 --set checkpoint.init_from="$tmp/$model-hf"
+  timeout 60 "$z3d" ckpt export "$tmp/$model-from/checkpoints" --format hf --out "$tmp/$model-hf2" > "$tmp/$model-export2.log" 2>&1 ||
+    { cat "$tmp/$model-export2.log"; fail "second export of $model"; }
+  /usr/bin/python3 - "$tmp/$model-hf" "$tmp/$model-hf2" "$tmp/$model-1/metrics.jsonl" "$tmp/$model-from/metrics.jsonl" <<'PY' ||
+import json, struct, sys
+def tensors(d):
+    with open(d + "/model.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n)); data = f.read()
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in h.items() if k != "__metadata__"}
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+loss = [next(r["loss"] for r in map(json.loads, open(p)) if r["kind"] == "train") for p in sys.argv[3:5]]
+err = abs(loss[0] - loss[1]) / loss[0]
+print(f"init_from: {len(b)} tensors {'bitwise equal' if a == b else 'DIFFER'} after export -> import -> export; "
+      f"first loss {loss[1]:.9g} vs {loss[0]:.9g} ({err:.1e})")
+sys.exit(0 if a == b and err <= 1e-6 else 1)
+PY
+    fail "init_from round trip of $model"
 done
+# init_from checks the directory against the run's model before anything runs.
+expect_exit 2 init_from_mismatch "init_from: .*num_key_value_heads = 2, but this run's model needs 4" \
+  $MPIRUN -np 1 "$z3d" train input/llama-tiny.json --run-dir "$tmp/mismatch" --set model.num_key_value_heads=4 \
+  --set checkpoint.init_from="$tmp/llama-hf"
 # A model transformers has no class for is refused, with the way out named.
 step1 input/gpt-tiny.json mixed 1 1 --set model.position=rope
 expect_exit 2 export_mixed "no class for it.*--format safetensors" \
