@@ -1,5 +1,6 @@
 #include "ckpt/hf.h"
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -85,9 +86,13 @@ nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_
 
 std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const ModelConfig& m) {
   auto slurp = [&](const std::string& path) {
+    errno = 0;
     std::ifstream f(path, std::ios::binary);
-    if (!f) throw UserError(strprintf("checkpoint.init_from: cannot read '%s'", path.c_str()));
-    return std::string(std::istreambuf_iterator<char>(f), {});
+    std::string text(std::istreambuf_iterator<char>(f), {});
+    if (!f && !f.eof())
+      throw UserError(strprintf("checkpoint.init_from: cannot read '%s': %s", path.c_str(),
+                                errno ? std::strerror(errno) : "read error"));
+    return text;
   };
   // config.json must describe this run's model: every key hf_config writes (but torch_dtype).
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors";

@@ -52,19 +52,19 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& m) {
   return t;
 }
 
-// Local row r of a TpSplit::blocks tensor: its block, the block's first local and logical rows.
+// Local row r of a TpSplit::blocks tensor: its block's first local and logical rows, and its rows per rank.
 struct BlockRow {
-  size_t block, local0, logical0, part;
+  size_t local0, logical0, part;
 };
 BlockRow block_row(const ParamInfo& p, size_t r) {
   size_t local0 = 0, logical0 = 0;
   for (size_t b = 0; b < p.blocks.size(); ++b) {
     const size_t part = static_cast<size_t>(p.blocks[b]) / static_cast<size_t>(p.tp);
-    if (r < local0 + part || b + 1 == p.blocks.size()) return {b, local0, logical0, part};
+    if (r < local0 + part || b + 1 == p.blocks.size()) return {local0, logical0, part};
     local0 += part;
     logical0 += static_cast<size_t>(p.blocks[b]);
   }
-  return {0, 0, 0, 0};
+  return {0, 0, 0};
 }
 }  // namespace
 
