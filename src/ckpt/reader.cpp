@@ -64,10 +64,9 @@ void check_model(const CheckpointHeader& h, const ModelConfig& m, const std::str
       throw UserError(strprintf("checkpoint '%s' holds a model with %s = %lld, but this run's model.%s is %d: the "
                                 "model shapes must match",
                                 path.c_str(), key, (long long)v.first, key, v.second));
-  ModelConfig saved = m;  // the checkpoint's architecture keys over this run's shape
-  saved.arch = "gpt2", saved.norm = "layernorm", saved.position = "learned", saved.mlp = "gelu";
-  saved.intermediate_size = 4 * m.d_model, saved.num_key_value_heads = m.n_head, saved.bias = true;
-  saved.tie_word_embeddings = true;
+  // The checkpoint's architecture keys on this run's shape; ModelConfig's defaults are GPT-2's, what
+  // a checkpoint from before the keys holds (as ckpt/tools.cpp's model_of reads one).
+  ModelConfig saved{m.vocab_size, m.seq_len, m.n_layer, m.n_head, m.d_model};
   if (!h.architecture.empty()) set_architecture(saved, nlohmann::json::parse(h.architecture));
   const nlohmann::json have = architecture_of(saved), want = architecture_of(m);
   for (const auto& [key, v] : want.items())

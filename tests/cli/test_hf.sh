@@ -63,18 +63,16 @@ PY
   timeout 60 "$z3d" ckpt export "$tmp/$model-from/checkpoints" --format hf --out "$tmp/$model-hf2" > "$tmp/$model-export2.log" 2>&1 ||
     { cat "$tmp/$model-export2.log"; fail "second export of $model"; }
   /usr/bin/python3 - "$tmp/$model-hf" "$tmp/$model-hf2" "$tmp/$model-1/metrics.jsonl" "$tmp/$model-from/metrics.jsonl" <<'PY' ||
-import json, struct, sys
-def tensors(d):
-    with open(d + "/model.safetensors", "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        h = json.loads(f.read(n)); data = f.read()
-    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in h.items() if k != "__metadata__"}
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+import json, sys
+sys.path.insert(0, "tests/cli")
+from peer_check import read_safetensors
+a, b = (read_safetensors(d + "/model.safetensors") for d in sys.argv[1:3])
+same = a.keys() == b.keys() and all(a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes() for k in a)
 loss = [next(r["loss"] for r in map(json.loads, open(p)) if r["kind"] == "train") for p in sys.argv[3:5]]
 err = abs(loss[0] - loss[1]) / loss[0]
-print(f"init_from: {len(b)} tensors {'bitwise equal' if a == b else 'DIFFER'} after export -> import -> export; "
+print(f"init_from: {len(b)} tensors {'bitwise equal' if same else 'DIFFER'} after export -> import -> export; "
       f"first loss {loss[1]:.9g} vs {loss[0]:.9g} ({err:.1e})")
-sys.exit(0 if a == b and err <= 1e-6 else 1)
+sys.exit(0 if same and err <= 1e-6 else 1)
 PY
     fail "init_from round trip of $model"
 done
