@@ -41,13 +41,16 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
     };
     auto part = [&](std::string name, int64_t r0, int64_t n) { out.push_back({std::move(name), p.name, r0, n, cols, false, vec}); };
     const std::string& n = p.name;
-    if (gpt2) {  // transformer.<name>; the Conv1D matrices transposed; lm_head is wte (tied)
-      whole("transformer." + n, p.shape.size() == 2 && n.starts_with("h."));
+    if (n == "wte" || n == "lm_head.weight") {  // the tokenizer's rows: padding stays behind
+      const char* hf = gpt2 ? "transformer.wte.weight" : n == "wte" ? "model.embed_tokens.weight" : "lm_head.weight";
+      part(hf, 0, m.vocab_size);
       continue;
     }
-    if (n == "wte") { whole("model.embed_tokens.weight"); continue; }
+    if (gpt2) {  // transformer.<name>; the Conv1D matrices transposed; lm_head is wte (tied)
+      whole("transformer." + (n == "wpe" ? "wpe.weight" : n), p.shape.size() == 2 && n.starts_with("h."));
+      continue;
+    }
     if (n == "ln_f.weight") { whole("model.norm.weight"); continue; }
-    if (n == "lm_head.weight") { whole("lm_head.weight"); continue; }
     const size_t dot = n.find('.', 2);
     const std::string layer = "model.layers." + n.substr(2, dot - 2) + ".", rest = n.substr(dot + 1);
     const std::string suffix = rest.ends_with(".bias") ? "bias" : "weight";

@@ -21,11 +21,12 @@ namespace zero3d {
 // and the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases, untied head)
 // are two settings of the same keys; model.arch picks their defaults.
 struct ModelConfig {
-  int vocab_size = 0;
+  int vocab_size = 0;  // the tokenizer's: token ids are below it
   int seq_len = 0;
   int n_layer = 0;
   int n_head = 0;
   int d_model = 0;
+  int make_vocab_size_divisible_by = 1;  // embedding rows: vocab_size rounded up to a multiple of it
   std::string arch = "gpt2";         // "gpt2" | "llama": the defaults of the keys below
   std::string norm = "layernorm";    // "layernorm" (eps 1e-5, with bias) | "rmsnorm"
   double rms_norm_eps = 1e-5;
@@ -37,6 +38,10 @@ struct ModelConfig {
   bool bias = true;                  // biases on the linear layers
   bool tie_word_embeddings = true;   // the LM head is the token embedding
 
+  // Rows of the embedding (and LM head); rows >= vocab_size are padding that no logit comes from.
+  int padded_vocab() const {
+    return (vocab_size + make_vocab_size_divisible_by - 1) / make_vocab_size_divisible_by * make_vocab_size_divisible_by;
+  }
   int head_dim() const { return d_model / n_head; }
   int kv_heads() const { return num_key_value_heads > 0 ? num_key_value_heads : n_head; }
   int ffn_hidden() const;  // intermediate_size, or its default for this MLP

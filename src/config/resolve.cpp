@@ -506,8 +506,19 @@ class Resolver {
       fail({"pipeline_parallel.pp_size", "model.n_layer"},
            strprintf("pipeline_parallel.pp_size %lld is larger than model.n_layer %lld (every stage needs a layer)",
                      (long long)get("pipeline_parallel.pp_size"), (long long)get("model.n_layer")));
-    divides("model.vocab_size", tp,
-            "the embedding and LM head are split by vocabulary rows; pad the vocabulary, as llm.c's 50304 does");
+    const int64_t V = get("model.vocab_size"), pad = get("model.make_vocab_size_divisible_by"),
+                  rows = (V + pad - 1) / pad * pad, t = get(tp);
+    if (rows % t != 0)
+      fail({"model.vocab_size", "model.make_vocab_size_divisible_by", tp},
+           strprintf("the embedding's %lld rows (model.vocab_size %lld padded to a multiple of "
+                     "model.make_vocab_size_divisible_by %lld) must be divisible by tensor_parallel.tp_size %lld (the "
+                     "embedding and LM head are split by rows); set make_vocab_size_divisible_by to a multiple of %lld",
+                     (long long)rows, (long long)V, (long long)pad, (long long)t, (long long)t));
+    else if (rows - V >= rows / t)
+      fail({"model.vocab_size", "model.make_vocab_size_divisible_by", tp},
+           strprintf("model.make_vocab_size_divisible_by %lld pads model.vocab_size %lld to %lld rows: %lld of padding, "
+                     "a whole tensor-parallel rank's share (%lld rows) or more; pad less",
+                     (long long)pad, (long long)V, (long long)rows, (long long)(rows - V), (long long)(rows / t)));
   }
 
   std::string provenance_of(const Key& k) const {

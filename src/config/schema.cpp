@@ -35,6 +35,7 @@ int ModelConfig::ffn_hidden() const {
 
 nlohmann::json architecture_of(const ModelConfig& m) {
   return {{"arch", m.arch},
+          {"make_vocab_size_divisible_by", m.make_vocab_size_divisible_by},
           {"norm", m.norm},
           {"rms_norm_eps", m.rms_norm_eps},
           {"position", m.position},
@@ -50,7 +51,7 @@ void set_architecture(ModelConfig& m, const nlohmann::json& a) {
   auto get = [&](const char* k, auto& v) {
     if (a.contains(k)) v = a.at(k).get<std::remove_reference_t<decltype(v)>>();
   };
-  get("arch", m.arch), get("norm", m.norm), get("rms_norm_eps", m.rms_norm_eps), get("position", m.position);
+  get("arch", m.arch), get("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by), get("norm", m.norm), get("rms_norm_eps", m.rms_norm_eps), get("position", m.position);
   get("rope_theta", m.rope_theta), get("mlp", m.mlp), get("intermediate_size", m.intermediate_size);
   get("num_key_value_heads", m.num_key_value_heads), get("bias", m.bias);
   get("tie_word_embeddings", m.tie_word_embeddings);
@@ -296,8 +297,12 @@ std::vector<Key> build() {
       field("pipeline_parallel.pp_size", at(&Config::pp_size), "pipeline stages (1F1B schedule)").range(1, kIntMax),
 
       // zero3d's own sections.
-      field("model.vocab_size", at(&Config::model, &MC::vocab_size), "vocabulary size (embedding rows)")
+      field("model.vocab_size", at(&Config::model, &MC::vocab_size), "vocabulary size (token ids are below it)")
           .range(1, kIntMax).no_default().need(),
+      field("model.make_vocab_size_divisible_by", at(&Config::model, &MC::make_vocab_size_divisible_by),
+            "pad the embedding and LM head to a multiple of this many rows (Megatron's name; llm.c's 50304 is "
+            "GPT-2's 50257 padded to 128); padded rows get no logit, and an export leaves them out")
+          .range(1, kIntMax),
       field("model.seq_len", at(&Config::model, &MC::seq_len), "context length in tokens").range(1, kIntMax)
           .no_default().need(),
       field("model.n_layer", at(&Config::model, &MC::n_layer), "transformer blocks").range(1, kIntMax)

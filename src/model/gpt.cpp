@@ -74,7 +74,7 @@ PipelineStage pipeline_stage(const ModelConfig& m, int pp, int pp_rank) {
 }
 
 std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp, int tp_rank, int pp, int pp_rank) {
-  const int64_t V = m.vocab_size, T = m.seq_len, C = m.d_model;
+  const int64_t V = m.padded_vocab(), T = m.seq_len, C = m.d_model;
   const PipelineStage stage = pipeline_stage(m, pp, pp_rank);
   const std::vector<BlockTensor> block = block_tensors(m);
   // Ids number the whole model's tensors in table order (the RNG streams of their initial values).
@@ -83,8 +83,8 @@ std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp, int tp_rank
   int unit = 0;
   auto add = [&](std::string name, std::vector<int64_t> logical, bool decay, TpSplit split, int id,
                  std::vector<int64_t> blocks = {}) {
-    ParamInfo p{std::move(name), logical, 0, 1, decay, unit, split, logical, tp, tp_rank, id};
-    p.blocks = std::move(blocks);
+    ParamInfo p{std::move(name), logical, 0, 1, decay, unit, split, logical, tp, tp_rank, id, false, false,
+                std::move(blocks)};
     if (split == TpSplit::cols) p.shape[1] /= tp;
     else if (split != TpSplit::none) p.shape[0] /= tp;
     for (auto d : p.shape) p.size *= static_cast<size_t>(d);
@@ -190,13 +190,16 @@ std::string describe_architecture(const ModelConfig& m) {
                    heads.c_str(), m.head_dim(), m.rmsnorm() ? "RMSNorm" : "LayerNorm",
                    m.rope() ? strprintf("RoPE (theta %g)", m.rope_theta).c_str() : "learned positions",
                    m.swiglu() ? "SwiGLU" : "GELU", m.ffn_hidden(), m.bias ? "biases" : "no biases",
-                   m.tie_word_embeddings ? "LM head tied to wte" : "untied LM head");
+                   m.tie_word_embeddings ? "LM head tied to wte" : "untied LM head") +
+         (m.padded_vocab() > m.vocab_size ? strprintf(", vocabulary %d padded to %d rows", m.vocab_size, m.padded_vocab())
+                                          : "");
 }
 
 double gpt_flops_per_token(const ModelConfig& m) {  // the whole model's, whatever the layout
   double n = 0;
   for (const auto& p : gpt_param_table(m))  // a lookup is no matrix multiply: wpe, and wte when untied
-    if (p.name != "wpe" && (p.name != "wte" || m.tie_word_embeddings)) n += static_cast<double>(p.size);
+    if (p.name != "wpe" && (p.name != "wte" || m.tie_word_embeddings))  // no padding row makes a logit
+      n += static_cast<double>(p.name == "wte" || p.name == "lm_head.weight" ? p.size / m.padded_vocab() * m.vocab_size : p.size);
   return 6.0 * n + 6.0 * m.n_layer * static_cast<double>(m.d_model) * (m.seq_len + 1);
 }
 
@@ -224,7 +227,7 @@ std::vector<ModuleStat> gpt_modules(const ModelConfig& m, int micro_batch, int t
   }
   for (ModuleStat& s : mods) {
     if (s.name.ends_with(".attn")) s.macs += micro_batch * (C / tp) * T * (T + 1);  // QK^T and AV, causal
-    if (s.name == "lm_head") s.macs = N * static_cast<double>(m.vocab_size / tp) * C;  // logits = x wte^T
+    if (s.name == "lm_head") s.macs = N * static_cast<double>(m.vocab_size) / tp * C;  // logits = x wte^T
   }
   return mods;
 }
@@ -233,10 +236,11 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
          ProcessGroup* tp, PipelineStage stage)
     : be_(backend), cfg_(config), opt_(options), tp_(tp), tp_size_(tp ? tp->size() : 1), tp_rank_(tp ? tp->rank() : 0),
       stage_(stage.num_layers < 0 ? PipelineStage{0, 1, 0, config.n_layer} : stage), B_(micro_batch),
-      T_(config.seq_len), C_(config.d_model), V_(config.vocab_size / tp_size_), L_(stage_.num_layers),
+      T_(config.seq_len), C_(config.d_model), V_(config.padded_vocab() / tp_size_), L_(stage_.num_layers),
       H_(config.n_head / tp_size_), A_(config.d_model / tp_size_), F_(config.ffn_hidden() / tp_size_),
       vocab_start_(tp_rank_ * V_), Hkv_(config.kv_heads() / tp_size_), hd_(config.head_dim()),
-      QKV_(A_ + 2 * Hkv_ * hd_), F2_(config.swiglu() ? 2 * F_ : F_), store_(store), layout_(store.layout()) {
+      QKV_(A_ + 2 * Hkv_ * hd_), F2_(config.swiglu() ? 2 * F_ : F_),
+      logit_cols_(std::clamp(config.vocab_size - vocab_start_, 0, V_)), store_(store), layout_(store.layout()) {
   role_.assign(kNumLayerParams, -1);
   for (const BlockTensor& t : block_tensors(config)) role_[t.role] = block_size_++;
   Z3D_ASSERT(layout_.tensors.size() == gpt_param_table(config, tp_size_, tp_rank_, stage_.size, stage_.rank).size(),
@@ -438,18 +442,18 @@ void GPT::crossentropy(int r0, int rows, float dloss) {
   const bool grad = dloss > 0.0f;
   const int32_t* targets = targets_.data() + r0;
   if (tp_size_ == 1) {
-    be_.crossentropy(losses_, grad ? logits_ : nullptr, logits_, targets, rows, V_, dloss);
+    be_.crossentropy(losses_, grad ? logits_ : nullptr, logits_, targets, rows, logit_cols_, dloss);
     be_.copy_to_host(host_losses_.data() + r0, losses_, sizeof(float) * rows);
     return;
   }
   float *row_max = ce_.data(), *sumexp = row_max + rows, *target = sumexp + rows;
-  be_.vocab_row_max(row_max, logits_, rows, V_);
+  be_.vocab_row_max(row_max, logits_, rows, logit_cols_);
   be_.synchronize();
   tp_->all_reduce_max(be_.mem(row_max), rows);
-  be_.vocab_sumexp(sumexp, target, logits_, row_max, targets, vocab_start_, rows, V_);
+  be_.vocab_sumexp(sumexp, target, logits_, row_max, targets, vocab_start_, rows, logit_cols_);
   be_.synchronize();
   tp_->all_reduce_sum(be_.mem(sumexp), 2 * static_cast<size_t>(rows));  // sums and target logits together
-  if (grad) be_.vocab_crossentropy_grad(logits_, logits_, row_max, sumexp, targets, vocab_start_, rows, V_, dloss);
+  if (grad) be_.vocab_crossentropy_grad(logits_, logits_, row_max, sumexp, targets, vocab_start_, rows, logit_cols_, dloss);
   be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * rows);
   for (int n = 0; n < rows; ++n)
     host_losses_[r0 + n] = std::log(host_ce_[rows + n]) + (host_ce_[n] - host_ce_[2 * rows + n]);
@@ -465,14 +469,14 @@ float GPT::lm_head(const float* wte, float* dwte, float dloss) {
     const float* x = lnf_ + static_cast<size_t>(r0) * C;
     {
       auto t = timed(head_module_);
-      be_.gemm(false, true, rows, V_, C, 1.0f, x, C, wte, C, 0.0f, logits_, V_);  // logits = x wte^T
+      be_.gemm(false, true, rows, logit_cols_, C, 1.0f, x, C, wte, C, 0.0f, logits_, logit_cols_);  // logits = x wte^T
       crossentropy(r0, rows, dloss);
     }
     if (dloss <= 0.0f) continue;
     in_backward_ = true;  // the head's backward, run here block by block
     auto t = timed(head_module_);
-    be_.gemm(false, false, rows, C, V_, 1.0f, logits_, V_, wte, C, 0.0f, dbuf_c_ + static_cast<size_t>(r0) * C, C);
-    be_.gemm(true, false, V_, C, rows, 1.0f, logits_, V_, x, C, 1.0f, dwte, C);  // dwte += dlogits^T x
+    be_.gemm(false, false, rows, C, logit_cols_, 1.0f, logits_, logit_cols_, wte, C, 0.0f, dbuf_c_ + static_cast<size_t>(r0) * C, C);
+    be_.gemm(true, false, logit_cols_, C, rows, 1.0f, logits_, logit_cols_, x, C, 1.0f, dwte, C);  // dwte += dlogits^T x
     in_backward_ = false;
   }
   if (dloss > 0.0f) {

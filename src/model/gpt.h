@@ -175,6 +175,7 @@ class GPT {
   // (key/value heads) are this rank's shares; QKV: the width of a packed [q | k | v] row, F2 of the
   // MLP's first layer (2F with SwiGLU's [gate | up]).
   int B_, T_, C_, V_, L_, H_, A_, F_, vocab_start_, Hkv_, hd_, QKV_, F2_;
+  int logit_cols_;  // this rank's logits: its V_ embedding rows less the padding (model.make_vocab_size_divisible_by)
   std::vector<int> role_;  // LayerParam -> index in a block's tensors, -1: absent
   int block_size_ = 0;     // tensors per block
   ParamStore& store_;

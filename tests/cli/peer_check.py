@@ -47,6 +47,28 @@ def read_safetensors(path):
     return out
 
 
+def transformers_names(cfg):
+    """The state-dict keys transformers' GPT2LMHeadModel / LlamaForCausalLM load (modeling_gpt2.py,
+    modeling_llama.py), written out here, independently of src/ckpt/hf.cpp."""
+    L = range(cfg.get("n_layer", cfg.get("num_hidden_layers")))
+    if cfg["model_type"] == "gpt2":  # lm_head.weight is tied to wte and not stored
+        names = {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias"}
+        for l in L:
+            for m in ("ln_1", "ln_2", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
+                names |= {f"transformer.h.{l}.{m}.weight", f"transformer.h.{l}.{m}.bias"}
+        return names
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not cfg["tie_word_embeddings"]:
+        names.add("lm_head.weight")
+    for l in L:
+        p = f"model.layers.{l}."
+        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        for proj, bias in [(f"self_attn.{x}_proj", cfg["attention_bias"]) for x in "qkvo"] + \
+                          [(f"mlp.{x}_proj", cfg["mlp_bias"]) for x in ("gate", "up", "down")]:
+            names |= {p + proj + ".weight"} | ({p + proj + ".bias"} if bias else set())
+    return names
+
+
 def to_zero3d(cfg, hf):
     """HF tensors -> zero3d's names and layouts (the inverse of src/ckpt/hf.cpp)."""
     z = {}
@@ -54,6 +76,7 @@ def to_zero3d(cfg, hf):
         for name, t in hf.items():
             assert name.startswith("transformer."), name
             n = name[len("transformer."):]
+            n = n[:-len(".weight")] if n in ("wte.weight", "wpe.weight") else n
             z[n] = t.T.copy() if t.ndim == 2 and n.startswith("h.") else t
         return z
     take = dict(hf)
@@ -90,7 +113,10 @@ def model_config(cfg):
 def main():
     hf_dir, tokens_path, metrics, ckpts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
-    z = to_zero3d(cfg, read_safetensors(os.path.join(hf_dir, "model.safetensors")))
+    hf = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
+    if set(hf) != transformers_names(cfg):
+        sys.exit(f"peer_check: FAIL the export's names are not transformers': {sorted(set(hf) ^ transformers_names(cfg))}")
+    z = to_zero3d(cfg, hf)
     m = model_config(cfg)
     torch.manual_seed(0)
     model = bench_peer.GPT(m["vocab_size"], m["seq_len"], m["n_layer"], m["n_head"], m["d_model"], bench_peer.arch_of(m))
@@ -99,7 +125,7 @@ def main():
     failed = 0
     with h5py.File(ckpts[0], "r") as f:  # the export maps back to the checkpoint's weights bitwise
         for name, t in z.items():
-            if not np.array_equal(f["model/" + name][...], t):
+            if not np.array_equal(f["model/" + name][:len(t)], t):  # rows past the vocabulary: padding
                 print(f"FAIL export of {name} differs from the checkpoint's /model/{name}")
                 failed += 1
     with torch.no_grad():
@@ -121,11 +147,18 @@ def main():
         with h5py.File(ck, "r") as f:
             for name, p in params.items():
                 g, ours = p.grad.double().numpy(), f["optimizer/exp_avg/" + name][...].astype(np.float64)
+                if len(ours) > len(g):  # padding rows (model.make_vocab_size_divisible_by) make no logit
+                    if np.any(ours[len(g):]):
+                        print(f"FAIL {name}'s padding rows have a gradient in {ck}")
+                        failed += 1
+                    ours = ours[:len(g)]
                 e = np.linalg.norm(ours - g) / max(np.linalg.norm(g), 1e-30)
                 if e > worst:
                     worst, where = e, name
         layout = json.loads(h5py.File(ck, "r").attrs["config"])
         tag = f"tp {layout['tensor_parallel']['tp_size']} pp {layout['pipeline_parallel']['pp_size']}"
+        if layout["model"].get("make_vocab_size_divisible_by", 1) > 1:
+            tag += f", vocabulary padded to a multiple of {layout['model']['make_vocab_size_divisible_by']}"
         print(f"gradients ({tag}, {os.path.basename(ck)}): worst norm-wise relative difference {worst:.2e} ({where})")
         if worst > 1e-5:
             print(f"FAIL gradients of {ck}")

@@ -4,8 +4,9 @@
 # key/value heads and SwiGLU's [gate | up]), pipelines (the untied head on the last stage), ZeRO
 # stages 0-3 with data parallelism, activation checkpointing, bf16. 20 steps with the same global
 # batch: per-step losses within 1e-4 relative of the single-rank run (bf16: 2e-2); a checkpoint
-# saved on one layout resumes on another and continues the single-rank run; a tp that does not
-# divide the key/value heads is refused before anything runs.
+# saved on one layout resumes on another and continues the single-rank run; a vocabulary padded
+# for tensor parallelism gives the same losses; a tp that does not divide the key/value heads, and
+# the other shapes the family cannot take, are refused before anything runs.
 # usage: test_llama.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
@@ -21,6 +22,8 @@ run t2p1d2_s3 2 1 2 1 --set zero_optimization.stage=3 --set zero_optimization.st
 run t1p2d2_s3 1 2 2 2 --set zero_optimization.stage=3 --set zero_optimization.stage3_param_persistence_threshold=0
 run t2p1d1_ckpt 2 1 1 1 --set activation_checkpointing.enabled=true
 run t1p1d2_bf16 1 1 2 1 --set bf16.enabled=true --set zero_optimization.stage=2
+# The vocabulary padded from 256 to 288 rows: the padding makes no logit, so the same losses.
+run t2p1d1_pad 2 1 1 1 --set model.make_vocab_size_divisible_by=96
 # Resume the single-rank run's step-10 checkpoint on tp 2 x pp 2 (resharded on load).
 run resume_t2p2 2 2 1 2 --set checkpoint.load=\""$tmp/ref/checkpoints/step_00000010.h5"\" --set zero_optimization.stage=0
 /usr/bin/python3 - "$tmp" <<'PY'
@@ -58,3 +61,16 @@ grep -q "model.num_key_value_heads 2 must be divisible by tensor_parallel.tp_siz
   { echo "FAIL the refusal did not say why:"; echo "$out" | tail -5; exit 1; }
 [[ ! -e $tmp/refused/metrics.jsonl ]] || { echo "FAIL the refused run wrote metrics"; exit 1; }
 echo "llama: tp 4 on 2 key/value heads refused"
+# The other shapes the family cannot take, refused by the dry run with the keys and the reason.
+refuse() { expect_exit 2 "$1" "$2" "$z3d" train input/llama-tiny.json --dry-run --ranks 4 --run-dir "$tmp/bad" "${@:3}"; }
+refuse kv-heads "model.n_head 4 must be divisible by model.num_key_value_heads 3" --set model.num_key_value_heads=3
+refuse mlp-width "model.intermediate_size 385 must be divisible by tensor_parallel.tp_size 2" \
+  --set model.intermediate_size=385 --set tensor_parallel.tp_size=2
+refuse odd-rope "rotary embeddings need an even head width; d_model / n_head is 33" \
+  --set model.d_model=132 --set model.num_key_value_heads=4
+refuse theta-alone "'model.rope_theta' does not apply to model.position \"learned\"" \
+  --set model.position=learned --set model.rope_theta=10000
+refuse pad-odd "the embedding's 259 rows .* must be divisible by tensor_parallel.tp_size 2" \
+  --set tensor_parallel.tp_size=2 --set model.make_vocab_size_divisible_by=7
+refuse pad-rank "128 of padding, a whole tensor-parallel rank's share \(96 rows\) or more" \
+  --set tensor_parallel.tp_size=4 --set model.num_key_value_heads=4 --set model.make_vocab_size_divisible_by=384

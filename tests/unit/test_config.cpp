@@ -586,7 +586,8 @@ TEST(Config, ShippedInputsLoad) {
   EXPECT_EQ(tiny.data.val_interval, 50);
 
   Config big = load_config({root + "/input/gpt2-124m.json", "", {}}, 1);
-  EXPECT_EQ(big.model.vocab_size, 50304);
+  EXPECT_EQ(big.model.vocab_size, 50257);
+  EXPECT_EQ(big.model.padded_vocab(), 50304);  // llm.c's padding
   EXPECT_EQ(big.model.seq_len, 1024);
   EXPECT_EQ(big.model.n_layer, 12);
   EXPECT_DOUBLE_EQ(big.optimizer.lr, 6e-4);
