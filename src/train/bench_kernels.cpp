@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "kernels/host/cpu_kernels.h"
+#include "kernels/math/rope.h"
 #include "train/bench.h"
 
 namespace zero3d {
@@ -102,7 +103,7 @@ DeviceBuffer<int32_t> token_ids(Backend& be, int N, int V) {
 struct KernelOperands : MicroBatch {
   Backend* be;
   DeviceBuffer<float> x, y, dy, w, b, dw, db, mean, rstd, h, dh, dhx, hb, qkv, att, lse, dqkv, logits, dlogits, losses,
-      rmax, sumexp, target_logit, wte, wpe, p, mo, vo, g;
+      rmax, sumexp, target_logit, wte, wpe, p, mo, vo, g, dx, rope_cs;
   DeviceBuffer<int32_t> tokens;
   DeviceBuffer<uint16_t> half;
   const math::AdamParams adam{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, true};
@@ -119,7 +120,11 @@ struct KernelOperands : MicroBatch {
         target_logit(filled(backend, N, 0, 0)), wte(filled(backend, static_cast<size_t>(V) * C, -1, 1)),
         wpe(filled(backend, static_cast<size_t>(T) * C, -1, 1)), p(filled(backend, block, -1, 1)),
         mo(filled(backend, block, -1e-3f, 1e-3f)), vo(filled(backend, block, 0, 1e-6f)),
-        g(filled(backend, block, -1e-2f, 1e-2f)), tokens(token_ids(backend, N, V)), half(backend, block) {
+        g(filled(backend, block, -1e-2f, 1e-2f)), dx(filled(backend, NC, 0, 0)),
+        rope_cs(backend, math::rope_table(T, C / H, 10000.0).size()), tokens(token_ids(backend, N, V)),
+        half(backend, block) {
+    const std::vector<float> cs = math::rope_table(T, C / H, 10000.0);
+    be->copy_from_host(rope_cs.data(), cs.data(), rope_cs.bytes());
     be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, H, C);  // backward reads its lse
     be->vocab_row_max(rmax.data(), logits.data(), N, V);
     be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
@@ -138,6 +143,16 @@ struct KernelOperands : MicroBatch {
            be->layernorm_backward(dy.data(), dw.data(), db.data(), y.data(), x.data(), w.data(), mean.data(),
                                   rstd.data(), N, C);
          }},
+        // The Llama family's: RMSNorm, RoPE on the queries and keys of qkv (in place: a rotation keeps
+        // the values bounded), SwiGLU on h as [gate | up] of F / 2 each.
+        {"rmsnorm_forward", [this] { be->rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f); }},
+        {"rmsnorm_backward", [this] {
+           be->rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+         }},
+        {"rope_forward", [this] { be->rope(qkv.data(), rope_cs.data(), N, T, 2 * H, C / H, 3L * C, false); }},
+        {"rope_backward", [this] { be->rope(dqkv.data(), rope_cs.data(), N, T, 2 * H, C / H, 3L * C, true); }},
+        {"swiglu_forward", [this] { be->swiglu_forward(dhx.data(), h.data(), N, F / 2); }, NF / 2},
+        {"swiglu_backward", [this] { be->swiglu_backward(dhx.data(), h.data(), dh.data(), N, F / 2); }, NF / 2},
         {"gelu_forward", [this] { be->gelu_forward(dh.data(), h.data(), NF); }, NF},
         // Out of place: in place, each call would scale dh by gelu' again, down into subnormals.
         {"gelu_backward (+bias)", [this] { be->gelu_backward(dhx.data(), hb.data(), h.data(), dh.data(), N, F); }, NF},
