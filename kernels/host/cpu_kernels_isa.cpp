@@ -360,13 +360,27 @@ void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, con
   for (int c = 0; c < C; ++c) dw[c] += sums[c];
 }
 
+// The row's angles de-interleaved into cos and sin arrays (backward: sin negated), a chunk of up to
+// 256 pairs at a time, then every head's pairs of the chunk a whole vector at a time.
 void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) {
   const int half = hd / 2;
+  constexpr int kChunk = 256;
   for_rows(N, static_cast<size_t>(heads) * hd, [=](int n) {
-    const float* c = cs + 2 * static_cast<size_t>(n % T) * half;
+    const float* t = cs + 2 * static_cast<size_t>(n % T) * half;
     float* row = x + n * ld;
-    for (int h = 0; h < heads; ++h)
-      for (int i = 0; i < half; ++i) math::rope_pair(row + h * hd, half, i, c[2 * i], c[2 * i + 1], backward);
+    alignas(64) float c[kChunk], sn[kChunk];
+    for (int i0 = 0; i0 < half; i0 += kChunk) {
+      const int m = std::min(kChunk, half - i0);
+      for (int i = 0; i < m; ++i) c[i] = t[2 * (i0 + i)], sn[i] = backward ? -t[2 * (i0 + i) + 1] : t[2 * (i0 + i) + 1];
+      for (int h = 0; h < heads; ++h) {
+        float* r = row + h * hd + i0;
+        map_vf(0, m, [&](size_t i, int k) {
+          const vf a = load_n(r + i, k), b = load_n(r + half + i, k), cv = load_n(c + i, k), sv = load_n(sn + i, k);
+          store_n(r + i, a * cv - b * sv, k);
+          store_n(r + half + i, b * cv + a * sv, k);
+        });
+      }
+    }
   });
 }
 
@@ -378,7 +392,7 @@ void swiglu_forward(float* out, const float* h, int N, int F) {
     float* o = out + static_cast<size_t>(n) * F;
     map_vf(0, F, [=](size_t c, int k) {
       const vf gv = load_n(g + c, k);
-      store_n(o + c, gv * sigmoid_vf(gv) * load_n(g + F + c, k), k);
+      store_n(o + c, gv / (1.0f + vexp(-gv)) * load_n(g + F + c, k), k);  // silu(gate) * up
     });
   });
 }
