@@ -157,6 +157,17 @@ std::unique_ptr<Backend> make_host_backend(const HostOptions& options = {});
 // its ops and copies (kernels/host/walled_backend.cpp): host code that touches device memory
 // directly faults, without a GPU. ZERO3D_DEVICE_WALLS=1 makes `--backend host` this one.
 std::unique_ptr<Backend> make_walled_backend(const HostOptions& options = {});
+// What a sizing backend allocated: live and peak bytes of its memory, and page-locked host bytes.
+struct MemoryTally {
+  size_t live = 0, peak = 0, pinned = 0;
+  void add(size_t bytes) {
+    live += bytes;
+    if (live > peak) peak = live;
+  }
+};
+// zero3d plan's: allocations of `kind` memory counted into `tally`, never backed by memory; copies
+// and zeroing do nothing; running a kernel is a bug (kernels/host/walled_backend.cpp).
+std::unique_ptr<Backend> make_sizing_backend(MemKind kind, std::shared_ptr<MemoryTally> tally);
 #if defined(ZERO3D_HAVE_CUDA)
 // bf16_gemm: GEMMs on the bf16 tensor cores with fp32 accumulation (fp32 in and out).
 std::unique_ptr<Backend> make_cuda_backend(int device, bool bf16_gemm = false);

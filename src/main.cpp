@@ -42,6 +42,7 @@ static int dispatch(const Args& args) {
   if (cmd == "ckpt") return cmd_ckpt(rest);
   if (cmd == "generate") return cmd_generate(rest);
   if (cmd == "eval") return cmd_eval(rest);
+  if (cmd == "plan") return cmd_plan(rest);
   throw UserError(strprintf("unknown command '%s'\n%s", cmd.c_str(), usage_main().c_str()));
 }
 

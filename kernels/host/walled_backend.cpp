@@ -6,6 +6,11 @@
 // backend's, bit for bit. Collectives stage its buffers through DeviceMemory, as a GPU's without
 // NCCL. Ops and copies are serialized (one lock): another thread's copy must not close memory an op
 // is using.
+//
+// With nothing behind the walls it is the planner's sizing backend (make_sizing_backend): the
+// engine and the model are built on it as a run builds them, their allocations reserve address
+// space only (PROT_NONE, never memory) and are counted, copies and zeroing do nothing, and a kernel
+// is a bug. So `zero3d plan` sizes a layout with the allocating code itself.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -24,44 +29,66 @@ namespace {
 class WalledBackend final : public Backend, public DeviceMemory {
  public:
   explicit WalledBackend(const HostOptions& options) : inner_(make_host_backend(options)) {}
+  WalledBackend(MemKind kind, std::shared_ptr<MemoryTally> tally) : kind_(kind), tally_(std::move(tally)) {}
   ~WalledBackend() override {
     for (auto& [p, len] : regions_) munmap(p, len);
   }
 
   BackendKind kind() const override { return BackendKind::host; }
-  std::string describe() const override { return inner_->describe() + ", behind device-memory walls (tests)"; }
-  MemKind memory_kind() const override { return MemKind::device; }
+  std::string describe() const override {
+    return tally_ ? "sizing (zero3d plan)" : inner_->describe() + ", behind device-memory walls (tests)";
+  }
+  MemKind memory_kind() const override { return kind_; }
   DeviceMemory* device_memory() override { return this; }
 
   void* alloc_bytes(size_t bytes) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     const size_t len = round_up(bytes ? bytes : 1);
-    void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // zeroed
+    void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);  // zeroed
     Z3D_ASSERT(p != MAP_FAILED, "walled backend: mmap failed");
     regions_[static_cast<char*>(p)] = len;
     ++allocs_;
+    if (tally_) sizes_[static_cast<char*>(p)] = bytes, tally_->add(bytes);
     return p;
   }
   size_t alloc_count() const override { return allocs_; }
-  OpProfile* profile() override { return inner_->profile(); }
+  OpProfile* profile() override { return inner_ ? inner_->profile() : nullptr; }
   void free_bytes(void* p) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     auto it = regions_.find(static_cast<char*>(p));
     Z3D_ASSERT(it != regions_.end(), "walled backend: free of memory it did not allocate");
     munmap(it->first, it->second);
     regions_.erase(it);
+    if (tally_) tally_->live -= sizes_.at(static_cast<char*>(p)), sizes_.erase(static_cast<char*>(p));
   }
-  void copy_from_host(void* dst, const void* src, size_t bytes) override { to_device(dst, src, bytes); }
-  void copy_to_host(void* dst, const void* src, size_t bytes) override { to_host(dst, src, bytes); }
-  void copy(void* dst, const void* src, size_t bytes) override { run([&] { inner_->copy(dst, src, bytes); }); }
-  void zero(void* p, size_t bytes) override { run([&] { inner_->zero(p, bytes); }); }
+  // Sizing: no bytes move.
+  void copy_from_host(void* dst, const void* src, size_t bytes) override {
+    if (!tally_) to_device(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (!tally_) to_host(dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (!tally_) run([&] { inner_->copy(dst, src, bytes); });
+  }
+  void zero(void* p, size_t bytes) override {
+    if (!tally_) run([&] { inner_->zero(p, bytes); });
+  }
   void synchronize() override {}
 
   // ---- DeviceMemory ----
   void to_host(void* dst, const void* src, size_t bytes) override { run([&] { std::memcpy(dst, src, bytes); }); }
   void to_device(void* dst, const void* src, size_t bytes) override { run([&] { std::memcpy(dst, src, bytes); }); }
-  void* alloc_pinned(size_t bytes) override { return ::operator new(bytes); }
-  void free_pinned(void* p) override { ::operator delete(p); }
+  void* alloc_pinned(size_t bytes) override {
+    if (!tally_) return ::operator new(bytes);
+    tally_->pinned += bytes;  // sizing: page-locked host memory, counted apart
+    void* p = mmap(nullptr, round_up(bytes ? bytes : 1), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    Z3D_ASSERT(p != MAP_FAILED, "sizing backend: mmap failed");
+    return p;
+  }
+  void free_pinned(void* p) override {
+    if (!tally_) ::operator delete(p);  // sizing: the reservation stays until the backend goes
+  }
   std::unique_ptr<DeviceCollectives> make_collectives(int, int, const std::string&, bool,
                                                       const Share&) override {
     return nullptr;  // staged, as a GPU's memory without NCCL
@@ -76,7 +103,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
                       int in, int out) override {
     run([&] { inner_->linear_forward(y, x, w, bias, residual, N, in, out); });
   }
-  std::string describe_gemm() const override { return inner_->describe_gemm(); }
+  std::string describe_gemm() const override { return inner_ ? inner_->describe_gemm() : "none (sizing)"; }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                          int vocab_start, int vocab_rows) override {
     run([&] { inner_->embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, vocab_rows); });
@@ -177,6 +204,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
   // f with every region readable and writable, then the walls back up.
   template <typename F>
   void run(F&& f) {
+    Z3D_ASSERT(!tally_, "sizing backend: nothing runs while a layout is sized");
     std::lock_guard<std::recursive_mutex> lock(mu_);
     struct Walls {  // down for the outermost op, up again however it ends
       WalledBackend& b;
@@ -193,9 +221,11 @@ class WalledBackend final : public Backend, public DeviceMemory {
     for (auto& [p, len] : regions_) Z3D_ASSERT(mprotect(p, len, prot) == 0, "walled backend: mprotect failed");
   }
 
-  std::unique_ptr<Backend> inner_;
+  std::unique_ptr<Backend> inner_;  // null when sizing
+  MemKind kind_ = MemKind::device;
+  std::shared_ptr<MemoryTally> tally_;  // sizing: what was allocated
   std::recursive_mutex mu_;
-  std::map<char*, size_t> regions_;
+  std::map<char*, size_t> regions_, sizes_;
   int depth_ = 0;
   size_t allocs_ = 0;
 };
@@ -204,6 +234,10 @@ class WalledBackend final : public Backend, public DeviceMemory {
 
 std::unique_ptr<Backend> make_walled_backend(const HostOptions& options) {
   return std::make_unique<WalledBackend>(options);
+}
+
+std::unique_ptr<Backend> make_sizing_backend(MemKind kind, std::shared_ptr<MemoryTally> tally) {
+  return std::make_unique<WalledBackend>(kind, std::move(tally));
 }
 
 }  // namespace zero3d

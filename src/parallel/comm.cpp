@@ -238,6 +238,11 @@ ProcessGroup::ProcessGroup(MPI_Comm comm, bool owned, std::string name)
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
 }
 
+ProcessGroup::ProcessGroup(int size, int rank, std::string name)
+    : comm_(MPI_COMM_NULL), owned_(false), name_(std::move(name)) {
+  size_ = size, rank_ = rank;
+}
+
 ProcessGroup::~ProcessGroup() {
   int finalized = 0;
   MPI_Finalized(&finalized);

@@ -271,6 +271,9 @@ class ProcessGroup {
  protected:
   // Takes `comm` (freed at destruction when `owned`).
   ProcessGroup(MPI_Comm comm, bool owned, std::string name);
+  // A group of `size` ranks, this one `rank`, with no communicator: zero3d plan's stand-ins, which
+  // size a layout's engine without communicating (src/plan).
+  ProcessGroup(int size, int rank, std::string name);
   // The data collectives, one implementation per transport; the front ends above count them
   // (bytes_sent, comms log) before calling these, so every transport is counted alike.
   virtual PendingOp all_reduce_impl(MemRef<void> buf, size_t n, CommType t, RedOp op) = 0;

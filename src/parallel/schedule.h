@@ -42,6 +42,7 @@
 // With t_bwd = 2 t_fwd every stage is idle (p-1)(t_fwd+t_bwd) of the (m+p-1)(t_fwd+t_bwd)
 // step: bubble fraction 3/11 here; simulate_idle_fraction(4, 8, 1, 2) returns exactly that.
 #pragma once
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,10 @@ struct PipeStep {
 // order the runtime must post them. Throws std::invalid_argument unless num_stages >= 1,
 // 0 <= stage < num_stages, num_micro_batches >= 1.
 std::vector<PipeStep> one_f_one_b(int stage, int num_stages, int num_micro_batches);
+// How many micro-batches `stage` holds in flight under one_f_one_b: one set of activations each.
+inline int one_f_one_b_in_flight(int stage, int num_stages, int num_micro_batches) {
+  return num_stages == 1 ? 1 : std::min(num_stages - stage, num_micro_batches);
+}
 
 // Number of warm-up forwards of `stage`: min(num_stages - stage - 1, num_micro_batches).
 int num_warmup_micro_batches(int stage, int num_stages, int num_micro_batches);

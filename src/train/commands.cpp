@@ -343,6 +343,7 @@ std::string usage_main() {
          "  ckpt inspect|verify|export  look into, check or export a checkpoint\n"
          "  generate CKPT --prompt TEXT  continue a prompt with a checkpoint's model\n"
          "  eval CKPT --tokens FILE  the loss and perplexity of a checkpoint's model on a token file\n"
+         "  plan CONFIG --ranks N   which layouts fit: every layout's memory per rank, before the job\n"
          "  --version               print the version and the backends built in\n";
 }
 

@@ -15,6 +15,7 @@ int cmd_bench(const Args& args);
 int cmd_ckpt(const Args& args);
 int cmd_generate(const Args& args);  // train/infer.cpp
 int cmd_eval(const Args& args);
+int cmd_plan(const Args& args);  // train/plan.cpp
 std::string usage_main();
 
 // Shared by the subcommands' parsers: the value of option a[i] (advances i; a UserError with

@@ -10,8 +10,7 @@ StepRunner::StepRunner(const Config& c, Backend& be, ProcessGroups& g, ZeroEngin
     : cfg_(c), be_(be), groups_(g), micro_(c.train_micro_batch_size_per_gpu), T_(c.model.seq_len), dp_(g.topo.dp),
       dp_rank_(g.coord.dp), stage_(pipeline_stage(c.model, g.topo.pp, g.coord.pp)),
       train_data_(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true) {
-  // 1F1B keeps at most pp - stage micro-batches in flight: one set of activations each.
-  const int slots = g.topo.pp == 1 ? 1 : std::min(g.topo.pp - g.coord.pp, c.gradient_accumulation_steps);
+  const int slots = one_f_one_b_in_flight(g.coord.pp, g.topo.pp, c.gradient_accumulation_steps);
   for (int k = 0; k < slots; ++k)
     models_.push_back(std::make_unique<GPT>(be, c.model, micro_, engine, GPTOptions{c.activation_checkpointing},
                                             g.tp.get(), stage_));

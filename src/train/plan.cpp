@@ -1,0 +1,234 @@
+#include "train/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "core/log.h"
+#include "kernels/backend.h"
+#include "model/gpt.h"
+#include "parallel/comm.h"
+#include "parallel/schedule.h"
+#include "train/commands.h"
+#include "zero/engine.h"
+
+namespace zero3d {
+
+namespace {
+
+// A group of the planned layout's shape that never communicates: building an engine only asks a
+// group its size and rank; a collective here is a bug.
+class SizingGroup final : public ProcessGroup {
+ public:
+  SizingGroup(int size, int rank, std::string name) : ProcessGroup(size, rank, std::move(name)) {}
+  void use_device_memory(DeviceMemory*, bool) override {}
+  std::string device_path() const override { return "none (sizing)"; }
+  std::string collectives_path() const override { return "none (sizing)"; }
+
+ protected:
+  [[noreturn]] static void refuse() { throw std::logic_error("zero3d plan: a sizing group does not communicate"); }
+  PendingOp all_reduce_impl(MemRef<void>, size_t, CommType, RedOp) override { refuse(); }
+  PendingOp reduce_scatter_impl(MemRef<const void>, MemRef<void>, const MessageSlices&, CommType) override { refuse(); }
+  PendingOp all_gather_impl(MemRef<const void>, MemRef<void>, const MessageSlices&, CommType) override { refuse(); }
+  PendingOp broadcast_impl(MemRef<void>, size_t, int) override { refuse(); }
+  PendingOp send_impl(MemRef<const void>, size_t, int, int) override { refuse(); }
+  PendingOp recv_impl(MemRef<void>, size_t, int, int) override { refuse(); }
+};
+
+}  // namespace
+
+RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
+  Z3D_ASSERT(c.zero.offload_optimizer.device != OffloadDevice::nvme && c.zero.offload_param.device != OffloadDevice::nvme,
+             "zero3d plan: offload to nvme is not sized (its swap files would be made)");
+  auto tally = std::make_shared<MemoryTally>();
+  std::unique_ptr<Backend> be = make_sizing_backend(kind, tally);
+  SizingGroup dp_group(dp, 0, "dp"), tp_group(c.tp_size, 0, "tp");
+  RankMemory r;
+  r.pp_rank = pp_rank;
+  {
+    ZeroEngine engine(*be, dp_group, c.model, c.zero, c.optimizer, c.precision, c.tp_size, 0, c.pp_size, pp_rank,
+                      SwapFiles{});
+    const PipelineStage stage = pipeline_stage(c.model, c.pp_size, pp_rank);
+    std::vector<std::unique_ptr<GPT>> models;  // as StepRunner holds them
+    for (int k = 0; k < one_f_one_b_in_flight(pp_rank, c.pp_size, c.gradient_accumulation_steps); ++k)
+      models.push_back(std::make_unique<GPT>(*be, c.model, c.train_micro_batch_size_per_gpu, engine,
+                                             GPTOptions{c.activation_checkpointing}, &tp_group, stage));
+    const MemoryAccount m = engine.memory();
+    r.params = m.params, r.grads = m.grads, r.optimizer = m.optimizer, r.buffers = m.buffers;
+    for (const auto& g : models) r.activations += g->activation_bytes();
+    const uint64_t counted = r.params + r.grads + r.optimizer + r.buffers + r.activations;
+    r.other = tally->peak > counted ? tally->peak - counted : 0;
+    r.pinned = tally->pinned + m.host;
+  }
+  return r;
+}
+
+std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank) {
+  const Config base = load_config(sources, 1);  // the global batch and everything the plan keeps
+  const int tb = base.train_batch_size;
+  if (base.zero.offload_optimizer.device == OffloadDevice::nvme || base.zero.offload_param.device == OffloadDevice::nvme)
+    throw UserError("zero3d plan does not size offload to nvme yet: plan without it (set "
+                    "zero_optimization.offload_optimizer.device and offload_param.device to none or cpu)");
+  std::vector<PlanLayout> out;
+  for (int tp = 1; tp <= ranks; ++tp) {
+    if (ranks % tp) continue;
+    for (int pp = 1; tp * pp <= ranks; ++pp) {
+      if (ranks % (tp * pp)) continue;
+      const int dp = ranks / (tp * pp);
+      for (int stage = 0; stage <= 3; ++stage)
+        for (int micro = 1; micro <= tb; ++micro) {
+          if (tb % micro || (tb / micro) % dp) continue;
+          const int gas = tb / micro / dp;
+          for (bool ckpt : {false, true}) {
+            PlanLayout l;
+            l.dp = dp, l.tp = tp, l.pp = pp, l.stage = stage, l.micro = micro, l.gas = gas, l.checkpointing = ckpt;
+            ConfigSources s = sources;
+            for (std::string kv : {"tensor_parallel.tp_size=" + std::to_string(tp),
+                                   "pipeline_parallel.pp_size=" + std::to_string(pp),
+                                   "zero_optimization.stage=" + std::to_string(stage),
+                                   "train_batch_size=" + std::to_string(tb),
+                                   "train_micro_batch_size_per_gpu=" + std::to_string(micro),
+                                   "gradient_accumulation_steps=" + std::to_string(gas),
+                                   std::string("activation_checkpointing.enabled=") + (ckpt ? "true" : "false")})
+              s.overrides.push_back(kv);
+            try {
+              const Config c = load_config(s, ranks);
+              for (int p = 0; p < pp; ++p) {
+                l.stages.push_back(size_rank(c, dp, p, MemKind::host));
+                if (p == 0 || l.stages.back().total() > l.worst.total()) l.worst = l.stages.back();
+              }
+              l.fits = mem_per_rank == 0 || l.worst.total() <= mem_per_rank;
+            } catch (const UserError& e) {
+              l.excluded = e.what();
+            }
+            out.push_back(std::move(l));
+          }
+        }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+const char* kPlanUsage =
+    "usage: zero3d plan CONFIG --ranks N [--mem-per-rank BYTES] [--top K] [--json] [--deepspeed FILE] [--set k=v]...\n"
+    "  Every layout of CONFIG's model and global batch on N ranks: tp x pp x dp, ZeRO stage 0-3, micro-batch and\n"
+    "  gradient accumulation, activation checkpointing; each checked by the config code (why it is refused) and\n"
+    "  sized by building its engine and models as a run does, on a backend that counts allocations without\n"
+    "  memory: per rank params, grads, optimizer state, buffers (ZeRO's buckets, the stage-3 pool, the 16-bit\n"
+    "  copies), activations (1F1B's in-flight micro-batches) and other, for the stage that needs the most.\n"
+    "  --mem-per-rank BYTES (suffix K, M, G, T: powers of 1024): which fit. --top K rows (default 20; 0: all).\n"
+    "  --json: one object per layout on stdout. Ranked by memory: the step-time model is not built yet.\n";
+
+uint64_t parse_bytes(const std::string& s) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+  }
+  const std::string unit = s.substr(std::min(used, s.size()));
+  const std::map<std::string, double> scale = {{"", 1}, {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0},
+                                               {"T", 1099511627776.0}, {"KiB", 1024.0}, {"MiB", 1048576.0},
+                                               {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  if (v <= 0 || !std::isfinite(v) || !scale.count(unit))
+    throw UserError(strprintf("--mem-per-rank must be a positive number of bytes with an optional K, M, G or T, got "
+                              "'%s'", s.c_str()));
+  return static_cast<uint64_t>(v * scale.at(unit));
+}
+
+// Bytes in the table's unit: GB, or MB when every layout is under 1 GB.
+double g_unit = 1e9;
+std::string gb(uint64_t b) { return strprintf(g_unit == 1e9 ? "%.3f" : "%.2f", b / g_unit); }
+
+}  // namespace
+
+int cmd_plan(const Args& a) {
+  ConfigSources src;
+  int ranks = 0, top = 20;
+  uint64_t mem = 0;
+  bool json = false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kPlanUsage), 0;
+    if (a[i] == "--ranks") {
+      const std::string v = option_value(a, i, kPlanUsage);
+      ranks = v.find_first_not_of("0123456789") == std::string::npos && v.size() < 7 ? std::stoi(v) : 0;
+      if (ranks < 1) throw UserError(strprintf("--ranks must be a whole number >= 1, got '%s'", v.c_str()));
+    } else if (a[i] == "--mem-per-rank") mem = parse_bytes(option_value(a, i, kPlanUsage));
+    else if (a[i] == "--top") {
+      const std::string v = option_value(a, i, kPlanUsage);
+      top = v.find_first_not_of("0123456789") == std::string::npos && v.size() < 7 ? std::stoi(v) : -1;
+      if (top < 0) throw UserError(strprintf("--top must be a whole number >= 0, got '%s'", v.c_str()));
+    } else if (a[i] == "--json") json = true;
+    else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kPlanUsage));
+    else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kPlanUsage);
+    else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kPlanUsage));
+    else if (src.config_file.empty()) src.config_file = a[i];
+    else throw UserError(strprintf("zero3d plan takes one config, got a second: '%s'", a[i].c_str()));
+  }
+  if (src.config_file.empty() || ranks == 0)
+    throw UserError(strprintf("zero3d plan needs a config and --ranks N\n%s", kPlanUsage));
+  if (ProcessGroup::world()->rank() != 0) return 0;
+
+  std::vector<PlanLayout> all = plan_layouts(src, ranks, mem);
+  std::vector<const PlanLayout*> valid;
+  std::map<std::string, int> reasons;
+  for (const PlanLayout& l : all) {
+    if (l.excluded.empty()) valid.push_back(&l);
+    else ++reasons[l.excluded];
+  }
+  std::stable_sort(valid.begin(), valid.end(), [](const PlanLayout* x, const PlanLayout* y) {
+    return x->fits != y->fits ? x->fits : x->worst.total() < y->worst.total();
+  });
+  if (json) {
+    for (const PlanLayout& l : all) {
+      nlohmann::ordered_json j = {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"stage", l.stage}, {"micro", l.micro},
+                                  {"gas", l.gas}, {"activation_checkpointing", l.checkpointing}};
+      if (!l.excluded.empty()) {
+        j["excluded"] = l.excluded;
+      } else {
+        auto bytes = [](const RankMemory& r) {
+          return nlohmann::ordered_json{{"pp_rank", r.pp_rank}, {"params", r.params}, {"grads", r.grads},
+                                        {"optimizer", r.optimizer}, {"buffers", r.buffers},
+                                        {"activations", r.activations}, {"other", r.other}, {"total", r.total()},
+                                        {"pinned_host", r.pinned}};
+        };
+        j["fits"] = l.fits;
+        j["worst"] = bytes(l.worst);
+        j["stages"] = nlohmann::ordered_json::array();
+        for (const RankMemory& r : l.stages) j["stages"].push_back(bytes(r));
+      }
+      std::printf("%s\n", j.dump().c_str());
+    }
+    return 0;
+  }
+  uint64_t largest = mem;
+  for (const PlanLayout* l : valid) largest = std::max(largest, l->worst.total());
+  g_unit = largest < 1000000000 ? 1e6 : 1e9;
+  const char* unit = g_unit == 1e9 ? "GB" : "MB";
+  const size_t fit = static_cast<size_t>(std::count_if(valid.begin(), valid.end(), [](auto* l) { return l->fits; }));
+  log_info("plan     %s on %d ranks: %zu layouts, %zu valid%s; memory per rank (%s) of the stage that needs the most, "
+           "from the engine's and the models' own allocations; ranked by memory (no step-time model yet)",
+           src.config_file.c_str(), ranks, all.size(), valid.size(),
+           mem ? strprintf(", %zu fit in %s %s", fit, gb(mem).c_str(), unit).c_str() : "", unit);
+  log_info("%4s %3s %3s %5s %5s %4s %4s %9s %9s %9s %9s %9s %9s %9s %5s %s", "dp", "tp", "pp", "stage", "micro", "gas",
+           "ckpt", "params", "grads", "optimizer", "buffers", "activ", "other", "total", "stage", mem ? "fits" : "");
+  for (size_t k = 0; k < valid.size() && (top == 0 || k < static_cast<size_t>(top)); ++k) {
+    const PlanLayout& l = *valid[k];
+    const RankMemory& r = l.worst;
+    log_info("%4d %3d %3d %5d %5d %4d %4s %9s %9s %9s %9s %9s %9s %9s %5d %s", l.dp, l.tp, l.pp, l.stage, l.micro,
+             l.gas, l.checkpointing ? "yes" : "no", gb(r.params).c_str(), gb(r.grads).c_str(), gb(r.optimizer).c_str(),
+             gb(r.buffers).c_str(), gb(r.activations).c_str(), gb(r.other).c_str(), gb(r.total()).c_str(), r.pp_rank,
+             mem ? (l.fits ? "yes" : "no") : "");
+  }
+  if (top && valid.size() > static_cast<size_t>(top)) log_info("... %zu more (--top 0 shows all)", valid.size() - top);
+  for (const auto& [why, n] : reasons) log_info("excluded %d: %s", n, why.c_str());
+  return 0;
+}
+
+}  // namespace zero3d

@@ -1,0 +1,45 @@
+// train/plan.h: zero3d plan, which layouts of a config fit, before the job (issue #31, its first
+// part: memory). Memory comes from the code, not a second formula: each rank position's ZeroEngine
+// and its models (one per micro-batch 1F1B holds in flight) are built as a run builds them, on a
+// sizing backend (kernels/backend.h: allocations reserve address space only and are counted) with
+// process groups that never communicate. So a change to the engine's buffers changes the plan.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "core/mem.h"
+
+namespace zero3d {
+
+// What one rank allocates, by role, as memory_breakdown reports it: the engine's accounts
+// (zero/engine.h MemoryAccount), the models' activations and scratch, and everything else the
+// engine and the models allocated (other).
+struct RankMemory {
+  int pp_rank = 0;
+  uint64_t params = 0, grads = 0, optimizer = 0, buffers = 0, activations = 0, other = 0;
+  uint64_t pinned = 0;  // page-locked host memory (offload from a device)
+  uint64_t total() const { return params + grads + optimizer + buffers + activations + other; }
+};
+
+// The memory of config c's rank at pipeline stage pp_rank with dp data-parallel ranks (tp rank 0,
+// dp rank 0: the others hold the same shapes), with its buffers in `kind` memory.
+RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind);
+
+// One candidate layout: its choices, and either why it is not valid or the worst rank's memory.
+struct PlanLayout {
+  int dp = 1, tp = 1, pp = 1, stage = 0, micro = 1, gas = 1;
+  bool checkpointing = false;
+  std::string excluded;  // why the config resolver refuses it ("" = valid)
+  std::vector<RankMemory> stages;  // a rank of each pipeline stage
+  RankMemory worst;                // the stage whose rank needs the most
+  bool fits = true;      // within --mem-per-rank (always, without it)
+};
+
+// Every (tp, pp, dp = ranks / (tp pp), ZeRO stage, micro-batch, accumulation, activation
+// checkpointing) for the config's global batch on `ranks` ranks; each resolved by the config code
+// (which refuses what it cannot run) and sized. `overrides` are --set lines applied first.
+std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank);
+
+}  // namespace zero3d

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# zero3d plan (issue #31, memory): its sizes come from the engine's and the models' own
+# allocations, so for a sample of layouts (tensor, pipeline and data parallel; ZeRO stages 0-3;
+# activation checkpointing; bf16) every rank's params, grads, optimizer state, buffers and
+# activations in the plan equal, byte for byte, what the run's memory_breakdown reports for that
+# rank; the plan lists every layout of the global batch and says why the config code refuses one;
+# bad options are refused in one line.
+# usage: test_plan.sh ZERO3D_BINARY SOURCE_DIR
+set -eu
+source "$(dirname "$0")/common.sh" "$@"
+tiny=input/gpt-tiny.json
+timeout 60 "$z3d" plan $tiny --ranks 4 --json > "$tmp/plan.jsonl" 2> "$tmp/plan.log" || { cat "$tmp/plan.log"; fail "plan"; }
+timeout 60 "$z3d" plan $tiny --ranks 4 --json --set bf16.enabled=true > "$tmp/plan_bf16.jsonl" 2> "$tmp/plan.log" ||
+  { cat "$tmp/plan.log"; fail "plan bf16"; }
+timeout 60 "$z3d" plan input/llama-tiny.json --ranks 4 > "$tmp/plan_table.log" 2>&1 || { cat "$tmp/plan_table.log"; fail "plan table"; }
+grep -qE "^excluded [0-9]+: .*num_key_value_heads 2 must be divisible by tensor_parallel.tp_size 4" "$tmp/plan_table.log" ||
+  { cat "$tmp/plan_table.log"; fail "the plan does not say why tp 4 is refused for llama-tiny"; }
+echo "ok plan lists and excludes"
+# sample NAME DP TP PP STAGE MICRO GAS CKPT [--set ...]: one step of that layout with memory_breakdown.
+samples=()
+sample() {
+  local name=$1 dp=$2 tp=$3 pp=$4 stage=$5 micro=$6 gas=$7 ckpt=$8
+  shift 8
+  timeout 120 $MPIRUN -np $((dp * tp * pp)) "$z3d" train $tiny --run-dir "$tmp/$name" --set train_steps=1 \
+    --set data.val="" --set memory_breakdown=true --set steps_per_print=1 --set tensor_parallel.tp_size=$tp \
+    --set pipeline_parallel.pp_size=$pp --set zero_optimization.stage=$stage --set train_micro_batch_size_per_gpu=$micro \
+    --set gradient_accumulation_steps=$gas --set activation_checkpointing.enabled=$ckpt --set comm_timeout_s=60 "$@" \
+    > "$tmp/$name.log" 2>&1 || { tail -20 "$tmp/$name.log"; fail "run $name"; }
+  samples+=("$name $dp $tp $pp $stage $micro $gas $ckpt")
+}
+sample tp2pp2_s0 1 2 2 0 2 4 false
+sample dp4_s3_ckpt 4 1 1 3 1 2 true
+sample dp2pp2_s2 2 1 2 2 2 2 false
+sample dp2tp2_s1_ckpt 2 2 1 1 4 1 true
+sample dp2pp2_s1_bf16 2 1 2 1 1 4 false --set bf16.enabled=true
+/usr/bin/python3 - "$tmp" "${samples[@]}" <<'PY'
+import json, sys
+tmp, samples = sys.argv[1], sys.argv[2:]
+def load(path):
+    return [json.loads(l) for l in open(path)]
+plans = {"fp32": load(f"{tmp}/plan.jsonl"), "bf16": load(f"{tmp}/plan_bf16.jsonl")}
+failed = 0
+for s in samples:
+    name, *v = s.split()
+    dp, tp, pp, stage, micro, gas = map(int, v[:6])
+    ckpt = v[6] == "true"
+    plan = plans["bf16" if "bf16" in name else "fp32"]
+    [p] = [p for p in plan if (p["dp"], p["tp"], p["pp"], p["stage"], p["micro"], p["gas"],
+                               p["activation_checkpointing"]) == (dp, tp, pp, stage, micro, gas, ckpt)]
+    recs = [r for r in load(f"{tmp}/{name}/metrics.jsonl") if r["kind"] == "memory"]
+    assert len(recs) == dp * tp * pp, f"{name}: {len(recs)} memory records"
+    worst, before = 0, failed
+    for r in recs:
+        st = p["stages"][r["rank"] // (tp * dp)]
+        for k in ("params", "grads", "optimizer", "buffers", "activations"):
+            if st[k] != r[k + "_bytes"]:
+                print(f"FAIL {name} rank {r['rank']}: {k} planned {st[k]}, the run has {r[k + '_bytes']}")
+                failed += 1
+        worst = max(worst, r["rss_peak_bytes"])
+    total = p["worst"]["total"]
+    if failed == before:
+        print(f"{name}: every rank's five accounts as planned; planned {total / 1e6:.2f} MB of model state, activations "
+              f"and buffers, resident peak {worst / 1e6:.1f} MB (the rest: the process, MPI, the libraries)")
+sys.exit(1 if failed else 0)
+PY
+expect_exit 2 plan-ranks "--ranks must be a whole number >= 1" "$z3d" plan $tiny --ranks 0
+expect_exit 2 plan-mem "--mem-per-rank must be a positive number of bytes" "$z3d" plan $tiny --ranks 2 --mem-per-rank 3X
+expect_exit 2 plan-nvme "zero3d plan does not size offload to nvme yet" "$z3d" plan $tiny --ranks 1 \
+  --set zero_optimization.stage=1 --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=$tmp
+echo "plan: ok"
