@@ -16,6 +16,7 @@
 #include "kernels/host/cpu_kernels.h"
 #include "kernels/host/gemm.h"
 #include "train/job.h"
+#include "train/plan.h"
 #include "train/stop_signal.h"
 #include "train/trainer.h"
 #include "parallel/groups.h"
@@ -327,6 +328,7 @@ int run_training(const ConfigSources& src, RunOptions opt, const std::string& ba
   if (be->kind() == BackendKind::host && be->describe_gemm().find("cblas") != std::string::npos)
     if (const std::string w = cblas_core_fallback(); !w.empty()) log_info("zero3d: warning: %s", w.c_str());
   choose_peak(opt, *be, groups.world.get());
+  refuse_if_over_memory(cfg, src, groups, be->memory_kind());  // before the engine commits its memory
   Trainer trainer(cfg, opt, *be, groups);
   return trainer.run();
 }

@@ -12,6 +12,7 @@
 #include "kernels/backend.h"
 #include "model/gpt.h"
 #include "parallel/comm.h"
+#include "parallel/groups.h"
 #include "parallel/schedule.h"
 #include "train/commands.h"
 #include "zero/engine.h"
@@ -67,12 +68,32 @@ RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
   return r;
 }
 
+namespace {
+
+// Each pipeline stage's rank, and the one that needs the most.
+std::vector<RankMemory> size_stages(const Config& c, int dp, MemKind kind, RankMemory& worst) {
+  std::vector<RankMemory> stages;
+  for (int p = 0; p < c.pp_size; ++p) {
+    stages.push_back(size_rank(c, dp, p, kind));
+    if (p == 0 || stages.back().total() > worst.total()) worst = stages.back();
+  }
+  return stages;
+}
+
+void refuse_nvme(const Config& c) {
+  if (c.zero.offload_optimizer.device == OffloadDevice::nvme || c.zero.offload_param.device == OffloadDevice::nvme)
+    throw UserError("zero3d plan does not size offload to nvme yet: plan without it (set "
+                    "zero_optimization.offload_optimizer.device and offload_param.device to none or cpu)");
+}
+
+std::string gigabytes(uint64_t b) { return strprintf("%.3f GB", b / 1e9); }
+
+}  // namespace
+
 std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank) {
   const Config base = load_config(sources, 1);  // the global batch and everything the plan keeps
   const int tb = base.train_batch_size;
-  if (base.zero.offload_optimizer.device == OffloadDevice::nvme || base.zero.offload_param.device == OffloadDevice::nvme)
-    throw UserError("zero3d plan does not size offload to nvme yet: plan without it (set "
-                    "zero_optimization.offload_optimizer.device and offload_param.device to none or cpu)");
+  refuse_nvme(base);
   std::vector<PlanLayout> out;
   for (int tp = 1; tp <= ranks; ++tp) {
     if (ranks % tp) continue;
@@ -97,10 +118,7 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
               s.overrides.push_back(kv);
             try {
               const Config c = load_config(s, ranks);
-              for (int p = 0; p < pp; ++p) {
-                l.stages.push_back(size_rank(c, dp, p, MemKind::host));
-                if (p == 0 || l.stages.back().total() > l.worst.total()) l.worst = l.stages.back();
-              }
+              l.stages = size_stages(c, dp, MemKind::host, l.worst);
               l.fits = mem_per_rank == 0 || l.worst.total() <= mem_per_rank;
             } catch (const UserError& e) {
               l.excluded = e.what();
@@ -113,17 +131,146 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
   return out;
 }
 
+std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit) {
+  const Config c = load_config(sources, ranks);
+  refuse_nvme(c);
+  const int dp = ranks / (c.tp_size * c.pp_size);
+  RankMemory w;
+  size_stages(c, dp, MemKind::host, w);
+  std::string out = strprintf(
+      "layout   dp %d x tp %d x pp %d on %d ranks, ZeRO stage %d, micro-batch %d x %d accumulation steps, activation "
+      "checkpointing %s\n",
+      dp, c.tp_size, c.pp_size, ranks, c.zero.stage, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
+      c.activation_checkpointing ? "on" : "off");
+  const std::pair<const char*, uint64_t> parts[] = {{"params", w.params},           {"grads", w.grads},
+                                                    {"optimizer state", w.optimizer}, {"buffers", w.buffers},
+                                                    {"activations", w.activations}, {"other", w.other}};
+  std::string list;
+  const char* largest = parts[0].first;
+  uint64_t most = 0;
+  for (const auto& [name, b] : parts) {
+    list += strprintf("%s%s %s", list.empty() ? "" : ", ", name, gigabytes(b).c_str());
+    if (b > most) most = b, largest = name;
+  }
+  out += strprintf("memory   per rank (pipeline stage %d, the one that needs the most): %s; total %s", w.pp_rank,
+                   list.c_str(), gigabytes(w.total()).c_str());
+  if (limit)
+    out += w.total() > limit ? strprintf(", over the %s available by %s", gigabytes(limit).c_str(),
+                                         gigabytes(w.total() - limit).c_str())
+                             : strprintf(", within the %s available", gigabytes(limit).c_str());
+  out += strprintf("; the largest part: %s (%.0f%%)\n", largest, 100.0 * most / std::max<uint64_t>(1, w.total()));
+
+  // The seed's checklist, each change alone, sized like the layout itself.
+  const int m = c.train_micro_batch_size_per_gpu, g = c.gradient_accumulation_steps;
+  std::vector<std::vector<std::string>> changes;
+  for (int st = c.zero.stage + 1; st <= 3; ++st) changes.push_back({"zero_optimization.stage=" + std::to_string(st)});
+  if (!c.activation_checkpointing) changes.push_back({"activation_checkpointing.enabled=true"});
+  for (int k = 2; k <= m; k *= 2)
+    if (m % k == 0)
+      changes.push_back({"train_micro_batch_size_per_gpu=" + std::to_string(m / k),
+                         "gradient_accumulation_steps=" + std::to_string(g * k)});
+  if (dp % 2 == 0) {  // the same global batch on half the data-parallel ranks: twice the accumulation
+    changes.push_back({"tensor_parallel.tp_size=" + std::to_string(2 * c.tp_size),
+                       "gradient_accumulation_steps=" + std::to_string(2 * g)});
+    changes.push_back({"pipeline_parallel.pp_size=" + std::to_string(2 * c.pp_size),
+                       "gradient_accumulation_steps=" + std::to_string(2 * g)});
+  }
+  std::vector<std::pair<uint64_t, std::string>> rows;
+  for (const auto& change : changes) {
+    ConfigSources s = sources;
+    std::string what;
+    for (const std::string& kv : change) s.overrides.push_back(kv), what += (what.empty() ? "" : " ") + ("--set " + kv);
+    try {
+      const Config v = load_config(s, ranks);
+      RankMemory vw;
+      size_stages(v, ranks / (v.tp_size * v.pp_size), MemKind::host, vw);
+      rows.push_back({vw.total(), strprintf("  %-84s %s%s", what.c_str(), gigabytes(vw.total()).c_str(),
+                                            limit && vw.total() <= limit ? "  fits" : "")});
+    } catch (const UserError&) {  // a change the config code refuses is no advice
+    }
+  }
+  std::sort(rows.begin(), rows.end());
+  out += "what to change, each alone (the total per rank it leaves):\n";
+  for (const auto& r : rows) out += r.second + "\n";
+  if (rows.empty()) out += "  nothing the config code accepts on these ranks: more ranks, or offload\n";
+  return out;
+}
+
+namespace {
+
+uint64_t read_u64(const std::string& path) {  // a number alone in a file; 0 if none ("max")
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (!f) return 0;
+  unsigned long long v = 0;
+  const int got = std::fscanf(f, "%llu", &v);
+  std::fclose(f);
+  return got == 1 ? v : 0;
+}
+
+// Bytes this process's node can still give: MemAvailable, and the cgroup v2 limit less its anonymous
+// memory (its page cache is reclaimed before an OOM kill, as MemAvailable counts it).
+uint64_t available_memory() {
+  uint64_t avail = 0;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kb = 0;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = kb * 1024;
+    std::fclose(f);
+  }
+  uint64_t used = 0;
+  if (std::FILE* f = std::fopen("/sys/fs/cgroup/memory.stat", "r")) {
+    char line[256];
+    unsigned long long b = 0;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "anon %llu", &b) == 1) used = b;
+    std::fclose(f);
+  }
+  const uint64_t max = read_u64("/sys/fs/cgroup/memory.max");  // "max" (no limit) reads as 0
+  if (max > 0) avail = avail ? std::min(avail, max > used ? max - used : 0) : (max > used ? max - used : 0);
+  return avail;
+}
+
+}  // namespace
+
+void refuse_if_over_memory(const Config& c, const ConfigSources& sources, ProcessGroups& g, MemKind kind) {
+  if (kind != MemKind::host || c.zero.offload_optimizer.device == OffloadDevice::nvme ||
+      c.zero.offload_param.device == OffloadDevice::nvme)
+    return;  // a device reports its own allocation failures; nvme offload is not sized yet
+  const RankMemory mine = size_rank(c, g.topo.dp, g.coord.pp, kind);
+  std::unique_ptr<ProcessGroup> node = g.world->split_node("plan_node");
+  const double planned = node->all_reduce_sum(static_cast<double>(mine.total()));
+  const uint64_t avail = available_memory();
+  const bool over = avail > 0 && planned > static_cast<double>(avail);
+  g.world->agree([&] {
+    if (!over || node->rank() != 0) return;
+    std::string args = sources.config_file;
+    if (!sources.deepspeed_file.empty()) args += " --deepspeed " + sources.deepspeed_file;
+    for (const std::string& kv : sources.overrides) args += " --set " + kv;
+    throw UserError(strprintf(
+        "this layout needs %s on this node (%d ranks; zero3d plan's sizes, before the process's own), more than its "
+        "%s available: it would be killed for memory midway. From zero3d plan %s --ranks %d --explain:\n%s",
+        gigabytes(static_cast<uint64_t>(planned)).c_str(), node->size(), gigabytes(avail).c_str(), args.c_str(),
+        g.topo.world,
+        explain_layout(sources, g.topo.world, avail / node->size()).c_str()));
+  });
+}
+
 namespace {
 
 const char* kPlanUsage =
-    "usage: zero3d plan CONFIG --ranks N [--mem-per-rank BYTES] [--top K] [--json] [--deepspeed FILE] [--set k=v]...\n"
+    "usage: zero3d plan CONFIG --ranks N [--mem-per-rank BYTES] [--top K] [--json | --explain] [--deepspeed FILE]\n"
+    "                   [--set k=v]...\n"
     "  Every layout of CONFIG's model and global batch on N ranks: tp x pp x dp, ZeRO stage 0-3, micro-batch and\n"
     "  gradient accumulation, activation checkpointing; each checked by the config code (why it is refused) and\n"
     "  sized by building its engine and models as a run does, on a backend that counts allocations without\n"
     "  memory: per rank params, grads, optimizer state, buffers (ZeRO's buckets, the stage-3 pool, the 16-bit\n"
     "  copies), activations (1F1B's in-flight micro-batches) and other, for the stage that needs the most.\n"
     "  --mem-per-rank BYTES (suffix K, M, G, T: powers of 1024): which fit. --top K rows (default 20; 0: all).\n"
-    "  --json: one object per layout on stdout. Ranked by memory: the step-time model is not built yet.\n";
+    "  --json: one object per layout on stdout. Ranked by memory: the step-time model is not built yet.\n"
+    "  --explain: CONFIG's own layout on N ranks part by part, and what each single change (ZeRO stage,\n"
+    "  activation checkpointing, micro-batch, tp, pp) leaves per rank; a run whose node would need more than\n"
+    "  its available memory stops before it allocates and prints the same.\n";
 
 uint64_t parse_bytes(const std::string& s) {
   size_t used = 0;
@@ -152,7 +299,7 @@ int cmd_plan(const Args& a) {
   ConfigSources src;
   int ranks = 0, top = 20;
   uint64_t mem = 0;
-  bool json = false;
+  bool json = false, explain = false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kPlanUsage), 0;
     if (a[i] == "--ranks") {
@@ -165,6 +312,7 @@ int cmd_plan(const Args& a) {
       top = v.find_first_not_of("0123456789") == std::string::npos && v.size() < 7 ? std::stoi(v) : -1;
       if (top < 0) throw UserError(strprintf("--top must be a whole number >= 0, got '%s'", v.c_str()));
     } else if (a[i] == "--json") json = true;
+    else if (a[i] == "--explain") explain = true;
     else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kPlanUsage));
     else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kPlanUsage);
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kPlanUsage));
@@ -174,6 +322,10 @@ int cmd_plan(const Args& a) {
   if (src.config_file.empty() || ranks == 0)
     throw UserError(strprintf("zero3d plan needs a config and --ranks N\n%s", kPlanUsage));
   if (ProcessGroup::world()->rank() != 0) return 0;
+  if (explain) {
+    log_info("%s", explain_layout(src, ranks, mem).c_str());
+    return 0;
+  }
 
   std::vector<PlanLayout> all = plan_layouts(src, ranks, mem);
   std::vector<const PlanLayout*> valid;

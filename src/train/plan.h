@@ -42,4 +42,16 @@ struct PlanLayout {
 // (which refuses what it cannot run) and sized. `overrides` are --set lines applied first.
 std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank);
 
+// The seed's checklist for a layout that does not fit, with the plan's numbers: config c's own
+// layout on `ranks` ranks (its worst stage, each part), then each single change (ZeRO stage,
+// activation checkpointing, a smaller micro-batch, tp, pp) the config code accepts, with the
+// total per rank it leaves, smallest first. `limit` (0: none) marks what fits.
+std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit);
+
+// Before a run allocates: the ranks of each node sum their planned bytes (size_rank) and, on the
+// host backend, a node whose ranks plan more than its available memory (MemAvailable, and the
+// cgroup's limit where there is one) stops the run with a UserError that explains it, instead of
+// the kernel's OOM killer ending it midway. Collective over the world.
+void refuse_if_over_memory(const Config& c, const ConfigSources& sources, class ProcessGroups& g, MemKind kind);
+
 }  // namespace zero3d

@@ -4,7 +4,8 @@
 # activation checkpointing; bf16) every rank's params, grads, optimizer state, buffers and
 # activations in the plan equal, byte for byte, what the run's memory_breakdown reports for that
 # rank; the plan lists every layout of the global batch and says why the config code refuses one;
-# bad options are refused in one line.
+# --explain prices each single change; a run whose node would need more memory than it has stops
+# before it allocates, with that explanation; bad options are refused in one line.
 # usage: test_plan.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
@@ -63,6 +64,21 @@ for s in samples:
               f"and buffers, resident peak {worst / 1e6:.1f} MB (the rest: the process, MPI, the libraries)")
 sys.exit(1 if failed else 0)
 PY
+# --explain: the layout part by part and what each change leaves; gpt-tiny on 2 ranks in 20 MiB.
+timeout 60 "$z3d" plan $tiny --ranks 2 --explain --mem-per-rank 20M > "$tmp/explain.log" 2>&1 || { cat "$tmp/explain.log"; fail "explain"; }
+grep -qE "^memory .* total [0-9.]+ GB, over the 0.021 GB available by" "$tmp/explain.log" &&
+  grep -qE "^  --set activation_checkpointing.enabled=true +[0-9.]+ GB" "$tmp/explain.log" &&
+  grep -qE "^  --set tensor_parallel.tp_size=2 --set gradient_accumulation_steps=2 +[0-9.]+ GB +fits" "$tmp/explain.log" ||
+  { cat "$tmp/explain.log"; fail "explain's lines"; }
+echo "ok explain"
+# A run whose node would need more than it has stops before it allocates, with the explanation:
+# 120 layers of d_model 2560 (11 billion parameters, about 90 GB per rank at ZeRO-1 on 2 ranks).
+expect_exit 2 plan-oom "this layout needs [0-9.]+ GB on this node \\(2 ranks.*more than its [0-9.]+ GB available" \
+  $MPIRUN -np 2 "$z3d" train input/gpt-2.5b-nvme.json --run-dir "$tmp/oom" --set model.n_layer=120 \
+  --set zero_optimization.stage=1 --set zero_optimization.offload_optimizer.device=none \
+  --set zero_optimization.offload_param.device=none
+grep -qE "^  --set zero_optimization.stage=3 +[0-9.]+ GB" "$tmp/plan-oom.log" || { cat "$tmp/plan-oom.log"; fail "plan-oom: no advice"; }
+[[ ! -e $tmp/oom ]] || fail "plan-oom: the refused run made its run directory"
 expect_exit 2 plan-ranks "--ranks must be a whole number >= 1" "$z3d" plan $tiny --ranks 0
 expect_exit 2 plan-mem "--mem-per-rank must be a positive number of bytes" "$z3d" plan $tiny --ranks 2 --mem-per-rank 3X
 expect_exit 2 plan-nvme "zero3d plan does not size offload to nvme yet" "$z3d" plan $tiny --ranks 1 \

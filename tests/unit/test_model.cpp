@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -259,4 +261,38 @@ TEST(Model, LogicalBlocksAndRunsFollowLogicalIndex) {
           for (size_t j = 0; j < run; ++j) ASSERT_EQ(logical_index(p, i + j), logical_index(p, i) + j) << p.name;
         }
       }
+}
+
+// zero3d plan's sizing backend (kernels/backend.h): allocations are counted, never backed by memory
+// (64 GiB here leaves the resident size alone), and a model built on it asks for the same
+// activations as on the host backend.
+TEST(Model, SizingBackendCountsWithoutMemory) {
+  auto resident = [] {
+    long pages = 0, rss = 0;
+    std::FILE* f = std::fopen("/proc/self/statm", "r");
+    if (f && std::fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+    if (f) std::fclose(f);
+    return rss * 4096.0;
+  };
+  auto tally = std::make_shared<MemoryTally>();
+  auto sizing = make_sizing_backend(MemKind::host, tally);
+  const double before = resident();
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(sizing->alloc_bytes(size_t{8} << 30));
+    sizing->zero(blocks.back(), size_t{8} << 30);  // nothing moves
+  }
+  EXPECT_EQ(tally->peak, size_t{64} << 30);
+  EXPECT_LT(resident() - before, 64.0 * (1 << 20));
+  for (void* p : blocks) sizing->free_bytes(p);
+  EXPECT_EQ(tally->live, 0u);
+  EXPECT_EQ(tally->peak, size_t{64} << 30);
+
+  const ModelConfig m{64, 16, 2, 4, 32};
+  auto host = make_host_backend();
+  FlatParamStore on_host(*host, make_flat_layout(gpt_param_table(m), 1, 1 << 20));
+  FlatParamStore sized(*sizing, make_flat_layout(gpt_param_table(m), 1, 1 << 20));
+  GPT a(*host, m, 2, on_host), b(*sizing, m, 2, sized);
+  EXPECT_EQ(a.activation_bytes(), b.activation_bytes());
+  EXPECT_GE(tally->live, b.activation_bytes());
 }
