@@ -31,6 +31,9 @@ class Backend {
   // the host backend's is host memory (nullptr), the CUDA backend's device memory.
   virtual MemKind memory_kind() const { return MemKind::host; }
   virtual DeviceMemory* device_memory() { return nullptr; }
+  // The host backend that runs what is offloaded to the CPU beside this one (zero/host_link.h): a
+  // plain host backend, or beside a sizing backend one that only counts (walled_backend.cpp).
+  virtual std::unique_ptr<Backend> host_companion() const;
   template <typename T>
   MemRef<T> mem(T* p) const {
     return {p, memory_kind()};
@@ -160,6 +163,7 @@ std::unique_ptr<Backend> make_walled_backend(const HostOptions& options = {});
 // What a sizing backend allocated: live and peak bytes of its memory, and page-locked host bytes.
 struct MemoryTally {
   size_t live = 0, peak = 0, pinned = 0;
+  std::shared_ptr<MemoryTally> host;  // its host companion's (offload from a device)
   void add(size_t bytes) {
     live += bytes;
     if (live > peak) peak = live;

@@ -39,6 +39,9 @@ class WalledBackend final : public Backend, public DeviceMemory {
     return tally_ ? "sizing (zero3d plan)" : inner_->describe() + ", behind device-memory walls (tests)";
   }
   MemKind memory_kind() const override { return kind_; }
+  std::unique_ptr<Backend> host_companion() const override {  // sizing: counted apart, in host_tally()
+    return tally_ ? std::make_unique<WalledBackend>(MemKind::host, tally_->host) : make_host_backend();
+  }
   DeviceMemory* device_memory() override { return this; }
 
   void* alloc_bytes(size_t bytes) override {
@@ -237,6 +240,7 @@ std::unique_ptr<Backend> make_walled_backend(const HostOptions& options) {
 }
 
 std::unique_ptr<Backend> make_sizing_backend(MemKind kind, std::shared_ptr<MemoryTally> tally) {
+  if (!tally->host) tally->host = std::make_shared<MemoryTally>();
   return std::make_unique<WalledBackend>(kind, std::move(tally));
 }
 

@@ -63,7 +63,7 @@ RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
     for (const auto& g : models) r.activations += g->activation_bytes();
     const uint64_t counted = r.params + r.grads + r.optimizer + r.buffers + r.activations;
     r.other = tally->peak > counted ? tally->peak - counted : 0;
-    r.pinned = tally->pinned + m.host;
+    r.host = m.host;
   }
   return r;
 }
@@ -90,7 +90,7 @@ std::string gigabytes(uint64_t b) { return strprintf("%.3f GB", b / 1e9); }
 
 }  // namespace
 
-std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank) {
+std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank, MemKind kind) {
   const Config base = load_config(sources, 1);  // the global batch and everything the plan keeps
   const int tb = base.train_batch_size;
   refuse_nvme(base);
@@ -104,9 +104,12 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
         for (int micro = 1; micro <= tb; ++micro) {
           if (tb % micro || (tb / micro) % dp) continue;
           const int gas = tb / micro / dp;
-          for (bool ckpt : {false, true}) {
+          for (int variant = 0; variant < 4; ++variant) {
+            const bool ckpt = variant & 1, offload = variant & 2;
+            if (offload && (kind != MemKind::device || stage == 0)) continue;
             PlanLayout l;
             l.dp = dp, l.tp = tp, l.pp = pp, l.stage = stage, l.micro = micro, l.gas = gas, l.checkpointing = ckpt;
+            l.offload = offload;
             ConfigSources s = sources;
             for (std::string kv : {"tensor_parallel.tp_size=" + std::to_string(tp),
                                    "pipeline_parallel.pp_size=" + std::to_string(pp),
@@ -116,9 +119,10 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
                                    "gradient_accumulation_steps=" + std::to_string(gas),
                                    std::string("activation_checkpointing.enabled=") + (ckpt ? "true" : "false")})
               s.overrides.push_back(kv);
+            if (offload) s.overrides.push_back("zero_optimization.offload_optimizer.device=cpu");
             try {
               const Config c = load_config(s, ranks);
-              l.stages = size_stages(c, dp, MemKind::host, l.worst);
+              l.stages = size_stages(c, dp, kind, l.worst);
               l.fits = mem_per_rank == 0 || l.worst.total() <= mem_per_rank;
             } catch (const UserError& e) {
               l.excluded = e.what();
@@ -131,12 +135,12 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
   return out;
 }
 
-std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit) {
+std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit, MemKind kind) {
   const Config c = load_config(sources, ranks);
   refuse_nvme(c);
   const int dp = ranks / (c.tp_size * c.pp_size);
   RankMemory w;
-  size_stages(c, dp, MemKind::host, w);
+  size_stages(c, dp, kind, w);
   std::string out = strprintf(
       "layout   dp %d x tp %d x pp %d on %d ranks, ZeRO stage %d, micro-batch %d x %d accumulation steps, activation "
       "checkpointing %s\n",
@@ -183,7 +187,7 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
     try {
       const Config v = load_config(s, ranks);
       RankMemory vw;
-      size_stages(v, ranks / (v.tp_size * v.pp_size), MemKind::host, vw);
+      size_stages(v, ranks / (v.tp_size * v.pp_size), kind, vw);
       rows.push_back({vw.total(), strprintf("  %-84s %s%s", what.c_str(), gigabytes(vw.total()).c_str(),
                                             limit && vw.total() <= limit ? "  fits" : "")});
     } catch (const UserError&) {  // a change the config code refuses is no advice
@@ -259,14 +263,16 @@ void refuse_if_over_memory(const Config& c, const ConfigSources& sources, Proces
 namespace {
 
 const char* kPlanUsage =
-    "usage: zero3d plan CONFIG --ranks N [--mem-per-rank BYTES] [--top K] [--json | --explain] [--deepspeed FILE]\n"
-    "                   [--set k=v]...\n"
+    "usage: zero3d plan CONFIG --ranks N [--mem-per-rank BYTES] [--device] [--top K] [--json | --explain]\n"
+    "                   [--deepspeed FILE] [--set k=v]...\n"
     "  Every layout of CONFIG's model and global batch on N ranks: tp x pp x dp, ZeRO stage 0-3, micro-batch and\n"
     "  gradient accumulation, activation checkpointing; each checked by the config code (why it is refused) and\n"
     "  sized by building its engine and models as a run does, on a backend that counts allocations without\n"
     "  memory: per rank params, grads, optimizer state, buffers (ZeRO's buckets, the stage-3 pool, the 16-bit\n"
     "  copies), activations (1F1B's in-flight micro-batches) and other, for the stage that needs the most.\n"
     "  --mem-per-rank BYTES (suffix K, M, G, T: powers of 1024): which fit. --top K rows (default 20; 0: all).\n"
+    "  --device: the buffers in device memory, as a GPU run allocates them (the CUDA backend's own workspaces\n"
+    "  not counted), with optimizer offload to host memory as one more choice (its host bytes apart).\n"
     "  --json: one object per layout on stdout. Ranked by memory: the step-time model is not built yet.\n"
     "  --explain: CONFIG's own layout on N ranks part by part, and what each single change (ZeRO stage,\n"
     "  activation checkpointing, micro-batch, tp, pp) leaves per rank; a run whose node would need more than\n"
@@ -300,6 +306,7 @@ int cmd_plan(const Args& a) {
   int ranks = 0, top = 20;
   uint64_t mem = 0;
   bool json = false, explain = false;
+  MemKind kind = MemKind::host;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kPlanUsage), 0;
     if (a[i] == "--ranks") {
@@ -313,6 +320,7 @@ int cmd_plan(const Args& a) {
       if (top < 0) throw UserError(strprintf("--top must be a whole number >= 0, got '%s'", v.c_str()));
     } else if (a[i] == "--json") json = true;
     else if (a[i] == "--explain") explain = true;
+    else if (a[i] == "--device") kind = MemKind::device;
     else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kPlanUsage));
     else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kPlanUsage);
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kPlanUsage));
@@ -323,11 +331,11 @@ int cmd_plan(const Args& a) {
     throw UserError(strprintf("zero3d plan needs a config and --ranks N\n%s", kPlanUsage));
   if (ProcessGroup::world()->rank() != 0) return 0;
   if (explain) {
-    log_info("%s", explain_layout(src, ranks, mem).c_str());
+    log_info("%s", explain_layout(src, ranks, mem, kind).c_str());
     return 0;
   }
 
-  std::vector<PlanLayout> all = plan_layouts(src, ranks, mem);
+  std::vector<PlanLayout> all = plan_layouts(src, ranks, mem, kind);
   std::vector<const PlanLayout*> valid;
   std::map<std::string, int> reasons;
   for (const PlanLayout& l : all) {
@@ -340,7 +348,8 @@ int cmd_plan(const Args& a) {
   if (json) {
     for (const PlanLayout& l : all) {
       nlohmann::ordered_json j = {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"stage", l.stage}, {"micro", l.micro},
-                                  {"gas", l.gas}, {"activation_checkpointing", l.checkpointing}};
+                                  {"gas", l.gas}, {"activation_checkpointing", l.checkpointing},
+                                  {"offload_optimizer", l.offload ? "cpu" : "none"}};
       if (!l.excluded.empty()) {
         j["excluded"] = l.excluded;
       } else {
@@ -348,7 +357,7 @@ int cmd_plan(const Args& a) {
           return nlohmann::ordered_json{{"pp_rank", r.pp_rank}, {"params", r.params}, {"grads", r.grads},
                                         {"optimizer", r.optimizer}, {"buffers", r.buffers},
                                         {"activations", r.activations}, {"other", r.other}, {"total", r.total()},
-                                        {"pinned_host", r.pinned}};
+                                        {"host", r.host}};
         };
         j["fits"] = l.fits;
         j["worst"] = bytes(l.worst);
@@ -368,14 +377,17 @@ int cmd_plan(const Args& a) {
            "from the engine's and the models' own allocations; ranked by memory (no step-time model yet)",
            src.config_file.c_str(), ranks, all.size(), valid.size(),
            mem ? strprintf(", %zu fit in %s %s", fit, gb(mem).c_str(), unit).c_str() : "", unit);
-  log_info("%4s %3s %3s %5s %5s %4s %4s %9s %9s %9s %9s %9s %9s %9s %5s %s", "dp", "tp", "pp", "stage", "micro", "gas",
-           "ckpt", "params", "grads", "optimizer", "buffers", "activ", "other", "total", "stage", mem ? "fits" : "");
+  const bool dev = kind == MemKind::device;  // two more columns: optimizer offload, and what it puts in host memory
+  log_info("%4s %3s %3s %5s %5s %4s %4s%s %9s %9s %9s %9s %9s %9s %9s %5s%s %s", "dp", "tp", "pp", "stage", "micro",
+           "gas", "ckpt", dev ? " offload" : "", "params", "grads", "optimizer", "buffers", "activ", "other", "total",
+           "stage", dev ? strprintf(" %9s", "host").c_str() : "", mem ? "fits" : "");
   for (size_t k = 0; k < valid.size() && (top == 0 || k < static_cast<size_t>(top)); ++k) {
     const PlanLayout& l = *valid[k];
     const RankMemory& r = l.worst;
-    log_info("%4d %3d %3d %5d %5d %4d %4s %9s %9s %9s %9s %9s %9s %9s %5d %s", l.dp, l.tp, l.pp, l.stage, l.micro,
-             l.gas, l.checkpointing ? "yes" : "no", gb(r.params).c_str(), gb(r.grads).c_str(), gb(r.optimizer).c_str(),
-             gb(r.buffers).c_str(), gb(r.activations).c_str(), gb(r.other).c_str(), gb(r.total()).c_str(), r.pp_rank,
+    log_info("%4d %3d %3d %5d %5d %4d %4s%s %9s %9s %9s %9s %9s %9s %9s %5d%s %s", l.dp, l.tp, l.pp, l.stage, l.micro,
+             l.gas, l.checkpointing ? "yes" : "no", dev ? (l.offload ? "     cpu" : "    none") : "", gb(r.params).c_str(),
+             gb(r.grads).c_str(), gb(r.optimizer).c_str(), gb(r.buffers).c_str(), gb(r.activations).c_str(),
+             gb(r.other).c_str(), gb(r.total()).c_str(), r.pp_rank, dev ? strprintf(" %9s", gb(r.host).c_str()).c_str() : "",
              mem ? (l.fits ? "yes" : "no") : "");
   }
   if (top && valid.size() > static_cast<size_t>(top)) log_info("... %zu more (--top 0 shows all)", valid.size() - top);

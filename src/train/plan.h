@@ -19,7 +19,7 @@ namespace zero3d {
 struct RankMemory {
   int pp_rank = 0;
   uint64_t params = 0, grads = 0, optimizer = 0, buffers = 0, activations = 0, other = 0;
-  uint64_t pinned = 0;  // page-locked host memory (offload from a device)
+  uint64_t host = 0;  // offload from a device: optimizer state and its buffers in host memory (not in total)
   uint64_t total() const { return params + grads + optimizer + buffers + activations + other; }
 };
 
@@ -31,6 +31,7 @@ RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind);
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1, stage = 0, micro = 1, gas = 1;
   bool checkpointing = false;
+  bool offload = false;  // zero_optimization.offload_optimizer.device cpu (planned for devices only)
   std::string excluded;  // why the config resolver refuses it ("" = valid)
   std::vector<RankMemory> stages;  // a rank of each pipeline stage
   RankMemory worst;                // the stage whose rank needs the most
@@ -38,15 +39,16 @@ struct PlanLayout {
 };
 
 // Every (tp, pp, dp = ranks / (tp pp), ZeRO stage, micro-batch, accumulation, activation
-// checkpointing) for the config's global batch on `ranks` ranks; each resolved by the config code
-// (which refuses what it cannot run) and sized. `overrides` are --set lines applied first.
-std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank);
+// checkpointing; with kind device, optimizer offload to host memory too) for the config's global
+// batch on `ranks` ranks; each resolved by the config code (which refuses what it cannot run) and
+// sized with its buffers in `kind` memory.
+std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank, MemKind kind);
 
 // The seed's checklist for a layout that does not fit, with the plan's numbers: config c's own
 // layout on `ranks` ranks (its worst stage, each part), then each single change (ZeRO stage,
 // activation checkpointing, a smaller micro-batch, tp, pp) the config code accepts, with the
 // total per rank it leaves, smallest first. `limit` (0: none) marks what fits.
-std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit);
+std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit, MemKind kind = MemKind::host);
 
 // Before a run allocates: the ranks of each node sum their planned bytes (size_rank) and, on the
 // host backend, a node whose ranks plan more than its available memory (MemAvailable, and the

@@ -18,7 +18,7 @@ PinnedBuffer::~PinnedBuffer() {
   else ::operator delete(p_);
 }
 
-HostLink::HostLink(Backend& device) : device_(device), cpu_(make_host_backend()) {
+HostLink::HostLink(Backend& device) : device_(device), cpu_(device.host_companion()) {
   thread_ = std::thread([this] { run(); });
 }
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # zero3d plan (issue #31, memory): its sizes come from the engine's and the models' own
 # allocations, so for a sample of layouts (tensor, pipeline and data parallel; ZeRO stages 0-3;
-# activation checkpointing; bf16) every rank's params, grads, optimizer state, buffers and
-# activations in the plan equal, byte for byte, what the run's memory_breakdown reports for that
-# rank; the plan lists every layout of the global batch and says why the config code refuses one;
+# activation checkpointing; bf16; device memory with and without optimizer offload) every rank's
+# params, grads, optimizer state, buffers, activations and offloaded host bytes in the plan equal,
+# byte for byte, what the run's memory_breakdown reports for that rank; the plan lists every layout of the global batch and says why the config code refuses one;
 # --explain prices each single change; a run whose node would need more memory than it has stops
 # before it allocates, with that explanation; bad options are refused in one line.
 # usage: test_plan.sh ZERO3D_BINARY SOURCE_DIR
@@ -13,6 +13,8 @@ tiny=input/gpt-tiny.json
 timeout 60 "$z3d" plan $tiny --ranks 4 --json > "$tmp/plan.jsonl" 2> "$tmp/plan.log" || { cat "$tmp/plan.log"; fail "plan"; }
 timeout 60 "$z3d" plan $tiny --ranks 4 --json --set bf16.enabled=true > "$tmp/plan_bf16.jsonl" 2> "$tmp/plan.log" ||
   { cat "$tmp/plan.log"; fail "plan bf16"; }
+timeout 60 "$z3d" plan $tiny --ranks 2 --json --device > "$tmp/plan_dev.jsonl" 2> "$tmp/plan.log" ||
+  { cat "$tmp/plan.log"; fail "plan --device"; }
 timeout 60 "$z3d" plan input/llama-tiny.json --ranks 4 > "$tmp/plan_table.log" 2>&1 || { cat "$tmp/plan_table.log"; fail "plan table"; }
 grep -qE "^excluded [0-9]+: .*num_key_value_heads 2 must be divisible by tensor_parallel.tp_size 4" "$tmp/plan_table.log" ||
   { cat "$tmp/plan_table.log"; fail "the plan does not say why tp 4 is refused for llama-tiny"; }
@@ -34,33 +36,38 @@ sample dp4_s3_ckpt 4 1 1 3 1 2 true
 sample dp2pp2_s2 2 1 2 2 2 2 false
 sample dp2tp2_s1_ckpt 2 2 1 1 4 1 true
 sample dp2pp2_s1_bf16 2 1 2 1 1 4 false --set bf16.enabled=true
+# Device memory (the host backend behind device walls: MemKind::device, as a GPU's): plan --device,
+# with the optimizer offloaded to host memory (its host bytes compared too) and without.
+ZERO3D_DEVICE_WALLS=1 sample dp2_s2_dev_offload 2 1 1 2 4 1 false --set zero_optimization.offload_optimizer.device=cpu
+ZERO3D_DEVICE_WALLS=1 sample dp2_s1_dev 2 1 1 1 2 2 true
 /usr/bin/python3 - "$tmp" "${samples[@]}" <<'PY'
 import json, sys
 tmp, samples = sys.argv[1], sys.argv[2:]
 def load(path):
     return [json.loads(l) for l in open(path)]
-plans = {"fp32": load(f"{tmp}/plan.jsonl"), "bf16": load(f"{tmp}/plan_bf16.jsonl")}
+plans = {"fp32": load(f"{tmp}/plan.jsonl"), "bf16": load(f"{tmp}/plan_bf16.jsonl"), "dev": load(f"{tmp}/plan_dev.jsonl")}
 failed = 0
 for s in samples:
     name, *v = s.split()
     dp, tp, pp, stage, micro, gas = map(int, v[:6])
     ckpt = v[6] == "true"
-    plan = plans["bf16" if "bf16" in name else "fp32"]
-    [p] = [p for p in plan if (p["dp"], p["tp"], p["pp"], p["stage"], p["micro"], p["gas"],
-                               p["activation_checkpointing"]) == (dp, tp, pp, stage, micro, gas, ckpt)]
+    plan = plans["bf16" if "bf16" in name else "dev" if "dev" in name else "fp32"]
+    offload = "cpu" if "offload" in name else "none"
+    [p] = [p for p in plan if (p["dp"], p["tp"], p["pp"], p["stage"], p["micro"], p["gas"], p["activation_checkpointing"],
+                               p["offload_optimizer"]) == (dp, tp, pp, stage, micro, gas, ckpt, offload)]
     recs = [r for r in load(f"{tmp}/{name}/metrics.jsonl") if r["kind"] == "memory"]
     assert len(recs) == dp * tp * pp, f"{name}: {len(recs)} memory records"
     worst, before = 0, failed
     for r in recs:
         st = p["stages"][r["rank"] // (tp * dp)]
-        for k in ("params", "grads", "optimizer", "buffers", "activations"):
+        for k in ("params", "grads", "optimizer", "buffers", "activations", "host"):
             if st[k] != r[k + "_bytes"]:
                 print(f"FAIL {name} rank {r['rank']}: {k} planned {st[k]}, the run has {r[k + '_bytes']}")
                 failed += 1
         worst = max(worst, r["rss_peak_bytes"])
     total = p["worst"]["total"]
     if failed == before:
-        print(f"{name}: every rank's five accounts as planned; planned {total / 1e6:.2f} MB of model state, activations "
+        print(f"{name}: every rank's six accounts as planned; planned {total / 1e6:.2f} MB of model state, activations "
               f"and buffers, resident peak {worst / 1e6:.1f} MB (the rest: the process, MPI, the libraries)")
 sys.exit(1 if failed else 0)
 PY
