@@ -263,8 +263,8 @@ void refuse_if_over_memory(const Config& c, const ConfigSources& sources, Proces
 namespace {
 
 const char* kPlanUsage =
-    "usage: zero3d plan CONFIG --ranks N [--mem-per-rank BYTES] [--device] [--top K] [--json | --explain]\n"
-    "                   [--deepspeed FILE] [--set k=v]...\n"
+    "usage: zero3d plan CONFIG --ranks N [--mem-per-rank BYTES] [--device] [--top K]\n"
+    "                   [--json | --explain | --sweep K [--ranks-per-node R]] [--deepspeed FILE] [--set k=v]...\n"
     "  Every layout of CONFIG's model and global batch on N ranks: tp x pp x dp, ZeRO stage 0-3, micro-batch and\n"
     "  gradient accumulation, activation checkpointing; each checked by the config code (why it is refused) and\n"
     "  sized by building its engine and models as a run does, on a backend that counts allocations without\n"
@@ -274,6 +274,8 @@ const char* kPlanUsage =
     "  --device: the buffers in device memory, as a GPU run allocates them (the CUDA backend's own workspaces\n"
     "  not counted), with optimizer offload to host memory as one more choice (its host bytes apart).\n"
     "  --json: one object per layout on stdout. Ranked by memory: the step-time model is not built yet.\n"
+    "  --sweep K: the first K layouts that fit as jobscripts/sweep.sh's LAYOUTS lines (strong scaling; NODES\n"
+    "  from --ranks-per-node, default one node): zero3d plan ... --sweep 5 > layouts.txt.\n"
     "  --explain: CONFIG's own layout on N ranks part by part, and what each single change (ZeRO stage,\n"
     "  activation checkpointing, micro-batch, tp, pp) leaves per rank; a run whose node would need more than\n"
     "  its available memory stops before it allocates and prints the same.\n";
@@ -307,6 +309,7 @@ int cmd_plan(const Args& a) {
   uint64_t mem = 0;
   bool json = false, explain = false;
   MemKind kind = MemKind::host;
+  int sweep = 0, per_node = 0;  // --sweep K: sweep.sh's LAYOUTS lines; their nodes of --ranks-per-node
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kPlanUsage), 0;
     if (a[i] == "--ranks") {
@@ -321,6 +324,12 @@ int cmd_plan(const Args& a) {
     } else if (a[i] == "--json") json = true;
     else if (a[i] == "--explain") explain = true;
     else if (a[i] == "--device") kind = MemKind::device;
+    else if (a[i] == "--sweep" || a[i] == "--ranks-per-node") {
+      const std::string opt = a[i], v = option_value(a, i, kPlanUsage);
+      const int n = v.find_first_not_of("0123456789") == std::string::npos && v.size() < 7 ? std::stoi(v) : 0;
+      if (n < 1) throw UserError(strprintf("%s must be a whole number >= 1, got '%s'", opt.c_str(), v.c_str()));
+      (opt == "--sweep" ? sweep : per_node) = n;
+    }
     else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kPlanUsage));
     else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kPlanUsage);
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kPlanUsage));
@@ -345,6 +354,24 @@ int cmd_plan(const Args& a) {
   std::stable_sort(valid.begin(), valid.end(), [](const PlanLayout* x, const PlanLayout* y) {
     return x->fits != y->fits ? x->fits : x->worst.total() < y->worst.total();
   });
+  if (per_node && ranks % per_node)
+    throw UserError(strprintf("--ranks %d do not fill nodes of --ranks-per-node %d", ranks, per_node));
+  if (sweep) {  // jobscripts/sweep.sh's LAYOUTS: NAME MODE NODES TP PP DP STAGE MICRO GAS [ARGS...]
+    std::printf("# zero3d plan %s --ranks %d: the %d layouts that fit with the least memory per rank (no step-time "
+                "model yet)\n", src.config_file.c_str(), ranks, sweep);
+    int n = 0;
+    for (const PlanLayout* l : valid) {
+      if (!l->fits) continue;
+      if (n++ == sweep) break;
+      std::string name = strprintf("t%dp%dd%d-s%d-m%dg%d", l->tp, l->pp, l->dp, l->stage, l->micro, l->gas), extra;
+      if (l->checkpointing) name += "-ckpt", extra += " --set activation_checkpointing.enabled=true";
+      if (l->offload) name += "-offload", extra += " --set zero_optimization.offload_optimizer.device=cpu";
+      std::printf("%-28s strong %3d %3d %3d %3d %d %4d %4d%s   # %s GB per rank\n", name.c_str(),
+                  per_node ? ranks / per_node : 1, l->tp, l->pp, l->dp, l->stage, l->micro, l->gas, extra.c_str(),
+                  strprintf("%.3f", l->worst.total() / 1e9).c_str());
+    }
+    return 0;
+  }
   if (json) {
     for (const PlanLayout& l : all) {
       nlohmann::ordered_json j = {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"stage", l.stage}, {"micro", l.micro},

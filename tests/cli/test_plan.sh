@@ -4,8 +4,9 @@
 # activation checkpointing; bf16; device memory with and without optimizer offload) every rank's
 # params, grads, optimizer state, buffers, activations and offloaded host bytes in the plan equal,
 # byte for byte, what the run's memory_breakdown reports for that rank; the plan lists every layout of the global batch and says why the config code refuses one;
-# --explain prices each single change; a run whose node would need more memory than it has stops
-# before it allocates, with that explanation; bad options are refused in one line.
+# --explain prices each single change; --sweep's layouts go through sweep.sh; a run whose node would
+# need more memory than it has stops before it allocates, with that explanation; bad options are
+# refused in one line.
 # usage: test_plan.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
@@ -86,6 +87,23 @@ expect_exit 2 plan-oom "this layout needs [0-9.]+ GB on this node \\(2 ranks.*mo
   --set zero_optimization.offload_param.device=none
 grep -qE "^  --set zero_optimization.stage=3 +[0-9.]+ GB" "$tmp/plan-oom.log" || { cat "$tmp/plan-oom.log"; fail "plan-oom: no advice"; }
 [[ ! -e $tmp/oom ]] || fail "plan-oom: the refused run made its run directory"
+# --sweep: the layouts that fit as sweep.sh's LAYOUTS; sweep.sh (with sbatch standing in for
+# Slurm's, which slurm_jobs tests) turns each into a job whose arguments the config code accepts.
+timeout 60 "$z3d" plan $tiny --ranks 4 --sweep 3 --ranks-per-node 2 --mem-per-rank 16M > "$tmp/layouts.txt" 2>&1 ||
+  { cat "$tmp/layouts.txt"; fail "plan --sweep"; }
+mkdir -p "$tmp/bin"
+printf '#!/bin/sh\necho "$*" >> "%s/sbatch.log"\necho 4242\n' "$tmp" > "$tmp/bin/sbatch"
+chmod +x "$tmp/bin/sbatch"
+PATH="$tmp/bin:$PATH" timeout 60 jobscripts/sweep.sh "$tmp/study" "$tmp/layouts.txt" -- $tiny > "$tmp/sweep.log" 2>&1 ||
+  { cat "$tmp/layouts.txt" "$tmp/sweep.log"; fail "sweep.sh on the plan's layouts"; }
+[[ $(wc -l < "$tmp/sbatch.log") -eq 3 ]] || { cat "$tmp/sbatch.log"; fail "sweep.sh submitted $(wc -l < "$tmp/sbatch.log") jobs, not 3"; }
+while read -r line; do
+  [[ $line == *"--nodes=2 --ntasks=4 --ntasks-per-node=2"* ]] || fail "a job's geometry: $line"
+  read -r -a args <<< "${line#*train.sbatch }"
+  timeout 60 "$z3d" train "${args[@]}" --dry-run --ranks 4 > "$tmp/dry.log" 2>&1 || { cat "$tmp/dry.log"; fail "dry run of: $line"; }
+done < "$tmp/sbatch.log"
+grep -q "activation_checkpointing.enabled=true" "$tmp/sbatch.log" || fail "no job carries the plan's activation checkpointing"
+echo "ok plan --sweep: 3 jobs through sweep.sh, each accepted by the dry run"
 expect_exit 2 plan-ranks "--ranks must be a whole number >= 1" "$z3d" plan $tiny --ranks 0
 expect_exit 2 plan-mem "--mem-per-rank must be a positive number of bytes" "$z3d" plan $tiny --ranks 2 --mem-per-rank 3X
 expect_exit 2 plan-nvme "zero3d plan does not size offload to nvme yet" "$z3d" plan $tiny --ranks 1 \
