@@ -244,6 +244,7 @@ int train_dry_run(const ConfigSources& src, RunOptions opt, const std::string& b
   in.config_file = src.config_file;
   in.run_dir = opt.run_dir.empty() ? default_run_dir(in.job) : opt.run_dir;
   in.ranks = ranks;
+  in.device = is_cuda(backend);
   in.peak_flops = opt.peak_flops;
   in.peak_source = opt.peak_source;
   if (const char* e = std::getenv("ZERO3D_FLOPS_PER_RANK"); e && *e)

@@ -10,6 +10,7 @@
 #include "ckpt/dir.h"
 #include "model/gpt.h"
 #include "train/metrics.h"
+#include "train/plan.h"
 
 namespace zero3d {
 
@@ -93,6 +94,9 @@ RunPlan plan_run(const Config& c, const DryRunInputs& in) {
       what += !c.model.tie_word_embeddings ? ", ln_f, lm_head" : p.pp > 1 ? ", ln_f, the LM head's copy of wte" : ", ln_f";
     p.stage_layers.push_back(what);
   }
+  if (c.zero.offload_optimizer.device != OffloadDevice::nvme && c.zero.offload_param.device != OffloadDevice::nvme)
+    for (int s = 0; s < p.pp; ++s)
+      p.memory_per_rank.push_back(size_rank(c, p.dp, s, in.device ? MemKind::device : MemKind::host).total());
   p.flops_per_token = gpt_flops_per_token(c.model);
   p.architecture = describe_architecture(c.model);
   p.train_batch_size = c.train_batch_size;
@@ -141,6 +145,13 @@ std::string format_plan(const RunPlan& p) {
     s += strprintf("%s%s (%s%s)", st ? ", " : "", with_commas(p.params_per_rank[st]).c_str(),
                    p.pp > 1 ? strprintf("pp stage %d: ", st).c_str() : "", p.stage_layers[st].c_str());
   s += "\narch       " + p.architecture;
+  if (!p.memory_per_rank.empty()) {
+    s += "\nmemory     per rank: ";
+    for (int st = 0; st < p.pp; ++st)
+      s += strprintf("%s%.4g GB%s", st ? ", " : "", p.memory_per_rank[st] / 1e9,
+                     p.pp > 1 ? strprintf(" (pp stage %d)", st).c_str() : "");
+    s += " of model state, buffers and activations, before the process's own (zero3d plan --explain: the parts)";
+  }
   s += strprintf("\nFLOPs      %.5g MFLOP per token, %.4g GFLOP per step (model FLOPs: 6 per parameter in a matrix "
                  "multiply + causal attention)\n",
                  p.flops_per_token / 1e6, p.flops_per_step() / 1e9);
@@ -192,6 +203,7 @@ std::string plan_json(const RunPlan& p) {
   j["precision"] = name_of(p.precision);
   j["num_params_total"] = p.num_params;
   j["num_params_per_rank"] = p.params_per_rank;
+  j["memory_bytes_per_rank"] = p.memory_per_rank;
   j["flops_per_token"] = p.flops_per_token;
   j["flops_per_step"] = p.flops_per_step();
   j["train_batch_size"] = p.train_batch_size;

@@ -23,6 +23,7 @@ struct RunPlan {
   std::vector<int64_t> params_per_rank;   // per pipeline stage: one tensor-parallel rank's share
   std::string architecture;  // describe_architecture
   std::vector<std::string> stage_layers;  // per pipeline stage: "layers 0-1", with what else it holds
+  std::vector<uint64_t> memory_per_rank;  // per pipeline stage: zero3d plan's bytes (none with nvme offload)
   double flops_per_token = 0;             // model FLOPs (forward + backward), as the run record's
   int64_t train_batch_size = 0, seq_len = 0, train_steps = 0;
   uint64_t train_sequences = 0;           // sequences of seq_len in data.train (one epoch)
@@ -56,6 +57,7 @@ struct DryRunInputs {
   std::string peak_source;
   double flops_per_rank = 0;
   JobInfo job;
+  bool device = false;  // a GPU backend: the plan's memory is device memory
 };
 
 // Validates what a real run validates before it writes anything (the data files; the checkpoint a

@@ -72,6 +72,18 @@ for s in samples:
               f"and buffers, resident peak {worst / 1e6:.1f} MB (the rest: the process, MPI, the libraries)")
 sys.exit(1 if failed else 0)
 PY
+# The dry run's memory line is the plan's: tp 2 x pp 2, micro-batch 2 x 4.
+timeout 60 "$z3d" train $tiny --dry-run=json --ranks 4 --set tensor_parallel.tp_size=2 --set pipeline_parallel.pp_size=2 \
+  --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=4 > "$tmp/dry.json" 2>&1 || { cat "$tmp/dry.json"; fail "dry run"; }
+/usr/bin/python3 - "$tmp" <<'PY' || fail "the dry run's memory differs from the plan's"
+import json, sys
+dry = json.loads(open(f"{sys.argv[1]}/dry.json").read().strip().splitlines()[-1])
+[p] = [p for p in map(json.loads, open(f"{sys.argv[1]}/plan.jsonl")) if (p["dp"], p["tp"], p["pp"], p["stage"], p["micro"],
+       p["gas"], p["activation_checkpointing"]) == (1, 2, 2, 0, 2, 4, False)]
+want = [s["total"] for s in p["stages"]]
+print(f"dry run: memory per rank {dry['memory_bytes_per_rank']}, the plan's {want}")
+sys.exit(0 if dry["memory_bytes_per_rank"] == want else 1)
+PY
 # --explain: the layout part by part and what each change leaves; gpt-tiny on 2 ranks in 20 MiB.
 timeout 60 "$z3d" plan $tiny --ranks 2 --explain --mem-per-rank 20M > "$tmp/explain.log" 2>&1 || { cat "$tmp/explain.log"; fail "explain"; }
 grep -qE "^memory .* total [0-9.]+ GB, over the 0.021 GB available by" "$tmp/explain.log" &&
