@@ -22,6 +22,15 @@ namespace zero3d {
 
 enum class BackendKind { host, cuda };
 
+class Backend;
+// The host backend is always available; the CUDA backend only in builds with ZERO3D_HAVE_CUDA.
+struct HostOptions {
+  std::string gemm = "auto";  // compute.gemm: "auto", "onednn" or "cblas" (kernels/host/gemm.h)
+  bool bf16_gemm = false;     // GEMMs in bf16 with fp32 accumulation (oneDNN)
+  std::string isa;            // the level of the host loops; "" = the best this CPU runs (tests pick others)
+};
+std::unique_ptr<Backend> make_host_backend(const HostOptions& options = {});
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -31,9 +40,11 @@ class Backend {
   // the host backend's is host memory (nullptr), the CUDA backend's device memory.
   virtual MemKind memory_kind() const { return MemKind::host; }
   virtual DeviceMemory* device_memory() { return nullptr; }
-  // The host backend that runs what is offloaded to the CPU beside this one (zero/host_link.h): a
-  // plain host backend, or beside a sizing backend one that only counts (walled_backend.cpp).
-  virtual std::unique_ptr<Backend> host_companion() const;
+  // The host backend that runs what is offloaded to the CPU beside this one (zero/host_link.h):
+  // beside a sizing backend one that only counts (walled_backend.cpp); null: a plain host backend.
+  // Inline, and calling nothing: Backend keeps no key function (its vtable and typeinfo are in every
+  // module that uses them) and the CUDA module needs no host-backend symbol from the executable.
+  virtual std::unique_ptr<Backend> host_companion() const { return nullptr; }
   template <typename T>
   MemRef<T> mem(T* p) const {
     return {p, memory_kind()};
@@ -149,13 +160,6 @@ class Backend {
   virtual double sum(const float* x, size_t n) = 0;
 };
 
-// The host backend is always available; the CUDA backend only in builds with ZERO3D_HAVE_CUDA.
-struct HostOptions {
-  std::string gemm = "auto";  // compute.gemm: "auto", "onednn" or "cblas" (kernels/host/gemm.h)
-  bool bf16_gemm = false;     // GEMMs in bf16 with fp32 accumulation (oneDNN)
-  std::string isa;            // the level of the host loops; "" = the best this CPU runs (tests pick others)
-};
-std::unique_ptr<Backend> make_host_backend(const HostOptions& options = {});
 // Tests: the host backend whose memory is "device" memory, unreadable from the host except inside
 // its ops and copies (kernels/host/walled_backend.cpp): host code that touches device memory
 // directly faults, without a GPU. ZERO3D_DEVICE_WALLS=1 makes `--backend host` this one.

@@ -233,6 +233,4 @@ std::unique_ptr<Backend> make_host_backend(const HostOptions& options) {
   return std::make_unique<HostBackend>(options, *k);
 }
 
-std::unique_ptr<Backend> Backend::host_companion() const { return make_host_backend(); }
-
 }  // namespace zero3d

@@ -40,7 +40,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
   }
   MemKind memory_kind() const override { return kind_; }
   std::unique_ptr<Backend> host_companion() const override {  // sizing: counted apart, in host_tally()
-    return tally_ ? std::make_unique<WalledBackend>(MemKind::host, tally_->host) : make_host_backend();
+    return tally_ ? std::make_unique<WalledBackend>(MemKind::host, tally_->host) : nullptr;
   }
   DeviceMemory* device_memory() override { return this; }
 

@@ -19,6 +19,7 @@ PinnedBuffer::~PinnedBuffer() {
 }
 
 HostLink::HostLink(Backend& device) : device_(device), cpu_(device.host_companion()) {
+  if (!cpu_) cpu_ = make_host_backend();
   thread_ = std::thread([this] { run(); });
 }
 
