@@ -310,26 +310,23 @@ int cmd_plan(const Args& a) {
   bool json = false, explain = false;
   MemKind kind = MemKind::host;
   int sweep = 0, per_node = 0;  // --sweep K: sweep.sh's LAYOUTS lines; their nodes of --ranks-per-node
+  // Option a[i]'s value as a whole number of at least `least` (advances i).
+  auto whole = [&](size_t& i, int least) {
+    const std::string opt = a[i], v = option_value(a, i, kPlanUsage);
+    const int n = !v.empty() && v.size() < 7 && v.find_first_not_of("0123456789") == std::string::npos ? std::stoi(v) : -1;
+    if (n < least) throw UserError(strprintf("%s must be a whole number >= %d, got '%s'", opt.c_str(), least, v.c_str()));
+    return n;
+  };
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kPlanUsage), 0;
-    if (a[i] == "--ranks") {
-      const std::string v = option_value(a, i, kPlanUsage);
-      ranks = v.find_first_not_of("0123456789") == std::string::npos && v.size() < 7 ? std::stoi(v) : 0;
-      if (ranks < 1) throw UserError(strprintf("--ranks must be a whole number >= 1, got '%s'", v.c_str()));
-    } else if (a[i] == "--mem-per-rank") mem = parse_bytes(option_value(a, i, kPlanUsage));
-    else if (a[i] == "--top") {
-      const std::string v = option_value(a, i, kPlanUsage);
-      top = v.find_first_not_of("0123456789") == std::string::npos && v.size() < 7 ? std::stoi(v) : -1;
-      if (top < 0) throw UserError(strprintf("--top must be a whole number >= 0, got '%s'", v.c_str()));
-    } else if (a[i] == "--json") json = true;
+    if (a[i] == "--ranks") ranks = whole(i, 1);
+    else if (a[i] == "--top") top = whole(i, 0);
+    else if (a[i] == "--sweep") sweep = whole(i, 1);
+    else if (a[i] == "--ranks-per-node") per_node = whole(i, 1);
+    else if (a[i] == "--mem-per-rank") mem = parse_bytes(option_value(a, i, kPlanUsage));
+    else if (a[i] == "--json") json = true;
     else if (a[i] == "--explain") explain = true;
     else if (a[i] == "--device") kind = MemKind::device;
-    else if (a[i] == "--sweep" || a[i] == "--ranks-per-node") {
-      const std::string opt = a[i], v = option_value(a, i, kPlanUsage);
-      const int n = v.find_first_not_of("0123456789") == std::string::npos && v.size() < 7 ? std::stoi(v) : 0;
-      if (n < 1) throw UserError(strprintf("%s must be a whole number >= 1, got '%s'", opt.c_str(), v.c_str()));
-      (opt == "--sweep" ? sweep : per_node) = n;
-    }
     else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kPlanUsage));
     else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kPlanUsage);
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kPlanUsage));

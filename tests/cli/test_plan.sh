@@ -117,6 +117,8 @@ done < "$tmp/sbatch.log"
 grep -q "activation_checkpointing.enabled=true" "$tmp/sbatch.log" || fail "no job carries the plan's activation checkpointing"
 echo "ok plan --sweep: 3 jobs through sweep.sh, each accepted by the dry run"
 expect_exit 2 plan-ranks "--ranks must be a whole number >= 1" "$z3d" plan $tiny --ranks 0
+expect_exit 2 plan-ranks-empty "--ranks must be a whole number >= 1, got ''" "$z3d" plan $tiny --ranks ""
+expect_exit 2 plan-sweep "--sweep must be a whole number >= 1, got 'two'" "$z3d" plan $tiny --ranks 2 --sweep two
 expect_exit 2 plan-mem "--mem-per-rank must be a positive number of bytes" "$z3d" plan $tiny --ranks 2 --mem-per-rank 3X
 expect_exit 2 plan-nvme "zero3d plan does not size offload to nvme yet" "$z3d" plan $tiny --ranks 1 \
   --set zero_optimization.stage=1 --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=$tmp
