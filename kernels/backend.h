@@ -164,10 +164,9 @@ class Backend {
 // its ops and copies (kernels/host/walled_backend.cpp): host code that touches device memory
 // directly faults, without a GPU. ZERO3D_DEVICE_WALLS=1 makes `--backend host` this one.
 std::unique_ptr<Backend> make_walled_backend(const HostOptions& options = {});
-// What a sizing backend allocated: live and peak bytes of its memory, and page-locked host bytes.
+// What a sizing backend allocated: live and peak bytes of its memory.
 struct MemoryTally {
-  size_t live = 0, peak = 0, pinned = 0;
-  std::shared_ptr<MemoryTally> host;  // its host companion's (offload from a device)
+  size_t live = 0, peak = 0;
   void add(size_t bytes) {
     live += bytes;
     if (live > peak) peak = live;

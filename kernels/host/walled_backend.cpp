@@ -39,17 +39,15 @@ class WalledBackend final : public Backend, public DeviceMemory {
     return tally_ ? "sizing (zero3d plan)" : inner_->describe() + ", behind device-memory walls (tests)";
   }
   MemKind memory_kind() const override { return kind_; }
-  std::unique_ptr<Backend> host_companion() const override {  // sizing: counted apart, in host_tally()
-    return tally_ ? std::make_unique<WalledBackend>(MemKind::host, tally_->host) : nullptr;
+  // Sizing: a companion that sizes too (the engine's own account reports what it offloads).
+  std::unique_ptr<Backend> host_companion() const override {
+    return tally_ ? std::make_unique<WalledBackend>(MemKind::host, std::make_shared<MemoryTally>()) : nullptr;
   }
   DeviceMemory* device_memory() override { return this; }
 
   void* alloc_bytes(size_t bytes) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    const size_t len = round_up(bytes ? bytes : 1);
-    void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);  // zeroed
-    Z3D_ASSERT(p != MAP_FAILED, "walled backend: mmap failed");
-    regions_[static_cast<char*>(p)] = len;
+    void* p = reserve(bytes);
     ++allocs_;
     if (tally_) sizes_[static_cast<char*>(p)] = bytes, tally_->add(bytes);
     return p;
@@ -84,13 +82,13 @@ class WalledBackend final : public Backend, public DeviceMemory {
   void to_device(void* dst, const void* src, size_t bytes) override { run([&] { std::memcpy(dst, src, bytes); }); }
   void* alloc_pinned(size_t bytes) override {
     if (!tally_) return ::operator new(bytes);
-    tally_->pinned += bytes;  // sizing: page-locked host memory, counted apart
-    void* p = mmap(nullptr, round_up(bytes ? bytes : 1), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    Z3D_ASSERT(p != MAP_FAILED, "sizing backend: mmap failed");
-    return p;
+    return reserve(bytes);  // sizing: page-locked host memory is not this backend's, so not counted
   }
   void free_pinned(void* p) override {
-    if (!tally_) ::operator delete(p);  // sizing: the reservation stays until the backend goes
+    if (!tally_) return ::operator delete(p);
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    munmap(p, regions_.at(static_cast<char*>(p)));
+    regions_.erase(static_cast<char*>(p));
   }
   std::unique_ptr<DeviceCollectives> make_collectives(int, int, const std::string&, bool,
                                                       const Share&) override {
@@ -200,6 +198,15 @@ class WalledBackend final : public Backend, public DeviceMemory {
   }
 
  private:
+  // Address space for `bytes`, unreadable (PROT_NONE, zeroed, no memory until opened), unmapped at the end.
+  void* reserve(size_t bytes) {
+    std::lock_guard<std::recursive_mutex> lock(mu_);
+    const size_t len = round_up(bytes ? bytes : 1);
+    void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    Z3D_ASSERT(p != MAP_FAILED, "walled backend: mmap failed");
+    regions_[static_cast<char*>(p)] = len;
+    return p;
+  }
   static size_t round_up(size_t n) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return (n + page - 1) / page * page;
@@ -240,7 +247,6 @@ std::unique_ptr<Backend> make_walled_backend(const HostOptions& options) {
 }
 
 std::unique_ptr<Backend> make_sizing_backend(MemKind kind, std::shared_ptr<MemoryTally> tally) {
-  if (!tally->host) tally->host = std::make_shared<MemoryTally>();
   return std::make_unique<WalledBackend>(kind, std::move(tally));
 }
 
