@@ -96,6 +96,11 @@ ResidentMemory resident_memory() {
     if (std::sscanf(line.c_str(), "VmRSS: %lld kB", &kb) == 1) m.rss = kb * 1024;
     if (std::sscanf(line.c_str(), "VmHWM: %lld kB", &kb) == 1) m.peak = kb * 1024;
   }
+  std::ifstream rollup("/proc/self/smaps_rollup");
+  while (std::getline(rollup, line)) {
+    long long kb = 0;
+    if (std::sscanf(line.c_str(), "Pss: %lld kB", &kb) == 1) m.pss = kb * 1024;
+  }
   return m;
 }
 

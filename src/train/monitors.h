@@ -38,9 +38,12 @@ class CsvMonitor {
 // "comms" record per row into `metrics` when given.
 std::string report_comms(const CommLog& log, MetricsLog* metrics, int steps);
 
-// Resident set size of this process now and its peak (VmRSS, VmHWM), bytes.
+// Resident set size of this process now and its peak (VmRSS, VmHWM), and its proportional share
+// (Pss: a page mapped by k processes counts 1/k), bytes. Ranks of a node map each other's
+// shared-memory buffers (parallel/shm_collectives), which each one's RSS counts again: the ranks'
+// Pss add up to what the node holds, their RSS does not.
 struct ResidentMemory {
-  int64_t rss = 0, peak = 0;
+  int64_t rss = 0, peak = 0, pss = 0;
 };
 ResidentMemory resident_memory();
 

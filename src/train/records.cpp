@@ -315,7 +315,7 @@ void RunRecords::report_memory(int step, uint64_t activation_bytes) {
   const ResidentMemory rss = resident_memory();
   const std::vector<uint64_t> mine = {mem_.params, mem_.grads, mem_.optimizer, mem_.buffers, activation_bytes,
                                       static_cast<uint64_t>(rss.rss), static_cast<uint64_t>(rss.peak), mem_.swapped,
-                                      mem_.host};
+                                      mem_.host, static_cast<uint64_t>(rss.pss)};
   std::vector<uint64_t> all;
   groups_.world->all_gather_u64(mine, all);
   if (groups_.world_rank != 0) return;
@@ -323,8 +323,9 @@ void RunRecords::report_memory(int step, uint64_t activation_bytes) {
   for (size_t r = 0; r * mine.size() < all.size(); ++r) {
     const uint64_t* v = &all[r * mine.size()];
     lines += strprintf("  rank %3zu: params %.1f MB, grads %.1f MB, optimizer %.1f MB, buffers %.1f MB, activations "
-                       "%.1f MB, resident %.1f MB (peak %.1f MB)%s%s\n",
+                       "%.1f MB, resident %.1f MB (peak %.1f MB; its share of the node %.1f MB)%s%s\n",
                        r, v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6, v[6] / 1e6,
+                       v[9] / 1e6,
                        (v[8] ? strprintf(", offloaded to host memory %.1f MB", v[8] / 1e6) : std::string()).c_str(),
                        v[7] ? strprintf(", swapped to nvme %.1f MB", v[7] / 1e6).c_str() : "");
     if (metrics_)
@@ -338,6 +339,7 @@ void RunRecords::report_memory(int step, uint64_t activation_bytes) {
                           .add("activations_bytes", static_cast<int64_t>(v[4]))
                           .add("rss_bytes", static_cast<int64_t>(v[5]))
                           .add("rss_peak_bytes", static_cast<int64_t>(v[6]))
+                          .add("pss_bytes", static_cast<int64_t>(v[9]))
                           .add("swapped_bytes", static_cast<int64_t>(v[7]))
                           .add("host_bytes", static_cast<int64_t>(v[8])));
   }

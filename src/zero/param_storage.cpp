@@ -65,25 +65,23 @@ class FullParams final : public ParamStorage {
     param_bytes_ = params_.bytes() + params16_.bytes();
   }
 
+  // Bucket by bucket (they tile the flat buffer), so the host holds one bucket's fp32 values at a
+  // time, not a second copy of the whole model beside its weights and master.
   void init(uint64_t seed, int n_layer) override {
-    std::vector<float> kept(L_.total);
-    gpt_initial_params(L_, n_layer, seed, 0, L_.total, kept.data());
-    if (state_.has_master()) {
-      std::vector<float> master(state_.size());
-      if (stage0_) {
-        master = kept;  // stage 0 owns everything
+    std::vector<float> kept;
+    for (const Bucket& b : L_.buckets) {
+      kept.resize(b.size);
+      gpt_initial_params(L_, n_layer, seed, b.offset, b.offset + b.size, kept.data());
+      if (state_.has_master())
+        state_.write(OptimizerState::master, view_.state_base(b), view_.owned_size(b),
+                     kept.data() + (view_.owned_offset(b) - b.offset));
+      if (!s16_) {
+        be_.copy_from_host(params_.data() + b.offset, kept.data(), kept.size() * sizeof(float));
       } else {
-        for (const Bucket& b : L_.buckets)
-          std::copy_n(kept.begin() + view_.owned_offset(b), view_.owned_size(b), master.begin() + b.shard_offset);
+        const std::vector<uint16_t> kept16 = s16_->narrow_host(kept);
+        be_.copy_from_host(params16_.data() + b.offset, kept16.data(), kept16.size() * sizeof(uint16_t));
       }
-      init_master(master);
     }
-    if (!s16_) {
-      be_.copy_from_host(params_.data(), kept.data(), kept.size() * sizeof(float));
-      return;
-    }
-    const std::vector<uint16_t> kept16 = s16_->narrow_host(kept);
-    be_.copy_from_host(params16_.data(), kept16.data(), kept16.size() * sizeof(uint16_t));
   }
   float* owned(const Bucket& b) override {
     return s16_ || state_.has_master() ? nullptr : params_.data() + view_.owned_offset(b);

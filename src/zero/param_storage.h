@@ -80,10 +80,6 @@ class ParamStorage {
     Storage16(link_->cpu(), s16_->type()).narrow(dst, master, n);
   }
   void split_updated(size_t begin, size_t n, const float* master);  // take_updated in pieces the link's buffers hold
-  // The master's initial values: the kept fp32 parameters of the owned range, in state order.
-  void init_master(const std::vector<float>& owned) {
-    if (state_.has_master()) state_.write(OptimizerState::master, 0, owned.size(), owned.data());
-  }
   // The stored bytes and element offsets of `tensors` of the buffer that holds them (16-bit in mixed precision).
   Replicated describe(const void* data, size_t count, std::vector<std::pair<size_t, size_t>> tensors) const {
     return {data, count, s16_ ? sizeof(uint16_t) : sizeof(float), std::move(tensors)};

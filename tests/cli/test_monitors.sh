@@ -102,7 +102,7 @@ assert sorted((m["step"], m["rank"]) for m in mem) == [(2, 0), (2, 1), (4, 0), (
 for m in mem:
     for k in ("params", "grads", "optimizer", "buffers", "activations"):
         assert m[f"{k}_bytes"] == run[f"mem_{k}_bytes"], (k, m, run)
-    assert m["rss_bytes"] > 0 and m["rss_peak_bytes"] >= m["rss_bytes"], m
+    assert m["rss_bytes"] > 0 and m["rss_peak_bytes"] >= m["rss_bytes"] and 0 < m["pss_bytes"] <= m["rss_bytes"], m
 print("memory_breakdown: 4 records, equal to the run record")
 
 # flops profiler: the model's FLOPs per token from the shape, independently of zero3d
