@@ -28,6 +28,7 @@ struct HostOptions {
   std::string gemm = "auto";  // compute.gemm: "auto", "onednn" or "cblas" (kernels/host/gemm.h)
   bool bf16_gemm = false;     // GEMMs in bf16 with fp32 accumulation (oneDNN)
   std::string isa;            // the level of the host loops; "" = the best this CPU runs (tests pick others)
+  bool count_only = false;    // run nothing, touch no operand: each op is only counted in profile() (zero3d plan)
 };
 std::unique_ptr<Backend> make_host_backend(const HostOptions& options = {});
 

@@ -17,7 +17,9 @@ namespace {
 class HostBackend final : public Backend {
  public:
   HostBackend(const HostOptions& o, const cpu::Kernels& k)
-      : k_(k), gemm_(make_gemm_plan(o.gemm, o.bf16_gemm)) {}
+      : k_(k), gemm_(make_gemm_plan(o.gemm, o.bf16_gemm)), count_(o.count_only) {
+    prof_.on = count_;  // counting is all it does
+  }
 
   BackendKind kind() const override { return BackendKind::host; }
   std::string describe() const override {
@@ -57,23 +59,23 @@ class HostBackend final : public Backend {
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy(void* dst, const void* src, size_t bytes) override {
     OpProfile::Scope op(&prof_, "copy", 2.0 * bytes, 0);
-    std::memmove(dst, src, bytes);
+    if (!count_) std::memmove(dst, src, bytes);
   }
   void zero(void* p, size_t bytes) override {
     OpProfile::Scope op(&prof_, "zero", 1.0 * bytes, 0);
-    std::memset(p, 0, bytes);
+    if (!count_) std::memset(p, 0, bytes);
   }
   void synchronize() override {}
 
   void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
             float beta, float* C, int ldc) override {
     OpProfile::Scope op(&prof_, ta ? "gemm_weight_grad" : tb ? "gemm_forward" : "gemm_input_grad", 4.0 * (double(m) * k + double(k) * n + double(m) * n * (beta != 0 ? 2 : 1)), 2.0 * m * n * k);
-    gemm_.gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (!count_) gemm_.gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
                       int in, int out) override {
     OpProfile::Scope op(&prof_, "linear_forward", 4.0 * (double(N) * in + double(in) * out + double(N) * out * (residual ? 2 : 1)), 2.0 * N * in * out);
-    gemm_.linear(y, x, w, bias, residual, N, in, out);
+    if (!count_) gemm_.linear(y, x, w, bias, residual, N, in, out);
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
@@ -212,6 +214,7 @@ class HostBackend final : public Backend {
  private:
   // Attention's per-thread panels: one buffer, grown to the largest shape seen (the first step's).
   float* attention_work(int T, int head_dim) {
+    if (count_) return nullptr;
     const size_t need = cpu::attention_work_floats(T, head_dim) * static_cast<size_t>(cpu::threads());
     if (attn_work_.size() < need) attn_work_ = DeviceBuffer<float>(*this, need);
     return attn_work_.data();
@@ -222,12 +225,15 @@ class HostBackend final : public Backend {
   size_t allocs_ = 0;
   OpProfile prof_;
   DeviceBuffer<float> attn_work_;
+  const bool count_;  // HostOptions::count_only: k_ is cpu::counting(), and no GEMM or copy runs
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_host_backend(const HostOptions& options) {
-  const cpu::Kernels* k = options.isa.empty() ? &cpu::select() : cpu::by_name(options.isa);
+  const cpu::Kernels* k = options.count_only    ? &cpu::counting()
+                          : options.isa.empty() ? &cpu::select()
+                                                : cpu::by_name(options.isa);
   if (!k) throw UserError(strprintf("host kernels for ISA level '%s' are not built in or do not run on this CPU",
                                     options.isa.c_str()));
   return std::make_unique<HostBackend>(options, *k);

@@ -87,6 +87,9 @@ size_t attention_work_floats(int T, int head_dim);
 const Kernels& select();
 std::vector<const Kernels*> runnable();
 const Kernels* by_name(const std::string& isa);  // nullptr when not built in or not runnable here
+// Loops that do nothing (isa "none"): a host backend that only counts what a step asks of it
+// (HostOptions::count_only), so zero3d plan can read a step's work off the code without running it.
+const Kernels& counting();
 // Runs this process's host loops, and caps oneDNN's kernels, at level `isa` (compute.isa): "auto"
 // is the ZERO3D_ISA environment variable when set, else the best level. A level above what the
 // CPU runs, or one not built in, is a UserError naming `source` and the levels there are. Call it

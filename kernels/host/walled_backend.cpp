@@ -7,10 +7,12 @@
 // NCCL. Ops and copies are serialized (one lock): another thread's copy must not close memory an op
 // is using.
 //
-// With nothing behind the walls it is the planner's sizing backend (make_sizing_backend): the
-// engine and the model are built on it as a run builds them, their allocations reserve address
-// space only (PROT_NONE, never memory) and are counted, copies and zeroing do nothing, and a kernel
-// is a bug. So `zero3d plan` sizes a layout with the allocating code itself.
+// With a counting host backend behind the walls (HostOptions::count_only) it is the planner's
+// sizing backend (make_sizing_backend): the engine and the model are built on it as a run builds
+// them, their allocations reserve address space only (PROT_NONE, never memory) and are counted,
+// copies to and from the host do nothing, and every op is counted in profile() without running (its
+// operands are never opened). So `zero3d plan` sizes a layout with the allocating code itself, and
+// reads a step's work off the code that does it.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -26,10 +28,17 @@ namespace zero3d {
 
 namespace {
 
+HostOptions counting() {
+  HostOptions o;
+  o.count_only = true;
+  return o;
+}
+
 class WalledBackend final : public Backend, public DeviceMemory {
  public:
   explicit WalledBackend(const HostOptions& options) : inner_(make_host_backend(options)) {}
-  WalledBackend(MemKind kind, std::shared_ptr<MemoryTally> tally) : kind_(kind), tally_(std::move(tally)) {}
+  WalledBackend(MemKind kind, std::shared_ptr<MemoryTally> tally)
+      : inner_(make_host_backend(counting())), kind_(kind), tally_(std::move(tally)) {}
   ~WalledBackend() override {
     for (auto& [p, len] : regions_) munmap(p, len);
   }
@@ -53,7 +62,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
     return p;
   }
   size_t alloc_count() const override { return allocs_; }
-  OpProfile* profile() override { return inner_ ? inner_->profile() : nullptr; }
+  OpProfile* profile() override { return inner_->profile(); }
   void free_bytes(void* p) override {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     auto it = regions_.find(static_cast<char*>(p));
@@ -69,12 +78,8 @@ class WalledBackend final : public Backend, public DeviceMemory {
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (!tally_) to_host(dst, src, bytes);
   }
-  void copy(void* dst, const void* src, size_t bytes) override {
-    if (!tally_) run([&] { inner_->copy(dst, src, bytes); });
-  }
-  void zero(void* p, size_t bytes) override {
-    if (!tally_) run([&] { inner_->zero(p, bytes); });
-  }
+  void copy(void* dst, const void* src, size_t bytes) override { run([&] { inner_->copy(dst, src, bytes); }); }
+  void zero(void* p, size_t bytes) override { run([&] { inner_->zero(p, bytes); }); }
   void synchronize() override {}
 
   // ---- DeviceMemory ----
@@ -104,7 +109,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
                       int in, int out) override {
     run([&] { inner_->linear_forward(y, x, w, bias, residual, N, in, out); });
   }
-  std::string describe_gemm() const override { return inner_ ? inner_->describe_gemm() : "none (sizing)"; }
+  std::string describe_gemm() const override { return tally_ ? "none (sizing)" : inner_->describe_gemm(); }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                          int vocab_start, int vocab_rows) override {
     run([&] { inner_->embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, vocab_rows); });
@@ -211,10 +216,11 @@ class WalledBackend final : public Backend, public DeviceMemory {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return (n + page - 1) / page * page;
   }
-  // f with every region readable and writable, then the walls back up.
+  // f with every region readable and writable, then the walls back up; sizing: f only counts, the
+  // walls stay up.
   template <typename F>
   void run(F&& f) {
-    Z3D_ASSERT(!tally_, "sizing backend: nothing runs while a layout is sized");
+    if (tally_) return f();
     std::lock_guard<std::recursive_mutex> lock(mu_);
     struct Walls {  // down for the outermost op, up again however it ends
       WalledBackend& b;
@@ -231,7 +237,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
     for (auto& [p, len] : regions_) Z3D_ASSERT(mprotect(p, len, prot) == 0, "walled backend: mprotect failed");
   }
 
-  std::unique_ptr<Backend> inner_;  // null when sizing
+  std::unique_ptr<Backend> inner_;  // sizing: one that counts (HostOptions::count_only)
   MemKind kind_ = MemKind::device;
   std::shared_ptr<MemoryTally> tally_;  // sizing: what was allocated
   std::recursive_mutex mu_;

@@ -22,7 +22,8 @@ namespace zero3d {
 namespace {
 
 // A group of the planned layout's shape that never communicates: building an engine only asks a
-// group its size and rank; a collective here is a bug.
+// group its size and rank; a step's collectives complete at once, moving nothing, and are counted
+// by ProcessGroup's comms log like a run's (comm_log(), while active).
 class SizingGroup final : public ProcessGroup {
  public:
   SizingGroup(int size, int rank, std::string name) : ProcessGroup(size, rank, std::move(name)) {}
@@ -31,13 +32,12 @@ class SizingGroup final : public ProcessGroup {
   std::string collectives_path() const override { return "none (sizing)"; }
 
  protected:
-  [[noreturn]] static void refuse() { throw std::logic_error("zero3d plan: a sizing group does not communicate"); }
-  PendingOp all_reduce_impl(MemRef<void>, size_t, CommType, RedOp) override { refuse(); }
-  PendingOp reduce_scatter_impl(MemRef<const void>, MemRef<void>, const MessageSlices&, CommType) override { refuse(); }
-  PendingOp all_gather_impl(MemRef<const void>, MemRef<void>, const MessageSlices&, CommType) override { refuse(); }
-  PendingOp broadcast_impl(MemRef<void>, size_t, int) override { refuse(); }
-  PendingOp send_impl(MemRef<const void>, size_t, int, int) override { refuse(); }
-  PendingOp recv_impl(MemRef<void>, size_t, int, int) override { refuse(); }
+  PendingOp all_reduce_impl(MemRef<void>, size_t, CommType, RedOp) override { return {}; }
+  PendingOp reduce_scatter_impl(MemRef<const void>, MemRef<void>, const MessageSlices&, CommType) override { return {}; }
+  PendingOp all_gather_impl(MemRef<const void>, MemRef<void>, const MessageSlices&, CommType) override { return {}; }
+  PendingOp broadcast_impl(MemRef<void>, size_t, int) override { return {}; }
+  PendingOp send_impl(MemRef<const void>, size_t, int, int) override { return {}; }
+  PendingOp recv_impl(MemRef<void>, size_t, int, int) override { return {}; }
 };
 
 }  // namespace
@@ -66,6 +66,42 @@ RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
     r.host = m.host;
   }
   return r;
+}
+
+StepWork count_step(const Config& c, int dp, int pp_rank) {
+  Z3D_ASSERT(c.zero.offload_optimizer.device != OffloadDevice::nvme && c.zero.offload_param.device != OffloadDevice::nvme,
+             "zero3d plan: offload to nvme is not counted (its swap files would be made)");
+  std::unique_ptr<Backend> be = make_sizing_backend(MemKind::host, std::make_shared<MemoryTally>());
+  SizingGroup dp_group(dp, 0, "dp"), tp_group(c.tp_size, 0, "tp");
+  ZeroEngine engine(*be, dp_group, c.model, c.zero, c.optimizer, c.precision, c.tp_size, 0, c.pp_size, pp_rank,
+                    SwapFiles{});
+  GPT model(*be, c.model, c.train_micro_batch_size_per_gpu, engine, GPTOptions{c.activation_checkpointing}, &tp_group,
+            pipeline_stage(c.model, c.pp_size, pp_rank));
+  std::vector<int32_t> tokens(static_cast<size_t>(c.train_micro_batch_size_per_gpu) * c.model.seq_len);
+  CommLog& log = comm_log();
+  const CommLog saved = log;
+  log.enabled = log.active = true, log.verbose = false, log.ops.clear();
+  StepWork w;
+  auto take = [&](StepWork::Part& part) {
+    part.ops = be->profile()->ops;
+    for (const auto& [key, st] : log.stats) part.comms[key.first + " " + key.second] = st;
+    log.stats.clear();
+    be->profile()->ops.clear();
+  };
+  for (int step = 0; step < 2; ++step) {  // the second step's, as every step after the first runs (ZeRO-3's
+    log.stats.clear();                    // pool prefetches along the first one's trace)
+    be->profile()->ops.clear();
+    engine.begin_step(1);
+    model.forward(tokens.data(), tokens.data(), 1.0f / static_cast<float>(tokens.size()));
+    model.backward();
+    take(w.micro_batch);
+    engine.finish_gradients();
+    engine.optimizer_step(c.optimizer.lr);
+    engine.gather_updated_params();
+    take(w.step_end);
+  }
+  log = saved;
+  return w;
 }
 
 namespace {
@@ -163,6 +199,28 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
                                          gigabytes(w.total() - limit).c_str())
                              : strprintf(", within the %s available", gigabytes(limit).c_str());
   out += strprintf("; the largest part: %s (%.0f%%)\n", largest, 100.0 * most / std::max<uint64_t>(1, w.total()));
+  if (c.zero.offload_optimizer.device == OffloadDevice::none && c.zero.offload_param.device == OffloadDevice::none) {
+    const StepWork work = count_step(c, dp, w.pp_rank);  // what the step-time model is to price
+    double gemm = 0, attention = 0, bytes = 0;
+    for (const auto& [op, st] : work.micro_batch.ops)
+      (op.starts_with("gemm") || op == "linear_forward" ? gemm : op.starts_with("attention") ? attention : bytes) +=
+          op.starts_with("gemm") || op == "linear_forward" || op.starts_with("attention") ? st.flops : st.bytes;
+    std::string comms;
+    auto collectives = [](const StepWork::Part& p) {
+      std::string list;
+      for (const auto& [what, st] : p.comms)
+        if (st.group_size > 1)
+          list += strprintf("; %s %lld x %.2f MB", what.c_str(), static_cast<long long>(st.calls),
+                            st.msg_bytes / 1e6 / std::max<int64_t>(1, st.calls));
+      return list;
+    };
+    double end_bytes = 0;
+    for (const auto& [op, st] : work.step_end.ops) end_bytes += st.bytes;
+    out += strprintf("work     per micro-batch, forward and backward, on that stage's rank: GEMM %.3f GFLOP, "
+                     "attention %.3f GFLOP, the other ops %.3f GB%s; then per step: %.3f GB (gradients, optimizer)%s\n",
+                     gemm / 1e9, attention / 1e9, bytes / 1e9, collectives(work.micro_batch).c_str(), end_bytes / 1e9,
+                     collectives(work.step_end).c_str());
+  }
 
   // The seed's checklist, each change alone, sized like the layout itself.
   const int m = c.train_micro_batch_size_per_gpu, g = c.gradient_accumulation_steps;

@@ -5,11 +5,14 @@
 // process groups that never communicate. So a change to the engine's buffers changes the plan.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
 #include "core/mem.h"
+#include "kernels/profile.h"
+#include "parallel/comm.h"
 
 namespace zero3d {
 
@@ -26,6 +29,23 @@ struct RankMemory {
 // The memory of config c's rank at pipeline stage pp_rank with dp data-parallel ranks (tp rank 0,
 // dp rank 0: the others hold the same shapes), with its buffers in `kind` memory.
 RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind);
+
+// The work of a step on config c's rank at pipeline stage pp_rank (tp rank 0, dp rank 0 of dp):
+// one micro-batch's forward and backward, then the step's end (the gradients' reduction, their
+// norm, the optimizer and ZeRO's gathers of the updated weights). Each part lists the ops its code
+// asks of the backend (calls, bytes, FLOPs: the host backend's own accounting) and the collectives
+// of its tensor- and data-parallel groups ("tp all_reduce", "dp all_gather": the comms log's calls
+// and bytes), counted by running the model's and the engine's code on the sizing backend and groups
+// that move nothing; a step after the first (ZeRO-3's pool then prefetches along its trace). What
+// zero3d plan's step time is to be priced from: a machine's GEMM, memory and link rates (#31).
+struct StepWork {
+  struct Part {
+    std::map<std::string, OpStat> ops;
+    std::map<std::string, CommOpStats> comms;
+  };
+  Part micro_batch, step_end;
+};
+StepWork count_step(const Config& c, int dp, int pp_rank);
 
 // One candidate layout: its choices, and either why it is not valid or the worst rank's memory.
 struct PlanLayout {
