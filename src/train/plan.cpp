@@ -202,9 +202,11 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
   if (c.zero.offload_optimizer.device == OffloadDevice::none && c.zero.offload_param.device == OffloadDevice::none) {
     const StepWork work = count_step(c, dp, w.pp_rank);  // what the step-time model is to price
     double gemm = 0, attention = 0, bytes = 0;
-    for (const auto& [op, st] : work.micro_batch.ops)
-      (op.starts_with("gemm") || op == "linear_forward" ? gemm : op.starts_with("attention") ? attention : bytes) +=
-          op.starts_with("gemm") || op == "linear_forward" || op.starts_with("attention") ? st.flops : st.bytes;
+    for (const auto& [op, st] : work.micro_batch.ops) {
+      if (op.starts_with("gemm") || op == "linear_forward") gemm += st.flops;
+      else if (op.starts_with("attention")) attention += st.flops;
+      else bytes += st.bytes;
+    }
     std::string comms;
     auto collectives = [](const StepWork::Part& p) {
       std::string list;
