@@ -14,6 +14,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/host/cpu_kernels.h"
+#include "parallel/comm.h"
 
 namespace zero3d {
 
@@ -78,5 +79,9 @@ struct CommBenchOptions {
   std::vector<std::string> types = {"float", "bf16"};  // float, bf16, half
 };
 int64_t bench_comm(const CommBenchOptions& o);
+// Seconds per call of op ("all_reduce", "reduce_scatter", "all_gather") on fp32 comm buffers of `bytes`
+// in all (all-gather's output, reduce-scatter's input) over g's ranks, through the collectives
+// training uses; the slowest rank's. Collective over g.
+double time_collective(ProcessGroup& g, const std::string& op, size_t bytes);
 
 }  // namespace zero3d

@@ -157,6 +157,16 @@ std::vector<E> by_name(const std::vector<std::string>& names, const std::vector<
 
 }  // namespace
 
+double time_collective(ProcessGroup& g, const std::string& name, size_t bytes) {
+  const Op op = by_name<Op>({name}, {{"all_reduce", Op::all_reduce}, {"reduce_scatter", Op::reduce_scatter},
+                                     {"all_gather", Op::all_gather}}, "collective")[0];
+  const int p = g.size();
+  const size_t whole = std::max<size_t>(bytes / (sizeof(float) * p), 1) * p;
+  Buffers shared(whole * sizeof(float), true);
+  const int iters = static_cast<int>(std::clamp<double>(2e9 / static_cast<double>(whole * sizeof(float)), 3, 1000));
+  return measure(g, op, CommType::f32, shared, op == Op::all_reduce ? whole : whole / p, iters).seconds;
+}
+
 int64_t bench_comm(const CommBenchOptions& o) {
   const auto ops = by_name<Op>(o.ops, {{"all_reduce", Op::all_reduce}, {"reduce_scatter", Op::reduce_scatter},
                                        {"all_gather", Op::all_gather}}, "collective");

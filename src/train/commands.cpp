@@ -11,6 +11,7 @@
 #include "data/loader.h"
 #include "ckpt/tools.h"
 #include "train/bench.h"
+#include "train/machine.h"
 #include "train/dry_run.h"
 #include "parallel/watchdog.h"
 #include "kernels/host/cpu_kernels.h"
@@ -75,6 +76,7 @@ const char* kBenchUsage =
     "       zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST]\n"
     "       zero3d bench io [--dir DIR] [--bytes N]\n"
     "       zero3d bench comm [--min-bytes N] [--max-bytes N] [--factor F] [--ops LIST] [--types LIST] [--group N]\n"
+    "       zero3d bench machine [--out FILE] [--seconds S]\n"
     "  gemm: the GEMM rates a training run gets. Names the CPU, the ISA level of the host loops, the\n"
     "        GEMM libraries and the ISA they run, measures one thread's FMA peak, then GFLOP/s per\n"
     "        square size N (C = A B^T; default 512,1024,2048,4096; at least S seconds each, default 1)\n"
@@ -101,7 +103,11 @@ const char* kBenchUsage =
     "        ranks read in place, one copy, as training's), with the memcpy rate of the same run and the\n"
     "        size from which shared memory (comm buffers) wins (set\n"
     "        comm.shm_min_bytes to it). --group N: groups of N consecutive ranks at once. --chunk-bytes:\n"
-    "        the shared-memory pipelining grain (comm.shm_chunk_bytes). Exit 1 on any wrong element.\n";
+    "        the shared-memory pipelining grain (comm.shm_chunk_bytes). Exit 1 on any wrong element.\n"
+    "  machine: the rates zero3d plan --machine prices a layout with, every rank of one node measuring at\n"
+    "        once (run it with the ranks per node a job will use): GEMM FLOP/s at GPT-2 block shapes,\n"
+    "        the fused attention's FLOP/s, copy bandwidth, and each collective's latency and bus\n"
+    "        bandwidth over the node's ranks (from 64 KiB and 32 MiB); into FILE (default machine.json).\n";
 
 const char* kCkptUsage =
     "usage: zero3d ckpt inspect CKPT\n"
@@ -636,6 +642,34 @@ int bench_gemm_command(const Args& a) {
 
 }  // namespace
 
+// zero3d bench machine: the rates zero3d plan --machine prices a layout's work with, measured by
+// every rank of one node at once, into a JSON file.
+int bench_machine_command(const Args& a) {
+  std::string out = "machine.json";
+  double seconds = 2;
+  for (size_t i = 1; i < a.size(); ++i) {
+    if (a[i] == "--out") out = option_value(a, i, kBenchUsage);
+    else if (a[i] == "--seconds") seconds = parse_double(option_value(a, i, kBenchUsage), "--seconds");
+    else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
+  }
+  auto world = ProcessGroup::world();
+  if (world->split_node("node")->size() != world->size())
+    throw UserError("zero3d bench machine measures one node: run it with the ranks of one node");
+  const JobInfo job = job_info(*world);
+  std::unique_ptr<Backend> be = make_backend("auto", job.local_rank);
+  const MachineRates m = measure_machine(*be, seconds);
+  if (world->rank() != 0) return 0;
+  save_machine(m, out);
+  std::string links;
+  for (const auto& [op, l] : m.collectives)
+    links += strprintf("; %s %.1f us + bytes / %.2f GB/s", op.c_str(), l.latency_s * 1e6, l.busbw / 1e9);
+  log_info("zero3d bench machine: %s, %d rank(s) at once: GEMM %.1f GFLOP/s, attention %.1f GFLOP/s, copy %.2f GB/s a "
+           "rank%s; written to %s",
+           m.name.c_str(), m.ranks_per_node, m.gemm_flops / 1e9, m.attention_flops / 1e9, m.copy_bytes / 1e9,
+           links.c_str(), out.c_str());
+  return 0;
+}
+
 int cmd_bench(const Args& a) {
   if (a.empty() || wants_help(a)) {
     log_info("%s", kBenchUsage);
@@ -644,6 +678,7 @@ int cmd_bench(const Args& a) {
   if (a[0] == "io") return bench_io_command(a);
   if (a[0] == "comm") return bench_comm_command(a);
   if (a[0] == "kernels") return bench_kernels_command(a);
+  if (a[0] == "machine") return bench_machine_command(a);
   if (a[0] != "gemm") throw UserError(strprintf("unknown bench '%s'\n%s", a[0].c_str(), kBenchUsage));
   return bench_gemm_command(a);
 }

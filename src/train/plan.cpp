@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include "parallel/groups.h"
 #include "parallel/schedule.h"
 #include "train/commands.h"
+#include "train/machine.h"
 #include "zero/engine.h"
 
 namespace zero3d {
@@ -104,6 +106,41 @@ StepWork count_step(const Config& c, int dp, int pp_rank) {
   return w;
 }
 
+StepTime price_step(const Config& c, int dp, const MachineRates& m) {
+  const double act_bytes = 4.0 * c.train_micro_batch_size_per_gpu * c.model.seq_len * c.model.d_model;
+  const int groups[2] = {dp, c.tp_size};
+  auto comm_seconds = [&](const StepWork::Part& part) {
+    double t = 0;
+    for (const auto& [what, st] : part.comms) {
+      const std::string group = what.substr(0, what.find(' ')), op = what.substr(what.find(' ') + 1);
+      const int size = group == "dp" ? groups[0] : group == "tp" ? groups[1] : 1;
+      if (st.calls) t += st.calls * m.collective_seconds(op, static_cast<double>(st.msg_bytes) / st.calls, size);
+    }
+    return t;
+  };
+  double slowest_mb = 0, slowest_comm = 0, slowest_end = 0;
+  for (int p = 0; p < c.pp_size; ++p) {
+    const StepWork w = count_step(c, dp, p);
+    double compute = 0;
+    for (const auto& [op, st] : w.micro_batch.ops)
+      compute += op.starts_with("gemm") || op == "linear_forward" ? st.flops / m.gemm_flops
+                 : op.starts_with("attention")                    ? st.flops / m.attention_flops
+                                                                  : st.bytes / m.copy_bytes;
+    const int neighbours = (p > 0) + (p < c.pp_size - 1);  // activations in and gradients out, per neighbour
+    const double comm = comm_seconds(w.micro_batch) + neighbours * 2 * act_bytes / m.copy_bytes;
+    double end = comm_seconds(w.step_end);
+    for (const auto& [op, st] : w.step_end.ops) end += st.bytes / m.copy_bytes;
+    if (compute + comm > slowest_mb + slowest_comm) slowest_mb = compute, slowest_comm = comm;
+    slowest_end = std::max(slowest_end, end);
+  }
+  StepTime t;
+  const int gas = c.gradient_accumulation_steps;
+  t.compute_s = gas * slowest_mb, t.comm_s = gas * slowest_comm;
+  t.bubble_s = (c.pp_size - 1) * (slowest_mb + slowest_comm);
+  t.step_end_s = slowest_end;
+  return t;
+}
+
 namespace {
 
 // Each pipeline stage's rank, and the one that needs the most.
@@ -126,7 +163,8 @@ std::string gigabytes(uint64_t b) { return strprintf("%.3f GB", b / 1e9); }
 
 }  // namespace
 
-std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank, MemKind kind) {
+std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank, MemKind kind,
+                                     const MachineRates* machine) {
   const Config base = load_config(sources, 1);  // the global batch and everything the plan keeps
   const int tb = base.train_batch_size;
   refuse_nvme(base);
@@ -160,6 +198,10 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
               const Config c = load_config(s, ranks);
               l.stages = size_stages(c, dp, kind, l.worst);
               l.fits = mem_per_rank == 0 || l.worst.total() <= mem_per_rank;
+              if (machine && !offload) {
+                l.time = price_step(c, dp, *machine);
+                l.tokens_per_s = static_cast<double>(tb) * c.model.seq_len / l.time.step_s();
+              }
             } catch (const UserError& e) {
               l.excluded = e.what();
             }
@@ -323,7 +365,7 @@ void refuse_if_over_memory(const Config& c, const ConfigSources& sources, Proces
 namespace {
 
 const char* kPlanUsage =
-    "usage: zero3d plan CONFIG --ranks N [--mem-per-rank BYTES] [--device] [--top K]\n"
+    "usage: zero3d plan CONFIG --ranks N [--mem-per-rank BYTES] [--machine FILE] [--device] [--top K]\n"
     "                   [--json | --explain | --sweep K [--ranks-per-node R]] [--deepspeed FILE] [--set k=v]...\n"
     "  Every layout of CONFIG's model and global batch on N ranks: tp x pp x dp, ZeRO stage 0-3, micro-batch and\n"
     "  gradient accumulation, activation checkpointing; each checked by the config code (why it is refused) and\n"
@@ -333,7 +375,10 @@ const char* kPlanUsage =
     "  --mem-per-rank BYTES (suffix K, M, G, T: powers of 1024): which fit. --top K rows (default 20; 0: all).\n"
     "  --device: the buffers in device memory, as a GPU run allocates them (the CUDA backend's own workspaces\n"
     "  not counted), with optimizer offload to host memory as one more choice (its host bytes apart).\n"
-    "  --json: one object per layout on stdout. Ranked by memory: the step-time model is not built yet.\n"
+    "  --machine FILE (zero3d bench machine's): each layout's step time too, its work counted by running its\n"
+    "  model's and engine's code on the sizing backend (--explain prints it) and priced at FILE's rates:\n"
+    "  compute, communication, 1F1B's bubble, the step's end; ranked by tokens/s (else by memory).\n"
+    "  --json: one object per layout on stdout.\n"
     "  --sweep K: the first K layouts that fit as jobscripts/sweep.sh's LAYOUTS lines (strong scaling; NODES\n"
     "  from --ranks-per-node, default one node): zero3d plan ... --sweep 5 > layouts.txt.\n"
     "  --explain: CONFIG's own layout on N ranks part by part, and what each single change (ZeRO stage,\n"
@@ -370,6 +415,7 @@ int cmd_plan(const Args& a) {
   bool json = false, explain = false;
   MemKind kind = MemKind::host;
   int sweep = 0, per_node = 0;  // --sweep K: sweep.sh's LAYOUTS lines; their nodes of --ranks-per-node
+  std::optional<MachineRates> machine;  // --machine FILE: price each layout's step
   // Option a[i]'s value as a whole number of at least `least` (advances i).
   auto whole = [&](size_t& i, int least) {
     const std::string opt = a[i], v = option_value(a, i, kPlanUsage);
@@ -387,6 +433,7 @@ int cmd_plan(const Args& a) {
     else if (a[i] == "--json") json = true;
     else if (a[i] == "--explain") explain = true;
     else if (a[i] == "--device") kind = MemKind::device;
+    else if (a[i] == "--machine") machine = load_machine(option_value(a, i, kPlanUsage));
     else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kPlanUsage));
     else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kPlanUsage);
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kPlanUsage));
@@ -401,21 +448,27 @@ int cmd_plan(const Args& a) {
     return 0;
   }
 
-  std::vector<PlanLayout> all = plan_layouts(src, ranks, mem, kind);
+  std::vector<PlanLayout> all = plan_layouts(src, ranks, mem, kind, machine ? &*machine : nullptr);
   std::vector<const PlanLayout*> valid;
   std::map<std::string, int> reasons;
   for (const PlanLayout& l : all) {
     if (l.excluded.empty()) valid.push_back(&l);
     else ++reasons[l.excluded];
   }
-  std::stable_sort(valid.begin(), valid.end(), [](const PlanLayout* x, const PlanLayout* y) {
-    return x->fits != y->fits ? x->fits : x->worst.total() < y->worst.total();
+  const bool timed = machine.has_value();  // ranked by tokens/s (unpriced last), else by memory
+  std::stable_sort(valid.begin(), valid.end(), [&](const PlanLayout* x, const PlanLayout* y) {
+    if (x->fits != y->fits) return x->fits;
+    if (timed && x->tokens_per_s != y->tokens_per_s) return x->tokens_per_s > y->tokens_per_s;
+    return x->worst.total() < y->worst.total();
   });
+  if (timed && machine->ranks_per_node != (per_node ? per_node : ranks))
+    log_warn("zero3d plan: the machine file was measured with %d ranks a node, this plan has %d: its rates may not "
+             "hold (measure it with the ranks a node will run)", machine->ranks_per_node, per_node ? per_node : ranks);
   if (per_node && ranks % per_node)
     throw UserError(strprintf("--ranks %d do not fill nodes of --ranks-per-node %d", ranks, per_node));
   if (sweep) {  // jobscripts/sweep.sh's LAYOUTS: NAME MODE NODES TP PP DP STAGE MICRO GAS [ARGS...]
-    std::printf("# zero3d plan %s --ranks %d: the %d layouts that fit with the least memory per rank (no step-time "
-                "model yet)\n", src.config_file.c_str(), ranks, sweep);
+    std::printf("# zero3d plan %s --ranks %d: the %d layouts that fit %s\n", src.config_file.c_str(), ranks, sweep,
+                timed ? "with the most tokens/s predicted" : "with the least memory per rank (no --machine)");
     int n = 0;
     for (const PlanLayout* l : valid) {
       if (!l->fits) continue;
@@ -444,6 +497,10 @@ int cmd_plan(const Args& a) {
                                         {"host", r.host}};
         };
         j["fits"] = l.fits;
+        if (l.tokens_per_s > 0)
+          j["time"] = {{"step_s", l.time.step_s()}, {"compute_s", l.time.compute_s}, {"comm_s", l.time.comm_s},
+                       {"bubble_s", l.time.bubble_s}, {"step_end_s", l.time.step_end_s},
+                       {"tokens_per_s", l.tokens_per_s}};
         j["worst"] = bytes(l.worst);
         j["stages"] = nlohmann::ordered_json::array();
         for (const RankMemory& r : l.stages) j["stages"].push_back(bytes(r));
@@ -458,21 +515,31 @@ int cmd_plan(const Args& a) {
   const char* unit = g_unit == 1e9 ? "GB" : "MB";
   const size_t fit = static_cast<size_t>(std::count_if(valid.begin(), valid.end(), [](auto* l) { return l->fits; }));
   log_info("plan     %s on %d ranks: %zu layouts, %zu valid%s; memory per rank (%s) of the stage that needs the most, "
-           "from the engine's and the models' own allocations; ranked by memory (no step-time model yet)",
+           "from the engine's and the models' own allocations; %s",
            src.config_file.c_str(), ranks, all.size(), valid.size(),
-           mem ? strprintf(", %zu fit in %s %s", fit, gb(mem).c_str(), unit).c_str() : "", unit);
+           mem ? strprintf(", %zu fit in %s %s", fit, gb(mem).c_str(), unit).c_str() : "", unit,
+           timed ? strprintf("step time priced on %s (%s); ranked by tokens/s", machine->name.c_str(),
+                             machine->measured.c_str()).c_str()
+                 : "ranked by memory (--machine FILE: by predicted tokens/s)");
   const bool dev = kind == MemKind::device;  // two more columns: optimizer offload, and what it puts in host memory
-  log_info("%4s %3s %3s %5s %5s %4s %4s%s %9s %9s %9s %9s %9s %9s %9s %5s%s %s", "dp", "tp", "pp", "stage", "micro",
+  const std::string time_head = timed ? strprintf(" %8s %7s %7s %7s %9s", "step s", "comm", "bubble", "end", "tokens/s") : "";
+  log_info("%4s %3s %3s %5s %5s %4s %4s%s %9s %9s %9s %9s %9s %9s %9s %5s%s %s%s", "dp", "tp", "pp", "stage", "micro",
            "gas", "ckpt", dev ? " offload" : "", "params", "grads", "optimizer", "buffers", "activ", "other", "total",
-           "stage", dev ? strprintf(" %9s", "host").c_str() : "", mem ? "fits" : "");
+           "stage", dev ? strprintf(" %9s", "host").c_str() : "", mem ? "fits" : "", time_head.c_str());
   for (size_t k = 0; k < valid.size() && (top == 0 || k < static_cast<size_t>(top)); ++k) {
     const PlanLayout& l = *valid[k];
     const RankMemory& r = l.worst;
-    log_info("%4d %3d %3d %5d %5d %4d %4s%s %9s %9s %9s %9s %9s %9s %9s %5d%s %s", l.dp, l.tp, l.pp, l.stage, l.micro,
+    const std::string time_cols =
+        !timed ? ""
+        : l.tokens_per_s > 0
+            ? strprintf(" %8.3f %7.3f %7.3f %7.3f %9.0f", l.time.step_s(), l.time.comm_s, l.time.bubble_s,
+                        l.time.step_end_s, l.tokens_per_s)
+            : strprintf(" %8s", "-");
+    log_info("%4d %3d %3d %5d %5d %4d %4s%s %9s %9s %9s %9s %9s %9s %9s %5d%s %s%s", l.dp, l.tp, l.pp, l.stage, l.micro,
              l.gas, l.checkpointing ? "yes" : "no", dev ? (l.offload ? "     cpu" : "    none") : "", gb(r.params).c_str(),
              gb(r.grads).c_str(), gb(r.optimizer).c_str(), gb(r.buffers).c_str(), gb(r.activations).c_str(),
              gb(r.other).c_str(), gb(r.total()).c_str(), r.pp_rank, dev ? strprintf(" %9s", gb(r.host).c_str()).c_str() : "",
-             mem ? (l.fits ? "yes" : "no") : "");
+             mem ? (l.fits ? "yes" : "no ") : "", time_cols.c_str());
   }
   if (top && valid.size() > static_cast<size_t>(top)) log_info("... %zu more (--top 0 shows all)", valid.size() - top);
   for (const auto& [why, n] : reasons) log_info("excluded %d: %s", n, why.c_str());

@@ -16,6 +16,8 @@
 
 namespace zero3d {
 
+struct MachineRates;
+
 // What one rank allocates, by role, as memory_breakdown reports it: the engine's accounts
 // (zero/engine.h MemoryAccount), the models' activations and scratch, and everything else the
 // engine and the models allocated (other).
@@ -47,6 +49,18 @@ struct StepWork {
 };
 StepWork count_step(const Config& c, int dp, int pp_rank);
 
+// A layout's step time on a machine (train/machine.h), priced from each stage's counted work: a
+// micro-batch's GEMM and attention FLOPs at the machine's rates, its other ops' bytes at its copy
+// bandwidth, its collectives at their latency and bus bandwidth for the group's size, the pipeline's
+// activations sent and received at copy bandwidth; 1F1B runs gas + pp - 1 micro-batch slots of the
+// slowest stage (pp - 1 of them the bubble), then the step's end. On a CPU nothing overlaps: the
+// collectives run on the cores that compute.
+struct StepTime {
+  double compute_s = 0, comm_s = 0, bubble_s = 0, step_end_s = 0;
+  double step_s() const { return compute_s + comm_s + bubble_s + step_end_s; }
+};
+StepTime price_step(const Config& c, int dp, const MachineRates& m);
+
 // One candidate layout: its choices, and either why it is not valid or the worst rank's memory.
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1, stage = 0, micro = 1, gas = 1;
@@ -56,13 +70,17 @@ struct PlanLayout {
   std::vector<RankMemory> stages;  // a rank of each pipeline stage
   RankMemory worst;                // the stage whose rank needs the most
   bool fits = true;      // within --mem-per-rank (always, without it)
+  StepTime time;         // with --machine
+  double tokens_per_s = 0;
 };
 
 // Every (tp, pp, dp = ranks / (tp pp), ZeRO stage, micro-batch, accumulation, activation
 // checkpointing; with kind device, optimizer offload to host memory too) for the config's global
 // batch on `ranks` ranks; each resolved by the config code (which refuses what it cannot run) and
 // sized with its buffers in `kind` memory.
-std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank, MemKind kind);
+// With `machine`, each valid layout's step time on it too (offload to host memory not priced).
+std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, uint64_t mem_per_rank, MemKind kind,
+                                     const MachineRates* machine = nullptr);
 
 // The seed's checklist for a layout that does not fit, with the plan's numbers: config c's own
 // layout on `ranks` ranks (its worst stage, each part), then each single change (ZeRO stage,

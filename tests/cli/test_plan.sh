@@ -129,6 +129,56 @@ PY
     fail "stage $st: the plan's collectives differ from the run's"
 done
 echo "ok work: the plan's collectives are the run's"
+# The step time: bench machine writes a machine file from this machine's rates (2 ranks at once);
+# then, on a machine file of round rates, every layout's time is its counted work at those rates
+# (the 1-rank layout against --explain's work line), its parts add up, 1F1B's bubble is pp - 1
+# micro-batch slots, and the table is ranked by tokens/s.
+timeout 120 $MPIRUN -np 2 "$z3d" bench machine --seconds 0.2 --out "$tmp/machine.json" > "$tmp/machine.log" 2>&1 ||
+  { cat "$tmp/machine.log"; fail "bench machine"; }
+/usr/bin/python3 - "$tmp/machine.json" <<'PY' || { cat "$tmp/machine.json"; fail "bench machine: its file"; }
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["ranks_per_node"] == 2 and min(m["gemm_flops_per_s"], m["attention_flops_per_s"], m["copy_bytes_per_s"]) > 0, m
+assert sorted(m["collectives"]) == ["all_gather", "all_reduce", "reduce_scatter"], m
+assert all(l["busbw_bytes_per_s"] > 0 and l["latency_s"] >= 0 for l in m["collectives"].values()), m
+PY
+cat > "$tmp/round.json" <<'JSON'
+{"name": "round rates", "ranks_per_node": 2, "gemm_flops_per_s": 1e11, "attention_flops_per_s": 5e10,
+ "copy_bytes_per_s": 1e10, "collectives": {"all_reduce": {"latency_s": 1e-5, "busbw_bytes_per_s": 1e9},
+ "reduce_scatter": {"latency_s": 1e-5, "busbw_bytes_per_s": 1e9}, "all_gather": {"latency_s": 1e-5, "busbw_bytes_per_s": 1e9}}}
+JSON
+timeout 60 "$z3d" plan $tiny --ranks 1 --explain > "$tmp/explain1.log" 2>&1 || { cat "$tmp/explain1.log"; fail "explain 1 rank"; }
+for r in 1 2; do
+  timeout 60 "$z3d" plan $tiny --ranks $r --machine "$tmp/round.json" --json > "$tmp/timed$r.jsonl" 2> "$tmp/timed.log" ||
+    { cat "$tmp/timed.log"; fail "plan --machine"; }
+done
+timeout 60 "$z3d" plan $tiny --ranks 2 --machine "$tmp/round.json" > "$tmp/timed.log" 2>&1 || { cat "$tmp/timed.log"; fail "plan --machine table"; }
+/usr/bin/python3 - "$tmp" $tiny <<'PY' || fail "plan --machine: the step times"
+import json, re, sys
+tmp, cfg = sys.argv[1], json.load(open(sys.argv[2]))
+T = cfg["model"]["seq_len"]
+gemm, att, other, end = map(float, re.search(r"GEMM ([0-9.]+) GFLOP, attention ([0-9.]+) GFLOP, the other ops ([0-9.]+) GB; "
+                                              r"then per step: ([0-9.]+) GB", open(f"{tmp}/explain1.log").read()).groups())
+[one] = [p for p in map(json.loads, open(f"{tmp}/timed1.jsonl")) if "time" in p and p["micro"] == cfg["train_micro_batch_size_per_gpu"]
+         and p["gas"] == cfg["gradient_accumulation_steps"] and p["stage"] == 0 and not p["activation_checkpointing"]]
+want = (gemm * 1e9 / 1e11 + att * 1e9 / 5e10 + other * 1e9 / 1e10) * one["gas"]
+assert abs(one["time"]["compute_s"] - want) <= 0.02 * want, (one["time"], want)
+assert abs(one["time"]["step_end_s"] - end * 1e9 / 1e10) <= 0.02 * end * 1e9 / 1e10 + 1e-6, (one["time"], end)
+timed = [p for p in map(json.loads, open(f"{tmp}/timed2.jsonl")) if "time" in p]
+assert len(timed) >= 20, len(timed)
+for p in timed:
+    t = p["time"]
+    assert abs(t["step_s"] - (t["compute_s"] + t["comm_s"] + t["bubble_s"] + t["step_end_s"])) < 1e-9, p
+    assert abs(t["bubble_s"] - (p["pp"] - 1) * (t["compute_s"] + t["comm_s"]) / p["gas"]) < 1e-9, p
+    assert abs(t["tokens_per_s"] - p["micro"] * p["gas"] * p["dp"] * T / t["step_s"]) < 1e-6 * t["tokens_per_s"], p
+    assert (t["comm_s"] > 0) == (p["tp"] > 1 or p["pp"] > 1 or p["stage"] >= 2 and p["dp"] > 1), p
+rows = [l.split() for l in open(f"{tmp}/timed.log") if re.match(r"^ +\d+ +\d+ +\d+ ", l)]
+rates = [float(r[-1]) for r in rows]
+assert rates == sorted(rates, reverse=True) and abs(rates[0] - max(p["time"]["tokens_per_s"] for p in timed)) <= 0.5, rates
+print(f"ok plan --machine: {len(timed)} layouts priced, compute {one['time']['compute_s']:.4f} s for {want:.4f} s of counted work")
+PY
+expect_exit 2 plan-machine "machine file '.*/bad.json': .*gemm_flops_per_s" \
+  bash -c "echo '{\"name\": \"x\"}' > $tmp/bad.json && \"$z3d\" plan $tiny --ranks 2 --machine $tmp/bad.json"
 # --explain: the layout part by part and what each change leaves; gpt-tiny on 2 ranks in 20 MiB.
 timeout 60 "$z3d" plan $tiny --ranks 2 --explain --mem-per-rank 20M > "$tmp/explain.log" 2>&1 || { cat "$tmp/explain.log"; fail "explain"; }
 grep -qE "^memory .* total [0-9.]+ GB, over the 0.021 GB available by" "$tmp/explain.log" &&

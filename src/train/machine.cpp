@@ -1,0 +1,133 @@
+#include "train/machine.h"
+
+#include <algorithm>
+#include <ctime>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/atomic_file.h"
+#include "core/check.h"
+#include "core/log.h"
+#include "parallel/comm.h"
+#include "train/bench.h"
+
+namespace zero3d {
+
+double MachineRates::collective_seconds(const std::string& op, double msg_bytes, int size) const {
+  if (size <= 1) return 0;
+  auto it = collectives.find(op);
+  if (it == collectives.end()) it = collectives.find("all_reduce");
+  if (it == collectives.end() || it->second.busbw <= 0) return 0;
+  const double share = op == "all_reduce" ? 2.0 * (size - 1) / size : static_cast<double>(size - 1) / size;
+  return it->second.latency_s + msg_bytes * share / it->second.busbw;
+}
+
+namespace {
+
+// FLOP/s of the fused causal attention forward and backward at a GPT-2-like shape (8 x 256 tokens,
+// 8 heads of 64), from the backend's own profile.
+// The slowest rank's value: every rank measured at once, the job runs at the pace of the slowest.
+double slowest(ProcessGroup& g, double rate) { return -g.all_reduce_max(-rate); }
+
+double measure_attention(Backend& be, double seconds) {
+  const int B = 8, T = 256, H = 8, A = 512;
+  DeviceBuffer<float> qkv(be, size_t{3} * B * T * A), out(be, size_t{1} * B * T * A), lse(be, size_t{1} * B * H * T),
+      dout(be, size_t{1} * B * T * A), dqkv(be, size_t{3} * B * T * A);
+  OpProfile* prof = be.profile();
+  Z3D_ASSERT(prof != nullptr, "bench machine: the backend keeps no profile");
+  const bool was = prof->on;
+  prof->on = true;
+  auto call = [&] {
+    be.attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, A);
+    be.attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), B, T, H, H, A);
+    be.synchronize();
+  };
+  call();
+  prof->ops.clear();
+  double flops = 0, secs = 0;
+  do {
+    call();
+    flops = secs = 0;
+    for (const auto& [op, st] : prof->ops) flops += st.flops, secs += st.seconds;
+  } while (secs < seconds);
+  prof->on = was;
+  prof->ops.clear();
+  return flops / secs;
+}
+
+}  // namespace
+
+MachineRates measure_machine(Backend& be, double seconds) {
+  auto world = ProcessGroup::world();
+  MachineRates m;
+  m.name = be.describe();
+  m.ranks_per_node = world->size();
+  // GEMMs: the shapes of a GPT-2 block's layers at 2048 tokens of d_model 512 and 1024, the rate
+  // over all of them by time.
+  double flops = 0, secs = 0;
+  for (int C : {512, 1024})
+    for (auto [n, k] : {std::pair{3 * C, C}, {C, C}, {4 * C, C}, {C, 4 * C}}) {
+      const GemmRate r = measure_gemm(be, 2048, n, k, seconds / 8);
+      flops += 2.0 * 2048 * n * k, secs += r.seconds_per_call;
+    }
+  m.gemm_flops = slowest(*world, flops / secs);
+  m.attention_flops = slowest(*world, measure_attention(be, seconds / 4));
+  m.copy_bytes = slowest(*world, measure_copy_bandwidth(be, seconds / 4));
+  if (world->size() > 1)
+    for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"}) {
+      const double small = 64 << 10, large = 32 << 20;
+      const double t1 = time_collective(*world, op, static_cast<size_t>(small)),
+                   t2 = time_collective(*world, op, static_cast<size_t>(large));
+      const int p = world->size();
+      const double share = std::string(op) == "all_reduce" ? 2.0 * (p - 1) / p : static_cast<double>(p - 1) / p;
+      MachineRates::Link l;
+      l.busbw = share * (large - small) / std::max(t2 - t1, 1e-9);
+      l.latency_s = std::max(0.0, t1 - share * small / l.busbw);
+      m.collectives[op] = l;
+    }
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M", std::localtime(&now));
+  m.measured = strprintf("zero3d bench machine, %d rank(s) at once, %s", world->size(), when);
+  return m;
+}
+
+void save_machine(const MachineRates& m, const std::string& path) {
+  nlohmann::ordered_json j = {{"name", m.name},
+                              {"ranks_per_node", m.ranks_per_node},
+                              {"gemm_flops_per_s", m.gemm_flops},
+                              {"attention_flops_per_s", m.attention_flops},
+                              {"copy_bytes_per_s", m.copy_bytes},
+                              {"collectives", nlohmann::ordered_json::object()},
+                              {"measured", m.measured}};
+  for (const auto& [op, l] : m.collectives) j["collectives"][op] = {{"latency_s", l.latency_s}, {"busbw_bytes_per_s", l.busbw}};
+  write_file_atomic(path, j.dump(2) + "\n");
+}
+
+MachineRates load_machine(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UserError(strprintf("cannot read the machine file '%s' (make one with zero3d bench machine)", path.c_str()));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+    MachineRates m;
+    m.name = j.value("name", "");
+    m.ranks_per_node = j.value("ranks_per_node", 1);
+    m.gemm_flops = j.at("gemm_flops_per_s").get<double>();
+    m.attention_flops = j.at("attention_flops_per_s").get<double>();
+    m.copy_bytes = j.at("copy_bytes_per_s").get<double>();
+    const nlohmann::json links = j.value("collectives", nlohmann::json::object());
+    for (auto it = links.begin(); it != links.end(); ++it)
+      m.collectives[it.key()] = {it->at("latency_s").get<double>(), it->at("busbw_bytes_per_s").get<double>()};
+    m.measured = j.value("measured", "");
+    if (m.gemm_flops <= 0 || m.attention_flops <= 0 || m.copy_bytes <= 0) throw UserError("a rate is not positive");
+    return m;
+  } catch (const std::exception& e) {
+    throw UserError(strprintf("machine file '%s': %s (keys: gemm_flops_per_s, attention_flops_per_s, "
+                              "copy_bytes_per_s, collectives.OP.latency_s/busbw_bytes_per_s)", path.c_str(), e.what()));
+  }
+}
+
+}  // namespace zero3d
