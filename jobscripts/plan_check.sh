@@ -39,6 +39,11 @@ for p in picked:
     name = f"t{p['tp']}p{p['pp']}d{p['dp']}-s{p['stage']}-m{p['micro']}g{p['gas']}" + ("-ckpt" if p["activation_checkpointing"] else "")
     print(name, p["tp"], p["pp"], p["stage"], p["micro"], p["gas"], "true" if p["activation_checkpointing"] else "false")
 PY
+# A warm-up run first, not recorded: the grid's first run was 16-18% slower than the same layout later.
+read -r name tp pp stage micro gas ckpt < "$dir/grid.txt"
+bench_run "$dir/warmup.log" "${mpirun[@]}" -np "$ranks" "$z3d" train "$config" --run-dir "$dir/warmup" \
+  --set data.val= --set train_steps="$steps" --set tensor_parallel.tp_size="$tp" --set pipeline_parallel.pp_size="$pp" \
+  --set train_micro_batch_size_per_gpu="$micro" --set gradient_accumulation_steps="$gas"
 while read -r name tp pp stage micro gas ckpt <&3; do  # mpirun reads stdin: the grid comes on fd 3
   bench_run "$dir/$name.log" "${mpirun[@]}" -np "$ranks" "$z3d" train "$config" --run-dir "$dir/$name" \
     --set data.val= --set train_steps="$steps" --set steps_per_print=1 --set tensor_parallel.tp_size="$tp" \

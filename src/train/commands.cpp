@@ -106,7 +106,7 @@ const char* kBenchUsage =
     "        the shared-memory pipelining grain (comm.shm_chunk_bytes). Exit 1 on any wrong element.\n"
     "  machine: the rates zero3d plan --machine prices a layout with, every rank of one node measuring at\n"
     "        once (run it with the ranks per node a job will use): GEMM FLOP/s at GPT-2 block shapes,\n"
-    "        the fused attention's FLOP/s, copy bandwidth, and each collective's latency and bus\n"
+    "        the fused attention's FLOP/s, copy bandwidth, AdamW's bytes/s, each collective's latency and bus\n"
     "        bandwidth over the node's ranks (from 64 KiB and 32 MiB); into FILE (default machine.json).\n";
 
 const char* kCkptUsage =
@@ -663,10 +663,10 @@ int bench_machine_command(const Args& a) {
   std::string links;
   for (const auto& [op, l] : m.collectives)
     links += strprintf("; %s %.1f us + bytes / %.2f GB/s", op.c_str(), l.latency_s * 1e6, l.busbw / 1e9);
-  log_info("zero3d bench machine: %s, %d rank(s) at once: GEMM %.1f GFLOP/s, attention %.1f GFLOP/s, copy %.2f GB/s a "
-           "rank%s; written to %s",
+  log_info("zero3d bench machine: %s, %d rank(s) at once: GEMM %.1f GFLOP/s, attention %.1f GFLOP/s, copy %.2f GB/s, "
+           "AdamW %.2f GB/s a rank%s; written to %s",
            m.name.c_str(), m.ranks_per_node, m.gemm_flops / 1e9, m.attention_flops / 1e9, m.copy_bytes / 1e9,
-           links.c_str(), out.c_str());
+           m.adam_bytes / 1e9, links.c_str(), out.c_str());
   return 0;
 }
 

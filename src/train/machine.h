@@ -15,6 +15,7 @@ struct MachineRates {
   double gemm_flops = 0;         // FLOP/s per rank: fp32 GEMMs of training's shapes through the trainer's backend
   double attention_flops = 0;    // FLOP/s per rank: the fused causal attention, forward and backward
   double copy_bytes = 0;         // bytes/s per rank: the elementwise ops' bound (bytes read + written)
+  double adam_bytes = 0;         // bytes/s per rank of the optimizer's update (its arithmetic can be the bound)
   struct Link {
     double latency_s = 0;  // per call
     double busbw = 0;      // bytes/s, nccl-tests' bus bandwidth

@@ -129,7 +129,7 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     const int neighbours = (p > 0) + (p < c.pp_size - 1);  // activations in and gradients out, per neighbour
     const double comm = comm_seconds(w.micro_batch) + neighbours * 2 * act_bytes / m.copy_bytes;
     double end = comm_seconds(w.step_end);
-    for (const auto& [op, st] : w.step_end.ops) end += st.bytes / m.copy_bytes;
+    for (const auto& [op, st] : w.step_end.ops) end += st.bytes / (op == "adam_step" ? m.adam_bytes : m.copy_bytes);
     if (compute + comm > slowest_mb + slowest_comm) slowest_mb = compute, slowest_comm = comm;
     slowest_end = std::max(slowest_end, end);
   }

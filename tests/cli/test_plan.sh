@@ -138,7 +138,7 @@ timeout 120 $MPIRUN -np 2 "$z3d" bench machine --seconds 0.2 --out "$tmp/machine
 /usr/bin/python3 - "$tmp/machine.json" <<'PY' || { cat "$tmp/machine.json"; fail "bench machine: its file"; }
 import json, sys
 m = json.load(open(sys.argv[1]))
-assert m["ranks_per_node"] == 2 and min(m["gemm_flops_per_s"], m["attention_flops_per_s"], m["copy_bytes_per_s"]) > 0, m
+assert m["ranks_per_node"] == 2 and min(m["gemm_flops_per_s"], m["attention_flops_per_s"], m["copy_bytes_per_s"], m["adam_bytes_per_s"]) > 0, m
 assert sorted(m["collectives"]) == ["all_gather", "all_reduce", "reduce_scatter"], m
 assert all(l["busbw_bytes_per_s"] > 0 and l["latency_s"] >= 0 for l in m["collectives"].values()), m
 PY
