@@ -84,6 +84,12 @@ uint64_t ring_bytes_sent(int p, uint64_t buffer_bytes, int passes) {
 
 }  // namespace
 
+double bus_share(const std::string& op, int p) {
+  if (op == "all_reduce") return 2.0 * (p - 1) / p;
+  if (op == "reduce_scatter" || op == "all_gather") return static_cast<double>(p - 1) / p;
+  return 1.0;
+}
+
 PendingOp::PendingOp(MPI_Request r, std::string what, const ProcessGroup* group, Then then)
     : req_(r), pending_(true), then_(std::move(then)), what_(std::move(what)), group_(group),
       issued_(std::chrono::steady_clock::now()) {

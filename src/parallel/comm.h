@@ -130,6 +130,11 @@ CommLog& comm_log();
 
 // A pending non-blocking operation; wait() blocks (under the watchdog), test() polls. `then` runs
 // once at completion, before anyone sees the result (a staged buffer copied back to the device).
+// nccl-tests' bus-bandwidth share of a collective on p ranks (busbw = algbw x this): what a ring
+// moves per byte of the buffer, 2(p-1)/p for "all_reduce", (p-1)/p for "reduce_scatter" and
+// "all_gather", 1 for anything else.
+double bus_share(const std::string& op, int p);
+
 class PendingOp {
  public:
   using Then = std::function<void()>;

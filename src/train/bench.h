@@ -41,6 +41,10 @@ std::vector<GemmShape> model_gemm_shapes(const ModelConfig& m, int micro, int tp
 // Times `call` (after one warm-up) for at least min_seconds; seconds per call.
 double time_calls(Backend& be, const std::function<void()>& call, double min_seconds);
 
+// The ops `call` runs, summed as the backend's profile counts them (calls: the most of any op; its
+// profile must be on): one warm-up call, then calls until they took at least `seconds`.
+OpStat time_ops(Backend& be, const std::function<void()>& call, double seconds);
+
 // Memory bandwidth through the backend: bytes read + written per second by copies of a 64 MiB
 // buffer (the bound of the elementwise kernels in the wall_clock_breakdown profile).
 double measure_copy_bandwidth(Backend& be, double min_seconds);

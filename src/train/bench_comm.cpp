@@ -28,7 +28,6 @@ const char* op_name(Op op) {
   return op == Op::all_reduce ? "all_reduce" : op == Op::reduce_scatter ? "reduce_scatter" : "all_gather";
 }
 const char* type_name(CommType t) { return t == CommType::f32 ? "float" : t == CommType::bf16 ? "bf16" : "half"; }
-double bus_factor(Op op, int p) { return op == Op::all_reduce ? 2.0 * (p - 1) / p : static_cast<double>(p - 1) / p; }
 
 // Small integers: exact in every type, and so are their sums over up to 8 ranks.
 float seed(int rank, size_t i) { return static_cast<float>(static_cast<int>((rank * 5 + i * 3) % 9) - 4); }
@@ -213,7 +212,7 @@ int64_t bench_comm(const CommBenchOptions& o) {
         const Result m = measure(*mpi, op, t, priv, count, iters);
         const Result s = measure(*shm, op, t, priv, count, iters);
         const Result s1 = measure(*shm, op, t, shared, count, iters);
-        const double bytes = static_cast<double>(whole * e), bf = bus_factor(op, group);
+        const double bytes = static_cast<double>(whole * e), bf = bus_share(op_name(op), group);
         auto cols = [&](const Result& r) {
           return strprintf("%9.1f %7.2f %7.2f %6lld", r.seconds * 1e6, bytes / r.seconds / 1e9,
                            bytes / r.seconds / 1e9 * bf, static_cast<long long>(r.wrong));

@@ -49,26 +49,6 @@ double best_exp_rate(const cpu::Kernels& k, double seconds) {
   return best;
 }
 
-// Seconds, bytes and FLOPs per call of `call`, from the backend's profile: one warm-up call, then
-// calls for at least `seconds`.
-OpStat measure(Backend& be, const std::function<void()>& call, double seconds) {
-  OpProfile& prof = *be.profile();
-  call();
-  prof.ops.clear();
-  OpStat total;
-  do {
-    call();
-    total = OpStat{};
-    for (const auto& [name, st] : prof.ops) {
-      total.calls = std::max(total.calls, st.calls);
-      total.seconds += st.seconds;
-      total.bytes += st.bytes;
-      total.flops += st.flops;
-    }
-  } while (total.seconds < seconds);
-  return total;
-}
-
 // One micro-batch's shapes: N = B x T tokens of width C, H heads, MLP width F = 4C, vocabulary V.
 struct MicroBatch {
   int B, T, C, H, F, V, N;
@@ -221,7 +201,7 @@ void bench_level(const cpu::Kernels& k, const ModelConfig& m, int micro, double 
   be->profile()->on = true;
   if (t.rows.empty()) t.rows.resize(cases.size());
   for (size_t c = 0; c < cases.size(); ++c) {
-    const OpStat st = measure(*be, cases[c].call, seconds);
+    const OpStat st = time_ops(*be, cases[c].call, seconds);
     const bool compute = st.flops > 0;
     // The slower roof binds: moving the bytes, or (marked *) computing the exps.
     const double copy_s = st.bytes / t.copy_bw, exp_s = static_cast<double>(cases[c].exps * st.calls) / exp_rate;
@@ -258,6 +238,24 @@ void log_kernel_table(const KernelTable& t, const std::vector<const cpu::Kernels
 }
 
 }  // namespace
+
+OpStat time_ops(Backend& be, const std::function<void()>& call, double seconds) {
+  OpProfile& prof = *be.profile();
+  call();
+  prof.ops.clear();
+  OpStat total;
+  do {
+    call();
+    total = OpStat{};
+    for (const auto& [name, st] : prof.ops) {
+      total.calls = std::max(total.calls, st.calls);
+      total.seconds += st.seconds;
+      total.bytes += st.bytes;
+      total.flops += st.flops;
+    }
+  } while (total.seconds < seconds);
+  return total;
+}
 
 void bench_kernels(const ModelConfig& m, int micro, const std::string& config, double seconds,
                    const std::vector<std::string>& levels) {

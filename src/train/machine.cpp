@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -21,41 +22,42 @@ double MachineRates::collective_seconds(const std::string& op, double msg_bytes,
   auto it = collectives.find(op);
   if (it == collectives.end()) it = collectives.find("all_reduce");
   if (it == collectives.end() || it->second.busbw <= 0) return 0;
-  const double share = op == "all_reduce" ? 2.0 * (size - 1) / size : static_cast<double>(size - 1) / size;
-  return it->second.latency_s + msg_bytes * share / it->second.busbw;
+  return it->second.latency_s + msg_bytes * bus_share(op, size) / it->second.busbw;
 }
 
 namespace {
 
-// FLOP/s of the fused causal attention forward and backward at a GPT-2-like shape (8 x 256 tokens,
-// 8 heads of 64), from the backend's own profile.
 // The slowest rank's value: every rank measured at once, the job runs at the pace of the slowest.
 double slowest(ProcessGroup& g, double rate) { return -g.all_reduce_max(-rate); }
+
+// `call`'s ops as the backend's profile counts them (time_ops), the profile on meanwhile.
+OpStat profiled(Backend& be, const std::function<void()>& call, double seconds) {
+  OpProfile* prof = be.profile();
+  Z3D_ASSERT(prof != nullptr, "bench machine: the backend keeps no profile");
+  const bool was = prof->on;
+  prof->on = true;
+  const OpStat st = time_ops(be, call, seconds);
+  prof->on = was;
+  prof->ops.clear();
+  return st;
+}
+
+// FLOP/s of the fused causal attention forward and backward at a GPT-2-like shape (8 x 256 tokens,
+// 8 heads of 64).
 
 double measure_attention(Backend& be, double seconds) {
   const int B = 8, T = 256, H = 8, A = 512;
   DeviceBuffer<float> qkv(be, size_t{3} * B * T * A), out(be, size_t{1} * B * T * A), lse(be, size_t{1} * B * H * T),
       dout(be, size_t{1} * B * T * A), dqkv(be, size_t{3} * B * T * A);
-  OpProfile* prof = be.profile();
-  Z3D_ASSERT(prof != nullptr, "bench machine: the backend keeps no profile");
-  const bool was = prof->on;
-  prof->on = true;
-  auto call = [&] {
-    be.attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, A);
-    be.attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), B, T, H, H, A);
-    be.synchronize();
-  };
-  call();
-  prof->ops.clear();
-  double flops = 0, secs = 0;
-  do {
-    call();
-    flops = secs = 0;
-    for (const auto& [op, st] : prof->ops) flops += st.flops, secs += st.seconds;
-  } while (secs < seconds);
-  prof->on = was;
-  prof->ops.clear();
-  return flops / secs;
+  const OpStat st = profiled(
+      be,
+      [&] {
+        be.attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, H, A);
+        be.attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), B, T, H, H, A);
+        be.synchronize();
+      },
+      seconds);
+  return st.flops / st.seconds;
 }
 
 // Bytes/s of the AdamW update over 4M parameters (as the backend's profile counts them: 28 a parameter).
@@ -63,21 +65,14 @@ double measure_adam(Backend& be, double seconds) {
   const size_t n = size_t{1} << 22;
   DeviceBuffer<float> p(be, n), m(be, n), v(be, n), g(be, n);
   const math::AdamParams a{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, true};
-  OpProfile* prof = be.profile();
-  const bool was = prof->on;
-  prof->on = true;
-  be.adam_step(p.data(), m.data(), v.data(), g.data(), n, a);
-  prof->ops.clear();
-  double bytes = 0, secs = 0;
-  do {
-    be.adam_step(p.data(), m.data(), v.data(), g.data(), n, a);
-    be.synchronize();
-    const OpStat& st = prof->ops["adam_step"];
-    bytes = st.bytes, secs = st.seconds;
-  } while (secs < seconds);
-  prof->on = was;
-  prof->ops.clear();
-  return bytes / secs;
+  const OpStat st = profiled(
+      be,
+      [&] {
+        be.adam_step(p.data(), m.data(), v.data(), g.data(), n, a);
+        be.synchronize();
+      },
+      seconds);
+  return st.bytes / st.seconds;
 }
 
 }  // namespace
@@ -107,8 +102,7 @@ MachineRates measure_machine(Backend& be, double seconds) {
         t1 = std::min(t1, time_collective(*world, op, static_cast<size_t>(small)));
         t2 = std::min(t2, time_collective(*world, op, static_cast<size_t>(large)));
       }
-      const int p = world->size();
-      const double share = std::string(op) == "all_reduce" ? 2.0 * (p - 1) / p : static_cast<double>(p - 1) / p;
+      const double share = bus_share(op, world->size());
       MachineRates::Link l;
       l.busbw = share * (large - small) / std::max(t2 - t1, 1e-9);
       l.latency_s = std::max(0.0, t1 - share * small / l.busbw);

@@ -60,10 +60,7 @@ std::string report_comms(const CommLog& log, MetricsLog* metrics, int steps) {
                                 "msg size (B)", "total (ms)", "mean (ms)", "algbw GB/s", "busbw GB/s");
   for (const auto& [key, st] : log.stats) {
     const auto& [group, op] = key;
-    const double n = st.group_size;
-    const double factor = op == "all_reduce" ? 2 * (n - 1) / n
-                          : op == "reduce_scatter" || op == "all_gather" ? (n - 1) / n
-                                                                           : 1.0;
+    const double factor = bus_share(op, st.group_size);
     const double algbw = st.seconds > 0 ? st.msg_bytes / st.seconds : 0;
     const double mean = st.calls ? st.seconds / st.calls : 0;
     table += strprintf("%-10s %-15s %8lld %14llu %12.3f %12.4f %12.3f %12.3f\n", group.c_str(), op.c_str(),

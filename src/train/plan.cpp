@@ -70,6 +70,17 @@ RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
   return r;
 }
 
+namespace {
+
+// How an op of the counted work is priced: by its FLOPs (GEMM, attention) or by its bytes.
+enum class OpKind { gemm, attention, bytes };
+OpKind op_kind(const std::string& op) {
+  if (op.starts_with("gemm") || op == "linear_forward") return OpKind::gemm;
+  return op.starts_with("attention") ? OpKind::attention : OpKind::bytes;
+}
+
+}  // namespace
+
 StepWork count_step(const Config& c, int dp, int pp_rank) {
   Z3D_ASSERT(c.zero.offload_optimizer.device != OffloadDevice::nvme && c.zero.offload_param.device != OffloadDevice::nvme,
              "zero3d plan: offload to nvme is not counted (its swap files would be made)");
@@ -123,9 +134,9 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     const StepWork w = count_step(c, dp, p);
     double compute = 0;
     for (const auto& [op, st] : w.micro_batch.ops)
-      compute += op.starts_with("gemm") || op == "linear_forward" ? st.flops / m.gemm_flops
-                 : op.starts_with("attention")                    ? st.flops / m.attention_flops
-                                                                  : st.bytes / m.copy_bytes;
+      compute += op_kind(op) == OpKind::gemm        ? st.flops / m.gemm_flops
+                 : op_kind(op) == OpKind::attention ? st.flops / m.attention_flops
+                                                    : st.bytes / m.copy_bytes;
     const int neighbours = (p > 0) + (p < c.pp_size - 1);  // activations in and gradients out, per neighbour
     const double comm = comm_seconds(w.micro_batch) + neighbours * 2 * act_bytes / m.copy_bytes;
     double end = comm_seconds(w.step_end);
@@ -245,8 +256,9 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
     const StepWork work = count_step(c, dp, w.pp_rank);  // what the step-time model is to price
     double gemm = 0, attention = 0, bytes = 0;
     for (const auto& [op, st] : work.micro_batch.ops) {
-      if (op.starts_with("gemm") || op == "linear_forward") gemm += st.flops;
-      else if (op.starts_with("attention")) attention += st.flops;
+      const OpKind k = op_kind(op);
+      if (k == OpKind::gemm) gemm += st.flops;
+      else if (k == OpKind::attention) attention += st.flops;
       else bytes += st.bytes;
     }
     std::string comms;
