@@ -29,8 +29,9 @@ struct GemmPlan {
 };
 
 // "auto": oneDNN for every role, except the weight gradients on an OpenBLAS that runs its own
-// kernels for this CPU's ISA (not a fallback): OpenBLAS beats oneDNN 2.6 on those shapes there
-// (measured on Intel with AVX-512: 142-146 against 110-113 GFLOP/s). "onednn", "cblas": one library
+// kernels for this CPU's ISA (not a fallback) when the rank runs one thread: OpenBLAS beats oneDNN
+// 2.6 on those shapes there (measured on Intel with AVX-512: 142-146 against 110-113 GFLOP/s), but
+// its own threads contend with oneDNN's OpenMP ones. "onednn", "cblas": one library
 // for everything. bf16 compute always goes through oneDNN.
 GemmPlan make_gemm_plan(const std::string& library, bool bf16);
 

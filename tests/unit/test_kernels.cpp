@@ -1555,6 +1555,21 @@ TEST(HostKernels, ThreadCountDoesNotChangeBits) {
   for (size_t i = 0; i < one.size(); ++i) expect_bits_equal(two[i], one[i], ("output " + std::to_string(i)).c_str());
 }
 
+// compute.gemm=auto keeps every GEMM on oneDNN when a rank runs more than one thread (OpenBLAS's
+// own threads contended with oneDNN's: 1.3-8x slower steps); on one thread it may move the weight
+// gradients to an OpenBLAS whose kernels match the level.
+TEST(HostKernels, AutoGemmPlanIsOneDnnWithThreads) {
+  zero3d::cpu::set_threads(2);
+  const zero3d::GemmPlan two = zero3d::make_gemm_plan("auto", false);
+  zero3d::cpu::set_threads(1);
+  for (auto role : {zero3d::GemmRole::forward, zero3d::GemmRole::input_grad, zero3d::GemmRole::weight_grad})
+    EXPECT_EQ(two.for_role(role), zero3d::GemmLibrary::onednn) << two.why;
+  EXPECT_NE(two.why.find("2 threads"), std::string::npos) << two.why;
+  const zero3d::GemmPlan one = zero3d::make_gemm_plan("auto", false);
+  EXPECT_EQ(one.why.find("threads"), std::string::npos) << one.why;
+  EXPECT_EQ(one.forward, zero3d::GemmLibrary::onednn) << one.why;
+}
+
 // bf16 compute: A and B rounded to bf16, products accumulated in fp32: against the double
 // reference on the rounded inputs, within fp32 accumulation error; the bias and residual in fp32.
 void check_bf16_gemm(const std::unique_ptr<Backend>& be) {
