@@ -619,24 +619,22 @@ void for_each_head(const AttnDims& d, int B, int heads, float* work, F&& f) {
 // that rescales the row's output so far.
 float online_softmax_row(float* s, int valid, int width, float alpha, float& m, float& l) {
   vf mx = splat(-std::numeric_limits<float>::infinity());
-  for (int c = 0; c < valid; c += W) {
-    const int k = std::min(W, valid - c);
-    vf v = load_n(s + c, k) * alpha;
-    if (k < W) {
-      const vi live = lane_index() < k;
-      v = live ? v : mx;
-    }
+  for (int c = 0; c < valid; c += W) {  // whole vectors: the tile's rows are width >= valid rounded up
+    vf v = load(s + c) * alpha;
+    if (c + W > valid) v = lane_index() + c < valid ? v : mx;
     store(s + c, v);
     mx = vmax(mx, v);
   }
   const float m_new = std::max(m, reduce_max(mx));
   vf sum{};
-  for (int c = 0; c < width; c += W) {
+  int c = 0;
+  for (; c < valid; c += W) {
     vf e = vexp(load(s + c) - m_new);
     if (c + W > valid) e = lane_index() + c < valid ? e : vf{};
     store(s + c, e);
     sum += e;
   }
+  for (; c < width; c += W) store(s + c, vf{});
   const float corr = sexp(m - m_new);  // 0 on the first tile (m = -inf)
   l = l * corr + reduce_add(sum);
   m = m_new;
@@ -667,8 +665,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
                     [&](int, int r1) { return Extent{round_up(keys(r1), W), 0, d.hd}; });
         for (int r = 0; r < nq; ++r) {  // keys j <= i only
           const float corr = online_softmax_row(S + r * kTileT, std::min(nk, i0 + r - j0 + 1), nkp, alpha, m[r], l[r]);
-          if (corr != 1.0f)
-            for (int k = 0; k < d.hp; ++k) O[r * d.hp + k] *= corr;
+          if (j0 > 0 && corr != 1.0f)  // (the first key tile's O is still zero)
+            for (int k = 0; k < d.hp; k += W) store(O + r * d.hp + k, load(O + r * d.hp + k) * corr);
         }
         causal_gemm(O, d.hp, S, kTileT, 1, V.row(j0), V.ld, nq, true,  // += p v
                     [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });
@@ -677,7 +675,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
         const int t = i0 + r;
         const float inv = 1.0f / l[r];
         float* o = out + (static_cast<size_t>(b) * T + t) * A + h * d.hd;
-        for (int k = 0; k < d.hd; ++k) o[k] = O[r * d.hp + k] * inv;
+        for (int k = 0; k < d.hd; k += W) store_n(o + k, load(O + r * d.hp + k) * inv, std::min(W, d.hd - k));
         lse[(static_cast<size_t>(b) * H + h) * T + t] = m[r] + std::log(l[r]);
       }
     }
@@ -723,12 +721,14 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
             float *p = Pt + r * kTileT, *dp = dP + r * kTileT;
             const int valid = std::min(nk, i0 + r - j0 + 1);
             const float lr = row_lse[i0 + r], Dr = D[i0 + r];
-            for (int c = 0; c < nkp; c += W) {
+            int c = 0;
+            for (; c < valid; c += W) {
               const vi live = lane_index() + c < valid;
               const vf pv = live ? vexp(load(p + c) * alpha - lr) : vf{};  // masked lanes: never-written memory
               store(p + c, pv);
               store(dp + c, live ? pv * (load(dp + c) - Dr) : vf{});
             }
+            for (; c < nkp; c += W) store(p + c, vf{}), store(dp + c, vf{});
           }
           // key rows [c0, ..) meet queries i >= j0 + c0 (tile rows from j0 + c0 - i0)
           auto queries = [&](int c0, int) { return Extent{d.hp, std::max(0, j0 + c0 - i0), nq}; };
