@@ -17,12 +17,24 @@
 
 namespace zero3d {
 
-double MachineRates::collective_seconds(const std::string& op, double msg_bytes, int size) const {
+namespace {
+
+const MachineRates::Link* find_link(const std::map<std::string, MachineRates::Link>& links, const std::string& op) {
+  auto it = links.find(op);
+  if (it == links.end()) it = links.find("all_reduce");
+  return it == links.end() || it->second.busbw <= 0 ? nullptr : &it->second;
+}
+
+}  // namespace
+
+double MachineRates::collective_seconds(const std::string& op, double msg_bytes, int size, int per_node) const {
   if (size <= 1) return 0;
-  auto it = collectives.find(op);
-  if (it == collectives.end()) it = collectives.find("all_reduce");
-  if (it == collectives.end() || it->second.busbw <= 0) return 0;
-  return it->second.latency_s + msg_bytes * bus_share(op, size) / it->second.busbw;
+  const Link* in = find_link(collectives, op);
+  const Link* out = size > per_node ? find_link(inter_node.collectives, op) : nullptr;
+  if (!out) return in ? in->latency_s + msg_bytes * bus_share(op, size) / in->busbw : 0;
+  double busbw = out->busbw * std::min(1.0, static_cast<double>(per_node) / std::max(1, ranks_per_node));
+  if (in) busbw = std::min(busbw, in->busbw);
+  return out->latency_s + msg_bytes * bus_share(op, size) / busbw;
 }
 
 namespace {
@@ -115,16 +127,37 @@ MachineRates measure_machine(Backend& be, double seconds) {
   return m;
 }
 
+namespace {
+
+nlohmann::ordered_json links_json(const std::map<std::string, MachineRates::Link>& links) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [op, l] : links) j[op] = {{"latency_s", l.latency_s}, {"busbw_bytes_per_s", l.busbw}};
+  return j;
+}
+
+std::map<std::string, MachineRates::Link> links_from(const nlohmann::json& j) {
+  std::map<std::string, MachineRates::Link> links;
+  for (auto it = j.begin(); it != j.end(); ++it)
+    links[it.key()] = {it->at("latency_s").get<double>(), it->at("busbw_bytes_per_s").get<double>()};
+  return links;
+}
+
+}  // namespace
+
 void save_machine(const MachineRates& m, const std::string& path) {
-  nlohmann::ordered_json j = {{"name", m.name},
-                              {"ranks_per_node", m.ranks_per_node},
-                              {"gemm_flops_per_s", m.gemm_flops},
-                              {"attention_flops_per_s", m.attention_flops},
-                              {"copy_bytes_per_s", m.copy_bytes},
-                              {"adam_bytes_per_s", m.adam_bytes},
-                              {"collectives", nlohmann::ordered_json::object()},
-                              {"measured", m.measured}};
-  for (const auto& [op, l] : m.collectives) j["collectives"][op] = {{"latency_s", l.latency_s}, {"busbw_bytes_per_s", l.busbw}};
+  nlohmann::ordered_json j = {{"name", m.name}, {"ranks_per_node", m.ranks_per_node}};
+  if (m.device) j["device"] = true;
+  j["gemm_flops_per_s"] = m.gemm_flops;
+  if (m.gemm_bf16_flops > 0) j["gemm_bf16_flops_per_s"] = m.gemm_bf16_flops;
+  j["attention_flops_per_s"] = m.attention_flops;
+  j["copy_bytes_per_s"] = m.copy_bytes;
+  j["adam_bytes_per_s"] = m.adam_bytes;
+  if (m.p2p_bytes > 0) j["p2p_bytes_per_s"] = m.p2p_bytes;
+  j["collectives"] = links_json(m.collectives);
+  if (!m.inter_node.collectives.empty() || m.inter_node.p2p_bytes > 0)
+    j["inter_node"] = {{"p2p_bytes_per_s", m.inter_node.p2p_bytes}, {"collectives", links_json(m.inter_node.collectives)}};
+  j["measured"] = m.measured;
+  if (!m.sources.empty()) j["sources"] = m.sources;
   write_file_atomic(path, j.dump(2) + "\n");
 }
 
@@ -141,15 +174,26 @@ MachineRates load_machine(const std::string& path) {
     m.attention_flops = j.at("attention_flops_per_s").get<double>();
     m.copy_bytes = j.at("copy_bytes_per_s").get<double>();
     m.adam_bytes = j.value("adam_bytes_per_s", m.copy_bytes);  // absent: at copy bandwidth
-    const nlohmann::json links = j.value("collectives", nlohmann::json::object());
-    for (auto it = links.begin(); it != links.end(); ++it)
-      m.collectives[it.key()] = {it->at("latency_s").get<double>(), it->at("busbw_bytes_per_s").get<double>()};
+    m.device = j.value("device", false);
+    m.gemm_bf16_flops = j.value("gemm_bf16_flops_per_s", 0.0);
+    m.p2p_bytes = j.value("p2p_bytes_per_s", 0.0);
+    m.collectives = links_from(j.value("collectives", nlohmann::json::object()));
+    if (j.contains("inter_node")) {
+      const nlohmann::json& net = j.at("inter_node");
+      m.inter_node.p2p_bytes = net.value("p2p_bytes_per_s", 0.0);
+      m.inter_node.collectives = links_from(net.value("collectives", nlohmann::json::object()));
+    }
     m.measured = j.value("measured", "");
-    if (m.gemm_flops <= 0 || m.attention_flops <= 0 || m.copy_bytes <= 0) throw UserError("a rate is not positive");
+    m.sources = j.value("sources", std::vector<std::string>{});
+    if (m.gemm_flops <= 0 || m.attention_flops <= 0 || m.copy_bytes <= 0 || m.gemm_bf16_flops < 0 || m.p2p_bytes < 0 ||
+        m.inter_node.p2p_bytes < 0)
+      throw UserError("a rate is not positive");
+    if (m.ranks_per_node < 1) throw UserError("ranks_per_node must be at least 1");
     return m;
   } catch (const std::exception& e) {
     throw UserError(strprintf("machine file '%s': %s (keys: gemm_flops_per_s, attention_flops_per_s, "
-                              "copy_bytes_per_s, collectives.OP.latency_s/busbw_bytes_per_s)", path.c_str(), e.what()));
+                              "copy_bytes_per_s, collectives.OP.latency_s/busbw_bytes_per_s; optional: device, gemm_bf16_flops_per_s, "
+                              "adam_bytes_per_s, p2p_bytes_per_s, inter_node.{p2p_bytes_per_s,collectives})", path.c_str(), e.what()));
   }
 }
 

@@ -119,13 +119,25 @@ StepWork count_step(const Config& c, int dp, int pp_rank) {
 
 StepTime price_step(const Config& c, int dp, const MachineRates& m) {
   const double act_bytes = 4.0 * c.train_micro_batch_size_per_gpu * c.model.seq_len * c.model.d_model;
-  const int groups[2] = {dp, c.tp_size};
+  // Ranks are tp-major (parallel/topology.h) and a node holds R consecutive ones: a tp group spans
+  // nodes when tp > R, a dp group when tp x dp > R (then R / tp of its ranks on a node), a pipeline
+  // when tp x dp x pp > R (its slowest stage then sends to another node).
+  const int tp = c.tp_size, R = std::max(1, m.ranks_per_node);
+  const int tp_per_node = std::min(tp, R), dp_per_node = tp * dp <= R ? dp : std::max(1, R / tp);
+  const bool pp_spans = static_cast<long>(tp) * dp * c.pp_size > R && m.inter_node.p2p_bytes > 0;
+  const double p2p = pp_spans ? m.inter_node.p2p_bytes : m.p2p_bytes > 0 ? m.p2p_bytes : m.copy_bytes;
+  const double gemm = c.precision == Precision::bf16 && m.gemm_bf16_flops > 0 ? m.gemm_bf16_flops : m.gemm_flops;
+  struct Comm {
+    double dp = 0, tp = 0;
+  };
   auto comm_seconds = [&](const StepWork::Part& part) {
-    double t = 0;
+    Comm t;
     for (const auto& [what, st] : part.comms) {
       const std::string group = what.substr(0, what.find(' ')), op = what.substr(what.find(' ') + 1);
-      const int size = group == "dp" ? groups[0] : group == "tp" ? groups[1] : 1;
-      if (st.calls) t += st.calls * m.collective_seconds(op, static_cast<double>(st.msg_bytes) / st.calls, size);
+      if (!st.calls || (group != "dp" && group != "tp")) continue;
+      const bool is_dp = group == "dp";
+      (is_dp ? t.dp : t.tp) += st.calls * m.collective_seconds(op, static_cast<double>(st.msg_bytes) / st.calls,
+                                                                is_dp ? dp : tp, is_dp ? dp_per_node : tp_per_node);
     }
     return t;
   };
@@ -134,12 +146,18 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     const StepWork w = count_step(c, dp, p);
     double compute = 0;
     for (const auto& [op, st] : w.micro_batch.ops)
-      compute += op_kind(op) == OpKind::gemm        ? st.flops / m.gemm_flops
+      compute += op_kind(op) == OpKind::gemm        ? st.flops / gemm
                  : op_kind(op) == OpKind::attention ? st.flops / m.attention_flops
                                                     : st.bytes / m.copy_bytes;
     const int neighbours = (p > 0) + (p < c.pp_size - 1);  // activations in and gradients out, per neighbour
-    const double comm = comm_seconds(w.micro_batch) + neighbours * 2 * act_bytes / m.copy_bytes;
-    double end = comm_seconds(w.step_end);
+    const Comm mb = comm_seconds(w.micro_batch);
+    // On a device the data-parallel collectives a micro-batch issues (ZeRO-3's gathers, overlap_comm's
+    // reductions) run on their own stream beside its compute; tp's sit between its GEMMs. On a CPU the
+    // collectives run on the cores that compute.
+    const double dp_exposed = m.device && c.zero.overlap_comm ? std::max(0.0, mb.dp - compute) : mb.dp;
+    const double comm = mb.tp + dp_exposed + neighbours * 2 * act_bytes / p2p;
+    const Comm end_comm = comm_seconds(w.step_end);
+    double end = end_comm.dp + end_comm.tp;
     for (const auto& [op, st] : w.step_end.ops) end += st.bytes / (op == "adam_step" ? m.adam_bytes : m.copy_bytes);
     if (compute + comm > slowest_mb + slowest_comm) slowest_mb = compute, slowest_comm = comm;
     slowest_end = std::max(slowest_end, end);
@@ -224,7 +242,8 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
   return out;
 }
 
-std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit, MemKind kind) {
+std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit, MemKind kind,
+                           const MachineRates* machine) {
   const Config c = load_config(sources, ranks);
   refuse_nvme(c);
   const int dp = ranks / (c.tp_size * c.pp_size);
@@ -263,12 +282,12 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
     }
     std::string comms;
     auto collectives = [](const StepWork::Part& p) {
-      std::string list;
+      std::string text;
       for (const auto& [what, st] : p.comms)
         if (st.group_size > 1)
-          list += strprintf("; %s %lld x %.2f MB", what.c_str(), static_cast<long long>(st.calls),
+          text += strprintf("; %s %lld x %.2f MB", what.c_str(), static_cast<long long>(st.calls),
                             st.msg_bytes / 1e6 / std::max<int64_t>(1, st.calls));
-      return list;
+      return text;
     };
     double end_bytes = 0;
     for (const auto& [op, st] : work.step_end.ops) end_bytes += st.bytes;
@@ -276,6 +295,14 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
                      "attention %.3f GFLOP, the other ops %.3f GB%s; then per step: %.3f GB (gradients, optimizer)%s\n",
                      gemm / 1e9, attention / 1e9, bytes / 1e9, collectives(work.micro_batch).c_str(), end_bytes / 1e9,
                      collectives(work.step_end).c_str());
+    if (machine) {
+      const StepTime t = price_step(c, dp, *machine);
+      const double tokens = static_cast<double>(c.train_batch_size) * c.model.seq_len / t.step_s();
+      out += strprintf("time     on %s: step %.4g s = compute %.4g + communication %.4g + bubble %.4g + step end "
+                       "%.4g; %.6g tokens/s, %.4g model TFLOP/s a rank\n",
+                       machine->name.c_str(), t.step_s(), t.compute_s, t.comm_s, t.bubble_s, t.step_end_s, tokens,
+                       tokens * gpt_flops_per_token(c.model) / ranks / 1e12);
+    }
   }
 
   // The seed's checklist, each change alone, sized like the layout itself.
@@ -387,15 +414,17 @@ const char* kPlanUsage =
     "  --mem-per-rank BYTES (suffix K, M, G, T: powers of 1024): which fit. --top K rows (default 20; 0: all).\n"
     "  --device: the buffers in device memory, as a GPU run allocates them (the CUDA backend's own workspaces\n"
     "  not counted), with optimizer offload to host memory as one more choice (its host bytes apart).\n"
-    "  --machine FILE (zero3d bench machine's): each layout's step time too, its work counted by running its\n"
-    "  model's and engine's code on the sizing backend (--explain prints it) and priced at FILE's rates:\n"
-    "  compute, communication, 1F1B's bubble, the step's end; ranked by tokens/s (else by memory).\n"
+    "  --machine FILE (zero3d bench machine's, or a GPU node's preset in input/machines/): each layout's\n"
+    "  step time too, its work counted by running its model's and engine's code on the sizing backend\n"
+    "  (--explain prints it) and priced at FILE's rates: compute, communication (over the network for a\n"
+    "  group that spans nodes), 1F1B's bubble, the step's end; ranked by tokens/s (else by memory).\n"
     "  --json: one object per layout on stdout.\n"
     "  --sweep K: the first K layouts that fit as jobscripts/sweep.sh's LAYOUTS lines (strong scaling; NODES\n"
     "  from --ranks-per-node, default one node): zero3d plan ... --sweep 5 > layouts.txt.\n"
     "  --explain: CONFIG's own layout on N ranks part by part, and what each single change (ZeRO stage,\n"
-    "  activation checkpointing, micro-batch, tp, pp) leaves per rank; a run whose node would need more than\n"
-    "  its available memory stops before it allocates and prints the same.\n";
+    "  activation checkpointing, micro-batch, tp, pp) leaves per rank, and with --machine its step time;\n"
+    "  a run whose node would need more than its available memory stops before it allocates and prints\n"
+    "  the same.\n";
 
 uint64_t parse_bytes(const std::string& s) {
   size_t used = 0;
@@ -456,7 +485,7 @@ int cmd_plan(const Args& a) {
     throw UserError(strprintf("zero3d plan needs a config and --ranks N\n%s", kPlanUsage));
   if (ProcessGroup::world()->rank() != 0) return 0;
   if (explain) {
-    log_info("%s", explain_layout(src, ranks, mem, kind).c_str());
+    log_info("%s", explain_layout(src, ranks, mem, kind, machine ? &*machine : nullptr).c_str());
     return 0;
   }
 
@@ -473,7 +502,8 @@ int cmd_plan(const Args& a) {
     if (timed && x->tokens_per_s != y->tokens_per_s) return x->tokens_per_s > y->tokens_per_s;
     return x->worst.total() < y->worst.total();
   });
-  if (timed && machine->ranks_per_node != (per_node ? per_node : ranks))
+  // Without --ranks-per-node the ranks fill nodes of the machine's (a preset's 8 GPUs, bench machine's ranks).
+  if (timed && (per_node ? per_node != machine->ranks_per_node : ranks % machine->ranks_per_node != 0))
     log_warn("zero3d plan: the machine file was measured with %d ranks a node, this plan has %d: its rates may not "
              "hold (measure it with the ranks a node will run)", machine->ranks_per_node, per_node ? per_node : ranks);
   if (per_node && ranks % per_node)
@@ -544,7 +574,7 @@ int cmd_plan(const Args& a) {
     const std::string time_cols =
         !timed ? ""
         : l.tokens_per_s > 0
-            ? strprintf(" %8.3f %7.3f %7.3f %7.3f %9.0f", l.time.step_s(), l.time.comm_s, l.time.bubble_s,
+            ? strprintf(" %8.4g %7.3g %7.3g %7.3g %9.0f", l.time.step_s(), l.time.comm_s, l.time.bubble_s,
                         l.time.step_end_s, l.tokens_per_s)
             : strprintf(" %8s", "-");
     log_info("%4d %3d %3d %5d %5d %4d %4s%s %9s %9s %9s %9s %9s %9s %9s %5d%s %s%s", l.dp, l.tp, l.pp, l.stage, l.micro,

@@ -50,11 +50,13 @@ struct StepWork {
 StepWork count_step(const Config& c, int dp, int pp_rank);
 
 // A layout's step time on a machine (train/machine.h), priced from each stage's counted work: a
-// micro-batch's GEMM and attention FLOPs at the machine's rates, its other ops' bytes at its copy
-// bandwidth, its collectives at their latency and bus bandwidth for the group's size, the pipeline's
-// activations sent and received at copy bandwidth; 1F1B runs gas + pp - 1 micro-batch slots of the
-// slowest stage (pp - 1 of them the bubble), then the step's end. On a CPU nothing overlaps: the
-// collectives run on the cores that compute.
+// micro-batch's GEMM (a bf16 run's at the bf16 rate) and attention FLOPs at the machine's rates, its
+// other ops' bytes at its copy bandwidth, its collectives at their latency and bus bandwidth for the
+// group's size (the network's when the group spans nodes), the pipeline's activations sent and
+// received at the neighbour link's bandwidth; 1F1B runs gas + pp - 1 micro-batch slots of the slowest
+// stage (pp - 1 of them the bubble), then the step's end. On a CPU nothing overlaps: the collectives
+// run on the cores that compute. On a device with overlap_comm, a micro-batch's data-parallel
+// collectives hide behind its compute (what exceeds it is exposed).
 struct StepTime {
   double compute_s = 0, comm_s = 0, bubble_s = 0, step_end_s = 0;
   double step_s() const { return compute_s + comm_s + bubble_s + step_end_s; }
@@ -86,7 +88,9 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
 // layout on `ranks` ranks (its worst stage, each part), then each single change (ZeRO stage,
 // activation checkpointing, a smaller micro-batch, tp, pp) the config code accepts, with the
 // total per rank it leaves, smallest first. `limit` (0: none) marks what fits.
-std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit, MemKind kind = MemKind::host);
+// With `machine`, its step time there too.
+std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit, MemKind kind = MemKind::host,
+                           const MachineRates* machine = nullptr);
 
 // Before a run allocates: the ranks of each node sum their planned bytes (size_rank) and, on the
 // host backend, a node whose ranks plan more than its available memory (MemAvailable, and the

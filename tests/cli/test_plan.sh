@@ -179,6 +179,66 @@ print(f"ok plan --machine: {len(timed)} layouts priced, compute {one['time']['co
 PY
 expect_exit 2 plan-machine "machine file '.*/bad.json': .*gemm_flops_per_s" \
   bash -c "echo '{\"name\": \"x\"}' > $tmp/bad.json && \"$z3d\" plan $tiny --ranks 2 --machine $tmp/bad.json"
+# Nodes, bf16 and a device: the same round rates with a slow network between nodes of 2 ranks
+# (a group that spans them is priced on it, its bandwidth shared by its ranks a node; a tp group
+# within a node is not), a bf16 GEMM rate (a bf16 run's GEMMs at it: --explain's time line is its
+# counted work at those rates), and a device (with overlap_comm, ZeRO-3's data-parallel collectives
+# hide behind a micro-batch's compute). The GPU presets load and price every layout.
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+m = json.load(open(f"{sys.argv[1]}/round.json"))
+links = {op: {"latency_s": 1e-5, "busbw_bytes_per_s": 1e8} for op in m["collectives"]}
+json.dump(dict(m, inter_node={"p2p_bytes_per_s": 1e8, "collectives": links}), open(f"{sys.argv[1]}/net.json", "w"))
+json.dump(dict(m, gemm_bf16_flops_per_s=2e11), open(f"{sys.argv[1]}/bf16.json", "w"))
+json.dump(dict(m, device=True), open(f"{sys.argv[1]}/device.json", "w"))
+PY
+for f in net device; do
+  timeout 60 "$z3d" plan $tiny --ranks 4 --machine "$tmp/$f.json" --json > "$tmp/timed-$f.jsonl" 2> "$tmp/timed.log" ||
+    { cat "$tmp/timed.log"; fail "plan --machine $f.json"; }
+done
+timeout 60 "$z3d" plan $tiny --ranks 4 --machine "$tmp/round.json" --json > "$tmp/timed4.jsonl" 2> "$tmp/timed.log" ||
+  { cat "$tmp/timed.log"; fail "plan --machine round.json, 4 ranks"; }
+timeout 60 "$z3d" plan $tiny --ranks 1 --explain --machine "$tmp/bf16.json" --set bf16.enabled=true > "$tmp/explain-bf16.log" 2>&1 ||
+  { cat "$tmp/explain-bf16.log"; fail "plan --explain --machine bf16.json"; }
+for preset in input/machines/*.json; do
+  timeout 120 "$z3d" plan $tiny --ranks 16 --machine "$preset" --device --json > "$tmp/preset.jsonl" 2> "$tmp/preset.log" ||
+    { cat "$tmp/preset.log"; fail "plan --machine $preset"; }
+  /usr/bin/python3 -c "
+import json, sys
+m = json.load(open('$preset'))
+assert m['device'] and m['ranks_per_node'] == 8 and len(m['sources']) >= 5 and m['inter_node']['collectives'], m
+assert sum('time' in json.loads(l) for l in open('$tmp/preset.jsonl')) >= 10" || fail "preset $preset"
+done
+/usr/bin/python3 - "$tmp" <<'PY' || fail "plan --machine: nodes, bf16, device"
+import json, re, sys
+tmp = sys.argv[1]
+def layouts(name):
+    return {(p["dp"], p["tp"], p["pp"], p["stage"], p["micro"], p["activation_checkpointing"]): p["time"]
+            for p in map(json.loads, open(f"{tmp}/{name}.jsonl")) if "time" in p}
+base, net, dev = layouts("timed4"), layouts("timed-net"), layouts("timed-device")
+for k, t in base.items():
+    dp, tp, pp, stage = k[:4]
+    n = net[k]
+    if tp * dp * pp <= 2:  # within a node
+        assert n == t, (k, t, n)
+    if tp == 2 and pp == 1 and stage <= 1:  # tp within a node, the dp group (its step end's) across the two
+        assert abs(n["comm_s"] - t["comm_s"]) < 1e-12 and (n["step_end_s"] > t["step_end_s"] or dp == 1), (k, t, n)
+    if dp == 4 and stage >= 2:  # its micro-batch's reductions cross nodes
+        assert n["comm_s"] > 2 * t["comm_s"], (k, t, n)
+    if pp == 2 and tp * dp == 2:  # the pipeline's neighbours on the other node
+        assert n["comm_s"] > t["comm_s"], (k, t, n)
+    d = dev[k]
+    if stage == 3 and tp == 1 and pp == 1 and dp > 1:  # overlap_comm (stage 3's default): hidden
+        assert d["comm_s"] < 1e-12 < t["comm_s"], (k, t, d)
+    if stage < 3:  # overlap_comm off: as on the host
+        assert d == t, (k, t, d)
+log = open(f"{tmp}/explain-bf16.log").read()
+gemm, att, other = map(float, re.search(r"GEMM ([0-9.]+) GFLOP, attention ([0-9.]+) GFLOP, the other ops ([0-9.]+) GB", log).groups())
+compute = float(re.search(r"^time .*= compute ([0-9.e+-]+) ", log, re.M).group(1))
+want = gemm * 1e9 / 2e11 + att * 1e9 / 5e10 + other * 1e9 / 1e10
+assert abs(compute - want) <= 0.02 * want, (compute, want)
+print(f"ok plan --machine: nodes, bf16 (compute {compute:.4g} s for {want:.4g} s), device overlap; presets")
+PY
 # --explain: the layout part by part and what each change leaves; gpt-tiny on 2 ranks in 20 MiB.
 timeout 60 "$z3d" plan $tiny --ranks 2 --explain --mem-per-rank 20M > "$tmp/explain.log" 2>&1 || { cat "$tmp/explain.log"; fail "explain"; }
 grep -qE "^memory .* total [0-9.]+ GB, over the 0.021 GB available by" "$tmp/explain.log" &&
