@@ -124,7 +124,7 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
   // when tp x dp x pp > R (its slowest stage then sends to another node).
   const int tp = c.tp_size, R = std::max(1, m.ranks_per_node);
   const int tp_per_node = std::min(tp, R), dp_per_node = tp * dp <= R ? dp : std::max(1, R / tp);
-  const bool pp_spans = static_cast<long>(tp) * dp * c.pp_size > R && m.inter_node.p2p_bytes > 0;
+  const bool pp_spans = c.pp_size > 1 && static_cast<long>(tp) * dp * c.pp_size > R && m.inter_node.p2p_bytes > 0;
   const double p2p = pp_spans ? m.inter_node.p2p_bytes : m.p2p_bytes > 0 ? m.p2p_bytes : m.copy_bytes;
   const double gemm = c.precision == Precision::bf16 && m.gemm_bf16_flops > 0 ? m.gemm_bf16_flops : m.gemm_flops;
   struct Comm {
@@ -141,6 +141,7 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     }
     return t;
   };
+  StepTime t;
   double slowest_mb = 0, slowest_comm = 0, slowest_end = 0;
   for (int p = 0; p < c.pp_size; ++p) {
     const StepWork w = count_step(c, dp, p);
@@ -155,15 +156,19 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     // reductions) run on their own stream beside its compute; tp's sit between its GEMMs. On a CPU the
     // collectives run on the cores that compute.
     const double dp_exposed = m.device && c.zero.overlap_comm ? std::max(0.0, mb.dp - compute) : mb.dp;
-    const double comm = mb.tp + dp_exposed + neighbours * 2 * act_bytes / p2p;
+    const double sends = neighbours * 2 * act_bytes / p2p, comm = mb.tp + dp_exposed + sends;
     const Comm end_comm = comm_seconds(w.step_end);
     double end = end_comm.dp + end_comm.tp;
     for (const auto& [op, st] : w.step_end.ops) end += st.bytes / (op == "adam_step" ? m.adam_bytes : m.copy_bytes);
-    if (compute + comm > slowest_mb + slowest_comm) slowest_mb = compute, slowest_comm = comm;
-    slowest_end = std::max(slowest_end, end);
+    if (compute + comm > slowest_mb + slowest_comm)
+      slowest_mb = compute, slowest_comm = comm, t.tp_s = mb.tp, t.dp_s = dp_exposed, t.pp_s = sends;
+    if (end > slowest_end) slowest_end = end, t.end_collectives_s = end_comm.dp + end_comm.tp;
   }
-  StepTime t;
   const int gas = c.gradient_accumulation_steps;
+  t.tp_s *= gas, t.dp_s *= gas, t.pp_s *= gas;
+  t.tp_across = tp > R && !m.inter_node.collectives.empty();
+  t.dp_across = dp > dp_per_node && !m.inter_node.collectives.empty();
+  t.pp_across = pp_spans;
   t.compute_s = gas * slowest_mb, t.comm_s = gas * slowest_comm;
   t.bubble_s = (c.pp_size - 1) * (slowest_mb + slowest_comm);
   t.step_end_s = slowest_end;
@@ -298,10 +303,13 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
     if (machine) {
       const StepTime t = price_step(c, dp, *machine);
       const double tokens = static_cast<double>(c.train_batch_size) * c.model.seq_len / t.step_s();
-      out += strprintf("time     on %s: step %.4g s = compute %.4g + communication %.4g + bubble %.4g + step end "
-                       "%.4g; %.6g tokens/s, %.4g model TFLOP/s a rank\n",
-                       machine->name.c_str(), t.step_s(), t.compute_s, t.comm_s, t.bubble_s, t.step_end_s, tokens,
-                       tokens * gpt_flops_per_token(c.model) / ranks / 1e12);
+      auto where = [](bool across) { return across ? "across nodes" : "in a node"; };
+      out += strprintf("time     on %s: step %.4g s = compute %.4g + communication %.4g (tp %.4g %s, dp %.4g %s, "
+                       "pipeline sends %.4g %s) + bubble %.4g + step end %.4g (its collectives %.4g); %.6g tokens/s, "
+                       "%.4g model TFLOP/s a rank\n",
+                       machine->name.c_str(), t.step_s(), t.compute_s, t.comm_s, t.tp_s, where(t.tp_across), t.dp_s,
+                       where(t.dp_across), t.pp_s, where(t.pp_across), t.bubble_s, t.step_end_s, t.end_collectives_s,
+                       tokens, tokens * gpt_flops_per_token(c.model) / ranks / 1e12);
     }
   }
 
@@ -542,7 +550,11 @@ int cmd_plan(const Args& a) {
         if (l.tokens_per_s > 0)
           j["time"] = {{"step_s", l.time.step_s()}, {"compute_s", l.time.compute_s}, {"comm_s", l.time.comm_s},
                        {"bubble_s", l.time.bubble_s}, {"step_end_s", l.time.step_end_s},
-                       {"tokens_per_s", l.tokens_per_s}};
+                       {"tokens_per_s", l.tokens_per_s},
+                       {"comm", {{"tp_s", l.time.tp_s}, {"dp_s", l.time.dp_s}, {"pp_s", l.time.pp_s},
+                                 {"end_collectives_s", l.time.end_collectives_s},
+                                 {"tp_across_nodes", l.time.tp_across}, {"dp_across_nodes", l.time.dp_across},
+                                 {"pp_across_nodes", l.time.pp_across}}}};
         j["worst"] = bytes(l.worst);
         j["stages"] = nlohmann::ordered_json::array();
         for (const RankMemory& r : l.stages) j["stages"].push_back(bytes(r));

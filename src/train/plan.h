@@ -59,6 +59,10 @@ StepWork count_step(const Config& c, int dp, int pp_rank);
 // collectives hide behind its compute (what exceeds it is exposed).
 struct StepTime {
   double compute_s = 0, comm_s = 0, bubble_s = 0, step_end_s = 0;
+  // comm_s by group (the slowest stage's exposed tp, dp and pipeline sends), the step end's collectives
+  // (part of step_end_s), and which groups cross nodes.
+  double tp_s = 0, dp_s = 0, pp_s = 0, end_collectives_s = 0;
+  bool tp_across = false, dp_across = false, pp_across = false;
   double step_s() const { return compute_s + comm_s + bubble_s + step_end_s; }
 };
 StepTime price_step(const Config& c, int dp, const MachineRates& m);

@@ -219,6 +219,11 @@ base, net, dev = layouts("timed4"), layouts("timed-net"), layouts("timed-device"
 for k, t in base.items():
     dp, tp, pp, stage = k[:4]
     n = net[k]
+    parts = n["comm"]
+    assert abs(n["comm_s"] - parts["tp_s"] - parts["dp_s"] - parts["pp_s"]) < 1e-9, (k, n)
+    assert (parts["tp_across_nodes"], parts["dp_across_nodes"], parts["pp_across_nodes"]) == \
+        (tp > 2, dp > 1 and tp * dp > 2, pp > 1 and tp * dp * pp > 2), (k, n)
+    assert not any(v for key, v in t["comm"].items() if key.endswith("nodes")), (k, t)  # no inter_node rates
     if tp * dp * pp <= 2:  # within a node
         assert n == t, (k, t, n)
     if tp == 2 and pp == 1 and stage <= 1:  # tp within a node, the dp group (its step end's) across the two
