@@ -153,6 +153,8 @@ void save_machine(const MachineRates& m, const std::string& path) {
   j["copy_bytes_per_s"] = m.copy_bytes;
   j["adam_bytes_per_s"] = m.adam_bytes;
   if (m.p2p_bytes > 0) j["p2p_bytes_per_s"] = m.p2p_bytes;
+  if (m.pcie_bytes > 0) j["pcie_bytes_per_s"] = m.pcie_bytes;
+  if (m.host_adam_bytes > 0) j["host_adam_bytes_per_s"] = m.host_adam_bytes;
   j["collectives"] = links_json(m.collectives);
   if (!m.inter_node.collectives.empty() || m.inter_node.p2p_bytes > 0)
     j["inter_node"] = {{"p2p_bytes_per_s", m.inter_node.p2p_bytes}, {"collectives", links_json(m.inter_node.collectives)}};
@@ -177,6 +179,8 @@ MachineRates load_machine(const std::string& path) {
     m.device = j.value("device", false);
     m.gemm_bf16_flops = j.value("gemm_bf16_flops_per_s", 0.0);
     m.p2p_bytes = j.value("p2p_bytes_per_s", 0.0);
+    m.pcie_bytes = j.value("pcie_bytes_per_s", 0.0);
+    m.host_adam_bytes = j.value("host_adam_bytes_per_s", 0.0);
     m.collectives = links_from(j.value("collectives", nlohmann::json::object()));
     if (j.contains("inter_node")) {
       const nlohmann::json& net = j.at("inter_node");
@@ -185,15 +189,16 @@ MachineRates load_machine(const std::string& path) {
     }
     m.measured = j.value("measured", "");
     m.sources = j.value("sources", std::vector<std::string>{});
-    if (m.gemm_flops <= 0 || m.attention_flops <= 0 || m.copy_bytes <= 0 || m.gemm_bf16_flops < 0 || m.p2p_bytes < 0 ||
-        m.inter_node.p2p_bytes < 0)
+    if (m.gemm_flops <= 0 || m.attention_flops <= 0 || m.copy_bytes <= 0 ||
+        std::min({m.gemm_bf16_flops, m.p2p_bytes, m.pcie_bytes, m.host_adam_bytes, m.inter_node.p2p_bytes}) < 0)
       throw UserError("a rate is not positive");
     if (m.ranks_per_node < 1) throw UserError("ranks_per_node must be at least 1");
     return m;
   } catch (const std::exception& e) {
     throw UserError(strprintf("machine file '%s': %s (keys: gemm_flops_per_s, attention_flops_per_s, "
                               "copy_bytes_per_s, collectives.OP.latency_s/busbw_bytes_per_s; optional: device, gemm_bf16_flops_per_s, "
-                              "adam_bytes_per_s, p2p_bytes_per_s, inter_node.{p2p_bytes_per_s,collectives})", path.c_str(), e.what()));
+                              "adam_bytes_per_s, p2p_bytes_per_s, pcie_bytes_per_s, host_adam_bytes_per_s, "
+                              "inter_node.{p2p_bytes_per_s,collectives})", path.c_str(), e.what()));
   }
 }
 

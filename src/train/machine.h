@@ -20,6 +20,9 @@ struct MachineRates {
   double copy_bytes = 0;         // bytes/s per rank: the elementwise ops' bound (bytes read + written)
   double adam_bytes = 0;         // bytes/s per rank of the optimizer's update (its arithmetic can be the bound)
   double p2p_bytes = 0;          // bytes/s per rank sent to a pipeline neighbour in the node, 0: at copy_bytes
+  // Optimizer offload from a device (0: not priced): bytes/s per rank between device and host memory
+  // (each way), and of AdamW on the CPU with the rank's share of the node's host.
+  double pcie_bytes = 0, host_adam_bytes = 0;
   struct Link {
     double latency_s = 0;  // per call
     double busbw = 0;      // bytes/s, nccl-tests' bus bandwidth
@@ -49,8 +52,8 @@ struct MachineRates {
 // Every rank of the world measures at once; rank 0's numbers, the collectives over the world (one node).
 MachineRates measure_machine(Backend& be, double seconds);
 void save_machine(const MachineRates& m, const std::string& path);
-// A machine file (save_machine's keys; device, gemm_bf16_flops_per_s, p2p_bytes_per_s, inter_node and
-// sources optional, as the presets in input/machines/ use them). UserError naming what is missing.
+// A machine file (save_machine's keys; device, gemm_bf16_flops_per_s, p2p_bytes_per_s, pcie_bytes_per_s,
+// host_adam_bytes_per_s, inter_node and sources optional, as the presets in input/machines/ use them). UserError naming what is missing.
 MachineRates load_machine(const std::string& path);
 
 }  // namespace zero3d

@@ -117,6 +117,12 @@ StepWork count_step(const Config& c, int dp, int pp_rank) {
   return w;
 }
 
+bool prices(const MachineRates& m, const Config& c) {
+  if (c.zero.offload_param.device != OffloadDevice::none) return false;
+  return c.zero.offload_optimizer.device == OffloadDevice::none ||
+         (c.zero.offload_optimizer.device == OffloadDevice::cpu && m.device && m.pcie_bytes > 0 && m.host_adam_bytes > 0);
+}
+
 StepTime price_step(const Config& c, int dp, const MachineRates& m) {
   const double act_bytes = 4.0 * c.train_micro_batch_size_per_gpu * c.model.seq_len * c.model.d_model;
   // Ranks are tp-major (parallel/topology.h) and a node holds R consecutive ones: a tp group spans
@@ -127,6 +133,8 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
   const bool pp_spans = c.pp_size > 1 && static_cast<long>(tp) * dp * c.pp_size > R && m.inter_node.p2p_bytes > 0;
   const double p2p = pp_spans ? m.inter_node.p2p_bytes : m.p2p_bytes > 0 ? m.p2p_bytes : m.copy_bytes;
   const double gemm = c.precision == Precision::bf16 && m.gemm_bf16_flops > 0 ? m.gemm_bf16_flops : m.gemm_flops;
+  Z3D_ASSERT(prices(m, c), "price_step: a layout the machine's rates do not price");
+  const bool offload = c.zero.offload_optimizer.device == OffloadDevice::cpu;
   struct Comm {
     double dp = 0, tp = 0;
   };
@@ -159,7 +167,17 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     const double sends = neighbours * 2 * act_bytes / p2p, comm = mb.tp + dp_exposed + sends;
     const Comm end_comm = comm_seconds(w.step_end);
     double end = end_comm.dp + end_comm.tp;
-    for (const auto& [op, st] : w.step_end.ops) end += st.bytes / (op == "adam_step" ? m.adam_bytes : m.copy_bytes);
+    for (const auto& [op, st] : w.step_end.ops) {
+      if (op != "adam_step") {
+        end += st.bytes / m.copy_bytes;
+      } else if (!offload) {
+        end += st.bytes / m.adam_bytes;
+      } else {  // the gradients down (fp32), the weights up (16-bit in mixed precision), pipelined with the CPU's update
+        const double n = st.bytes / 28, link = n * (4 + (c.precision == Precision::fp32 ? 4 : 2)) / m.pcie_bytes;
+        t.offload_s = std::max(t.offload_s, std::max(link, st.bytes / m.host_adam_bytes));  // (28 bytes a parameter:
+        end += std::max(link, st.bytes / m.host_adam_bytes);                               // adam_step's count)
+      }
+    }
     if (compute + comm > slowest_mb + slowest_comm)
       slowest_mb = compute, slowest_comm = comm, t.tp_s = mb.tp, t.dp_s = dp_exposed, t.pp_s = sends;
     if (end > slowest_end) slowest_end = end, t.end_collectives_s = end_comm.dp + end_comm.tp;
@@ -232,7 +250,7 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
               const Config c = load_config(s, ranks);
               l.stages = size_stages(c, dp, kind, l.worst);
               l.fits = mem_per_rank == 0 || l.worst.total() <= mem_per_rank;
-              if (machine && !offload) {
+              if (machine && prices(*machine, c)) {
                 l.time = price_step(c, dp, *machine);
                 l.tokens_per_s = static_cast<double>(tb) * c.model.seq_len / l.time.step_s();
               }
@@ -276,7 +294,7 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
                                          gigabytes(w.total() - limit).c_str())
                              : strprintf(", within the %s available", gigabytes(limit).c_str());
   out += strprintf("; the largest part: %s (%.0f%%)\n", largest, 100.0 * most / std::max<uint64_t>(1, w.total()));
-  if (c.zero.offload_optimizer.device == OffloadDevice::none && c.zero.offload_param.device == OffloadDevice::none) {
+  if (c.zero.offload_optimizer.device != OffloadDevice::nvme && c.zero.offload_param.device == OffloadDevice::none) {
     const StepWork work = count_step(c, dp, w.pp_rank);  // what the step-time model is to price
     double gemm = 0, attention = 0, bytes = 0;
     for (const auto& [op, st] : work.micro_batch.ops) {
@@ -300,16 +318,16 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
                      "attention %.3f GFLOP, the other ops %.3f GB%s; then per step: %.3f GB (gradients, optimizer)%s\n",
                      gemm / 1e9, attention / 1e9, bytes / 1e9, collectives(work.micro_batch).c_str(), end_bytes / 1e9,
                      collectives(work.step_end).c_str());
-    if (machine) {
+    if (machine && prices(*machine, c)) {
       const StepTime t = price_step(c, dp, *machine);
       const double tokens = static_cast<double>(c.train_batch_size) * c.model.seq_len / t.step_s();
       auto where = [](bool across) { return across ? "across nodes" : "in a node"; };
       out += strprintf("time     on %s: step %.4g s = compute %.4g + communication %.4g (tp %.4g %s, dp %.4g %s, "
-                       "pipeline sends %.4g %s) + bubble %.4g + step end %.4g (its collectives %.4g); %.6g tokens/s, "
-                       "%.4g model TFLOP/s a rank\n",
+                       "pipeline sends %.4g %s) + bubble %.4g + step end %.4g (its collectives %.4g, optimizer offload %.4g); "
+                       "%.6g tokens/s, %.4g model TFLOP/s a rank\n",
                        machine->name.c_str(), t.step_s(), t.compute_s, t.comm_s, t.tp_s, where(t.tp_across), t.dp_s,
                        where(t.dp_across), t.pp_s, where(t.pp_across), t.bubble_s, t.step_end_s, t.end_collectives_s,
-                       tokens, tokens * gpt_flops_per_token(c.model) / ranks / 1e12);
+                       t.offload_s, tokens, tokens * gpt_flops_per_token(c.model) / ranks / 1e12);
     }
   }
 
@@ -552,7 +570,7 @@ int cmd_plan(const Args& a) {
                        {"bubble_s", l.time.bubble_s}, {"step_end_s", l.time.step_end_s},
                        {"tokens_per_s", l.tokens_per_s},
                        {"comm", {{"tp_s", l.time.tp_s}, {"dp_s", l.time.dp_s}, {"pp_s", l.time.pp_s},
-                                 {"end_collectives_s", l.time.end_collectives_s},
+                                 {"end_collectives_s", l.time.end_collectives_s}, {"offload_s", l.time.offload_s},
                                  {"tp_across_nodes", l.time.tp_across}, {"dp_across_nodes", l.time.dp_across},
                                  {"pp_across_nodes", l.time.pp_across}}}};
         j["worst"] = bytes(l.worst);

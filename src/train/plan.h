@@ -62,10 +62,14 @@ struct StepTime {
   // comm_s by group (the slowest stage's exposed tp, dp and pipeline sends), the step end's collectives
   // (part of step_end_s), and which groups cross nodes.
   double tp_s = 0, dp_s = 0, pp_s = 0, end_collectives_s = 0;
+  double offload_s = 0;  // of step_end_s: optimizer offload's copies and CPU update (pipelined: the slower)
   bool tp_across = false, dp_across = false, pp_across = false;
   double step_s() const { return compute_s + comm_s + bubble_s + step_end_s; }
 };
 StepTime price_step(const Config& c, int dp, const MachineRates& m);
+// Whether price_step prices config c's layout on m: not parameter offload; optimizer offload to host
+// memory only on a device with pcie_bytes_per_s and host_adam_bytes_per_s.
+bool prices(const MachineRates& m, const Config& c);
 
 // One candidate layout: its choices, and either why it is not valid or the worst rank's memory.
 struct PlanLayout {

@@ -191,7 +191,28 @@ links = {op: {"latency_s": 1e-5, "busbw_bytes_per_s": 1e8} for op in m["collecti
 json.dump(dict(m, inter_node={"p2p_bytes_per_s": 1e8, "collectives": links}), open(f"{sys.argv[1]}/net.json", "w"))
 json.dump(dict(m, gemm_bf16_flops_per_s=2e11), open(f"{sys.argv[1]}/bf16.json", "w"))
 json.dump(dict(m, device=True), open(f"{sys.argv[1]}/device.json", "w"))
+json.dump(dict(m, device=True, pcie_bytes_per_s=1e9, host_adam_bytes_per_s=1e10), open(f"{sys.argv[1]}/offload.json", "w"))
 PY
+# Optimizer offload: priced only with a device's link and host rates; gpt-tiny's 834304 parameters on
+# one rank in fp32 send 8 bytes each over the 1 GB/s link (6.7 ms), slower than the CPU's AdamW over
+# 28 bytes each at 10 GB/s (2.3 ms): the pipelined step end's offload part is the link's.
+timeout 60 "$z3d" plan $tiny --ranks 1 --device --explain --machine "$tmp/offload.json" --set zero_optimization.stage=1 \
+  --set zero_optimization.offload_optimizer.device=cpu > "$tmp/explain-offload.log" 2>&1 || { cat "$tmp/explain-offload.log"; fail "explain offload"; }
+offload_s=$(sed -n 's/^time .*optimizer offload \([0-9.e+-]*\)).*/\1/p' "$tmp/explain-offload.log")
+/usr/bin/python3 -c "import sys; t = float(sys.argv[1]); sys.exit(abs(t - 834304 * 8 / 1e9) > 0.02 * t)" "${offload_s:-0}" ||
+  { cat "$tmp/explain-offload.log"; fail "explain offload: the link's $((834304 * 8)) bytes at 1 GB/s, got '${offload_s}' s"; }
+for f in device offload; do
+  timeout 60 "$z3d" plan $tiny --ranks 2 --device --machine "$tmp/$f.json" --json > "$tmp/dev-$f.jsonl" 2> "$tmp/timed.log" ||
+    { cat "$tmp/timed.log"; fail "plan --device --machine $f.json"; }
+done
+/usr/bin/python3 - "$tmp" <<'PY' || fail "plan --device: offload priced only with the link's and the host's rates"
+import json, sys
+def priced(name):
+    return [("time" in p) for p in map(json.loads, open(f"{sys.argv[1]}/dev-{name}.jsonl"))
+            if "excluded" not in p and p["offload_optimizer"] == "cpu"]
+assert priced("device") and not any(priced("device")) and all(priced("offload")), (priced("device"), priced("offload"))
+PY
+echo "ok plan: optimizer offload (the link's $offload_s s)"
 for f in net device; do
   timeout 60 "$z3d" plan $tiny --ranks 4 --machine "$tmp/$f.json" --json > "$tmp/timed-$f.jsonl" 2> "$tmp/timed.log" ||
     { cat "$tmp/timed.log"; fail "plan --machine $f.json"; }
