@@ -10,8 +10,9 @@
 # It prints the predicted model TFLOP/s a GPU twice:
 #   zero3d    the preset as it is: zero3d's own kernels, whose fused attention runs at 1.74 TFLOP/s on
 #             an H200 (measured), so zero3d on these GPUs
-#   gemm-attn attention priced at the bf16 GEMM rate too: what the model predicts for kernels like
-#             Megatron's (flash attention), an upper bound, as attention never beats a GEMM
+#   gemm-attn attention priced at the bf16 GEMM rate too: what the model predicts with attention
+#             kernels like Megatron's (flash attention) at their best (none beats the GEMMs); the
+#             rest of the step is still zero3d's
 # against the published per-GPU TFLOP/s, and the ratio of the second to it.
 # What the model leaves out: its elementwise ops are zero3d's, priced at the datasheet's HBM bandwidth
 # (Megatron fuses them and keeps bf16 activations); tensor-parallel collectives are exposed (Megatron

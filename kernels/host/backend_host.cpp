@@ -170,7 +170,7 @@ class HostBackend final : public Backend {
     k_.vocab_crossentropy_grad(dlogits, logits, row_max, sumexp, targets, vocab_start, N, V, dloss);
   }
   void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) override {
-    OpProfile::Scope op(&prof_, "adam_step", 28.0 * n, 0);
+    OpProfile::Scope op(&prof_, "adam_step", math::kAdamBytesPerElement * n, 0);
     k_.adam_step(p, m, v, g, n, a);
   }
   void scale(float* x, float s, size_t n) override {

@@ -619,7 +619,7 @@ void for_each_head(const AttnDims& d, int B, int heads, float* work, F&& f) {
 // that rescales the row's output so far.
 float online_softmax_row(float* s, int valid, int width, float alpha, float& m, float& l) {
   vf mx = splat(-std::numeric_limits<float>::infinity());
-  for (int c = 0; c < valid; c += W) {  // whole vectors: the tile's rows are width >= valid rounded up
+  for (int c = 0; c < valid; c += W) {  // whole vectors: the q . k tile wrote round_up(valid, W) of the row
     vf v = load(s + c) * alpha;
     if (c + W > valid) v = lane_index() + c < valid ? v : mx;
     store(s + c, v);
@@ -724,7 +724,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
             int c = 0;
             for (; c < valid; c += W) {
               const vi live = lane_index() + c < valid;
-              const vf pv = live ? vexp(load(p + c) * alpha - lr) : vf{};  // masked lanes: never-written memory
+              const vf pv = live ? vexp(load(p + c) * alpha - lr) : vf{};  // masked lanes: later keys (selected away)
               store(p + c, pv);
               store(dp + c, live ? pv * (load(dp + c) - Dr) : vf{});
             }

@@ -60,13 +60,15 @@ GemmPlan make_gemm_plan(const std::string& library, bool bf16) {
     return (p.why = "compute.gemm=" + library), p;
   }
   const std::string core = openblas_core();
-  if (cpu::threads() > 1) {
-    // OpenBLAS (Debian's pthread build) starts its own threads beside oneDNN's OpenMP ones, which
-    // spin between GEMMs: 1 rank x 2 threads ran bench-cpu 30% slower with weight gradients on
-    // OpenBLAS and gpt-tiny 8x slower at its Haswell kernels; OpenBLAS on one thread was 25% slower.
-    p.why = strprintf("auto: oneDNN (%d threads a rank: OpenBLAS's own threads would contend with oneDNN's)",
-                      cpu::threads());
-  } else if (!core.empty() && cpu_level() > 0 && openblas_core_level(core) == cpu_level()) {
+  if (!core.empty() && cpu_level() > 0 && openblas_core_level(core) == cpu_level()) {
+    if (cpu::threads() > 1) {
+      // OpenBLAS (Debian's pthread build) starts its own threads beside oneDNN's OpenMP ones, which
+      // spin between GEMMs: 1 rank x 2 threads ran bench-cpu 30% slower with weight gradients on
+      // OpenBLAS and gpt-tiny 8x slower at its Haswell kernels; OpenBLAS on one thread was 25% slower.
+      p.why = strprintf("auto: oneDNN (%d threads a rank: OpenBLAS's own threads would contend with oneDNN's)",
+                        cpu::threads());
+      return p;
+    }
     p.weight_grad = GemmLibrary::cblas;
     p.why = "auto: weight gradients on OpenBLAS, whose " + core + " kernels match the level " + cpu::select().isa +
             " (faster than oneDNN 2.6 on those shapes), the rest on oneDNN";

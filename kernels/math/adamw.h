@@ -9,6 +9,10 @@
 
 namespace zero3d::math {
 
+// The bytes one element's update moves: p, m, v read and written, g read (the backends' profiles
+// count adam_step so).
+constexpr double kAdamBytesPerElement = 28;
+
 struct AdamParams {
   float lr, beta1, beta2, eps, weight_decay;
   float bias_correction1;       // 1 - beta1^t

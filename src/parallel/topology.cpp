@@ -1,5 +1,8 @@
 #include "parallel/topology.h"
 
+#include <algorithm>
+#include <map>
+
 #include "core/check.h"
 
 namespace zero3d {
@@ -56,6 +59,24 @@ int Topology::dp_group_id(int r) const {
 int Topology::pp_group_id(int r) const {
   GridCoord c = coord(r);
   return c.tp + tp * c.dp;
+}
+
+int Topology::fewest_on_a_node(std::vector<int> (Topology::*group)(int) const, int per_node) const {
+  int fewest = 0;
+  for (int r = 0; r < world; ++r) {
+    std::map<int, int> on_node;  // node -> members of r's group there
+    for (int m : (this->*group)(r)) ++on_node[m / per_node];
+    if (on_node.size() < 2) continue;
+    for (const auto& [node, n] : on_node) fewest = fewest == 0 ? n : std::min(fewest, n);
+  }
+  return fewest;
+}
+
+bool Topology::stage_boundary_across_nodes(int stage, int per_node) const {
+  for (int t = 0; t < tp; ++t)
+    for (int d = 0; d < dp; ++d)
+      if (rank({t, d, stage}) / per_node != rank({t, d, stage + 1}) / per_node) return true;
+  return false;
 }
 
 }  // namespace zero3d

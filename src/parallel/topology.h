@@ -43,6 +43,14 @@ struct Topology {
   int pp_group_id(int rank) const;
   bool is_first_stage(int rank) const { return coord(rank).pp == 0; }
   bool is_last_stage(int rank) const { return coord(rank).pp == pp - 1; }
+
+  // On nodes of `per_node` consecutive ranks: over every group of a kind (&Topology::tp_group,
+  // &Topology::dp_group), the fewest members one node holds of a group that spans nodes (its
+  // share of the network), or 0 when no group spans nodes. E.g. world 24, tp 3, nodes of 8: the tp
+  // group {6, 7, 8} spans two nodes with 2 and 1 of its ranks: 1.
+  int fewest_on_a_node(std::vector<int> (Topology::*group)(int) const, int per_node) const;
+  // Whether some rank of pipeline stage `stage` has its neighbour in stage `stage + 1` on another node.
+  bool stage_boundary_across_nodes(int stage, int per_node) const;
 };
 
 }  // namespace zero3d

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/json_tree.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -129,16 +130,61 @@ MachineRates measure_machine(Backend& be, double seconds) {
 
 namespace {
 
+// A machine file's rates by key; the required ones must be there, every one present must be positive.
+struct RateKey {
+  const char* key;
+  double MachineRates::*rate;
+  bool required;
+};
+constexpr RateKey kRates[] = {
+    {"gemm_flops_per_s", &MachineRates::gemm_flops, true},
+    {"gemm_bf16_flops_per_s", &MachineRates::gemm_bf16_flops, false},
+    {"attention_flops_per_s", &MachineRates::attention_flops, true},
+    {"copy_bytes_per_s", &MachineRates::copy_bytes, true},
+    {"adam_bytes_per_s", &MachineRates::adam_bytes, false},  // absent: at copy bandwidth
+    {"p2p_bytes_per_s", &MachineRates::p2p_bytes, false},
+    {"pcie_bytes_per_s", &MachineRates::pcie_bytes, false},
+    {"host_adam_bytes_per_s", &MachineRates::host_adam_bytes, false},
+};
+const std::vector<std::string> kOtherKeys = {"name", "ranks_per_node", "device", "collectives", "inter_node", "measured",
+                                             "sources"};
+
+// An object's keys against the valid ones: the first unknown one named, with the nearest valid key.
+void known_keys(const nlohmann::json& j, const std::vector<std::string>& valid, const std::string& where) {
+  if (!j.is_object()) throw UserError(where + " is not an object");
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (std::find(valid.begin(), valid.end(), it.key()) == valid.end()) {
+      const std::string best = config_json::nearest(it.key(), valid);
+      throw UserError(strprintf("unknown key '%s%s'%s", where.empty() ? "" : (where + ".").c_str(), it.key().c_str(),
+                                best.empty() ? "" : (" (did you mean '" + best + "'?)").c_str()));
+    }
+}
+
+// j[key] (at `where`), which must be there and positive.
+double positive(const nlohmann::json& j, const std::string& key, const std::string& where = "") {
+  const std::string at = where.empty() ? key : where + "." + key;
+  if (!j.contains(key)) throw UserError("missing " + at);
+  const double v = j.at(key).get<double>();
+  if (!(v > 0)) throw UserError(strprintf("%s is %g: it must be positive", at.c_str(), v));
+  return v;
+}
+
 nlohmann::ordered_json links_json(const std::map<std::string, MachineRates::Link>& links) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (const auto& [op, l] : links) j[op] = {{"latency_s", l.latency_s}, {"busbw_bytes_per_s", l.busbw}};
   return j;
 }
 
-std::map<std::string, MachineRates::Link> links_from(const nlohmann::json& j) {
+std::map<std::string, MachineRates::Link> links_from(const nlohmann::json& j, const std::string& where) {
+  known_keys(j, {"all_reduce", "reduce_scatter", "all_gather"}, where);
   std::map<std::string, MachineRates::Link> links;
-  for (auto it = j.begin(); it != j.end(); ++it)
-    links[it.key()] = {it->at("latency_s").get<double>(), it->at("busbw_bytes_per_s").get<double>()};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string at = where + "." + it.key();
+    known_keys(*it, {"latency_s", "busbw_bytes_per_s"}, at);
+    const double latency = it->value("latency_s", -1.0);
+    if (latency < 0) throw UserError(at + ".latency_s is missing or negative");
+    links[it.key()] = {latency, positive(*it, "busbw_bytes_per_s", at)};
+  }
   return links;
 }
 
@@ -147,14 +193,8 @@ std::map<std::string, MachineRates::Link> links_from(const nlohmann::json& j) {
 void save_machine(const MachineRates& m, const std::string& path) {
   nlohmann::ordered_json j = {{"name", m.name}, {"ranks_per_node", m.ranks_per_node}};
   if (m.device) j["device"] = true;
-  j["gemm_flops_per_s"] = m.gemm_flops;
-  if (m.gemm_bf16_flops > 0) j["gemm_bf16_flops_per_s"] = m.gemm_bf16_flops;
-  j["attention_flops_per_s"] = m.attention_flops;
-  j["copy_bytes_per_s"] = m.copy_bytes;
-  j["adam_bytes_per_s"] = m.adam_bytes;
-  if (m.p2p_bytes > 0) j["p2p_bytes_per_s"] = m.p2p_bytes;
-  if (m.pcie_bytes > 0) j["pcie_bytes_per_s"] = m.pcie_bytes;
-  if (m.host_adam_bytes > 0) j["host_adam_bytes_per_s"] = m.host_adam_bytes;
+  for (const RateKey& r : kRates)
+    if (r.required || m.*r.rate > 0) j[r.key] = m.*r.rate;
   j["collectives"] = links_json(m.collectives);
   if (!m.inter_node.collectives.empty() || m.inter_node.p2p_bytes > 0)
     j["inter_node"] = {{"p2p_bytes_per_s", m.inter_node.p2p_bytes}, {"collectives", links_json(m.inter_node.collectives)}};
@@ -166,39 +206,32 @@ void save_machine(const MachineRates& m, const std::string& path) {
 MachineRates load_machine(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw UserError(strprintf("cannot read the machine file '%s' (make one with zero3d bench machine)", path.c_str()));
-  nlohmann::json j;
+  std::vector<std::string> valid = kOtherKeys;
+  for (const RateKey& r : kRates) valid.push_back(r.key);
   try {
-    j = nlohmann::json::parse(in);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    known_keys(j, valid, "");
     MachineRates m;
     m.name = j.value("name", "");
     m.ranks_per_node = j.value("ranks_per_node", 1);
-    m.gemm_flops = j.at("gemm_flops_per_s").get<double>();
-    m.attention_flops = j.at("attention_flops_per_s").get<double>();
-    m.copy_bytes = j.at("copy_bytes_per_s").get<double>();
-    m.adam_bytes = j.value("adam_bytes_per_s", m.copy_bytes);  // absent: at copy bandwidth
+    if (m.ranks_per_node < 1) throw UserError("ranks_per_node must be at least 1");
     m.device = j.value("device", false);
-    m.gemm_bf16_flops = j.value("gemm_bf16_flops_per_s", 0.0);
-    m.p2p_bytes = j.value("p2p_bytes_per_s", 0.0);
-    m.pcie_bytes = j.value("pcie_bytes_per_s", 0.0);
-    m.host_adam_bytes = j.value("host_adam_bytes_per_s", 0.0);
-    m.collectives = links_from(j.value("collectives", nlohmann::json::object()));
+    for (const RateKey& r : kRates)
+      if (r.required || j.contains(r.key)) m.*r.rate = positive(j, r.key);
+    if (m.adam_bytes == 0) m.adam_bytes = m.copy_bytes;
+    m.collectives = links_from(j.value("collectives", nlohmann::json::object()), "collectives");
     if (j.contains("inter_node")) {
       const nlohmann::json& net = j.at("inter_node");
-      m.inter_node.p2p_bytes = net.value("p2p_bytes_per_s", 0.0);
-      m.inter_node.collectives = links_from(net.value("collectives", nlohmann::json::object()));
+      known_keys(net, {"p2p_bytes_per_s", "collectives"}, "inter_node");
+      if (net.contains("p2p_bytes_per_s")) m.inter_node.p2p_bytes = positive(net, "p2p_bytes_per_s", "inter_node");
+      m.inter_node.collectives = links_from(net.value("collectives", nlohmann::json::object()), "inter_node.collectives");
     }
     m.measured = j.value("measured", "");
     m.sources = j.value("sources", std::vector<std::string>{});
-    if (m.gemm_flops <= 0 || m.attention_flops <= 0 || m.copy_bytes <= 0 ||
-        std::min({m.gemm_bf16_flops, m.p2p_bytes, m.pcie_bytes, m.host_adam_bytes, m.inter_node.p2p_bytes}) < 0)
-      throw UserError("a rate is not positive");
-    if (m.ranks_per_node < 1) throw UserError("ranks_per_node must be at least 1");
     return m;
   } catch (const std::exception& e) {
-    throw UserError(strprintf("machine file '%s': %s (keys: gemm_flops_per_s, attention_flops_per_s, "
-                              "copy_bytes_per_s, collectives.OP.latency_s/busbw_bytes_per_s; optional: device, gemm_bf16_flops_per_s, "
-                              "adam_bytes_per_s, p2p_bytes_per_s, pcie_bytes_per_s, host_adam_bytes_per_s, "
-                              "inter_node.{p2p_bytes_per_s,collectives})", path.c_str(), e.what()));
+    throw UserError(strprintf("machine file '%s': %s (required: %s)", path.c_str(), e.what(),
+                              "gemm_flops_per_s, attention_flops_per_s, copy_bytes_per_s; see jobscripts/README.md"));
   }
 }
 

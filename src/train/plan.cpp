@@ -11,10 +11,12 @@
 #include "core/check.h"
 #include "core/log.h"
 #include "kernels/backend.h"
+#include "kernels/math/adamw.h"
 #include "model/gpt.h"
 #include "parallel/comm.h"
 #include "parallel/groups.h"
 #include "parallel/schedule.h"
+#include "parallel/topology.h"
 #include "train/commands.h"
 #include "train/machine.h"
 #include "zero/engine.h"
@@ -124,16 +126,16 @@ bool prices(const MachineRates& m, const Config& c) {
 }
 
 StepTime price_step(const Config& c, int dp, const MachineRates& m) {
-  const double act_bytes = 4.0 * c.train_micro_batch_size_per_gpu * c.model.seq_len * c.model.d_model;
-  // Ranks are tp-major (parallel/topology.h) and a node holds R consecutive ones: a tp group spans
-  // nodes when tp > R, a dp group when tp x dp > R (then R / tp of its ranks on a node), a pipeline
-  // when tp x dp x pp > R (its slowest stage then sends to another node).
-  const int tp = c.tp_size, R = std::max(1, m.ranks_per_node);
-  const int tp_per_node = std::min(tp, R), dp_per_node = tp * dp <= R ? dp : std::max(1, R / tp);
-  const bool pp_spans = c.pp_size > 1 && static_cast<long>(tp) * dp * c.pp_size > R && m.inter_node.p2p_bytes > 0;
-  const double p2p = pp_spans ? m.inter_node.p2p_bytes : m.p2p_bytes > 0 ? m.p2p_bytes : m.copy_bytes;
-  const double gemm = c.precision == Precision::bf16 && m.gemm_bf16_flops > 0 ? m.gemm_bf16_flops : m.gemm_flops;
   Z3D_ASSERT(prices(m, c), "price_step: a layout the machine's rates do not price");
+  const double act_bytes = 4.0 * c.train_micro_batch_size_per_gpu * c.model.seq_len * c.model.d_model;
+  // The groups on the machine's nodes (parallel/topology.h): a group across nodes is priced on the
+  // network, its share of it the fewest of its ranks one node holds (one link a rank).
+  const int R = std::max(1, m.ranks_per_node), tp = c.tp_size;
+  const Topology topo = Topology::make(tp * dp * c.pp_size, tp, c.pp_size);
+  const bool network = !m.inter_node.collectives.empty();
+  const int tp_span = network ? topo.fewest_on_a_node(&Topology::tp_group, R) : 0,
+            dp_span = network ? topo.fewest_on_a_node(&Topology::dp_group, R) : 0;
+  const double gemm = c.precision == Precision::bf16 && m.gemm_bf16_flops > 0 ? m.gemm_bf16_flops : m.gemm_flops;
   const bool offload = c.zero.offload_optimizer.device == OffloadDevice::cpu;
   struct Comm {
     double dp = 0, tp = 0;
@@ -144,13 +146,17 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
       const std::string group = what.substr(0, what.find(' ')), op = what.substr(what.find(' ') + 1);
       if (!st.calls || (group != "dp" && group != "tp")) continue;
       const bool is_dp = group == "dp";
-      (is_dp ? t.dp : t.tp) += st.calls * m.collective_seconds(op, static_cast<double>(st.msg_bytes) / st.calls,
-                                                                is_dp ? dp : tp, is_dp ? dp_per_node : tp_per_node);
+      const int size = is_dp ? dp : tp, span = is_dp ? dp_span : tp_span;
+      (is_dp ? t.dp : t.tp) +=
+          st.calls * m.collective_seconds(op, static_cast<double>(st.msg_bytes) / st.calls, size, span ? span : size);
     }
     return t;
   };
+  // ZeRO-0/1 reduce the gradients once a step: with overlap_comm during the last micro-batch's
+  // backward (count_step's one micro-batch is a last one), else at the step's end.
+  const bool reduce_once = c.zero.stage < 2;
   StepTime t;
-  double slowest_mb = 0, slowest_comm = 0, slowest_end = 0;
+  double slowest_mb = 0, slowest_comm = 0, slowest_end = 0, once = 0;
   for (int p = 0; p < c.pp_size; ++p) {
     const StepWork w = count_step(c, dp, p);
     double compute = 0;
@@ -158,36 +164,41 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
       compute += op_kind(op) == OpKind::gemm        ? st.flops / gemm
                  : op_kind(op) == OpKind::attention ? st.flops / m.attention_flops
                                                     : st.bytes / m.copy_bytes;
-    const int neighbours = (p > 0) + (p < c.pp_size - 1);  // activations in and gradients out, per neighbour
+    double sends = 0;  // activations in and gradients out, per neighbour, over the node's link or the network
+    for (int b : {p - 1, p})
+      if (b >= 0 && b < c.pp_size - 1) {
+        const bool across = topo.stage_boundary_across_nodes(b, R) && m.inter_node.p2p_bytes > 0;
+        sends += 2 * act_bytes / (across ? m.inter_node.p2p_bytes : m.p2p_bytes > 0 ? m.p2p_bytes : m.copy_bytes);
+        t.pp_across = t.pp_across || across;
+      }
     const Comm mb = comm_seconds(w.micro_batch);
     // On a device the data-parallel collectives a micro-batch issues (ZeRO-3's gathers, overlap_comm's
     // reductions) run on their own stream beside its compute; tp's sit between its GEMMs. On a CPU the
     // collectives run on the cores that compute.
     const double dp_exposed = m.device && c.zero.overlap_comm ? std::max(0.0, mb.dp - compute) : mb.dp;
-    const double sends = neighbours * 2 * act_bytes / p2p, comm = mb.tp + dp_exposed + sends;
+    const double comm = mb.tp + (reduce_once ? 0 : dp_exposed) + sends;
     const Comm end_comm = comm_seconds(w.step_end);
-    double end = end_comm.dp + end_comm.tp;
+    double end = end_comm.dp + end_comm.tp, offload_s = 0;
     for (const auto& [op, st] : w.step_end.ops) {
       if (op != "adam_step") {
         end += st.bytes / m.copy_bytes;
       } else if (!offload) {
         end += st.bytes / m.adam_bytes;
       } else {  // the gradients down (fp32), the weights up (16-bit in mixed precision), pipelined with the CPU's update
-        const double n = st.bytes / 28, link = n * (4 + (c.precision == Precision::fp32 ? 4 : 2)) / m.pcie_bytes;
-        t.offload_s = std::max(t.offload_s, std::max(link, st.bytes / m.host_adam_bytes));  // (28 bytes a parameter:
-        end += std::max(link, st.bytes / m.host_adam_bytes);                               // adam_step's count)
+        const double n = st.bytes / math::kAdamBytesPerElement;
+        offload_s = std::max(n * (4 + (c.precision == Precision::fp32 ? 4 : 2)) / m.pcie_bytes, st.bytes / m.host_adam_bytes);
+        end += offload_s;
       }
     }
     if (compute + comm > slowest_mb + slowest_comm)
-      slowest_mb = compute, slowest_comm = comm, t.tp_s = mb.tp, t.dp_s = dp_exposed, t.pp_s = sends;
-    if (end > slowest_end) slowest_end = end, t.end_collectives_s = end_comm.dp + end_comm.tp;
+      slowest_mb = compute, slowest_comm = comm, t.tp_s = mb.tp, t.dp_s = reduce_once ? 0 : dp_exposed, t.pp_s = sends;
+    if (end > slowest_end) slowest_end = end, t.end_collectives_s = end_comm.dp + end_comm.tp, t.offload_s = offload_s;
+    if (reduce_once) once = std::max(once, dp_exposed);
   }
   const int gas = c.gradient_accumulation_steps;
-  t.tp_s *= gas, t.dp_s *= gas, t.pp_s *= gas;
-  t.tp_across = tp > R && !m.inter_node.collectives.empty();
-  t.dp_across = dp > dp_per_node && !m.inter_node.collectives.empty();
-  t.pp_across = pp_spans;
-  t.compute_s = gas * slowest_mb, t.comm_s = gas * slowest_comm;
+  t.tp_s *= gas, t.dp_s = t.dp_s * gas + once, t.pp_s *= gas;
+  t.tp_across = tp_span > 0, t.dp_across = dp_span > 0;
+  t.compute_s = gas * slowest_mb, t.comm_s = gas * slowest_comm + once;
   t.bubble_s = (c.pp_size - 1) * (slowest_mb + slowest_comm);
   t.step_end_s = slowest_end;
   return t;
@@ -532,6 +543,9 @@ int cmd_plan(const Args& a) {
   if (timed && (per_node ? per_node != machine->ranks_per_node : ranks % machine->ranks_per_node != 0))
     log_warn("zero3d plan: the machine file was measured with %d ranks a node, this plan has %d: its rates may not "
              "hold (measure it with the ranks a node will run)", machine->ranks_per_node, per_node ? per_node : ranks);
+  if (timed && ranks > machine->ranks_per_node && machine->inter_node.collectives.empty())
+    log_warn("zero3d plan: %d ranks fill more than one node of %d, and the machine file has no inter_node rates: groups "
+             "across nodes are priced at the node's own", ranks, machine->ranks_per_node);
   if (per_node && ranks % per_node)
     throw UserError(strprintf("--ranks %d do not fill nodes of --ranks-per-node %d", ranks, per_node));
   if (sweep) {  // jobscripts/sweep.sh's LAYOUTS: NAME MODE NODES TP PP DP STAGE MICRO GAS [ARGS...]
@@ -594,7 +608,7 @@ int cmd_plan(const Args& a) {
                              machine->measured.c_str()).c_str()
                  : "ranked by memory (--machine FILE: by predicted tokens/s)");
   const bool dev = kind == MemKind::device;  // two more columns: optimizer offload, and what it puts in host memory
-  const std::string time_head = timed ? strprintf(" %8s %7s %7s %7s %9s", "step s", "comm", "bubble", "end", "tokens/s") : "";
+  const std::string time_head = timed ? strprintf(" %8s %8s %8s %8s %9s", "step s", "comm", "bubble", "end", "tokens/s") : "";
   log_info("%4s %3s %3s %5s %5s %4s %4s%s %9s %9s %9s %9s %9s %9s %9s %5s%s %s%s", "dp", "tp", "pp", "stage", "micro",
            "gas", "ckpt", dev ? " offload" : "", "params", "grads", "optimizer", "buffers", "activ", "other", "total",
            "stage", dev ? strprintf(" %9s", "host").c_str() : "", mem ? "fits" : "", time_head.c_str());
@@ -604,7 +618,7 @@ int cmd_plan(const Args& a) {
     const std::string time_cols =
         !timed ? ""
         : l.tokens_per_s > 0
-            ? strprintf(" %8.4g %7.3g %7.3g %7.3g %9.0f", l.time.step_s(), l.time.comm_s, l.time.bubble_s,
+            ? strprintf(" %8.4g %8.3g %8.3g %8.3g %9.0f", l.time.step_s(), l.time.comm_s, l.time.bubble_s,
                         l.time.step_end_s, l.tokens_per_s)
             : strprintf(" %8s", "-");
     log_info("%4d %3d %3d %5d %5d %4d %4s%s %9s %9s %9s %9s %9s %9s %9s %5d%s %s%s", l.dp, l.tp, l.pp, l.stage, l.micro,

@@ -179,6 +179,8 @@ print(f"ok plan --machine: {len(timed)} layouts priced, compute {one['time']['co
 PY
 expect_exit 2 plan-machine "machine file '.*/bad.json': .*gemm_flops_per_s" \
   bash -c "echo '{\"name\": \"x\"}' > $tmp/bad.json && \"$z3d\" plan $tiny --ranks 2 --machine $tmp/bad.json"
+expect_exit 2 plan-machine-key "machine file '.*/typo.json': unknown key 'inter_nodes' \\(did you mean 'inter_node'\\?\\)" \
+  bash -c "sed 's/\"collectives\"/\"inter_nodes\": {}, \"collectives\"/' $tmp/round.json > $tmp/typo.json && \"$z3d\" plan $tiny --ranks 2 --machine $tmp/typo.json"
 # Nodes, bf16 and a device: the same round rates with a slow network between nodes of 2 ranks
 # (a group that spans them is priced on it, its bandwidth shared by its ranks a node; a tp group
 # within a node is not), a bf16 GEMM rate (a bf16 run's GEMMs at it: --explain's time line is its
@@ -213,6 +215,19 @@ def priced(name):
 assert priced("device") and not any(priced("device")) and all(priced("offload")), (priced("device"), priced("offload"))
 PY
 echo "ok plan: optimizer offload (the link's $offload_s s)"
+# The network's share, by the numbers: tp 2 x dp 2 on nodes of 2 ranks puts one rank of each dp
+# group on a node, so its reduce-scatters (ZeRO-2's, in the micro-batch) get half of the 1e8 B/s.
+timeout 60 "$z3d" plan $tiny --ranks 4 --explain --machine "$tmp/net.json" --set tensor_parallel.tp_size=2 \
+  --set zero_optimization.stage=2 > "$tmp/explain-net.log" 2>&1 || { cat "$tmp/explain-net.log"; fail "explain net"; }
+/usr/bin/python3 - "$tmp/explain-net.log" <<'PY' || { cat "$tmp/explain-net.log"; fail "explain net: the network's share"; }
+import re, sys
+log = open(sys.argv[1]).read()
+calls, mb = re.search(r"dp reduce_scatter (\d+) x ([0-9.]+) MB", log.split("then per step")[0]).groups()
+got = float(re.search(r"dp ([0-9.e+-]+) across nodes", log).group(1))
+want = int(calls) * (1e-5 + float(mb) * 1e6 * (1 / 2) / (1e8 / 2))  # latency + bytes x (p-1)/p / (busbw x 1/2)
+assert abs(got - want) <= 0.03 * want, (got, want)
+print(f"ok plan: a dp group across nodes gets its share of the network ({got:.4g} s for {want:.4g} s)")
+PY
 for f in net device; do
   timeout 60 "$z3d" plan $tiny --ranks 4 --machine "$tmp/$f.json" --json > "$tmp/timed-$f.jsonl" 2> "$tmp/timed.log" ||
     { cat "$tmp/timed.log"; fail "plan --machine $f.json"; }

@@ -79,3 +79,19 @@ TEST(Topology, WorldNotAMultipleIsAUserError) {
   }
   EXPECT_THROW(Topology::make(4, 0, 1), UserError);
 }
+
+// Nodes of consecutive ranks: a group that straddles a node boundary is across nodes even when its
+// size divides nothing (tp 3 on nodes of 8), and its share of the network is its fewest members on one.
+TEST(Topology, GroupsAcrossNodes) {
+  const Topology t = Topology::make(24, 3, 1);  // dp 8
+  EXPECT_EQ(t.fewest_on_a_node(&Topology::tp_group, 8), 1);   // {6, 7, 8}: 2 on node 0, 1 on node 1
+  EXPECT_EQ(t.fewest_on_a_node(&Topology::tp_group, 24), 0);  // one node
+  EXPECT_EQ(t.fewest_on_a_node(&Topology::dp_group, 8), 2);   // {0, 3, .., 21}: 3, 3 and 2 a node
+  const Topology w = Topology::make(16, 8, 1);                // dp 2
+  EXPECT_EQ(w.fewest_on_a_node(&Topology::tp_group, 8), 0);   // a node each
+  EXPECT_EQ(w.fewest_on_a_node(&Topology::dp_group, 8), 1);   // {r, r + 8}
+  const Topology p = Topology::make(16, 2, 4);                // dp 2: stages of 4 ranks
+  EXPECT_FALSE(p.stage_boundary_across_nodes(0, 8));          // ranks 0-3 -> 4-7
+  EXPECT_TRUE(p.stage_boundary_across_nodes(1, 8));           // 4-7 -> 8-11
+  EXPECT_FALSE(p.stage_boundary_across_nodes(2, 8));
+}
