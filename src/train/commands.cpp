@@ -104,10 +104,11 @@ const char* kBenchUsage =
     "        size from which shared memory (comm buffers) wins (set\n"
     "        comm.shm_min_bytes to it). --group N: groups of N consecutive ranks at once. --chunk-bytes:\n"
     "        the shared-memory pipelining grain (comm.shm_chunk_bytes). Exit 1 on any wrong element.\n"
-    "  machine: the rates zero3d plan --machine prices a layout with, every rank of one node measuring at\n"
-    "        once (run it with the ranks per node a job will use): GEMM FLOP/s at GPT-2 block shapes,\n"
-    "        the fused attention's FLOP/s, copy bandwidth, AdamW's bytes/s, each collective's latency and bus\n"
-    "        bandwidth over the node's ranks (from 64 KiB and 32 MiB); into FILE (default machine.json).\n";
+    "  machine: the rates zero3d plan --machine prices a layout with, every rank measuring at once (run\n"
+    "        it with the ranks per node a job will use, on one node or more): GEMM FLOP/s at GPT-2 block\n"
+    "        shapes, the fused attention's FLOP/s, copy bandwidth, AdamW's bytes/s, each collective's\n"
+    "        latency and bus bandwidth over a node's ranks (from 64 KiB and 32 MiB) and, on more than one\n"
+    "        node, over all of them (the inter-node rates); into FILE (default machine.json).\n";
 
 const char* kCkptUsage =
     "usage: zero3d ckpt inspect CKPT\n"
@@ -192,6 +193,12 @@ std::string choose_bf16_gemm(const Config& cfg, bool cuda, bool& bf16) {
                 "runs bf16 GEMMs at about half the fp32 rate)";
 }
 
+// Tests: one node made to look like nodes of ZERO3D_RANKS_PER_NODE ranks (the hierarchical
+// collectives, bench machine's inter-node rates).
+void pretend_nodes() {
+  if (const char* e = std::getenv("ZERO3D_RANKS_PER_NODE"); e && *e) comm_context().ranks_per_node = std::atoi(e);
+}
+
 // The config's communication settings, into the one CommContext every group reads as it is made
 // (and the watchdog reads at every wait).
 void configure_comm(const Config& cfg) {
@@ -204,8 +211,7 @@ void configure_comm(const Config& cfg) {
   comm.shm_chunk_bytes = static_cast<size_t>(cfg.comm.shm_chunk_bytes);
   comm.send_thread = cfg.comm.send_thread;
   comm.device_library = cfg.comm.device_collectives == "auto";
-  // Tests: one node made to look like nodes of this many ranks (the hierarchical collectives).
-  if (const char* e = std::getenv("ZERO3D_RANKS_PER_NODE"); e && *e) comm.ranks_per_node = std::atoi(e);
+  pretend_nodes();
 }
 
 // The MFU peak per rank, chosen here only: --peak-flops, else a known GPU's, else (with the world
@@ -643,7 +649,7 @@ int bench_gemm_command(const Args& a) {
 }  // namespace
 
 // zero3d bench machine: the rates zero3d plan --machine prices a layout's work with, measured by
-// every rank of one node at once, into a JSON file.
+// every rank at once (within a node, and between nodes when there are several), into a JSON file.
 int bench_machine_command(const Args& a) {
   std::string out = "machine.json";
   double seconds = 2;
@@ -652,9 +658,8 @@ int bench_machine_command(const Args& a) {
     else if (a[i] == "--seconds") seconds = parse_double(option_value(a, i, kBenchUsage), "--seconds");
     else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
+  pretend_nodes();
   auto world = ProcessGroup::world();
-  if (world->split_node("node")->size() != world->size())
-    throw UserError("zero3d bench machine measures one node: run it with the ranks of one node");
   const JobInfo job = job_info(*world);
   std::unique_ptr<Backend> be = make_backend("auto", job.local_rank);
   const MachineRates m = measure_machine(*be, seconds);
@@ -663,7 +668,9 @@ int bench_machine_command(const Args& a) {
   std::string links;
   for (const auto& [op, l] : m.collectives)
     links += strprintf("; %s %.1f us + bytes / %.2f GB/s", op.c_str(), l.latency_s * 1e6, l.busbw / 1e9);
-  log_info("zero3d bench machine: %s, %d rank(s) at once: GEMM %.1f GFLOP/s, attention %.1f GFLOP/s, copy %.2f GB/s, "
+  for (const auto& [op, l] : m.inter_node.collectives)
+    links += strprintf("; between nodes %s %.1f us + bytes / %.2f GB/s", op.c_str(), l.latency_s * 1e6, l.busbw / 1e9);
+  log_info("zero3d bench machine: %s, %d rank(s) a node: GEMM %.1f GFLOP/s, attention %.1f GFLOP/s, copy %.2f GB/s, "
            "AdamW %.2f GB/s a rank%s; written to %s",
            m.name.c_str(), m.ranks_per_node, m.gemm_flops / 1e9, m.attention_flops / 1e9, m.copy_bytes / 1e9,
            m.adam_bytes / 1e9, links.c_str(), out.c_str());

@@ -90,11 +90,42 @@ double measure_adam(Backend& be, double seconds) {
 
 }  // namespace
 
+namespace {
+
+// Each collective's latency and bus bandwidth over g, fit from 64 KiB and 32 MiB, the best of three
+// (a rank descheduled once is not the link's rate). Collective over g.
+std::map<std::string, MachineRates::Link> fit_links(ProcessGroup& g) {
+  std::map<std::string, MachineRates::Link> links;
+  for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"}) {
+    const double small = 64 << 10, large = 32 << 20;
+    double t1 = 1e30, t2 = 1e30;
+    for (int k = 0; k < 3; ++k) {
+      t1 = std::min(t1, time_collective(g, op, static_cast<size_t>(small)));
+      t2 = std::min(t2, time_collective(g, op, static_cast<size_t>(large)));
+    }
+    const double share = bus_share(op, g.size());
+    MachineRates::Link l;
+    l.busbw = share * (large - small) / std::max(t2 - t1, 1e-9);
+    l.latency_s = std::max(0.0, t1 - share * small / l.busbw);
+    links[op] = l;
+  }
+  return links;
+}
+
+}  // namespace
+
 MachineRates measure_machine(Backend& be, double seconds) {
   auto world = ProcessGroup::world();
+  // This rank's node: the machine's, or nodes of ZERO3D_RANKS_PER_NODE consecutive ranks (tests).
+  const int pretend = comm_context().ranks_per_node;
+  auto node = pretend > 0 ? ProcessGroup::split(*world, world->rank() / pretend, world->rank(), "node")
+                          : world->split_node("node");
+  const double k = node->size();
+  if (world->all_reduce_max(k) != -world->all_reduce_max(-k))
+    throw UserError("zero3d bench machine: every node needs the same number of ranks");
   MachineRates m;
   m.name = be.describe();
-  m.ranks_per_node = world->size();
+  m.ranks_per_node = node->size();
   // GEMMs: the shapes of a GPT-2 block's layers at 2048 tokens of d_model 512 and 1024, the rate
   // over all of them by time.
   double flops = 0, secs = 0;
@@ -107,24 +138,19 @@ MachineRates measure_machine(Backend& be, double seconds) {
   m.attention_flops = slowest(*world, measure_attention(be, seconds / 4));
   m.copy_bytes = slowest(*world, measure_copy_bandwidth(be, seconds / 4));
   m.adam_bytes = slowest(*world, measure_adam(be, seconds / 4));
-  if (world->size() > 1)
-    for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"}) {
-      const double small = 64 << 10, large = 32 << 20;
-      double t1 = 1e30, t2 = 1e30;  // the best of three: a rank descheduled once is not the link's rate
-      for (int k = 0; k < 3; ++k) {
-        t1 = std::min(t1, time_collective(*world, op, static_cast<size_t>(small)));
-        t2 = std::min(t2, time_collective(*world, op, static_cast<size_t>(large)));
-      }
-      const double share = bus_share(op, world->size());
-      MachineRates::Link l;
-      l.busbw = share * (large - small) / std::max(t2 - t1, 1e-9);
-      l.latency_s = std::max(0.0, t1 - share * small / l.busbw);
-      m.collectives[op] = l;
-    }
+  // Within a node, every node's ranks at once; between nodes, the whole world (every rank of each
+  // node: what inter_node's rates mean), a pipeline neighbour's rate taken as the all-gather ring's
+  // per-link bus bandwidth.
+  if (node->size() > 1) m.collectives = fit_links(*node);
+  const int nodes = world->size() / node->size();
+  if (nodes > 1) {
+    m.inter_node.collectives = fit_links(*world);
+    m.inter_node.p2p_bytes = m.inter_node.collectives.at("all_gather").busbw;
+  }
   const std::time_t now = std::time(nullptr);
   char when[32];
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M", std::localtime(&now));
-  m.measured = strprintf("zero3d bench machine, %d rank(s) at once, %s", world->size(), when);
+  m.measured = strprintf("zero3d bench machine, %d node(s) of %d rank(s) at once, %s", nodes, node->size(), when);
   return m;
 }
 

@@ -49,7 +49,8 @@ struct MachineRates {
   }
 };
 
-// Every rank of the world measures at once; rank 0's numbers, the collectives over the world (one node).
+// Every rank of the world measures at once (the slowest rank's rates); the collectives within each
+// node, and with more than one node over the world as the inter-node rates. Nodes must be alike.
 MachineRates measure_machine(Backend& be, double seconds);
 void save_machine(const MachineRates& m, const std::string& path);
 // A machine file (save_machine's keys; device, gemm_bf16_flops_per_s, p2p_bytes_per_s, pcie_bytes_per_s,

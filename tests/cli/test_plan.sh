@@ -142,6 +142,20 @@ assert m["ranks_per_node"] == 2 and min(m["gemm_flops_per_s"], m["attention_flop
 assert sorted(m["collectives"]) == ["all_gather", "all_reduce", "reduce_scatter"], m
 assert all(l["busbw_bytes_per_s"] > 0 and l["latency_s"] >= 0 for l in m["collectives"].values()), m
 PY
+# On two nodes (one node cut in two, ZERO3D_RANKS_PER_NODE): no collectives within a node of one
+# rank, the world's as the inter-node rates, and the plan prices the dp group across them with them.
+ZERO3D_RANKS_PER_NODE=1 timeout 120 $MPIRUN -np 2 "$z3d" bench machine --seconds 0.2 --out "$tmp/machine2.json" \
+  > "$tmp/machine2.log" 2>&1 || { cat "$tmp/machine2.log"; fail "bench machine on 2 nodes"; }
+/usr/bin/python3 - "$tmp/machine2.json" <<'PY' || { cat "$tmp/machine2.json"; fail "bench machine on 2 nodes: its file"; }
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert m["ranks_per_node"] == 1 and m["collectives"] == {} and m["inter_node"]["p2p_bytes_per_s"] > 0, m
+assert sorted(m["inter_node"]["collectives"]) == ["all_gather", "all_reduce", "reduce_scatter"], m
+PY
+timeout 60 "$z3d" plan $tiny --ranks 2 --explain --machine "$tmp/machine2.json" --set zero_optimization.stage=2 \
+  > "$tmp/explain2.log" 2>&1 || { cat "$tmp/explain2.log"; fail "plan with the 2-node machine file"; }
+grep -qE "^time .* dp [0-9.e+-]+ across nodes" "$tmp/explain2.log" || { cat "$tmp/explain2.log"; fail "2 nodes: dp not across"; }
+echo "ok bench machine on 2 nodes"
 cat > "$tmp/round.json" <<'JSON'
 {"name": "round rates", "ranks_per_node": 2, "gemm_flops_per_s": 1e11, "attention_flops_per_s": 5e10,
  "copy_bytes_per_s": 1e10, "collectives": {"all_reduce": {"latency_s": 1e-5, "busbw_bytes_per_s": 1e9},
