@@ -37,8 +37,9 @@ class HostBackend final : public Backend {
   }
 
   void* alloc_bytes(size_t bytes) override {
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
+    // Large buffers on page boundaries: swap files move them with O_DIRECT (storage/swap_file.h).
+    const size_t align = bytes >= (size_t(1) << 20) ? 4096 : 64, rounded = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, rounded);
     if (!p) throw UserError(strprintf("out of host memory allocating %zu bytes", bytes));
     std::memset(p, 0, rounded);
     ++allocs_;

@@ -78,6 +78,7 @@ SwapFile::SwapFile(std::string path, uint64_t bytes, Options options)
     : path_(std::move(path)), bytes_(bytes), opt_(options) {
   opt_.block_size = std::max<size_t>(kPage, opt_.block_size / kPage * kPage);
   opt_.threads = std::max(1, opt_.threads);
+  if (opt_.sizing) return;
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd_ < 0) throw IoError(strprintf("cannot create swap file '%s': %s", path_.c_str(), strerror(errno)));
   ::flock(fd_, LOCK_EX | LOCK_NB);  // held while this process lives (a file system without locks: never cleaned)
@@ -104,6 +105,7 @@ SwapFile::~SwapFile() {
   }
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
+  if (opt_.sizing) return;
   if (fd_direct_ >= 0) ::close(fd_direct_);
   remove_file();
   if (fd_ >= 0) ::close(fd_);
@@ -128,7 +130,8 @@ SwapFile::Ticket SwapFile::submit(bool write, uint64_t offset, char* buf, size_t
                                              static_cast<unsigned long long>(bytes_)));
   std::lock_guard lk(mu_);
   const Ticket t = next_++;
-  if (n == 0) return t;
+  if (opt_.sizing) (write ? stats_.bytes_written : stats_.bytes_read) += n;
+  if (n == 0 || opt_.sizing) return t;
   Pending& p = pending_[t];
   for (size_t at = 0; at < n; at += opt_.block_size) {
     queue_.push_back({t, write, offset + at, buf + at, std::min(opt_.block_size, n - at)});

@@ -16,6 +16,10 @@
 // A short transfer goes on where it stopped. One that makes no progress (end of file, an I/O
 // error) is retried, then its wait throws IoError naming the file, the offset and the errno
 // text: never a silent wrong value.
+//
+// A sizing file (Options::sizing, for zero3d plan) makes no file and touches no buffer: its
+// transfers complete at once and are only counted in its stats, so the engine's swapping code can be
+// sized and its I/O counted without a disk.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -50,6 +54,7 @@ class SwapFile {
   struct Options {
     size_t block_size = size_t(1) << 20;  // aio.block_size
     int threads = 1;                      // aio.thread_count
+    bool sizing = false;                  // no file: transfers are counted, not made
   };
   // Creates (or truncates) path and preallocates `bytes`; throws IoError with what failed.
   SwapFile(std::string path, uint64_t bytes, Options options);
@@ -65,6 +70,7 @@ class SwapFile {
   void wait_all();
 
   const std::string& path() const { return path_; }
+  bool sizing() const { return opt_.sizing; }
 
   struct Stats {
     uint64_t bytes_read = 0, bytes_written = 0;

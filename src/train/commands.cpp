@@ -1,8 +1,12 @@
 #include "train/commands.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 
 #include "config/config.h"
@@ -76,7 +80,7 @@ const char* kBenchUsage =
     "       zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST]\n"
     "       zero3d bench io [--dir DIR] [--bytes N]\n"
     "       zero3d bench comm [--min-bytes N] [--max-bytes N] [--factor F] [--ops LIST] [--types LIST] [--group N]\n"
-    "       zero3d bench machine [--out FILE] [--seconds S]\n"
+    "       zero3d bench machine [--out FILE] [--seconds S] [--nvme-path DIR]\n"
     "  gemm: the GEMM rates a training run gets. Names the CPU, the ISA level of the host loops, the\n"
     "        GEMM libraries and the ISA they run, measures one thread's FMA peak, then GFLOP/s per\n"
     "        square size N (C = A B^T; default 512,1024,2048,4096; at least S seconds each, default 1)\n"
@@ -108,7 +112,8 @@ const char* kBenchUsage =
     "        it with the ranks per node a job will use, on one node or more): GEMM FLOP/s at GPT-2 block\n"
     "        shapes, the fused attention's FLOP/s, copy bandwidth, AdamW's bytes/s, each collective's\n"
     "        latency and bus bandwidth over a node's ranks (from 64 KiB and 32 MiB) and, on more than one\n"
-    "        node, over all of them (the inter-node rates); into FILE (default machine.json).\n";
+    "        node, over all of them (the inter-node rates); with --nvme-path, the rates a rank writes and reads\n"
+    "        swap files there (256 MiB a rank, as offload to nvme drives them); into FILE (default machine.json).\n";
 
 const char* kCkptUsage =
     "usage: zero3d ckpt inspect CKPT\n"
@@ -651,18 +656,23 @@ int bench_gemm_command(const Args& a) {
 // zero3d bench machine: the rates zero3d plan --machine prices a layout's work with, measured by
 // every rank at once (within a node, and between nodes when there are several), into a JSON file.
 int bench_machine_command(const Args& a) {
-  std::string out = "machine.json";
+  std::string out = "machine.json", nvme_path;
   double seconds = 2;
   for (size_t i = 1; i < a.size(); ++i) {
     if (a[i] == "--out") out = option_value(a, i, kBenchUsage);
     else if (a[i] == "--seconds") seconds = parse_double(option_value(a, i, kBenchUsage), "--seconds");
+    else if (a[i] == "--nvme-path") nvme_path = option_value(a, i, kBenchUsage);
     else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
+  const std::filesystem::path dir = std::filesystem::absolute(out).parent_path();
+  if (::access(dir.c_str(), W_OK) != 0)  // before minutes of measuring
+    throw UserError(strprintf("bench machine --out '%s': cannot write in '%s': %s", out.c_str(), dir.c_str(),
+                              std::strerror(errno)));
   pretend_nodes();
   auto world = ProcessGroup::world();
   const JobInfo job = job_info(*world);
   std::unique_ptr<Backend> be = make_backend("auto", job.local_rank);
-  const MachineRates m = measure_machine(*be, seconds);
+  const MachineRates m = measure_machine(*be, seconds, nvme_path);
   if (world->rank() != 0) return 0;
   save_machine(m, out);
   std::string links;
@@ -671,9 +681,13 @@ int bench_machine_command(const Args& a) {
   for (const auto& [op, l] : m.inter_node.collectives)
     links += strprintf("; between nodes %s %.1f us + bytes / %.2f GB/s", op.c_str(), l.latency_s * 1e6, l.busbw / 1e9);
   log_info("zero3d bench machine: %s, %d rank(s) a node: GEMM %.1f GFLOP/s, attention %.1f GFLOP/s, copy %.2f GB/s, "
-           "AdamW %.2f GB/s a rank%s; written to %s",
+           "AdamW %.2f GB/s a rank%s%s; written to %s",
            m.name.c_str(), m.ranks_per_node, m.gemm_flops / 1e9, m.attention_flops / 1e9, m.copy_bytes / 1e9,
-           m.adam_bytes / 1e9, links.c_str(), out.c_str());
+           m.adam_bytes / 1e9, links.c_str(),
+           nvme_path.empty() ? ""
+                             : strprintf("; swap files under %s: write %.2f GB/s, read %.2f GB/s a rank", nvme_path.c_str(),
+                                         m.nvme_write_bytes / 1e9, m.nvme_read_bytes / 1e9).c_str(),
+           out.c_str());
   return 0;
 }
 

@@ -1,9 +1,13 @@
 #include "train/machine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -11,9 +15,12 @@
 #include "config/json_tree.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/clock.h"
+#include "core/host_buffer.h"
 #include "core/log.h"
 #include "kernels/math/adamw.h"
 #include "parallel/comm.h"
+#include "storage/swap_file.h"
 #include "train/bench.h"
 
 namespace zero3d {
@@ -112,9 +119,41 @@ std::map<std::string, MachineRates::Link> fit_links(ProcessGroup& g) {
   return links;
 }
 
+// Bytes/s a rank writes to and then reads from a swap file of `bytes` under nvme_path, as offload
+// to nvme drives it (aio's defaults), every rank at once: the slowest rank's, the better of two.
+// Collective over g.
+std::pair<double, double> measure_swap(ProcessGroup& g, const std::string& nvme_path, uint64_t bytes) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(nvme_path, ec))
+    throw UserError(strprintf("bench machine --nvme-path '%s' is not a directory", nvme_path.c_str()));
+  const std::string dir = swap_dir(nvme_path, "bench-machine");
+  std::filesystem::create_directories(dir, ec);
+  const AioConfig aio;
+  HostBuffer buf(bytes);
+  for (size_t i = 0; i < bytes; i += 4096) buf.data()[i] = static_cast<char>(i >> 12);  // not all zeros
+  double write_s = 1e30, read_s = 1e30;
+  try {
+    SwapFile f(strprintf("%s/rank%d.%d.bench", dir.c_str(), g.rank(), static_cast<int>(getpid())), bytes,
+               SwapFile::Options{static_cast<size_t>(aio.block_size), aio.thread_count});
+    for (int k = 0; k < 2; ++k) {
+      g.barrier();
+      Clock::time_point t0 = Clock::now();
+      f.wait(f.write(0, buf.data(), bytes));
+      write_s = std::min(write_s, g.all_reduce_max(seconds_since(t0)));
+      g.barrier();
+      t0 = Clock::now();
+      f.wait(f.read(0, buf.data(), bytes));
+      read_s = std::min(read_s, g.all_reduce_max(seconds_since(t0)));
+    }
+  } catch (const IoError& e) {
+    throw UserError(strprintf("bench machine --nvme-path: %s", e.what()));
+  }
+  return {bytes / read_s, bytes / write_s};
+}
+
 }  // namespace
 
-MachineRates measure_machine(Backend& be, double seconds) {
+MachineRates measure_machine(Backend& be, double seconds, const std::string& nvme_path, uint64_t swap_bytes) {
   auto world = ProcessGroup::world();
   // This rank's node: the machine's, or nodes of ZERO3D_RANKS_PER_NODE consecutive ranks (tests).
   const int pretend = comm_context().ranks_per_node;
@@ -147,6 +186,7 @@ MachineRates measure_machine(Backend& be, double seconds) {
     m.inter_node.collectives = fit_links(*world);
     m.inter_node.p2p_bytes = m.inter_node.collectives.at("all_gather").busbw;
   }
+  if (!nvme_path.empty()) std::tie(m.nvme_read_bytes, m.nvme_write_bytes) = measure_swap(*world, nvme_path, swap_bytes);
   const std::time_t now = std::time(nullptr);
   char when[32];
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M", std::localtime(&now));
@@ -171,6 +211,8 @@ constexpr RateKey kRates[] = {
     {"p2p_bytes_per_s", &MachineRates::p2p_bytes, false},
     {"pcie_bytes_per_s", &MachineRates::pcie_bytes, false},
     {"host_adam_bytes_per_s", &MachineRates::host_adam_bytes, false},
+    {"nvme_read_bytes_per_s", &MachineRates::nvme_read_bytes, false},
+    {"nvme_write_bytes_per_s", &MachineRates::nvme_write_bytes, false},
 };
 const std::vector<std::string> kOtherKeys = {"name", "ranks_per_node", "device", "collectives", "inter_node", "measured",
                                              "sources"};

@@ -2,6 +2,7 @@
 // #31): measured by `zero3d bench machine` on the ranks of one node at once (as a training job loads
 // it) and kept as a JSON file, so a plan can be made away from the machine.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -23,6 +24,9 @@ struct MachineRates {
   // Optimizer offload from a device (0: not priced): bytes/s per rank between device and host memory
   // (each way), and of AdamW on the CPU with the rank's share of the node's host.
   double pcie_bytes = 0, host_adam_bytes = 0;
+  // Offload to nvme (0: not priced): bytes/s per rank read from and written to swap files, every
+  // rank of a node at once (zero3d's own swap files, O_DIRECT where the file system takes it).
+  double nvme_read_bytes = 0, nvme_write_bytes = 0;
   struct Link {
     double latency_s = 0;  // per call
     double busbw = 0;      // bytes/s, nccl-tests' bus bandwidth
@@ -51,10 +55,12 @@ struct MachineRates {
 
 // Every rank of the world measures at once (the slowest rank's rates); the collectives within each
 // node, and with more than one node over the world as the inter-node rates. Nodes must be alike.
-MachineRates measure_machine(Backend& be, double seconds);
+// With an nvme_path, swap files there too (swap_bytes a rank written, then read back).
+MachineRates measure_machine(Backend& be, double seconds, const std::string& nvme_path = "",
+                             uint64_t swap_bytes = uint64_t(256) << 20);
 void save_machine(const MachineRates& m, const std::string& path);
 // A machine file (save_machine's keys; device, gemm_bf16_flops_per_s, p2p_bytes_per_s, pcie_bytes_per_s,
-// host_adam_bytes_per_s, inter_node and sources optional, as the presets in input/machines/ use them). UserError naming what is missing.
+// host_adam_bytes_per_s, nvme_read_bytes_per_s, nvme_write_bytes_per_s, inter_node and sources optional, as the presets in input/machines/ use them). UserError naming what is missing.
 MachineRates load_machine(const std::string& path);
 
 }  // namespace zero3d

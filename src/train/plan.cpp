@@ -44,11 +44,21 @@ class SizingGroup final : public ProcessGroup {
   PendingOp recv_impl(MemRef<void>, size_t, int, int) override { return {}; }
 };
 
+// Offload to nvme without a disk: the engine's swap files as sizing ones (no file; their transfers
+// counted). `params_out`: the parameters' file for offload_param cpu too, to count what a gather
+// brings in from host memory.
+SwapFiles sizing_swap(const Config& c, bool params_out = false) {
+  SwapFiles s;
+  s.aio = c.aio, s.sizing = true;
+  if (c.zero.offload_optimizer.device == OffloadDevice::nvme) s.optimizer = "(sizing)";
+  const OffloadDevice par = c.zero.offload_param.device;
+  if (c.zero.stage == 3 && (par == OffloadDevice::nvme || (params_out && par == OffloadDevice::cpu))) s.param = "(sizing)";
+  return s;
+}
+
 }  // namespace
 
 RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
-  Z3D_ASSERT(c.zero.offload_optimizer.device != OffloadDevice::nvme && c.zero.offload_param.device != OffloadDevice::nvme,
-             "zero3d plan: offload to nvme is not sized (its swap files would be made)");
   auto tally = std::make_shared<MemoryTally>();
   std::unique_ptr<Backend> be = make_sizing_backend(kind, tally);
   SizingGroup dp_group(dp, 0, "dp"), tp_group(c.tp_size, 0, "tp");
@@ -56,7 +66,7 @@ RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
   r.pp_rank = pp_rank;
   {
     ZeroEngine engine(*be, dp_group, c.model, c.zero, c.optimizer, c.precision, c.tp_size, 0, c.pp_size, pp_rank,
-                      SwapFiles{});
+                      sizing_swap(c));
     const PipelineStage stage = pipeline_stage(c.model, c.pp_size, pp_rank);
     std::vector<std::unique_ptr<GPT>> models;  // as StepRunner holds them
     for (int k = 0; k < one_f_one_b_in_flight(pp_rank, c.pp_size, c.gradient_accumulation_steps); ++k)
@@ -67,7 +77,7 @@ RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
     for (const auto& g : models) r.activations += g->activation_bytes();
     const uint64_t counted = r.params + r.grads + r.optimizer + r.buffers + r.activations;
     r.other = tally->peak > counted ? tally->peak - counted : 0;
-    r.host = m.host;
+    r.host = m.host, r.swapped = m.swapped;
   }
   return r;
 }
@@ -84,12 +94,10 @@ OpKind op_kind(const std::string& op) {
 }  // namespace
 
 StepWork count_step(const Config& c, int dp, int pp_rank) {
-  Z3D_ASSERT(c.zero.offload_optimizer.device != OffloadDevice::nvme && c.zero.offload_param.device != OffloadDevice::nvme,
-             "zero3d plan: offload to nvme is not counted (its swap files would be made)");
   std::unique_ptr<Backend> be = make_sizing_backend(MemKind::host, std::make_shared<MemoryTally>());
   SizingGroup dp_group(dp, 0, "dp"), tp_group(c.tp_size, 0, "tp");
   ZeroEngine engine(*be, dp_group, c.model, c.zero, c.optimizer, c.precision, c.tp_size, 0, c.pp_size, pp_rank,
-                    SwapFiles{});
+                    sizing_swap(c, true));
   GPT model(*be, c.model, c.train_micro_batch_size_per_gpu, engine, GPTOptions{c.activation_checkpointing}, &tp_group,
             pipeline_stage(c.model, c.pp_size, pp_rank));
   std::vector<int32_t> tokens(static_cast<size_t>(c.train_micro_batch_size_per_gpu) * c.model.seq_len);
@@ -100,29 +108,38 @@ StepWork count_step(const Config& c, int dp, int pp_rank) {
   auto take = [&](StepWork::Part& part) {
     part.ops = be->profile()->ops;
     for (const auto& [key, st] : log.stats) part.comms[key.first + " " + key.second] = st;
+    const SwapIo io = engine.take_swap_io();
+    part.swap_read = io.bytes_read, part.swap_written = io.bytes_written;
+    part.param_read = io.param_bytes_read, part.param_written = io.param_bytes_written;
     log.stats.clear();
     be->profile()->ops.clear();
   };
+  const int micro_batches = std::min(2, c.gradient_accumulation_steps);
   for (int step = 0; step < 2; ++step) {  // the second step's, as every step after the first runs (ZeRO-3's
     log.stats.clear();                    // pool prefetches along the first one's trace)
     be->profile()->ops.clear();
-    engine.begin_step(1);
-    model.forward(tokens.data(), tokens.data(), 1.0f / static_cast<float>(tokens.size()));
-    model.backward();
-    take(w.micro_batch);
+    engine.take_swap_io();
+    engine.begin_step(micro_batches);
+    for (int k = 0; k < micro_batches; ++k) {
+      model.forward(tokens.data(), tokens.data(), 1.0f / static_cast<float>(tokens.size()));
+      model.backward();
+      take(k == 0 ? w.micro_batch : w.later_micro_batch);
+    }
     engine.finish_gradients();
     engine.optimizer_step(c.optimizer.lr);
     engine.gather_updated_params();
     take(w.step_end);
   }
+  w.read_ahead = engine.swap_read_ahead_bytes();
   log = saved;
   return w;
 }
 
 bool prices(const MachineRates& m, const Config& c) {
-  if (c.zero.offload_param.device != OffloadDevice::none) return false;
-  return c.zero.offload_optimizer.device == OffloadDevice::none ||
-         (c.zero.offload_optimizer.device == OffloadDevice::cpu && m.device && m.pcie_bytes > 0 && m.host_adam_bytes > 0);
+  const OffloadDevice opt = c.zero.offload_optimizer.device, par = c.zero.offload_param.device;
+  if ((opt == OffloadDevice::nvme || par == OffloadDevice::nvme) && !(m.nvme_read_bytes > 0 && m.nvme_write_bytes > 0))
+    return false;
+  return !m.device || opt == OffloadDevice::none || (m.pcie_bytes > 0 && m.host_adam_bytes > 0);
 }
 
 StepTime price_step(const Config& c, int dp, const MachineRates& m) {
@@ -136,7 +153,11 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
   const int tp_span = network ? topo.fewest_on_a_node(&Topology::tp_group, R) : 0,
             dp_span = network ? topo.fewest_on_a_node(&Topology::dp_group, R) : 0;
   const double gemm = c.precision == Precision::bf16 && m.gemm_bf16_flops > 0 ? m.gemm_bf16_flops : m.gemm_flops;
-  const bool offload = c.zero.offload_optimizer.device == OffloadDevice::cpu;
+  const OffloadDevice opt = c.zero.offload_optimizer.device, par = c.zero.offload_param.device;
+  const bool link = m.device && opt != OffloadDevice::none;  // the update on the CPU, across the host link
+  const bool opt_swapped = opt == OffloadDevice::nvme, par_swapped = c.zero.stage == 3 && par == OffloadDevice::nvme;
+  // Stage 3's slices come in from outside the memory that computes (on a CPU, cpu is that memory).
+  const bool params_in = par_swapped || (c.zero.stage == 3 && m.device && par == OffloadDevice::cpu);
   struct Comm {
     double dp = 0, tp = 0;
   };
@@ -153,17 +174,37 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     return t;
   };
   // ZeRO-0/1 reduce the gradients once a step: with overlap_comm during the last micro-batch's
-  // backward (count_step's one micro-batch is a last one), else at the step's end.
+  // backward, else at the step's end (count_step's last micro-batch holds the reduction either way).
   const bool reduce_once = c.zero.stage < 2;
+  // A micro-batch's seconds on one stage: compute, tp's collectives, dp's (exposed), and the wait for
+  // offloaded slices (read or copied in ahead of their gathers by the pool's prefetch: what exceeds
+  // the micro-batch's compute).
+  struct Slot {
+    double compute = 0, tp = 0, dp = 0, fill = 0;
+  };
+  auto slot = [&](const StepWork::Part& part) {
+    Slot s;
+    for (const auto& [op, st] : part.ops)
+      s.compute += op_kind(op) == OpKind::gemm        ? st.flops / gemm
+                   : op_kind(op) == OpKind::attention ? st.flops / m.attention_flops
+                                                      : st.bytes / m.copy_bytes;
+    const Comm mb = comm_seconds(part);
+    // On a device the data-parallel collectives a micro-batch issues (ZeRO-3's gathers, overlap_comm's
+    // reductions) run on their own stream beside its compute; tp's sit between its GEMMs. On a CPU the
+    // collectives run on the cores that compute.
+    s.tp = mb.tp, s.dp = m.device && c.zero.overlap_comm ? std::max(0.0, mb.dp - s.compute) : mb.dp;
+    const double in_bytes = static_cast<double>(part.param_read);
+    const double fill = params_in ? std::max(par_swapped ? in_bytes / m.nvme_read_bytes : 0.0,
+                                             m.device ? in_bytes / m.pcie_bytes : 0.0)
+                                  : 0.0;
+    s.fill = std::max(0.0, fill - s.compute);
+    return s;
+  };
+  const int gas = c.gradient_accumulation_steps;
   StepTime t;
-  double slowest_mb = 0, slowest_comm = 0, slowest_end = 0, once = 0;
+  double slowest_mbs = 0, slowest_end = 0, once = 0, ahead_s = 0;
   for (int p = 0; p < c.pp_size; ++p) {
     const StepWork w = count_step(c, dp, p);
-    double compute = 0;
-    for (const auto& [op, st] : w.micro_batch.ops)
-      compute += op_kind(op) == OpKind::gemm        ? st.flops / gemm
-                 : op_kind(op) == OpKind::attention ? st.flops / m.attention_flops
-                                                    : st.bytes / m.copy_bytes;
     double sends = 0;  // activations in and gradients out, per neighbour, over the node's link or the network
     for (int b : {p - 1, p})
       if (b >= 0 && b < c.pp_size - 1) {
@@ -171,36 +212,57 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
         sends += 2 * act_bytes / (across ? m.inter_node.p2p_bytes : m.p2p_bytes > 0 ? m.p2p_bytes : m.copy_bytes);
         t.pp_across = t.pp_across || across;
       }
-    const Comm mb = comm_seconds(w.micro_batch);
-    // On a device the data-parallel collectives a micro-batch issues (ZeRO-3's gathers, overlap_comm's
-    // reductions) run on their own stream beside its compute; tp's sit between its GEMMs. On a CPU the
-    // collectives run on the cores that compute.
-    const double dp_exposed = m.device && c.zero.overlap_comm ? std::max(0.0, mb.dp - compute) : mb.dp;
-    const double comm = mb.tp + (reduce_once ? 0 : dp_exposed) + sends;
+    // The step's micro-batches on this stage: the first, then gas - 1 like the later one.
+    const Slot first = slot(w.micro_batch), later = gas > 1 ? slot(w.later_micro_batch) : Slot{};
+    Slot all;
+    all.compute = first.compute + (gas - 1) * later.compute, all.tp = first.tp + (gas - 1) * later.tp;
+    all.fill = first.fill + (gas - 1) * later.fill;
+    const double last_dp = gas > 1 ? later.dp : first.dp;  // ZeRO-0/1: the reduction, once
+    all.dp = reduce_once ? 0 : first.dp + (gas - 1) * later.dp;
+    const double mbs = all.compute + all.tp + all.dp + all.fill + gas * sends;
     const Comm end_comm = comm_seconds(w.step_end);
-    double end = end_comm.dp + end_comm.tp, offload_s = 0;
+    double end = end_comm.dp + end_comm.tp, update = 0, link_s = 0;
     for (const auto& [op, st] : w.step_end.ops) {
       if (op != "adam_step") {
         end += st.bytes / m.copy_bytes;
-      } else if (!offload) {
-        end += st.bytes / m.adam_bytes;
-      } else {  // the gradients down (fp32), the weights up (16-bit in mixed precision), pipelined with the CPU's update
+      } else if (!link) {
+        update += st.bytes / m.adam_bytes;
+      } else {  // the gradients down (fp32), the weights up (16-bit in mixed precision) beside the CPU's update
         const double n = st.bytes / math::kAdamBytesPerElement;
-        offload_s = std::max(n * (4 + (c.precision == Precision::fp32 ? 4 : 2)) / m.pcie_bytes, st.bytes / m.host_adam_bytes);
-        end += offload_s;
+        link_s += n * (4 + (c.precision == Precision::fp32 ? 4 : 2)) / m.pcie_bytes;
+        update += st.bytes / m.host_adam_bytes;
       }
     }
-    if (compute + comm > slowest_mb + slowest_comm)
-      slowest_mb = compute, slowest_comm = comm, t.tp_s = mb.tp, t.dp_s = reduce_once ? 0 : dp_exposed, t.pp_s = sends;
-    if (end > slowest_end) slowest_end = end, t.end_collectives_s = end_comm.dp + end_comm.tp, t.offload_s = offload_s;
-    if (reduce_once) once = std::max(once, dp_exposed);
+    // The optimizer's swap file: its records are read and written beside the update, but for those
+    // read ahead for the next step (behind its forward and backward); the parameters' slices are
+    // written as the update hands them over.
+    const StepWork::Part& e = w.step_end;
+    const double ahead = opt_swapped ? static_cast<double>(w.read_ahead) / m.nvme_read_bytes : 0.0;
+    const double opt_disk =
+        opt_swapped ? static_cast<double>(e.swap_read - e.param_read) / m.nvme_read_bytes - ahead +
+                          static_cast<double>(e.swap_written - e.param_written) / m.nvme_write_bytes
+                    : 0.0;
+    const double param_disk = par_swapped ? static_cast<double>(e.param_read) / m.nvme_read_bytes +
+                                                static_cast<double>(e.param_written) / m.nvme_write_bytes
+                                          : 0.0;
+    const double offload_s = std::max({update, link_s, std::max(0.0, opt_disk)}) + param_disk;
+    end += offload_s;
+    if (mbs > slowest_mbs)
+      slowest_mbs = mbs, t.compute_s = all.compute, t.tp_s = all.tp, t.dp_s = all.dp, t.pp_s = gas * sends,
+      t.param_io_s = all.fill;
+    if (end > slowest_end)
+      slowest_end = end, t.end_collectives_s = end_comm.dp + end_comm.tp,
+      t.offload_s = link || opt_swapped || par_swapped ? offload_s : 0, ahead_s = ahead;
+    if (reduce_once) once = std::max(once, last_dp);
   }
-  const int gas = c.gradient_accumulation_steps;
-  t.tp_s *= gas, t.dp_s = t.dp_s * gas + once, t.pp_s *= gas;
+  t.dp_s += once;
   t.tp_across = tp_span > 0, t.dp_across = dp_span > 0;
-  t.compute_s = gas * slowest_mb, t.comm_s = gas * slowest_comm + once;
-  t.bubble_s = (c.pp_size - 1) * (slowest_mb + slowest_comm);
-  t.step_end_s = slowest_end;
+  t.comm_s = t.tp_s + t.dp_s + t.pp_s;
+  t.bubble_s = (c.pp_size - 1) * slowest_mbs / gas;  // pp - 1 slots of the slowest stage's mean micro-batch
+  // The reads ahead wait only where they outlast the next step's micro-batches.
+  const double ahead_exposed = std::max(0.0, ahead_s - (t.compute_s + t.comm_s + t.param_io_s + t.bubble_s));
+  t.step_end_s = slowest_end + ahead_exposed;
+  if (t.offload_s > 0) t.offload_s += ahead_exposed;
   return t;
 }
 
@@ -216,10 +278,8 @@ std::vector<RankMemory> size_stages(const Config& c, int dp, MemKind kind, RankM
   return stages;
 }
 
-void refuse_nvme(const Config& c) {
-  if (c.zero.offload_optimizer.device == OffloadDevice::nvme || c.zero.offload_param.device == OffloadDevice::nvme)
-    throw UserError("zero3d plan does not size offload to nvme yet: plan without it (set "
-                    "zero_optimization.offload_optimizer.device and offload_param.device to none or cpu)");
+const char* offload_name(OffloadDevice d) {
+  return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
 }
 
 std::string gigabytes(uint64_t b) { return strprintf("%.3f GB", b / 1e9); }
@@ -230,7 +290,13 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
                                      const MachineRates* machine) {
   const Config base = load_config(sources, 1);  // the global batch and everything the plan keeps
   const int tb = base.train_batch_size;
-  refuse_nvme(base);
+  // Optimizer offload: to host memory from a device (on a CPU the state is there already), to nvme
+  // where the config names a directory for swap files.
+  const std::string nvme_path = !base.zero.offload_optimizer.nvme_path.empty() ? base.zero.offload_optimizer.nvme_path
+                                                                               : base.zero.offload_param.nvme_path;
+  std::vector<OffloadDevice> offloads = {OffloadDevice::none};
+  if (kind == MemKind::device) offloads.push_back(OffloadDevice::cpu);
+  if (!nvme_path.empty()) offloads.push_back(OffloadDevice::nvme);
   std::vector<PlanLayout> out;
   for (int tp = 1; tp <= ranks; ++tp) {
     if (ranks % tp) continue;
@@ -241,35 +307,38 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
         for (int micro = 1; micro <= tb; ++micro) {
           if (tb % micro || (tb / micro) % dp) continue;
           const int gas = tb / micro / dp;
-          for (int variant = 0; variant < 4; ++variant) {
-            const bool ckpt = variant & 1, offload = variant & 2;
-            if (offload && (kind != MemKind::device || stage == 0)) continue;
-            PlanLayout l;
-            l.dp = dp, l.tp = tp, l.pp = pp, l.stage = stage, l.micro = micro, l.gas = gas, l.checkpointing = ckpt;
-            l.offload = offload;
-            ConfigSources s = sources;
-            for (std::string kv : {"tensor_parallel.tp_size=" + std::to_string(tp),
-                                   "pipeline_parallel.pp_size=" + std::to_string(pp),
-                                   "zero_optimization.stage=" + std::to_string(stage),
-                                   "train_batch_size=" + std::to_string(tb),
-                                   "train_micro_batch_size_per_gpu=" + std::to_string(micro),
-                                   "gradient_accumulation_steps=" + std::to_string(gas),
-                                   std::string("activation_checkpointing.enabled=") + (ckpt ? "true" : "false")})
-              s.overrides.push_back(kv);
-            if (offload) s.overrides.push_back("zero_optimization.offload_optimizer.device=cpu");
-            try {
-              const Config c = load_config(s, ranks);
-              l.stages = size_stages(c, dp, kind, l.worst);
-              l.fits = mem_per_rank == 0 || l.worst.total() <= mem_per_rank;
-              if (machine && prices(*machine, c)) {
-                l.time = price_step(c, dp, *machine);
-                l.tokens_per_s = static_cast<double>(tb) * c.model.seq_len / l.time.step_s();
+          for (const OffloadDevice offload : offloads)
+            for (const bool ckpt : {false, true}) {
+              if (offload != OffloadDevice::none && stage == 0) continue;
+              PlanLayout l;
+              l.dp = dp, l.tp = tp, l.pp = pp, l.stage = stage, l.micro = micro, l.gas = gas, l.checkpointing = ckpt;
+              l.offload = offload;
+              if (offload == OffloadDevice::nvme) l.nvme_path = nvme_path;
+              ConfigSources s = sources;
+              for (std::string kv : {"tensor_parallel.tp_size=" + std::to_string(tp),
+                                     "pipeline_parallel.pp_size=" + std::to_string(pp),
+                                     "zero_optimization.stage=" + std::to_string(stage),
+                                     "train_batch_size=" + std::to_string(tb),
+                                     "train_micro_batch_size_per_gpu=" + std::to_string(micro),
+                                     "gradient_accumulation_steps=" + std::to_string(gas),
+                                     std::string("activation_checkpointing.enabled=") + (ckpt ? "true" : "false")})
+                s.overrides.push_back(kv);
+              s.overrides.push_back(std::string("zero_optimization.offload_optimizer.device=") + offload_name(offload));
+              if (offload == OffloadDevice::nvme)
+                s.overrides.push_back("zero_optimization.offload_optimizer.nvme_path=" + nvme_path);
+              try {
+                const Config c = load_config(s, ranks);
+                l.stages = size_stages(c, dp, kind, l.worst);
+                l.fits = mem_per_rank == 0 || l.worst.total() <= mem_per_rank;
+                if (machine && prices(*machine, c)) {
+                  l.time = price_step(c, dp, *machine);
+                  l.tokens_per_s = static_cast<double>(tb) * c.model.seq_len / l.time.step_s();
+                }
+              } catch (const UserError& e) {
+                l.excluded = e.what();
               }
-            } catch (const UserError& e) {
-              l.excluded = e.what();
+              out.push_back(std::move(l));
             }
-            out.push_back(std::move(l));
-          }
         }
     }
   }
@@ -279,7 +348,6 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
 std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t limit, MemKind kind,
                            const MachineRates* machine) {
   const Config c = load_config(sources, ranks);
-  refuse_nvme(c);
   const int dp = ranks / (c.tp_size * c.pp_size);
   RankMemory w;
   size_stages(c, dp, kind, w);
@@ -304,42 +372,55 @@ std::string explain_layout(const ConfigSources& sources, int ranks, uint64_t lim
     out += w.total() > limit ? strprintf(", over the %s available by %s", gigabytes(limit).c_str(),
                                          gigabytes(w.total() - limit).c_str())
                              : strprintf(", within the %s available", gigabytes(limit).c_str());
-  out += strprintf("; the largest part: %s (%.0f%%)\n", largest, 100.0 * most / std::max<uint64_t>(1, w.total()));
-  if (c.zero.offload_optimizer.device != OffloadDevice::nvme && c.zero.offload_param.device == OffloadDevice::none) {
-    const StepWork work = count_step(c, dp, w.pp_rank);  // what the step-time model is to price
-    double gemm = 0, attention = 0, bytes = 0;
-    for (const auto& [op, st] : work.micro_batch.ops) {
-      const OpKind k = op_kind(op);
-      if (k == OpKind::gemm) gemm += st.flops;
-      else if (k == OpKind::attention) attention += st.flops;
-      else bytes += st.bytes;
-    }
-    std::string comms;
-    auto collectives = [](const StepWork::Part& p) {
-      std::string text;
-      for (const auto& [what, st] : p.comms)
-        if (st.group_size > 1)
-          text += strprintf("; %s %lld x %.2f MB", what.c_str(), static_cast<long long>(st.calls),
-                            st.msg_bytes / 1e6 / std::max<int64_t>(1, st.calls));
-      return text;
-    };
-    double end_bytes = 0;
-    for (const auto& [op, st] : work.step_end.ops) end_bytes += st.bytes;
-    out += strprintf("work     per micro-batch, forward and backward, on that stage's rank: GEMM %.3f GFLOP, "
-                     "attention %.3f GFLOP, the other ops %.3f GB%s; then per step: %.3f GB (gradients, optimizer)%s\n",
-                     gemm / 1e9, attention / 1e9, bytes / 1e9, collectives(work.micro_batch).c_str(), end_bytes / 1e9,
-                     collectives(work.step_end).c_str());
-    if (machine && prices(*machine, c)) {
-      const StepTime t = price_step(c, dp, *machine);
-      const double tokens = static_cast<double>(c.train_batch_size) * c.model.seq_len / t.step_s();
-      auto where = [](bool across) { return across ? "across nodes" : "in a node"; };
-      out += strprintf("time     on %s: step %.4g s = compute %.4g + communication %.4g (tp %.4g %s, dp %.4g %s, "
-                       "pipeline sends %.4g %s) + bubble %.4g + step end %.4g (its collectives %.4g, optimizer offload %.4g); "
-                       "%.6g tokens/s, %.4g model TFLOP/s a rank\n",
-                       machine->name.c_str(), t.step_s(), t.compute_s, t.comm_s, t.tp_s, where(t.tp_across), t.dp_s,
-                       where(t.dp_across), t.pp_s, where(t.pp_across), t.bubble_s, t.step_end_s, t.end_collectives_s,
-                       t.offload_s, tokens, tokens * gpt_flops_per_token(c.model) / ranks / 1e12);
-    }
+  out += strprintf("; the largest part: %s (%.0f%%)", largest, 100.0 * most / std::max<uint64_t>(1, w.total()));
+  if (w.host) out += strprintf("; in host memory besides (offload) %s", gigabytes(w.host).c_str());
+  if (w.swapped) out += strprintf("; in swap files (nvme) %s", gigabytes(w.swapped).c_str());
+  out += "\n";
+  const StepWork work = count_step(c, dp, w.pp_rank);  // what the step-time model is to price
+  double gemm = 0, attention = 0, bytes = 0;
+  for (const auto& [op, st] : work.micro_batch.ops) {
+    const OpKind k = op_kind(op);
+    if (k == OpKind::gemm) gemm += st.flops;
+    else if (k == OpKind::attention) attention += st.flops;
+    else bytes += st.bytes;
+  }
+  auto collectives = [](const StepWork::Part& p) {
+    std::string text;
+    for (const auto& [what, st] : p.comms)
+      if (st.group_size > 1)
+        text += strprintf("; %s %lld x %.2f MB", what.c_str(), static_cast<long long>(st.calls),
+                          st.msg_bytes / 1e6 / std::max<int64_t>(1, st.calls));
+    return text;
+  };
+  double end_bytes = 0;
+  for (const auto& [op, st] : work.step_end.ops) end_bytes += st.bytes;
+  auto swap = [](const StepWork::Part& p) {
+    return p.swap_read + p.swap_written == 0
+               ? std::string()
+               : strprintf("; swap files read %.3f MB, written %.3f MB", p.swap_read / 1e6, p.swap_written / 1e6);
+  };
+  // The later micro-batches compute the same; what they gather and read can differ (the pool keeps).
+  const std::string later =
+      c.gradient_accumulation_steps < 2
+          ? ""
+          : strprintf(" | each of the %d later micro-batches: the same ops%s%s", c.gradient_accumulation_steps - 1,
+                      collectives(work.later_micro_batch).c_str(), swap(work.later_micro_batch).c_str());
+  out += strprintf("work     per micro-batch, forward and backward, on that stage's rank: GEMM %.3f GFLOP, "
+                   "attention %.3f GFLOP, the other ops %.3f GB%s%s%s | then per step: %.3f GB (gradients, "
+                   "optimizer)%s%s\n",
+                   gemm / 1e9, attention / 1e9, bytes / 1e9, collectives(work.micro_batch).c_str(),
+                   swap(work.micro_batch).c_str(), later.c_str(), end_bytes / 1e9, collectives(work.step_end).c_str(),
+                   swap(work.step_end).c_str());
+  if (machine && prices(*machine, c)) {
+    const StepTime t = price_step(c, dp, *machine);
+    const double tokens = static_cast<double>(c.train_batch_size) * c.model.seq_len / t.step_s();
+    auto where = [](bool across) { return across ? "across nodes" : "in a node"; };
+    out += strprintf("time     on %s: step %.4g s = compute %.4g + communication %.4g (tp %.4g %s, dp %.4g %s, "
+                     "pipeline sends %.4g %s) + offloaded parameters' waits %.4g + bubble %.4g + step end %.4g (its "
+                     "collectives %.4g, offload %.4g); %.6g tokens/s, %.4g model TFLOP/s a rank\n",
+                     machine->name.c_str(), t.step_s(), t.compute_s, t.comm_s, t.tp_s, where(t.tp_across), t.dp_s,
+                     where(t.dp_across), t.pp_s, where(t.pp_across), t.param_io_s, t.bubble_s, t.step_end_s,
+                     t.end_collectives_s, t.offload_s, tokens, tokens * gpt_flops_per_token(c.model) / ranks / 1e12);
   }
 
   // The seed's checklist, each change alone, sized like the layout itself.
@@ -416,9 +497,7 @@ uint64_t available_memory() {
 }  // namespace
 
 void refuse_if_over_memory(const Config& c, const ConfigSources& sources, ProcessGroups& g, MemKind kind) {
-  if (kind != MemKind::host || c.zero.offload_optimizer.device == OffloadDevice::nvme ||
-      c.zero.offload_param.device == OffloadDevice::nvme)
-    return;  // a device reports its own allocation failures; nvme offload is not sized yet
+  if (kind != MemKind::host) return;  // a device reports its own allocation failures
   const RankMemory mine = size_rank(c, g.topo.dp, g.coord.pp, kind);
   std::unique_ptr<ProcessGroup> node = g.world->split_node("plan_node");
   const double planned = node->all_reduce_sum(static_cast<double>(mine.total()));
@@ -557,7 +636,10 @@ int cmd_plan(const Args& a) {
       if (n++ == sweep) break;
       std::string name = strprintf("t%dp%dd%d-s%d-m%dg%d", l->tp, l->pp, l->dp, l->stage, l->micro, l->gas), extra;
       if (l->checkpointing) name += "-ckpt", extra += " --set activation_checkpointing.enabled=true";
-      if (l->offload) name += "-offload", extra += " --set zero_optimization.offload_optimizer.device=cpu";
+      if (l->offload != OffloadDevice::none)
+        name += strprintf("-%s", offload_name(l->offload)),
+            extra += strprintf(" --set zero_optimization.offload_optimizer.device=%s", offload_name(l->offload));
+      if (!l->nvme_path.empty()) extra += " --set zero_optimization.offload_optimizer.nvme_path=" + l->nvme_path;
       std::printf("%-28s strong %3d %3d %3d %3d %d %4d %4d%s   # %s GB per rank\n", name.c_str(),
                   per_node ? ranks / per_node : 1, l->tp, l->pp, l->dp, l->stage, l->micro, l->gas, extra.c_str(),
                   strprintf("%.3f", l->worst.total() / 1e9).c_str());
@@ -568,7 +650,7 @@ int cmd_plan(const Args& a) {
     for (const PlanLayout& l : all) {
       nlohmann::ordered_json j = {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"stage", l.stage}, {"micro", l.micro},
                                   {"gas", l.gas}, {"activation_checkpointing", l.checkpointing},
-                                  {"offload_optimizer", l.offload ? "cpu" : "none"}};
+                                  {"offload_optimizer", offload_name(l.offload)}};
       if (!l.excluded.empty()) {
         j["excluded"] = l.excluded;
       } else {
@@ -576,12 +658,13 @@ int cmd_plan(const Args& a) {
           return nlohmann::ordered_json{{"pp_rank", r.pp_rank}, {"params", r.params}, {"grads", r.grads},
                                         {"optimizer", r.optimizer}, {"buffers", r.buffers},
                                         {"activations", r.activations}, {"other", r.other}, {"total", r.total()},
-                                        {"host", r.host}};
+                                        {"host", r.host}, {"swapped", r.swapped}};
         };
         j["fits"] = l.fits;
         if (l.tokens_per_s > 0)
           j["time"] = {{"step_s", l.time.step_s()}, {"compute_s", l.time.compute_s}, {"comm_s", l.time.comm_s},
-                       {"bubble_s", l.time.bubble_s}, {"step_end_s", l.time.step_end_s},
+                       {"param_io_s", l.time.param_io_s}, {"bubble_s", l.time.bubble_s},
+                       {"step_end_s", l.time.step_end_s},
                        {"tokens_per_s", l.tokens_per_s},
                        {"comm", {{"tp_s", l.time.tp_s}, {"dp_s", l.time.dp_s}, {"pp_s", l.time.pp_s},
                                  {"end_collectives_s", l.time.end_collectives_s}, {"offload_s", l.time.offload_s},
@@ -607,11 +690,16 @@ int cmd_plan(const Args& a) {
            timed ? strprintf("step time priced on %s (%s); ranked by tokens/s", machine->name.c_str(),
                              machine->measured.c_str()).c_str()
                  : "ranked by memory (--machine FILE: by predicted tokens/s)");
-  const bool dev = kind == MemKind::device;  // two more columns: optimizer offload, and what it puts in host memory
+  // More columns where they say something: optimizer offload (a device's, or to nvme), what offload
+  // puts in host memory (a device's), and in swap files.
+  const bool dev = kind == MemKind::device;
+  const bool offload_col = dev || std::any_of(all.begin(), all.end(), [](auto& l) { return l.offload != OffloadDevice::none; });
+  const bool swap_col = std::any_of(valid.begin(), valid.end(), [](auto* l) { return l->worst.swapped > 0; });
   const std::string time_head = timed ? strprintf(" %8s %8s %8s %8s %9s", "step s", "comm", "bubble", "end", "tokens/s") : "";
-  log_info("%4s %3s %3s %5s %5s %4s %4s%s %9s %9s %9s %9s %9s %9s %9s %5s%s %s%s", "dp", "tp", "pp", "stage", "micro",
-           "gas", "ckpt", dev ? " offload" : "", "params", "grads", "optimizer", "buffers", "activ", "other", "total",
-           "stage", dev ? strprintf(" %9s", "host").c_str() : "", mem ? "fits" : "", time_head.c_str());
+  log_info("%4s %3s %3s %5s %5s %4s %4s%s %9s %9s %9s %9s %9s %9s %9s %5s%s%s %s%s", "dp", "tp", "pp", "stage", "micro",
+           "gas", "ckpt", offload_col ? " offload" : "", "params", "grads", "optimizer", "buffers", "activ", "other",
+           "total", "stage", dev ? strprintf(" %9s", "host").c_str() : "", swap_col ? strprintf(" %9s", "nvme").c_str() : "",
+           mem ? "fits" : "", time_head.c_str());
   for (size_t k = 0; k < valid.size() && (top == 0 || k < static_cast<size_t>(top)); ++k) {
     const PlanLayout& l = *valid[k];
     const RankMemory& r = l.worst;
@@ -621,11 +709,13 @@ int cmd_plan(const Args& a) {
             ? strprintf(" %8.4g %8.3g %8.3g %8.3g %9.0f", l.time.step_s(), l.time.comm_s, l.time.bubble_s,
                         l.time.step_end_s, l.tokens_per_s)
             : strprintf(" %8s", "-");
-    log_info("%4d %3d %3d %5d %5d %4d %4s%s %9s %9s %9s %9s %9s %9s %9s %5d%s %s%s", l.dp, l.tp, l.pp, l.stage, l.micro,
-             l.gas, l.checkpointing ? "yes" : "no", dev ? (l.offload ? "     cpu" : "    none") : "", gb(r.params).c_str(),
+    log_info("%4d %3d %3d %5d %5d %4d %4s%s %9s %9s %9s %9s %9s %9s %9s %5d%s%s %s%s", l.dp, l.tp, l.pp, l.stage,
+             l.micro, l.gas, l.checkpointing ? "yes" : "no",
+             offload_col ? strprintf(" %7s", offload_name(l.offload)).c_str() : "", gb(r.params).c_str(),
              gb(r.grads).c_str(), gb(r.optimizer).c_str(), gb(r.buffers).c_str(), gb(r.activations).c_str(),
              gb(r.other).c_str(), gb(r.total()).c_str(), r.pp_rank, dev ? strprintf(" %9s", gb(r.host).c_str()).c_str() : "",
-             mem ? (l.fits ? "yes" : "no ") : "", time_cols.c_str());
+             swap_col ? strprintf(" %9s", gb(r.swapped).c_str()).c_str() : "", mem ? (l.fits ? "yes" : "no ") : "",
+             time_cols.c_str());
   }
   if (top && valid.size() > static_cast<size_t>(top)) log_info("... %zu more (--top 0 shows all)", valid.size() - top);
   for (const auto& [why, n] : reasons) log_info("excluded %d: %s", n, why.c_str());

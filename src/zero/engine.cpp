@@ -38,10 +38,10 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
   try {  // a swap file that cannot be made (no space, no permission) is the user's to fix
     state_ = std::make_unique<OptimizerState>(link_ ? link_->cpu() : be, owned_total,
                                               mixed_ || params_swapped || link_, cfg_.offload_optimizer,
-                                              cfg_.sub_group_size, swap.aio, swap.optimizer, link_ != nullptr);
+                                              cfg_.sub_group_size, swap.options(), swap.optimizer, link_ != nullptr);
     if (link_) link_->reserve(state_->spans(), kLinkDepth);
     params_ = make_param_storage(be, dp, layout_, view_, cfg_, s16_, *state_, params_swapped ? swap.param : "",
-                                 swap.aio, link_.get());  // what a rank keeps
+                                 swap.options(), link_.get());  // what a rank keeps
   } catch (const IoError& e) {
     throw UserError(strprintf("offload to nvme: %s", e.what()));
   }
@@ -166,12 +166,14 @@ void ZeroEngine::update(const OptimizerState::Span& s) {
 
 SwapIo ZeroEngine::take_swap_io() {
   SwapIo io;
-  for (const SwapFile::Stats& s : {state_->take_io(), params_->take_swap_io()}) {
+  const SwapFile::Stats param = params_->take_swap_io();
+  for (const SwapFile::Stats& s : {state_->take_io(), param}) {
     io.wait_s += s.wait_s;
     io.busy_s += s.read_s + s.write_s;
     io.bytes_read += s.bytes_read;
     io.bytes_written += s.bytes_written;
   }
+  io.param_bytes_read = param.bytes_read, io.param_bytes_written = param.bytes_written;
   if (link_) {
     const HostLink::Stats l = link_->take_stats();
     io.copy_wait_s = l.wait_s, io.copy_s = l.copy_s, io.bytes_down = l.bytes_down, io.bytes_up = l.bytes_up;

@@ -79,6 +79,8 @@ struct MemoryAccount {
 struct SwapFiles {
   std::string optimizer, param;
   AioConfig aio;
+  bool sizing = false;  // zero3d plan: no files, the transfers only counted (SwapFile::Options::sizing)
+  SwapFile::Options options() const { return {static_cast<size_t>(aio.block_size), aio.thread_count, sizing}; }
 };
 
 // What swapping cost since the last take_swap_io(): time the training thread waited for swap
@@ -87,6 +89,7 @@ struct SwapFiles {
 struct SwapIo {
   double wait_s = 0, busy_s = 0;
   uint64_t bytes_read = 0, bytes_written = 0;
+  uint64_t param_bytes_read = 0, param_bytes_written = 0;  // of those, the parameters' swap file's
   double copy_wait_s = 0, copy_s = 0;
   uint64_t bytes_down = 0, bytes_up = 0;
 };
@@ -131,6 +134,8 @@ class ZeroEngine final : public ParamStore {
 
   MemoryAccount memory() const { return mem_; }
   SwapIo take_swap_io();
+  // Of each step's optimizer swap reads, the bytes read ahead for the next step as its stream ends.
+  uint64_t swap_read_ahead_bytes() const { return state_->read_ahead_bytes(); }
   int stage() const { return cfg_.stage; }
   bool mixed() const { return mixed_; }
   Dtype16 dtype16() const { return dt_; }

@@ -29,7 +29,7 @@ void swap_wait(SwapFile& f, SwapFile::Ticket t) {
 }
 
 OptimizerState::OptimizerState(Backend& be, size_t n, bool with_master, const OffloadConfig& offload,
-                               int64_t sub_group_size, const AioConfig& aio, const std::string& swap_path,
+                               int64_t sub_group_size, const SwapFile::Options& swap_options, const std::string& swap_path,
                                bool stream_in_sub_groups)
     : be_(be), n_(n), with_master_(with_master) {
   chunk_ = stream_in_sub_groups ? std::max<size_t>(static_cast<size_t>(sub_group_size), 1) : std::max<size_t>(n_, 1);
@@ -40,10 +40,9 @@ OptimizerState::OptimizerState(Backend& be, size_t n, bool with_master, const Of
     groups_ = std::max<size_t>(groups_, 1);
     swapped_n_ = std::min(n_, groups_ * group_);
     stride_ = group_ * fields() * sizeof(float);
-    file_ = std::make_unique<SwapFile>(swap_path, uint64_t(groups_) * stride_,
-                                       SwapFile::Options{static_cast<size_t>(aio.block_size), aio.thread_count});
+    file_ = std::make_unique<SwapFile>(swap_path, uint64_t(groups_) * stride_, swap_options);
     const int nbuf = static_cast<int>(std::min<size_t>(offload.buffer_count, groups_));
-    for (int b = 0; b < nbuf; ++b) bufs_.emplace_back(stride_);
+    for (int b = 0; b < nbuf; ++b) bufs_.emplace_back(be, stride_);  // host memory, 4 KiB-aligned (O_DIRECT)
     buf_write_.assign(nbuf, 0);
     group_write_.assign(groups_, 0);
     fresh_.assign(groups_, true);
@@ -88,7 +87,7 @@ void OptimizerState::issue_read(size_t k) {
   swap_wait(*file_, buf_write_[b]);    // the buffer's last sub-group is written back
   swap_wait(*file_, group_write_[k]);  // and this sub-group's own last write is on file
   if (fresh_[k]) {  // never written: the preallocated file holds zeros, no need to read them
-    std::memset(bufs_[b].data(), 0, stride_);
+    be_.zero(bufs_[b].data(), stride_);
     ahead_.push_back({k, b, 0});
     return;
   }
@@ -122,7 +121,7 @@ void OptimizerState::stream(const Update& update) {
     for (Field f : {master, exp_avg, exp_avg_sq})
       if (f != master || with_master_) s.field[f] = reinterpret_cast<float*>(rec + slot(f) * group_ * sizeof(float));
     update(s);
-    sums_[k] = swap_checksum(rec, stride_);
+    sums_[k] = checksum(rec);
     buf_write_[a.buf] = group_write_[k] = file_->write(record_offset(k), rec, stride_);
     fresh_[k] = false;
   }
@@ -148,7 +147,7 @@ char* OptimizerState::record(size_t k) {
   swap_wait(*file_, buf_write_[0]);
   wait_writes(k, k + 1);
   if (fresh_[k]) {
-    std::memset(bufs_[0].data(), 0, stride_);
+    be_.zero(bufs_[0].data(), stride_);
   } else {
     swap_wait(*file_, file_->read(record_offset(k), bufs_[0].data(), stride_));
     verify(k, bufs_[0].data());
@@ -159,14 +158,18 @@ char* OptimizerState::record(size_t k) {
 
 void OptimizerState::flush() {
   if (!dirty_) return;
-  sums_[cached_] = swap_checksum(bufs_[0].data(), stride_);
+  sums_[cached_] = checksum(bufs_[0].data());
   swap_wait(*file_, group_write_[cached_] = file_->write(record_offset(cached_), bufs_[0].data(), stride_));
   fresh_[cached_] = false;
   dirty_ = false;
 }
 
+uint64_t OptimizerState::checksum(const char* rec) const {
+  return file_->sizing() ? 0 : swap_checksum(rec, stride_);  // sizing: the record is not memory to read
+}
+
 void OptimizerState::verify(size_t k, const char* rec) const {
-  if (swap_checksum(rec, stride_) != sums_[k])
+  if (checksum(rec) != sums_[k])
     swap_failed(strprintf("swap file '%s': sub-group %zu (%zu bytes at offset %llu) does not read back what was "
                           "written (checksum mismatch: the file was changed under the run)",
                           file_->path().c_str(), k, stride_, static_cast<unsigned long long>(record_offset(k))));

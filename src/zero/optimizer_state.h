@@ -16,6 +16,7 @@
 // Invariant: stream() hands every owned element to the update exactly once, in order, and what
 // the update changes is what the next stream() and read() see.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -25,7 +26,6 @@
 #include <vector>
 
 #include "config/config.h"
-#include "core/host_buffer.h"
 #include "storage/swap_file.h"
 #include "kernels/backend.h"
 #include "model/flat_layout.h"  // ShardInfo
@@ -52,7 +52,8 @@ class OptimizerState {
   // the swap file when offload.device is nvme (ignored otherwise). `stream_in_sub_groups`: the
   // part in memory is handed over in spans of sub_group_size too (else in one span).
   OptimizerState(Backend& be, size_t n, bool with_master, const OffloadConfig& offload, int64_t sub_group_size,
-                 const AioConfig& aio, const std::string& swap_path, bool stream_in_sub_groups = false);
+                 const SwapFile::Options& swap_options, const std::string& swap_path,
+                 bool stream_in_sub_groups = false);
   ~OptimizerState();
 
   size_t size() const { return n_; }
@@ -67,6 +68,9 @@ class OptimizerState {
   size_t resident_bytes() const;  // in memory: the arrays, or the stream buffers and the unswapped tail
   size_t swapped_bytes() const;   // in the swap file (the state's own bytes, without padding)
   size_t buffer_bytes() const;    // the stream buffers alone
+  // Swapped: the bytes a stream reads ahead for the next one at its end (they load while forward
+  // and backward run); the rest of each stream's reads run beside its updates.
+  size_t read_ahead_bytes() const { return std::min(groups_, lookahead_) * stride_; }
 
   // What the swap file did since the last call (nothing when in memory).
   SwapFile::Stats take_io() { return file_ ? file_->take_stats() : SwapFile::Stats{}; }
@@ -86,6 +90,7 @@ class OptimizerState {
   void wait_writes(size_t k0, size_t k1);  // sub-groups [k0, k1) written back
   char* record(size_t k);                  // sub-group k's record, read and verified into bufs_[0]
   void flush();                            // write back a record that read()/write() changed
+  uint64_t checksum(const char* rec) const;      // of a record (swap_checksum)
   void verify(size_t k, const char* rec) const;  // the record as written, or the job ends (exit 8)
   void copy(Field f, size_t at, size_t n, float* host, bool into_state);  // read() and write()
   float* resident(Field f) { return arrays_[slot(f)].data(); }
@@ -99,7 +104,7 @@ class OptimizerState {
   std::unique_ptr<SwapFile> file_;
   size_t swapped_n_ = 0, group_ = 0, groups_ = 0, stride_ = 0;
   size_t chunk_ = 1;  // the part in memory streams in spans of this many elements
-  std::vector<HostBuffer> bufs_;
+  std::vector<DeviceBuffer<char>> bufs_;  // in be_, which is host memory where the state is swapped
   std::vector<SwapFile::Ticket> buf_write_;    // per buffer: the write of what it held last
   std::vector<SwapFile::Ticket> group_write_;  // per sub-group: its last write
   std::vector<uint64_t> sums_;                 // per sub-group: the checksum of its record as written

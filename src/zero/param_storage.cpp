@@ -148,14 +148,13 @@ class ShardedParams final : public ParamStorage {
  public:
   ShardedParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& zero,
                 const std::optional<Storage16>& s16, OptimizerState& state, const std::string& swap,
-                const AioConfig& aio, HostLink* link)
+                const SwapFile::Options& swap_options, HostLink* link)
       : ParamStorage(be, dp, L, view, s16, state, link), elem_(s16 ? sizeof(uint16_t) : sizeof(float)) {
     // Where the kept slices live: the backend's memory, or host memory (offload_param cpu from a device).
     Backend& keep = link_ && zero.offload_param.device == OffloadDevice::cpu ? link_->cpu() : be;
     host_slices_ = &keep != &be;
     if (!swap.empty()) {
-      swap_ = std::make_unique<SwapFile>(swap, uint64_t(L.shard_size) * elem_,
-                                         SwapFile::Options{static_cast<size_t>(aio.block_size), aio.thread_count});
+      swap_ = std::make_unique<SwapFile>(swap, uint64_t(L.shard_size) * elem_, swap_options);
       swapped_bytes_ = L.shard_size * elem_;
       sums_.assign(L.buckets.size(), 0);
     } else if (s16_) {
@@ -213,6 +212,10 @@ class ShardedParams final : public ParamStorage {
     if (begin == 0) std::fill(sums_.begin(), sums_.end(), 0);  // a new pass over the whole shard
     std::vector<uint16_t> w;  // swapping runs on the host backend only: host pointers
     const void* data = master;
+    if (swap_->sizing()) {  // zero3d plan: the write counted, nothing narrowed or summed
+      swap_->write(begin * elem_, data, n * elem_);
+      return;
+    }
     if (s16_) {
       w.resize(n);
       if (link_) narrow_on_host(w.data(), master, n);  // the master is in host memory
@@ -357,7 +360,7 @@ class ShardedParams final : public ParamStorage {
   void finish_read(const Bucket& b, SwapFile::Ticket ticket, T* dst) const {
     const size_t n = b.size / dp_.size();
     swap_wait(*swap_, ticket);
-    if (sum_of(dst, n, b.shard_offset) != sums_[&b - L_.buckets.data()])
+    if (!swap_->sizing() && sum_of(dst, n, b.shard_offset) != sums_[&b - L_.buckets.data()])
       swap_failed(strprintf("swap file '%s': the slice of bucket %zu (%zu bytes at offset %zu) does not read back "
                             "what was written (checksum mismatch: the file was changed under the run)",
                             swap_->path().c_str(), static_cast<size_t>(&b - L_.buckets.data()), n * elem_,
@@ -377,10 +380,10 @@ class ShardedParams final : public ParamStorage {
 std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
                                                  const ShardView& view, const ZeroConfig& zero,
                                                  const std::optional<Storage16>& s16, OptimizerState& state,
-                                                 const std::string& param_swap, const AioConfig& aio,
+                                                 const std::string& param_swap, const SwapFile::Options& swap_options,
                                                  HostLink* link) {
   if (zero.stage < 3) return std::make_unique<FullParams>(be, dp, layout, view, zero, s16, state, link);
-  return std::make_unique<ShardedParams>(be, dp, layout, view, zero, s16, state, param_swap, aio, link);
+  return std::make_unique<ShardedParams>(be, dp, layout, view, zero, s16, state, param_swap, swap_options, link);
 }
 
 }  // namespace zero3d

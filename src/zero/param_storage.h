@@ -101,7 +101,7 @@ class ParamStorage {
 std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
                                                  const ShardView& view, const ZeroConfig& zero,
                                                  const std::optional<Storage16>& s16, OptimizerState& state,
-                                                 const std::string& param_swap, const AioConfig& aio,
+                                                 const std::string& param_swap, const SwapFile::Options& swap_options,
                                                  HostLink* link = nullptr);
 
 }  // namespace zero3d

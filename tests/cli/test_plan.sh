@@ -16,6 +16,17 @@ timeout 60 "$z3d" plan $tiny --ranks 4 --json --set bf16.enabled=true > "$tmp/pl
   { cat "$tmp/plan.log"; fail "plan bf16"; }
 timeout 60 "$z3d" plan $tiny --ranks 2 --json --device > "$tmp/plan_dev.jsonl" 2> "$tmp/plan.log" ||
   { cat "$tmp/plan.log"; fail "plan --device"; }
+# Offload to nvme, sized without a disk (the engine's swap files as sizing ones): the optimizer's
+# records in sub-groups of 100352 elements, and stage 3's slices with every unit gathered.
+mkdir -p "$tmp/nvme"
+nvme=(--set zero_optimization.offload_optimizer.nvme_path="$tmp/nvme" --set zero_optimization.sub_group_size=100000)
+nvme_param=("${nvme[@]}" --set zero_optimization.stage=3 --set zero_optimization.offload_param.device=nvme --set zero_optimization.offload_param.nvme_path="$tmp/nvme"
+            --set zero_optimization.stage3_param_persistence_threshold=0)
+timeout 60 "$z3d" plan $tiny --ranks 2 --json "${nvme[@]}" > "$tmp/plan_nvme.jsonl" 2> "$tmp/plan.log" ||
+  { cat "$tmp/plan.log"; fail "plan with nvme"; }
+timeout 60 "$z3d" plan $tiny --ranks 2 --json "${nvme_param[@]}" > "$tmp/plan_nvme_param.jsonl" 2> "$tmp/plan.log" ||
+  { cat "$tmp/plan.log"; fail "plan with nvme parameters"; }
+[[ -z $(ls -A "$tmp/nvme") ]] || fail "the plan made swap files: $(ls -A "$tmp/nvme")"
 timeout 60 "$z3d" plan input/llama-tiny.json --ranks 4 > "$tmp/plan_table.log" 2>&1 || { cat "$tmp/plan_table.log"; fail "plan table"; }
 grep -qE "^excluded [0-9]+: .*num_key_value_heads 2 must be divisible by tensor_parallel.tp_size 4" "$tmp/plan_table.log" ||
   { cat "$tmp/plan_table.log"; fail "the plan does not say why tp 4 is refused for llama-tiny"; }
@@ -41,19 +52,23 @@ sample dp2pp2_s1_bf16 2 1 2 1 1 4 false --set bf16.enabled=true
 # with the optimizer offloaded to host memory (its host bytes compared too) and without.
 ZERO3D_DEVICE_WALLS=1 sample dp2_s2_dev_offload 2 1 1 2 4 1 false --set zero_optimization.offload_optimizer.device=cpu
 ZERO3D_DEVICE_WALLS=1 sample dp2_s1_dev 2 1 1 1 2 2 true
+# Offload to nvme: the optimizer's state (stage 2), and stage 3's slices beside it.
+sample dp2_s2_nvme 2 1 1 2 4 1 false --set zero_optimization.offload_optimizer.device=nvme "${nvme[@]}"
+sample dp2_s3_nvme_param 2 1 1 3 2 2 false --set zero_optimization.offload_optimizer.device=nvme "${nvme_param[@]}"
 /usr/bin/python3 - "$tmp" "${samples[@]}" <<'PY'
 import json, sys
 tmp, samples = sys.argv[1], sys.argv[2:]
 def load(path):
     return [json.loads(l) for l in open(path)]
-plans = {"fp32": load(f"{tmp}/plan.jsonl"), "bf16": load(f"{tmp}/plan_bf16.jsonl"), "dev": load(f"{tmp}/plan_dev.jsonl")}
+plans = {k: load(f"{tmp}/plan{f}.jsonl") for k, f in (("fp32", ""), ("bf16", "_bf16"), ("dev", "_dev"), ("nvme", "_nvme"),
+                                                       ("nvme_param", "_nvme_param"))}
 failed = 0
 for s in samples:
     name, *v = s.split()
     dp, tp, pp, stage, micro, gas = map(int, v[:6])
     ckpt = v[6] == "true"
-    plan = plans["bf16" if "bf16" in name else "dev" if "dev" in name else "fp32"]
-    offload = "cpu" if "offload" in name else "none"
+    plan = plans[next((k for k in ("bf16", "dev", "nvme_param", "nvme") if k in name), "fp32")]
+    offload = "cpu" if "offload" in name else "nvme" if "nvme" in name else "none"
     [p] = [p for p in plan if (p["dp"], p["tp"], p["pp"], p["stage"], p["micro"], p["gas"], p["activation_checkpointing"],
                                p["offload_optimizer"]) == (dp, tp, pp, stage, micro, gas, ckpt, offload)]
     recs = [r for r in load(f"{tmp}/{name}/metrics.jsonl") if r["kind"] == "memory"]
@@ -61,7 +76,7 @@ for s in samples:
     before, planned, share = failed, 0, 0
     for r in recs:
         st = p["stages"][r["rank"] // (tp * dp)]
-        for k in ("params", "grads", "optimizer", "buffers", "activations", "host"):
+        for k in ("params", "grads", "optimizer", "buffers", "activations", "host", "swapped"):
             if st[k] != r[k + "_bytes"]:
                 print(f"FAIL {name} rank {r['rank']}: {k} planned {st[k]}, the run has {r[k + '_bytes']}")
                 failed += 1
@@ -76,7 +91,7 @@ for s in samples:
               f"{planned / 1e6:.1f} MB (expected 0-100 MB: the process's own part)")
         failed += 1
     if failed == before:
-        print(f"{name}: every rank's six accounts as planned; the node holds {share / 1e6:.1f} MB for "
+        print(f"{name}: every rank's seven accounts as planned; the node holds {share / 1e6:.1f} MB for "
               f"{planned / 1e6:.1f} MB planned (+{extra / 1e6:.1f} MB a rank: the process, MPI, the libraries)")
 sys.exit(1 if failed else 0)
 PY
@@ -129,16 +144,42 @@ PY
     fail "stage $st: the plan's collectives differ from the run's"
 done
 echo "ok work: the plan's collectives are the run's"
+# The swap files' traffic the plan counts is the run's: stage 3 with the optimizer's records and
+# every parameter slice swapped, 2 micro-batches a step (the second reads nothing: the pool keeps
+# what the first gathered). Each step's reads exactly; the writes over steps 2-4 (a write counts
+# when its last block lands, so some of a step's land in the next).
+set -- --set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme "${nvme_param[@]}" \
+  --set train_micro_batch_size_per_gpu=4 --set gradient_accumulation_steps=2
+timeout 60 "$z3d" plan $tiny --ranks 2 --explain "$@" > "$tmp/work-nvme.log" 2>&1 || { cat "$tmp/work-nvme.log"; fail "explain nvme"; }
+timeout 120 $MPIRUN -np 2 "$z3d" train $tiny --run-dir "$tmp/swap-io" --set train_steps=4 --set steps_per_print=1 \
+  --set data.val="" "$@" > "$tmp/swap-io.log" 2>&1 || { tail -20 "$tmp/swap-io.log"; fail "nvme run"; }
+/usr/bin/python3 - "$tmp/work-nvme.log" "$tmp/swap-io/metrics.jsonl" <<'PY' || { cat "$tmp/work-nvme.log"; fail "the plan's swap traffic differs from the run's"; }
+import json, re, sys
+[line] = [l for l in open(sys.argv[1]) if l.startswith("work ")]
+first, later, end = [[float(x) * 1e6 for x in re.findall(r"swap files read ([0-9.]+) MB, written ([0-9.]+) MB", part)[0]]
+                     if "swap files" in part else [0.0, 0.0] for part in line.split(" | ")]
+read, written = first[0] + later[0] + end[0], first[1] + later[1] + end[1]  # gas 2: one later micro-batch
+steps = [r for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "train"]
+reads = [r["swap_read_bytes"] / 2 for r in steps[1:]]  # the world's sum, 2 ranks
+writes = sum(r["swap_written_bytes"] / 2 for r in steps[1:])
+print(f"swap traffic a rank a step: planned read {read:.0f} written {written:.0f}; the run's steps 2-4 read {reads}, "
+      f"wrote {writes / 3:.0f} on average")
+assert all(abs(r - read) <= 2e3 for r in reads), (reads, read)
+assert abs(writes - 3 * written) <= 2 * 2**20, (writes, 3 * written)  # two 1 MiB blocks
+PY
+echo "ok work: the plan's swap traffic is the run's"
 # The step time: bench machine writes a machine file from this machine's rates (2 ranks at once);
 # then, on a machine file of round rates, every layout's time is its counted work at those rates
 # (the 1-rank layout against --explain's work line), its parts add up, 1F1B's bubble is pp - 1
 # micro-batch slots, and the table is ranked by tokens/s.
-timeout 120 $MPIRUN -np 2 "$z3d" bench machine --seconds 0.2 --out "$tmp/machine.json" > "$tmp/machine.log" 2>&1 ||
-  { cat "$tmp/machine.log"; fail "bench machine"; }
+timeout 120 $MPIRUN -np 2 "$z3d" bench machine --seconds 0.2 --out "$tmp/machine.json" --nvme-path "$tmp/nvme" \
+  > "$tmp/machine.log" 2>&1 || { cat "$tmp/machine.log"; fail "bench machine"; }
+[[ -z $(ls -A "$tmp/nvme") ]] || fail "bench machine left swap files: $(ls -A "$tmp/nvme")"
 /usr/bin/python3 - "$tmp/machine.json" <<'PY' || { cat "$tmp/machine.json"; fail "bench machine: its file"; }
 import json, sys
 m = json.load(open(sys.argv[1]))
-assert m["ranks_per_node"] == 2 and min(m["gemm_flops_per_s"], m["attention_flops_per_s"], m["copy_bytes_per_s"], m["adam_bytes_per_s"]) > 0, m
+assert m["ranks_per_node"] == 2 and min(m["gemm_flops_per_s"], m["attention_flops_per_s"], m["copy_bytes_per_s"], m["adam_bytes_per_s"],
+                                        m["nvme_read_bytes_per_s"], m["nvme_write_bytes_per_s"]) > 0, m
 assert sorted(m["collectives"]) == ["all_gather", "all_reduce", "reduce_scatter"], m
 assert all(l["busbw_bytes_per_s"] > 0 and l["latency_s"] >= 0 for l in m["collectives"].values()), m
 PY
@@ -171,7 +212,7 @@ timeout 60 "$z3d" plan $tiny --ranks 2 --machine "$tmp/round.json" > "$tmp/timed
 import json, re, sys
 tmp, cfg = sys.argv[1], json.load(open(sys.argv[2]))
 T = cfg["model"]["seq_len"]
-gemm, att, other, end = map(float, re.search(r"GEMM ([0-9.]+) GFLOP, attention ([0-9.]+) GFLOP, the other ops ([0-9.]+) GB; "
+gemm, att, other, end = map(float, re.search(r"GEMM ([0-9.]+) GFLOP, attention ([0-9.]+) GFLOP, the other ops ([0-9.]+) GB.*?"
                                               r"then per step: ([0-9.]+) GB", open(f"{tmp}/explain1.log").read()).groups())
 [one] = [p for p in map(json.loads, open(f"{tmp}/timed1.jsonl")) if "time" in p and p["micro"] == cfg["train_micro_batch_size_per_gpu"]
          and p["gas"] == cfg["gradient_accumulation_steps"] and p["stage"] == 0 and not p["activation_checkpointing"]]
@@ -182,8 +223,8 @@ timed = [p for p in map(json.loads, open(f"{tmp}/timed2.jsonl")) if "time" in p]
 assert len(timed) >= 20, len(timed)
 for p in timed:
     t = p["time"]
-    assert abs(t["step_s"] - (t["compute_s"] + t["comm_s"] + t["bubble_s"] + t["step_end_s"])) < 1e-9, p
-    assert abs(t["bubble_s"] - (p["pp"] - 1) * (t["compute_s"] + t["comm_s"]) / p["gas"]) < 1e-9, p
+    assert abs(t["step_s"] - (t["compute_s"] + t["comm_s"] + t["param_io_s"] + t["bubble_s"] + t["step_end_s"])) < 1e-9, p
+    assert abs(t["bubble_s"] - (p["pp"] - 1) * (t["compute_s"] + t["comm_s"] + t["param_io_s"]) / p["gas"]) < 1e-9, p
     assert abs(t["tokens_per_s"] - p["micro"] * p["gas"] * p["dp"] * T / t["step_s"]) < 1e-6 * t["tokens_per_s"], p
     assert (t["comm_s"] > 0) == (p["tp"] > 1 or p["pp"] > 1 or p["stage"] >= 2 and p["dp"] > 1), p
 rows = [l.split() for l in open(f"{tmp}/timed.log") if re.match(r"^ +\d+ +\d+ +\d+ ", l)]
@@ -208,13 +249,14 @@ json.dump(dict(m, inter_node={"p2p_bytes_per_s": 1e8, "collectives": links}), op
 json.dump(dict(m, gemm_bf16_flops_per_s=2e11), open(f"{sys.argv[1]}/bf16.json", "w"))
 json.dump(dict(m, device=True), open(f"{sys.argv[1]}/device.json", "w"))
 json.dump(dict(m, device=True, pcie_bytes_per_s=1e9, host_adam_bytes_per_s=1e10), open(f"{sys.argv[1]}/offload.json", "w"))
+json.dump(dict(m, nvme_read_bytes_per_s=2e7, nvme_write_bytes_per_s=1e7), open(f"{sys.argv[1]}/nvme.json", "w"))
 PY
 # Optimizer offload: priced only with a device's link and host rates; gpt-tiny's 834304 parameters on
 # one rank in fp32 send 8 bytes each over the 1 GB/s link (6.7 ms), slower than the CPU's AdamW over
 # 28 bytes each at 10 GB/s (2.3 ms): the pipelined step end's offload part is the link's.
 timeout 60 "$z3d" plan $tiny --ranks 1 --device --explain --machine "$tmp/offload.json" --set zero_optimization.stage=1 \
   --set zero_optimization.offload_optimizer.device=cpu > "$tmp/explain-offload.log" 2>&1 || { cat "$tmp/explain-offload.log"; fail "explain offload"; }
-offload_s=$(sed -n 's/^time .*optimizer offload \([0-9.e+-]*\)).*/\1/p' "$tmp/explain-offload.log")
+offload_s=$(sed -n 's/^time .*, offload \([0-9.e+-]*\)).*/\1/p' "$tmp/explain-offload.log")
 /usr/bin/python3 -c "import sys; t = float(sys.argv[1]); sys.exit(abs(t - 834304 * 8 / 1e9) > 0.02 * t)" "${offload_s:-0}" ||
   { cat "$tmp/explain-offload.log"; fail "explain offload: the link's $((834304 * 8)) bytes at 1 GB/s, got '${offload_s}' s"; }
 for f in device offload; do
@@ -229,6 +271,32 @@ def priced(name):
 assert priced("device") and not any(priced("device")) and all(priced("offload")), (priced("device"), priced("offload"))
 PY
 echo "ok plan: optimizer offload (the link's $offload_s s)"
+# Offload to nvme: priced only with the swap files' rates. On a slow disk (20 MB/s read, 10 MB/s
+# written) the step's end waits for the optimizer's records to be written (the update is faster), and
+# for what the reads ahead for the next step (one sub-group: all of them) take beyond its micro-batches.
+for f in round nvme; do
+  timeout 60 "$z3d" plan $tiny --ranks 2 --machine "$tmp/$f.json" --json "${nvme[@]}" > "$tmp/nvme-$f.jsonl" 2> "$tmp/timed.log" ||
+    { cat "$tmp/timed.log"; fail "plan --machine $f.json with nvme"; }
+done
+timeout 60 "$z3d" plan $tiny --ranks 1 --explain --machine "$tmp/nvme.json" --set zero_optimization.stage=1 \
+  --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path="$tmp/nvme" \
+  > "$tmp/explain-nvme.log" 2>&1 || { cat "$tmp/explain-nvme.log"; fail "explain nvme"; }
+/usr/bin/python3 - "$tmp" <<'PY' || { cat "$tmp/explain-nvme.log"; fail "plan: offload to nvme's price"; }
+import json, re, sys
+tmp = sys.argv[1]
+def priced(name):
+    return [("time" in p) for p in map(json.loads, open(f"{tmp}/nvme-{name}.jsonl"))
+            if "excluded" not in p and p["offload_optimizer"] == "nvme"]
+assert priced("round") and not any(priced("round")) and all(priced("nvme")), (priced("round"), priced("nvme"))
+log = open(f"{tmp}/explain-nvme.log").read()
+read, written = map(float, re.search(r"then per step.*swap files read ([0-9.]+) MB, written ([0-9.]+) MB", log).groups())
+t = dict(zip(("compute", "comm", "waits", "bubble", "offload"), map(float, re.search(
+    r"= compute ([0-9.e+-]+) \+ communication ([0-9.e+-]+) .*waits ([0-9.e+-]+) \+ bubble ([0-9.e+-]+) .*, offload ([0-9.e+-]+)\)",
+    log).groups())))
+want = written * 1e6 / 1e7 + max(0, read * 1e6 / 2e7 - (t["compute"] + t["comm"] + t["waits"] + t["bubble"]))
+assert read > 0 and abs(t["offload"] - want) <= 0.01 * want, (t, read, written, want)
+print(f"ok plan: offload to nvme, {read} MB read and {written} MB written a step: {t['offload']:.4g} s for {want:.4g} s")
+PY
 # The network's share, by the numbers: tp 2 x dp 2 on nodes of 2 ranks puts one rank of each dp
 # group on a node, so its reduce-scatters (ZeRO-2's, in the micro-batch) get half of the 1e8 B/s.
 timeout 60 "$z3d" plan $tiny --ranks 4 --explain --machine "$tmp/net.json" --set tensor_parallel.tp_size=2 \
@@ -330,6 +398,4 @@ expect_exit 2 plan-ranks "--ranks must be a whole number >= 1" "$z3d" plan $tiny
 expect_exit 2 plan-ranks-empty "--ranks must be a whole number >= 1, got ''" "$z3d" plan $tiny --ranks ""
 expect_exit 2 plan-sweep "--sweep must be a whole number >= 1, got 'two'" "$z3d" plan $tiny --ranks 2 --sweep two
 expect_exit 2 plan-mem "--mem-per-rank must be a positive number of bytes" "$z3d" plan $tiny --ranks 2 --mem-per-rank 3X
-expect_exit 2 plan-nvme "zero3d plan does not size offload to nvme yet" "$z3d" plan $tiny --ranks 1 \
-  --set zero_optimization.stage=1 --set zero_optimization.offload_optimizer.device=nvme --set zero_optimization.offload_optimizer.nvme_path=$tmp
 echo "plan: ok"

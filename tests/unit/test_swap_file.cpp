@@ -1,10 +1,12 @@
 // storage/swap_file.h: transfers split over blocks and threads come back bit for bit, aligned (O_DIRECT)
 // or not; a file that cannot be made, or that shrinks under the run, is an IoError naming it; a
-// killed run's files are removed and a live one's are not; the checksum sees a changed byte.
+// killed run's files are removed and a live one's are not; the checksum sees a changed byte; a sizing
+// file (zero3d plan's) makes nothing and touches no buffer, and counts its transfers.
 #include "storage/swap_file.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -58,6 +60,28 @@ TEST(SwapFile, ReadsBackWhatItWroteAlignedOrNot) {
   const SwapFile::Stats s = f.take_stats();
   EXPECT_EQ(s.bytes_written, bytes + part.size() + 777);
   EXPECT_EQ(s.bytes_read, 2 * bytes + part.size());
+}
+
+TEST(SwapFile, ASizingFileCountsAndTouchesNothing) {
+  TempDir dir;
+  const std::string path = dir.path + "/sub/a.swap";  // its directory does not exist: nothing is made there
+  SwapFile::Stats st;
+  {
+    SwapFile f(path, 5 << 20, {1 << 20, 2, true});
+    EXPECT_TRUE(f.sizing());
+    // Buffers nobody may touch: a transfer that read or wrote them would fault.
+    void* none = mmap(nullptr, 5 << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(none, MAP_FAILED);
+    f.wait(f.write(0, none, 5 << 20));
+    f.wait(f.read(4096, none, 3 << 20));
+    f.wait(f.read(0, none, 1000));
+    f.wait_all();
+    st = f.take_stats();
+    munmap(none, 5 << 20);
+  }
+  EXPECT_EQ(st.bytes_written, 5u << 20);
+  EXPECT_EQ(st.bytes_read, (3u << 20) + 1000);
+  EXPECT_FALSE(fs::exists(dir.path + "/sub"));
 }
 
 TEST(SwapFile, PreallocatedUnwrittenRangesReadAsZeros) {
