@@ -178,7 +178,8 @@ class ProcessGroup {
   // color MPI_UNDEFINED: this rank is in none, size() 0). Collective over the parent.
   static std::unique_ptr<ProcessGroup> world();
   static std::unique_ptr<ProcessGroup> split(const ProcessGroup& parent, int color, int key, std::string name);
-  // The ranks of this group that share this rank's node (MPI_COMM_TYPE_SHARED).
+  // The ranks of this group that share this rank's node (MPI_COMM_TYPE_SHARED; in tests, nodes of
+  // comm_context().ranks_per_node consecutive world ranks: split_node_comm).
   std::unique_ptr<ProcessGroup> split_node(std::string name) const;
   virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;

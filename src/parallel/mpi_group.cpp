@@ -546,9 +546,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::split(const ProcessGroup& parent, in
 }
 
 std::unique_ptr<ProcessGroup> ProcessGroup::split_node(std::string name) const {
-  MPI_Comm comm = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &comm));
-  return std::make_unique<MpiGroup>(comm, /*owned=*/true, std::move(name));
+  return std::make_unique<MpiGroup>(split_node_comm(comm_), /*owned=*/true, std::move(name));
 }
 
 }  // namespace zero3d

@@ -155,12 +155,9 @@ std::pair<double, double> measure_swap(ProcessGroup& g, const std::string& nvme_
 
 MachineRates measure_machine(Backend& be, double seconds, const std::string& nvme_path, uint64_t swap_bytes) {
   auto world = ProcessGroup::world();
-  // This rank's node: the machine's, or nodes of ZERO3D_RANKS_PER_NODE consecutive ranks (tests).
-  const int pretend = comm_context().ranks_per_node;
-  auto node = pretend > 0 ? ProcessGroup::split(*world, world->rank() / pretend, world->rank(), "node")
-                          : world->split_node("node");
-  const double k = node->size();
-  if (world->all_reduce_max(k) != -world->all_reduce_max(-k))
+  auto node = world->split_node("node");  // (nodes of ZERO3D_RANKS_PER_NODE consecutive ranks in tests)
+  const double here = node->size();
+  if (world->all_reduce_max(here) != -world->all_reduce_max(-here))
     throw UserError("zero3d bench machine: every node needs the same number of ranks");
   MachineRates m;
   m.name = be.describe();
