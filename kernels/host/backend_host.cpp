@@ -1,6 +1,7 @@
 // Host backend: the loops of kernels/host/cpu_kernels.h at the best ISA level this CPU runs, on
 // the rank's OpenMP threads, and GEMM through oneDNN or a CBLAS (kernels/host/gemm.h). Memory is
-// 64-byte aligned RAM, zeroed (so touched) on allocation, and counted.
+// RAM, zeroed (so touched) on allocation, and counted: 64-byte aligned, a page or more on page
+// boundaries (swap files move the optimizer's records with O_DIRECT: storage/swap_file.h).
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -37,8 +38,7 @@ class HostBackend final : public Backend {
   }
 
   void* alloc_bytes(size_t bytes) override {
-    // Large buffers on page boundaries: swap files move them with O_DIRECT (storage/swap_file.h).
-    const size_t align = bytes >= (size_t(1) << 20) ? 4096 : 64, rounded = (bytes + align - 1) / align * align;
+    const size_t align = bytes >= 4096 ? 4096 : 64, rounded = (bytes + align - 1) / align * align;
     void* p = std::aligned_alloc(align, rounded);
     if (!p) throw UserError(strprintf("out of host memory allocating %zu bytes", bytes));
     std::memset(p, 0, rounded);

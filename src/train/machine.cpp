@@ -16,7 +16,6 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/clock.h"
-#include "core/host_buffer.h"
 #include "core/log.h"
 #include "kernels/math/adamw.h"
 #include "parallel/comm.h"
@@ -120,34 +119,44 @@ std::map<std::string, MachineRates::Link> fit_links(ProcessGroup& g) {
 }
 
 // Bytes/s a rank writes to and then reads from a swap file of `bytes` under nvme_path, as offload
-// to nvme drives it (aio's defaults), every rank at once: the slowest rank's, the better of two.
-// Collective over g.
+// to nvme drives it (aio's defaults, a buffer of the host backend's as the optimizer's records),
+// every rank at once: the slowest rank's, the better of two. Collective over g: a failure on one
+// rank ends every rank's measurement with it.
 std::pair<double, double> measure_swap(ProcessGroup& g, const std::string& nvme_path, uint64_t bytes) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(nvme_path, ec))
-    throw UserError(strprintf("bench machine --nvme-path '%s' is not a directory", nvme_path.c_str()));
-  const std::string dir = swap_dir(nvme_path, "bench-machine");
-  std::filesystem::create_directories(dir, ec);
-  const AioConfig aio;
-  HostBuffer buf(bytes);
+  const std::unique_ptr<Backend> host = make_host_backend();
+  DeviceBuffer<char> buf(*host, bytes);
   for (size_t i = 0; i < bytes; i += 4096) buf.data()[i] = static_cast<char>(i >> 12);  // not all zeros
-  double write_s = 1e30, read_s = 1e30;
-  try {
-    SwapFile f(strprintf("%s/rank%d.%d.bench", dir.c_str(), g.rank(), static_cast<int>(getpid())), bytes,
-               SwapFile::Options{static_cast<size_t>(aio.block_size), aio.thread_count});
-    for (int k = 0; k < 2; ++k) {
-      g.barrier();
-      Clock::time_point t0 = Clock::now();
-      f.wait(f.write(0, buf.data(), bytes));
-      write_s = std::min(write_s, g.all_reduce_max(seconds_since(t0)));
-      g.barrier();
-      t0 = Clock::now();
-      f.wait(f.read(0, buf.data(), bytes));
-      read_s = std::min(read_s, g.all_reduce_max(seconds_since(t0)));
+  std::unique_ptr<SwapFile> f;
+  g.agree([&] {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(nvme_path, ec))
+      throw UserError(strprintf("bench machine --nvme-path '%s' is not a directory", nvme_path.c_str()));
+    const std::string dir = swap_dir(nvme_path, "bench-machine");
+    std::filesystem::create_directories(dir, ec);
+    const AioConfig aio;
+    try {
+      f = std::make_unique<SwapFile>(strprintf("%s/rank%d.%d.bench", dir.c_str(), g.rank(), static_cast<int>(getpid())),
+                                     bytes, SwapFile::Options{static_cast<size_t>(aio.block_size), aio.thread_count});
+    } catch (const IoError& e) {
+      throw UserError(strprintf("bench machine --nvme-path: %s", e.what()));
     }
-  } catch (const IoError& e) {
-    throw UserError(strprintf("bench machine --nvme-path: %s", e.what()));
-  }
+  });
+  auto timed = [&](bool write) {  // every rank at once; the slowest rank's seconds
+    g.barrier();
+    double s = 0;
+    g.agree([&] {
+      const Clock::time_point t0 = Clock::now();
+      try {
+        f->wait(write ? f->write(0, buf.data(), bytes) : f->read(0, buf.data(), bytes));
+      } catch (const IoError& e) {
+        throw UserError(strprintf("bench machine --nvme-path: %s", e.what()));
+      }
+      s = seconds_since(t0);
+    });
+    return g.all_reduce_max(s);
+  };
+  double write_s = 1e30, read_s = 1e30;
+  for (int k = 0; k < 2; ++k) write_s = std::min(write_s, timed(true)), read_s = std::min(read_s, timed(false));
   return {bytes / read_s, bytes / write_s};
 }
 

@@ -17,6 +17,7 @@
 #include "parallel/groups.h"
 #include "parallel/schedule.h"
 #include "parallel/topology.h"
+#include "storage/swap_file.h"
 #include "train/commands.h"
 #include "train/machine.h"
 #include "zero/engine.h"
@@ -45,14 +46,18 @@ class SizingGroup final : public ProcessGroup {
 };
 
 // Offload to nvme without a disk: the engine's swap files as sizing ones (no file; their transfers
-// counted). `params_out`: the parameters' file for offload_param cpu too, to count what a gather
-// brings in from host memory.
+// counted), at the paths a run would make. `params_out`: the parameters' file for offload_param cpu
+// too, to count what a gather brings in from host memory.
 SwapFiles sizing_swap(const Config& c, bool params_out = false) {
   SwapFiles s;
   s.aio = c.aio, s.sizing = true;
-  if (c.zero.offload_optimizer.device == OffloadDevice::nvme) s.optimizer = "(sizing)";
+  auto path = [](const OffloadConfig& off, const char* what) {
+    return strprintf("%s/plan.%s", swap_dir(off.nvme_path.empty() ? "." : off.nvme_path, "zero3d plan").c_str(), what);
+  };
+  if (c.zero.offload_optimizer.device == OffloadDevice::nvme) s.optimizer = path(c.zero.offload_optimizer, "optimizer");
   const OffloadDevice par = c.zero.offload_param.device;
-  if (c.zero.stage == 3 && (par == OffloadDevice::nvme || (params_out && par == OffloadDevice::cpu))) s.param = "(sizing)";
+  if (c.zero.stage == 3 && (par == OffloadDevice::nvme || (params_out && par == OffloadDevice::cpu)))
+    s.param = path(c.zero.offload_param, "param");
   return s;
 }
 
@@ -202,7 +207,7 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
   };
   const int gas = c.gradient_accumulation_steps;
   StepTime t;
-  double slowest_mbs = 0, slowest_end = 0, once = 0, ahead_s = 0;
+  double slowest_mbs = 0, slowest_end = 0, once = 0, ahead_s = 0, slices_s = 0;
   for (int p = 0; p < c.pp_size; ++p) {
     const StepWork w = count_step(c, dp, p);
     double sends = 0;  // activations in and gradients out, per neighbour, over the node's link or the network
@@ -249,7 +254,10 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     end += offload_s;
     if (mbs > slowest_mbs)
       slowest_mbs = mbs, t.compute_s = all.compute, t.tp_s = all.tp, t.dp_s = all.dp, t.pp_s = gas * sends,
-      t.param_io_s = all.fill;
+      t.param_io_s = all.fill,
+      slices_s = par_swapped ? static_cast<double>(w.micro_batch.param_read + (gas - 1) * w.later_micro_batch.param_read) /
+                                   m.nvme_read_bytes
+                             : 0.0;
     if (end > slowest_end)
       slowest_end = end, t.end_collectives_s = end_comm.dp + end_comm.tp,
       t.offload_s = link || opt_swapped || par_swapped ? offload_s : 0, ahead_s = ahead;
@@ -259,8 +267,10 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
   t.tp_across = tp_span > 0, t.dp_across = dp_span > 0;
   t.comm_s = t.tp_s + t.dp_s + t.pp_s;
   t.bubble_s = (c.pp_size - 1) * slowest_mbs / gas;  // pp - 1 slots of the slowest stage's mean micro-batch
-  // The reads ahead wait only where they outlast the next step's micro-batches.
-  const double ahead_exposed = std::max(0.0, ahead_s - (t.compute_s + t.comm_s + t.param_io_s + t.bubble_s));
+  // The reads ahead wait only where they outlast the next step's micro-batches, less the disk's time
+  // for the parameter slices those read.
+  const double ahead_exposed =
+      ahead_s > 0 ? std::max(0.0, ahead_s + slices_s - (t.compute_s + t.comm_s + t.param_io_s + t.bubble_s)) : 0.0;
   t.step_end_s = slowest_end + ahead_exposed;
   if (t.offload_s > 0) t.offload_s += ahead_exposed;
   return t;
@@ -530,6 +540,8 @@ const char* kPlanUsage =
     "  --mem-per-rank BYTES (suffix K, M, G, T: powers of 1024): which fit. --top K rows (default 20; 0: all).\n"
     "  --device: the buffers in device memory, as a GPU run allocates them (the CUDA backend's own workspaces\n"
     "  not counted), with optimizer offload to host memory as one more choice (its host bytes apart).\n"
+    "  A config naming zero_optimization.offload_optimizer.nvme_path: offload to nvme as one more choice,\n"
+    "  its swap files sized (the nvme column, not in the total) without making them.\n"
     "  --machine FILE (zero3d bench machine's, or a GPU node's preset in input/machines/): each layout's\n"
     "  step time too, its work counted by running its model's and engine's code on the sizing backend\n"
     "  (--explain prints it) and priced at FILE's rates: compute, communication (over the network for a\n"
@@ -636,9 +648,9 @@ int cmd_plan(const Args& a) {
       if (n++ == sweep) break;
       std::string name = strprintf("t%dp%dd%d-s%d-m%dg%d", l->tp, l->pp, l->dp, l->stage, l->micro, l->gas), extra;
       if (l->checkpointing) name += "-ckpt", extra += " --set activation_checkpointing.enabled=true";
-      if (l->offload != OffloadDevice::none)
-        name += strprintf("-%s", offload_name(l->offload)),
-            extra += strprintf(" --set zero_optimization.offload_optimizer.device=%s", offload_name(l->offload));
+      if (l->offload != OffloadDevice::none) name += strprintf("-%s", offload_name(l->offload));
+      if (l->offload != OffloadDevice::none || l->stage > 0)  // the config's own choice may differ
+        extra += strprintf(" --set zero_optimization.offload_optimizer.device=%s", offload_name(l->offload));
       if (!l->nvme_path.empty()) extra += " --set zero_optimization.offload_optimizer.nvme_path=" + l->nvme_path;
       std::printf("%-28s strong %3d %3d %3d %3d %d %4d %4d%s   # %s GB per rank\n", name.c_str(),
                   per_node ? ranks / per_node : 1, l->tp, l->pp, l->dp, l->stage, l->micro, l->gas, extra.c_str(),

@@ -41,8 +41,9 @@ OptimizerState::OptimizerState(Backend& be, size_t n, bool with_master, const Of
     swapped_n_ = std::min(n_, groups_ * group_);
     stride_ = group_ * fields() * sizeof(float);
     file_ = std::make_unique<SwapFile>(swap_path, uint64_t(groups_) * stride_, swap_options);
+    Z3D_ASSERT(be.memory_kind() == MemKind::host, "optimizer state: swapped state streams through host memory");
     const int nbuf = static_cast<int>(std::min<size_t>(offload.buffer_count, groups_));
-    for (int b = 0; b < nbuf; ++b) bufs_.emplace_back(be, stride_);  // host memory, 4 KiB-aligned (O_DIRECT)
+    for (int b = 0; b < nbuf; ++b) bufs_.emplace_back(be, stride_);  // page-aligned (O_DIRECT): a stride is 4 KiB x k
     buf_write_.assign(nbuf, 0);
     group_write_.assign(groups_, 0);
     fresh_.assign(groups_, true);
