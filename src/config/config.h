@@ -97,6 +97,7 @@ struct SchedulerConfig {
 // zero_optimization.offload_optimizer / offload_param (DeepSpeed's runtime/zero/offload_config.py):
 // where the optimizer state, or stage 3's parameter shards, live between uses (zero/offload.h).
 enum class OffloadDevice { none, cpu, nvme };
+std::string offload_device_name(OffloadDevice d);  // as a config spells it: "none", "cpu", "nvme"
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::none;
   std::string nvme_path;       // nvme: the directory for this run's swap files (one per rank)

@@ -759,4 +759,9 @@ const char* status_text(Status s) {
 }
 
 }  // namespace config_schema
+
+std::string offload_device_name(OffloadDevice d) {
+  return config_schema::names(static_cast<OffloadDevice*>(nullptr)).at(static_cast<size_t>(d));
+}
+
 }  // namespace zero3d

@@ -288,10 +288,6 @@ std::vector<RankMemory> size_stages(const Config& c, int dp, MemKind kind, RankM
   return stages;
 }
 
-const char* offload_name(OffloadDevice d) {
-  return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
-}
-
 std::string gigabytes(uint64_t b) { return strprintf("%.3f GB", b / 1e9); }
 
 }  // namespace
@@ -333,7 +329,7 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
                                      "gradient_accumulation_steps=" + std::to_string(gas),
                                      std::string("activation_checkpointing.enabled=") + (ckpt ? "true" : "false")})
                 s.overrides.push_back(kv);
-              s.overrides.push_back(std::string("zero_optimization.offload_optimizer.device=") + offload_name(offload));
+              s.overrides.push_back("zero_optimization.offload_optimizer.device=" + offload_device_name(offload));
               if (offload == OffloadDevice::nvme)
                 s.overrides.push_back("zero_optimization.offload_optimizer.nvme_path=" + nvme_path);
               try {
@@ -648,9 +644,9 @@ int cmd_plan(const Args& a) {
       if (n++ == sweep) break;
       std::string name = strprintf("t%dp%dd%d-s%d-m%dg%d", l->tp, l->pp, l->dp, l->stage, l->micro, l->gas), extra;
       if (l->checkpointing) name += "-ckpt", extra += " --set activation_checkpointing.enabled=true";
-      if (l->offload != OffloadDevice::none) name += strprintf("-%s", offload_name(l->offload));
+      if (l->offload != OffloadDevice::none) name += "-" + offload_device_name(l->offload);
       if (l->offload != OffloadDevice::none || l->stage > 0)  // the config's own choice may differ
-        extra += strprintf(" --set zero_optimization.offload_optimizer.device=%s", offload_name(l->offload));
+        extra += " --set zero_optimization.offload_optimizer.device=" + offload_device_name(l->offload);
       if (!l->nvme_path.empty()) extra += " --set zero_optimization.offload_optimizer.nvme_path=" + l->nvme_path;
       std::printf("%-28s strong %3d %3d %3d %3d %d %4d %4d%s   # %s GB per rank\n", name.c_str(),
                   per_node ? ranks / per_node : 1, l->tp, l->pp, l->dp, l->stage, l->micro, l->gas, extra.c_str(),
@@ -662,7 +658,7 @@ int cmd_plan(const Args& a) {
     for (const PlanLayout& l : all) {
       nlohmann::ordered_json j = {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"stage", l.stage}, {"micro", l.micro},
                                   {"gas", l.gas}, {"activation_checkpointing", l.checkpointing},
-                                  {"offload_optimizer", offload_name(l.offload)}};
+                                  {"offload_optimizer", offload_device_name(l.offload)}};
       if (!l.excluded.empty()) {
         j["excluded"] = l.excluded;
       } else {
@@ -723,7 +719,7 @@ int cmd_plan(const Args& a) {
             : strprintf(" %8s", "-");
     log_info("%4d %3d %3d %5d %5d %4d %4s%s %9s %9s %9s %9s %9s %9s %9s %5d%s%s %s%s", l.dp, l.tp, l.pp, l.stage,
              l.micro, l.gas, l.checkpointing ? "yes" : "no",
-             offload_col ? strprintf(" %7s", offload_name(l.offload)).c_str() : "", gb(r.params).c_str(),
+             offload_col ? strprintf(" %7s", offload_device_name(l.offload).c_str()).c_str() : "", gb(r.params).c_str(),
              gb(r.grads).c_str(), gb(r.optimizer).c_str(), gb(r.buffers).c_str(), gb(r.activations).c_str(),
              gb(r.other).c_str(), gb(r.total()).c_str(), r.pp_rank, dev ? strprintf(" %9s", gb(r.host).c_str()).c_str() : "",
              swap_col ? strprintf(" %9s", gb(r.swapped).c_str()).c_str() : "", mem ? (l.fits ? "yes" : "no ") : "",
