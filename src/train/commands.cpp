@@ -1,12 +1,8 @@
 #include "train/commands.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
 
 #include "config/config.h"
@@ -25,6 +21,7 @@
 #include "train/stop_signal.h"
 #include "train/trainer.h"
 #include "parallel/groups.h"
+#include "storage/checks.h"
 #include <algorithm>
 #include <array>
 #include <filesystem>
@@ -664,12 +661,11 @@ int bench_machine_command(const Args& a) {
     else if (a[i] == "--nvme-path") nvme_path = option_value(a, i, kBenchUsage);
     else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
-  const std::filesystem::path dir = std::filesystem::absolute(out).parent_path();
-  if (::access(dir.c_str(), W_OK) != 0)  // before minutes of measuring
-    throw UserError(strprintf("bench machine --out '%s': cannot write in '%s': %s", out.c_str(), dir.c_str(),
-                              std::strerror(errno)));
   pretend_nodes();
   auto world = ProcessGroup::world();
+  const std::string dir = std::filesystem::absolute(out).parent_path().string();
+  if (const std::string e = probe_writable(dir, world->rank()); !e.empty())  // before minutes of measuring
+    throw UserError(strprintf("bench machine --out '%s': cannot write in '%s': %s", out.c_str(), dir.c_str(), e.c_str()));
   const JobInfo job = job_info(*world);
   std::unique_ptr<Backend> be = make_backend("auto", job.local_rank);
   const MachineRates m = measure_machine(*be, seconds, nvme_path);

@@ -163,6 +163,9 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
   const bool opt_swapped = opt == OffloadDevice::nvme, par_swapped = c.zero.stage == 3 && par == OffloadDevice::nvme;
   // Stage 3's slices come in from outside the memory that computes (on a CPU, cpu is that memory).
   const bool params_in = par_swapped || (c.zero.stage == 3 && m.device && par == OffloadDevice::cpu);
+  auto disk = [&](uint64_t read, uint64_t written) {  // seconds of swap-file traffic
+    return static_cast<double>(read) / m.nvme_read_bytes + static_cast<double>(written) / m.nvme_write_bytes;
+  };
   struct Comm {
     double dp = 0, tp = 0;
   };
@@ -198,9 +201,8 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     // reductions) run on their own stream beside its compute; tp's sit between its GEMMs. On a CPU the
     // collectives run on the cores that compute.
     s.tp = mb.tp, s.dp = m.device && c.zero.overlap_comm ? std::max(0.0, mb.dp - s.compute) : mb.dp;
-    const double in_bytes = static_cast<double>(part.param_read);
-    const double fill = params_in ? std::max(par_swapped ? in_bytes / m.nvme_read_bytes : 0.0,
-                                             m.device ? in_bytes / m.pcie_bytes : 0.0)
+    const double fill = params_in ? std::max(par_swapped ? disk(part.param_read, 0) : 0.0,
+                                             m.device ? static_cast<double>(part.param_read) / m.pcie_bytes : 0.0)
                                   : 0.0;
     s.fill = std::max(0.0, fill - s.compute);
     return s;
@@ -242,22 +244,15 @@ StepTime price_step(const Config& c, int dp, const MachineRates& m) {
     // read ahead for the next step (behind its forward and backward); the parameters' slices are
     // written as the update hands them over.
     const StepWork::Part& e = w.step_end;
-    const double ahead = opt_swapped ? static_cast<double>(w.read_ahead) / m.nvme_read_bytes : 0.0;
-    const double opt_disk =
-        opt_swapped ? static_cast<double>(e.swap_read - e.param_read) / m.nvme_read_bytes - ahead +
-                          static_cast<double>(e.swap_written - e.param_written) / m.nvme_write_bytes
-                    : 0.0;
-    const double param_disk = par_swapped ? static_cast<double>(e.param_read) / m.nvme_read_bytes +
-                                                static_cast<double>(e.param_written) / m.nvme_write_bytes
-                                          : 0.0;
+    const double ahead = opt_swapped ? disk(w.read_ahead, 0) : 0.0;
+    const double opt_disk = opt_swapped ? disk(e.swap_read - e.param_read, e.swap_written - e.param_written) - ahead : 0.0;
+    const double param_disk = par_swapped ? disk(e.param_read, e.param_written) : 0.0;
     const double offload_s = std::max({update, link_s, std::max(0.0, opt_disk)}) + param_disk;
     end += offload_s;
     if (mbs > slowest_mbs)
       slowest_mbs = mbs, t.compute_s = all.compute, t.tp_s = all.tp, t.dp_s = all.dp, t.pp_s = gas * sends,
       t.param_io_s = all.fill,
-      slices_s = par_swapped ? static_cast<double>(w.micro_batch.param_read + (gas - 1) * w.later_micro_batch.param_read) /
-                                   m.nvme_read_bytes
-                             : 0.0;
+      slices_s = par_swapped ? disk(w.micro_batch.param_read + (gas - 1) * w.later_micro_batch.param_read, 0) : 0.0;
     if (end > slowest_end)
       slowest_end = end, t.end_collectives_s = end_comm.dp + end_comm.tp,
       t.offload_s = link || opt_swapped || par_swapped ? offload_s : 0, ahead_s = ahead;
