@@ -11,6 +11,7 @@
 #include <dnnl.h>
 
 #include "core/check.h"
+#include "kernels/host/gemm.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -146,8 +147,8 @@ void use_level(const std::string& isa, const std::string& source) {
   chosen = k;
 #if defined(__x86_64__)
   // oneDNN's GEMMs at the same level, so that a forced level measures that level's machine. sse2
-  // maps to oneDNN's lowest, sse41. The CBLAS picks its own kernels at load (OPENBLAS_CORETYPE).
-  // Unforced, oneDNN is left alone (DNNL_MAX_CPU_ISA, when a user sets it, still applies).
+  // maps to oneDNN's lowest, sse41. Unforced, oneDNN is left alone (DNNL_MAX_CPU_ISA, when a user
+  // sets it, still applies). OpenBLAS's kernels follow the level too (cblas_use_level).
   static bool capped = false;
   const bool best = k == runnable().front();
   if (!best || capped)
@@ -156,6 +157,7 @@ void use_level(const std::string& isa, const std::string& source) {
                                                          : dnnl_cpu_isa_sse41);
   capped = !best;
 #endif
+  cblas_use_level(k->isa);
 }
 
 const Kernels& counting() {

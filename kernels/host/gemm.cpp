@@ -17,6 +17,10 @@
 // OpenBLAS's introspection (weak: absent from other CBLAS libraries).
 extern "C" char* openblas_get_corename(void) __attribute__((weak));
 extern "C" char* openblas_get_config(void) __attribute__((weak));
+// Its dynamic-arch selection (DYNAMIC_ARCH builds, as Debian's): quit forgets the kernel set, init
+// picks one again, from OPENBLAS_CORETYPE when set, else from cpuid.
+extern "C" void gotoblas_dynamic_init(void) __attribute__((weak));
+extern "C" void gotoblas_dynamic_quit(void) __attribute__((weak));
 
 #define DNNL_CHECK(stmt) Z3D_CHECK_GEN("oneDNN", stmt, status == dnnl_success, dnnl_status2str(status))
 
@@ -41,6 +45,26 @@ int cpu_level() {  // of the level this process runs (compute.isa), which caps o
 }
 
 }  // namespace
+
+void cblas_use_level(const std::string& isa) {
+#if defined(__x86_64__)
+  const std::string core = openblas_core();
+  if (core.empty() || !gotoblas_dynamic_init || !gotoblas_dynamic_quit || std::getenv("OPENBLAS_CORETYPE")) return;
+  const int level = isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0;
+  if (openblas_core_level(core) == level) return;
+  const cpu::CpuFeatures& f = cpu::cpu_features();
+  const char* want = level == 2   ? (f.avx512_bf16 ? "Cooperlake" : "SkylakeX")
+                     : level == 1 ? (f.vendor == "AuthenticAMD" ? "Zen" : "Haswell")
+                                  : "Prescott";
+  // Through the variable OpenBLAS itself reads; set only for the call (none was set: checked above).
+  setenv("OPENBLAS_CORETYPE", want, 1);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");
+#else
+  (void)isa;
+#endif
+}
 
 const char* gemm_library_name(GemmLibrary l) { return l == GemmLibrary::onednn ? "onednn" : "cblas"; }
 
@@ -73,8 +97,9 @@ GemmPlan make_gemm_plan(const std::string& library, bool bf16) {
     p.why = "auto: weight gradients on OpenBLAS, whose " + core + " kernels match the level " + cpu::select().isa +
             " (faster than oneDNN 2.6 on those shapes), the rest on oneDNN";
   } else {
-    p.why = core.empty() ? "auto: oneDNN (the CBLAS is not OpenBLAS)"
-                         : "auto: oneDNN (OpenBLAS runs its " + core + " kernels, not level " + cpu::select().isa + "'s)";
+    p.why = core.empty()        ? "auto: oneDNN (the CBLAS is not OpenBLAS)"
+            : cpu_level() == 0 ? "auto: oneDNN (OpenBLAS takes the weight gradients at avx2 and avx512 only)"
+                               : "auto: oneDNN (OpenBLAS runs its " + core + " kernels, not level " + cpu::select().isa + "'s)";
   }
   return p;
 }

@@ -2,7 +2,8 @@
 // reports (AVX2, AVX-512, avx512_bf16, AMX), so it runs at full speed on CPUs newer than any table;
 // a CBLAS (OpenBLAS here; MKL, NVPL, ArmPL, BLIS on sites) stays selectable. Debian's OpenBLAS
 // 0.3.21 picks its kernels from a table of CPU models and silently falls back to old ones on CPUs
-// it does not know (Prescott on Intel model 207, Haswell on AMD Zen 5): core_fallback() says so.
+// it does not know (Prescott on Intel model 207, Haswell on AMD Zen 5): cblas_use_level picks the
+// right set again, and cblas_core_fallback() says so where it cannot.
 //
 // Which library runs a GEMM is decided per role, once (GemmPlan): forward (x W^T), input gradient
 // (dy W) and weight gradient (dy^T x). In bf16 compute, A and B are rounded to bf16 and multiplied
@@ -61,6 +62,13 @@ std::string onednn_isa();
 bool onednn_has_bf16();  // oneDNN runs bf16 GEMM natively here (avx512_bf16 or AMX)
 bool onednn_runs_bf16();  // oneDNN has a bf16 GEMM here at all, native or emulated (not on AVX2)
 std::string cblas_name();
+// OpenBLAS's kernels of ISA level `isa` (cpu::use_level calls it with the level this process runs):
+// where OpenBLAS picked another set at load, a forced lower level (compute.isa, ZERO3D_ISA) or a
+// model its table does not know, it picks the level's own set again (Zen's or Haswell's for avx2,
+// SkylakeX's or Cooperlake's for avx512, Prescott's below), as a CPU of that level gets them. Not
+// when OPENBLAS_CORETYPE is set (the user's choice stands) or the library has no dynamic kernels.
+// Call it before any CBLAS call.
+void cblas_use_level(const std::string& isa);
 // When the CBLAS is OpenBLAS running kernels below the CPU's ISA (a model it does not know): the
 // warning with the fix; "" otherwise.
 std::string cblas_core_fallback();

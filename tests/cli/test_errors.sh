@@ -85,10 +85,13 @@ expect bench-io-option    "unknown option '--size'"               "$z3d" bench i
 # the library that runs it, and the fused attention (every rate a positive number, bf16 may be '-')
 levels="sse2"; grep -qw avx2 /proc/cpuinfo && levels="avx2 $levels"; grep -qw avx512f /proc/cpuinfo && levels="avx512 $levels"
 rate='([0-9.]+|-)'
+# OpenBLAS (Debian's has kernels for every level) runs the level's own kernels, as a CPU of that
+# level picks them, unless OPENBLAS_CORETYPE says otherwise.
+declare -A blas_core=([avx512]="SkylakeX|Cooperlake|SapphireRapids" [avx2]="Zen|Haswell" [sse2]="Prescott")
 for level in $levels; do
-  if out=$(ZERO3D_ISA=$level timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config $tiny 2>&1) &&
+  if out=$(env -u OPENBLAS_CORETYPE ZERO3D_ISA=$level timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config $tiny 2>&1) &&
      grep -qE "^# CPU: .*host loops: $level;" <<< "$out" &&
-     grep -qE "^# GEMM libraries: oneDNN [0-9.]+ \([a-z0-9_]+\); CBLAS: " <<< "$out" &&
+     grep -qE "^# GEMM libraries: oneDNN [0-9.]+ \([a-z0-9_]+\); CBLAS: OpenBLAS [0-9.]+ (${blas_core[$level]})$" <<< "$out" &&
      grep -qE "^# zero3d's plan \(compute.gemm=auto\): .*; why: auto: " <<< "$out" &&
      grep -qE "^# FMA peak \($level, .*: [0-9.]+ GFLOP/s" <<< "$out" &&
      grep -qE "^ +64 +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +$rate +[0-9.]+%" <<< "$out" &&
@@ -96,6 +99,9 @@ for level in $levels; do
      grep -qE "^attention fwd +[0-9.]+ " <<< "$out" && grep -qE "^attention bwd +[0-9.]+ " <<< "$out"; then
     passes=$((passes+1)); else echo "FAIL bench gemm at $level:"; echo "$out"; fails=$((fails+1)); fi
 done
+if out=$(OPENBLAS_CORETYPE=Prescott ZERO3D_ISA=avx2 timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config $tiny 2>&1) &&
+   grep -qE "CBLAS: OpenBLAS [0-9.]+ Prescott$" <<< "$out" && grep -q "not level avx2's" <<< "$out" || ! grep -qw avx2 /proc/cpuinfo; then
+  passes=$((passes+1)); else echo "FAIL bench gemm keeps OPENBLAS_CORETYPE:"; echo "$out"; fails=$((fails+1)); fi
 # bench kernels: a column per level, a row per kernel, each cell a rate and its share of the bound
 if out=$(timeout 120 "$z3d" bench kernels --config $tiny --seconds 0.01 2>&1) &&
    grep -qE "^kernel +${levels// / +}$" <<< "$out" &&
