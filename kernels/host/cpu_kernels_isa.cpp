@@ -93,6 +93,13 @@ void map_vf(size_t begin, size_t end, F&& f) {
   for (; i + W <= end; i += W) f(i, W);
   if (i < end) f(i, static_cast<int>(end - i));
 }
+// p[0, n) = 0 by vector stores: attention's small panels, where libc's memset (rep stosb) took
+// 7-9% of the kernel's time.
+inline void zero_floats(float* p, size_t n) {
+  size_t i = 0;
+  for (; i + W <= n; i += W) store(p + i, vf{});
+  for (; i < n; ++i) p[i] = 0.0f;
+}
 inline vf load_n(const float* p, int n) {
   if (n == W) return load(p);
   float t[W] = {};
@@ -552,7 +559,7 @@ Rows head_rows(const float* X, long ld, int col, const AttnDims& d, float* panel
     std::memcpy(row, X + t * ld + col, sizeof(float) * d.hd);
     std::fill(row + d.hd, row + d.hp, 0.0f);
   }
-  std::fill(panel + static_cast<size_t>(d.T) * d.hp, panel + d.panel(), 0.0f);
+  zero_floats(panel + static_cast<size_t>(d.T) * d.hp, d.panel() - static_cast<size_t>(d.T) * d.hp);
   return {panel, d.hp};
 }
 
@@ -600,7 +607,7 @@ void pack_transposed(float* dst, const float* X, long ld, int col, const AttnDim
   for (int t = 0; t < d.T; ++t)
     for (int k = t < T ? hd : 0; k < d.hd; ++k) at(t, k) = X[t * ld + col + k];
   for (int k = 0; k < d.hd; ++k) std::fill(&at(d.T, k), &at(0, k + 1), 0.0f);
-  std::fill(dst + static_cast<size_t>(d.hd) * d.ts, dst + d.panel(), 0.0f);
+  zero_floats(dst + static_cast<size_t>(d.hd) * d.ts, d.panel() - static_cast<size_t>(d.hd) * d.ts);
 }
 
 // f(b, h, w) for every (batch, head) of `heads` heads, spread over the threads; w: the thread's
@@ -656,7 +663,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       const int nq = std::min(kTileT, T - i0);
       std::fill(m, m + kTileT, -std::numeric_limits<float>::infinity());
       std::fill(l, l + kTileT, 0.0f);
-      std::memset(O, 0, sizeof(float) * kTileT * d.hp);
+      zero_floats(O, static_cast<size_t>(kTileT) * d.hp);
       for (int j0 = 0; j0 < i0 + nq; j0 += kTileT) {  // key tiles up to the diagonal
         const int nk = std::min(kTileT, i0 + nq - j0), nkp = round_up(nk, W);
         // rows [r0, r1) meet keys j < i0 + r1 (tile columns below i0 + r1 - j0)
@@ -700,13 +707,13 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     const Rows K = head_rows(rows, ld, d.k(kvh), d, panel_k, true);
     pack_transposed(Kt, rows, ld, d.k(kvh), d);
     pack_transposed(Vt, rows, ld, d.v(kvh), d);
-    std::memset(dK, 0, sizeof(float) * P);
-    std::memset(dV, 0, sizeof(float) * P);
+    zero_floats(dK, P);
+    zero_floats(dV, P);
     for (int h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
       const float* row_lse = lse + (static_cast<size_t>(b) * H + h) * T;
       const Rows Q = head_rows(rows, ld, d.q(h), d, panel_q, true),
                  dO = head_rows(dout + static_cast<size_t>(b) * T * A, A, d.q(h), d, panel_do, true);
-      std::memset(dQ, 0, sizeof(float) * P);
+      zero_floats(dQ, P);
       for (int t = 0; t < T; ++t) D[t] = row_dot(dO.row(t), out + (static_cast<size_t>(b) * T + t) * A + d.q(h), d.hd);
       for (int j0 = 0; j0 < T; j0 += kTileT) {
         const int nk = std::min(kTileT, T - j0), nkp = round_up(nk, W);
