@@ -621,29 +621,27 @@ void for_each_head(const AttnDims& d, int B, int heads, float* work, F&& f) {
     f(bh / heads, bh % heads, work + per_thread * static_cast<size_t>(omp_get_thread_num()));
 }
 
-// One row of a score tile: s[0, valid) *= alpha, then p = exp(s - m_new) with the running max m
-// and sum l updated (online softmax); s[valid, width) = 0. Returns exp(m_old - m_new), the factor
-// that rescales the row's output so far.
-float online_softmax_row(float* s, int valid, int width, float alpha, float& m, float& l) {
-  vf mx = splat(-std::numeric_limits<float>::infinity());
-  for (int c = 0; c < valid; c += W) {  // whole vectors: the q . k tile wrote round_up(valid, W) of the row
-    vf v = load(s + c) * alpha;
-    if (c + W > valid) v = lane_index() + c < valid ? v : mx;
-    store(s + c, v);
-    mx = vmax(mx, v);
-  }
-  const float m_new = std::max(m, reduce_max(mx));
-  vf sum{};
+// One row of a score tile (online softmax): with the row's running maximum m of the scaled scores
+// alpha s and its running sum of exps kept as a vector l (lanes summed once, at the row's end),
+// p = exp(alpha s - m_new) over s[0, valid), s[valid, width) = 0. Returns exp(m_old - m_new), the
+// factor that rescales the row's output so far. The max pass only reads (alpha > 0 keeps the max).
+float online_softmax_row(float* s, int valid, int width, float alpha, float& m, float* l) {
+  const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
+  vf mx = neg_inf;
   int c = 0;
-  for (; c < valid; c += W) {
-    vf e = vexp(load(s + c) - m_new);
+  for (; c + W <= valid; c += W) mx = vmax(mx, load(s + c));
+  if (c < valid) mx = vmax(mx, lane_index() + c < valid ? load(s + c) : neg_inf);  // the q . k tile wrote it
+  const float m_new = std::max(m, alpha * reduce_max(mx));
+  vf sum{};
+  for (c = 0; c < valid; c += W) {
+    vf e = vexp(load(s + c) * alpha - m_new);
     if (c + W > valid) e = lane_index() + c < valid ? e : vf{};
     store(s + c, e);
     sum += e;
   }
   for (; c < width; c += W) store(s + c, vf{});
   const float corr = sexp(m - m_new);  // 0 on the first tile (m = -inf)
-  l = l * corr + reduce_add(sum);
+  store(l, load(l) * corr + sum);
   m = m_new;
   return corr;
 }
@@ -655,14 +653,15 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   for_each_head(d, B, H, work, [&](int b, int h, float* w) {
     const int kvh = h / d.group();
     float *Kt = w, *panel_q = Kt + d.panel(), *panel_v = panel_q + d.panel(), *S = panel_v + d.panel();
-    float *O = S + kTileT * kTileT, *m = O + static_cast<size_t>(kTileT) * d.hp, *l = m + kTileT;
+    float *O = S + kTileT * kTileT, *m = O + static_cast<size_t>(kTileT) * d.hp;
+    float* l = m + kTileT;  // a vector per row
     const float* rows = qkv + static_cast<size_t>(b) * T * ld;
     const Rows Q = head_rows(rows, ld, d.q(h), d, panel_q, false), V = head_rows(rows, ld, d.v(kvh), d, panel_v, true);
     pack_transposed(Kt, rows, ld, d.k(kvh), d);
     for (int i0 = 0; i0 < T; i0 += kTileT) {
       const int nq = std::min(kTileT, T - i0);
       std::fill(m, m + kTileT, -std::numeric_limits<float>::infinity());
-      std::fill(l, l + kTileT, 0.0f);
+      std::fill(l, l + kTileT * W, 0.0f);
       zero_floats(O, static_cast<size_t>(kTileT) * d.hp);
       for (int j0 = 0; j0 < i0 + nq; j0 += kTileT) {  // key tiles up to the diagonal
         const int nk = std::min(kTileT, i0 + nq - j0), nkp = round_up(nk, W);
@@ -671,7 +670,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
         causal_gemm(S, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.ts, nq, false,  // q . k
                     [&](int, int r1) { return Extent{round_up(keys(r1), W), 0, d.hd}; });
         for (int r = 0; r < nq; ++r) {  // keys j <= i only
-          const float corr = online_softmax_row(S + r * kTileT, std::min(nk, i0 + r - j0 + 1), nkp, alpha, m[r], l[r]);
+          const float corr = online_softmax_row(S + r * kTileT, std::min(nk, i0 + r - j0 + 1), nkp, alpha, m[r], l + r * W);
           if (j0 > 0 && corr != 1.0f)  // (the first key tile's O is still zero)
             for (int k = 0; k < d.hp; k += W) store(O + r * d.hp + k, load(O + r * d.hp + k) * corr);
         }
@@ -680,10 +679,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
       }
       for (int r = 0; r < nq; ++r) {
         const int t = i0 + r;
-        const float inv = 1.0f / l[r];
+        const float sum = reduce_add(load(l + r * W)), inv = 1.0f / sum;
         float* o = out + (static_cast<size_t>(b) * T + t) * A + h * d.hd;
         for (int k = 0; k < d.hd; k += W) store_n(o + k, load(O + r * d.hp + k) * inv, std::min(W, d.hd - k));
-        lse[(static_cast<size_t>(b) * H + h) * T + t] = m[r] + std::log(l[r]);
+        lse[(static_cast<size_t>(b) * H + h) * T + t] = m[r] + std::log(sum);
       }
     }
   });
