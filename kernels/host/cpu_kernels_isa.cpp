@@ -640,7 +640,7 @@ float online_softmax_row(float* s, int valid, int width, float alpha, float& m, 
     sum += e;
   }
   for (; c < width; c += W) store(s + c, vf{});
-  const float corr = sexp(m - m_new);  // 0 on the first tile (m = -inf)
+  const float corr = m == -std::numeric_limits<float>::infinity() ? 0.0f : sexp(m - m_new);  // (first tile: 0)
   store(l, load(l) * corr + sum);
   m = m_new;
   return corr;
