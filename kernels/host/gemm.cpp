@@ -155,13 +155,15 @@ std::string cblas_core_fallback() {
   if (core.empty() || openblas_core_level(core) >= cpu_level()) return "";
   const cpu::CpuFeatures& f = cpu::cpu_features();
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
-  const std::string why = forced ? strprintf("OPENBLAS_CORETYPE=%s is set", forced)
-                                 : std::string("this OpenBLAS does not know the model and falls back");
-  return strprintf("%s runs its %s kernels, below what this CPU does (%s, family %d model %d, %s): %s. zero3d's "
-                   "GEMMs use oneDNN unless compute.gemm=\"cblas\"; for OpenBLAS set OPENBLAS_CORETYPE=%s before "
-                   "the program starts, or use a BLAS that knows this CPU",
-                   cblas_name().c_str(), core.c_str(), f.model.c_str(), f.family, f.model_number,
-                   f.level().c_str(), why.c_str(), cpu_level() == 2 ? "SKYLAKEX" : "HASWELL");
+  const std::string fix = forced ? strprintf("OPENBLAS_CORETYPE=%s is set; unset it and zero3d picks the level's", forced)
+                                 : strprintf("this OpenBLAS does not know the model and has no dynamic kernels to pick "
+                                             "again; set OPENBLAS_CORETYPE=%s before the program starts, or use a BLAS "
+                                             "that knows this CPU",
+                                             cpu_level() == 2 ? "SKYLAKEX" : "HASWELL");
+  return strprintf("%s runs its %s kernels, below what this CPU does (%s, family %d model %d, %s), so zero3d's GEMMs "
+                   "use oneDNN unless compute.gemm=\"cblas\": %s",
+                   cblas_name().c_str(), core.c_str(), f.model.c_str(), f.family, f.model_number, f.level().c_str(),
+                   fix.c_str());
 }
 
 // ---- oneDNN matmul primitives, created once per shape and reused ----

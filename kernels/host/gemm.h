@@ -29,10 +29,11 @@ struct GemmPlan {
   std::string describe() const;  // "onednn fp32" / "onednn bf16" / "onednn fp32, weight gradients cblas"
 };
 
-// "auto": oneDNN for every role, except the weight gradients on an OpenBLAS that runs its own
-// kernels for this CPU's ISA (not a fallback) when the rank runs one thread: OpenBLAS beats oneDNN
-// 2.6 on those shapes there (measured on Intel with AVX-512: 142-146 against 110-113 GFLOP/s), but
-// its own threads contend with oneDNN's OpenMP ones. "onednn", "cblas": one library
+// "auto": oneDNN for every role, except the weight gradients on an OpenBLAS that runs the kernels
+// of the level (cblas_use_level sees to it unless OPENBLAS_CORETYPE is set) when the rank runs one
+// thread: OpenBLAS beats oneDNN 2.6 on those shapes there (Intel AVX-512: 142-146 against 110-113
+// GFLOP/s; AVX2 on gpt-tiny's shapes: 89-97 against 58-89), but its own threads contend with
+// oneDNN's OpenMP ones. "onednn", "cblas": one library
 // for everything. bf16 compute always goes through oneDNN.
 GemmPlan make_gemm_plan(const std::string& library, bool bf16);
 

@@ -391,7 +391,7 @@ std::vector<Key> build() {
              "through pinned host buffers). The run record's comm_device_buffers says which"),
       choice("compute.gemm", at(&Config::compute, &XC::gemm), {"auto", "onednn", "cblas"},
              "host GEMM library: oneDNN (ISA picked at run time), the CBLAS linked in (a site's tuned BLAS), or "
-             "auto (oneDNN; weight gradients on an OpenBLAS that runs its own kernels for this CPU)"),
+             "auto (oneDNN; weight gradients on OpenBLAS, made to run the kernels of the ISA level the host loops run)"),
       choice("compute.bf16_gemm", at(&Config::compute, &XC::bf16_gemm), {"auto", "on", "off"},
              "with bf16.enabled: GEMMs in bf16 with fp32 accumulation (on), in fp32 on the 16-bit weights "
              "widened (off), or auto (bf16 on a GPU, on its tensor cores, and on a CPU where oneDNN runs bf16 natively "
