@@ -39,10 +39,9 @@ int openblas_core_level(const std::string& core) {
   return 0;
 }
 
-int cpu_level() {  // of the level this process runs (compute.isa), which caps oneDNN's too
-  const std::string isa = cpu::select().isa;
-  return isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0;
-}
+int level_of(const std::string& isa) { return isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0; }  // on that scale
+
+int cpu_level() { return level_of(cpu::select().isa); }  // the level this process runs (compute.isa)
 
 }  // namespace
 
@@ -50,7 +49,7 @@ void cblas_use_level(const std::string& isa) {
 #if defined(__x86_64__)
   const std::string core = openblas_core();
   if (core.empty() || !gotoblas_dynamic_init || !gotoblas_dynamic_quit || std::getenv("OPENBLAS_CORETYPE")) return;
-  const int level = isa == "avx512" ? 2 : isa == "avx2" ? 1 : 0;
+  const int level = level_of(isa);
   if (openblas_core_level(core) == level) return;
   const cpu::CpuFeatures& f = cpu::cpu_features();
   const char* want = level == 2   ? (f.avx512_bf16 ? "Cooperlake" : "SkylakeX")
