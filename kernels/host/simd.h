@@ -18,6 +18,7 @@
 // test_kernels). Below -87.3 (and for -inf) it returns exactly 0, above 88.3 it saturates at
 // e^88.3 (finite); NaN stays NaN. Its cost sets the rate of every softmax and of GELU: 13 vector
 // ops on AVX-512, 16 on AVX2 (the degree-7 Taylor form it replaced took 18).
+// It takes one vf or a vn<U> (U registers, the operations interleaved; see vn below).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -105,37 +106,93 @@ inline vf clamp_above(vf x, vf hi) {
 #endif
 }
 
-inline vf vexp(vf x) {
+// vn<U>: U registers of the level as one value, each operation applied to all U before the next.
+// An elementwise kernel built on exp is one long chain of dependent operations per vector (exp's
+// 16, then GELU's or SiLU's); one vector at a time, the core found too few independent operations
+// in its window. Written U at a time, the chains interleave in the program. Measured at bench-cpu's
+// GELU backward (1 thread, Zen 5, in L2), U = 4 against one vector: AVX2 1.71 -> 2.07 G/s, SSE2
+// 0.59 -> 0.80, AVX-512 3.4 -> 4.3. The same operations in the same order per lane: same bits.
+template <int U>
+struct vn {
+  vf r[U];
+};
+// Forced inline: GCC otherwise calls vexp<vn<4>> out of line, passing U registers through the stack.
+#define Z3D_INLINE inline __attribute__((always_inline))
+#define Z3D_VN_BINARY(op)                                               \
+  template <int U>                                                      \
+  Z3D_INLINE vn<U> operator op(vn<U> a, vn<U> b) {                          \
+    _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) a.r[u] = a.r[u] op b.r[u]; \
+    return a;                                                           \
+  }                                                                     \
+  template <int U>                                                      \
+  Z3D_INLINE vn<U> operator op(vn<U> a, float b) {                          \
+    _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) a.r[u] = a.r[u] op b;      \
+    return a;                                                           \
+  }                                                                     \
+  template <int U>                                                      \
+  Z3D_INLINE vn<U> operator op(float a, vn<U> b) {                          \
+    _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) b.r[u] = a op b.r[u];      \
+    return b;                                                           \
+  }
+Z3D_VN_BINARY(+)
+Z3D_VN_BINARY(-)
+Z3D_VN_BINARY(*)
+Z3D_VN_BINARY(/)
+#undef Z3D_VN_BINARY
+template <int U>
+Z3D_INLINE vn<U> operator-(vn<U> a) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) a.r[u] = -a.r[u];
+  return a;
+}
+template <int U>
+Z3D_INLINE vn<U> clamp_above(vn<U> x, float hi) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) x.r[u] = clamp_above(x.r[u], splat(hi));
+  return x;
+}
+inline vf clamp_above(vf x, float hi) { return clamp_above(x, splat(hi)); }
+
+// exp's last step: p 2^n, and exactly 0 where x (the argument, before clamping) is below -87.3 or
+// -inf. big holds n in its low mantissa bits.
+inline vf exp_scale(vf p, vf n, vf big, vf x) {
   const vf lo = splat(-87.3f);
-  const vf magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
 #if defined(__AVX512F__)
   const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);  // not below lo: NaN is kept
-#else
-  const vi underflow = x < lo;  // also -inf; those lanes' arithmetic below is discarded
-#endif
-  x = clamp_above(x, splat(88.3f));
-  const vf big = x * 1.44269504088896341f + magic;  // its low mantissa bits hold n
-  const vf n = big - magic;
-  vf r = x - n * 0.693359375f;  // ln2 split: hi part exact in 9 bits, so n * hi is exact
-  r -= n * -2.12194440e-4f;
-  vf p = splat(1.384365372e-3f);
-  p = p * r + 8.374155499e-3f;
-  p = p * r + 4.166800156e-2f;
-  p = p * r + 1.666643173e-1f;
-  p = p * r + 4.999999404e-1f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-#if defined(__AVX512F__)
   return _mm512_maskz_scalef_ps(keep, p, n);
 #else
+  (void)n;
   vi bits;
   std::memcpy(&bits, &big, sizeof bits);
   const vi e = (bits + 127) << 23;  // (n + 127) << 23: the shift drops magic's own bits
   vf scale;
   std::memcpy(&scale, &e, sizeof scale);
   const vf y = p * scale;
-  return underflow ? vf{} : y;
+  return x < lo ? vf{} : y;  // also -inf; those lanes' arithmetic is discarded
 #endif
+}
+template <int U>
+Z3D_INLINE vn<U> exp_scale(vn<U> p, vn<U> n, vn<U> big, vn<U> x) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) p.r[u] = exp_scale(p.r[u], n.r[u], big.r[u], x.r[u]);
+  return p;
+}
+
+template <typename V>  // vf or vn<U>
+Z3D_INLINE V vexp(V x) {
+  constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const V c = clamp_above(x, 88.3f);
+  const V big = c * 1.44269504088896341f + magic;  // its low mantissa bits hold n
+  const V n = big - magic;
+  V r = c - n * 0.693359375f;  // ln2 split: hi part exact in 9 bits, so n * hi is exact
+  r = r - n * -2.12194440e-4f;
+  V p = r * 1.384365372e-3f + 8.374155499e-3f;
+  p = p * r + 4.166800156e-2f;
+  p = p * r + 1.666643173e-1f;
+  p = p * r + 4.999999404e-1f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return exp_scale(p, n, big, x);
 }
 
 // Scalar twin for row tails: the same polynomial through one lane.

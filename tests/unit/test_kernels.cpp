@@ -611,7 +611,7 @@ TEST_P(Kernels, BiasBackwardIsTheLinearBiasGradient) {
 // ---------------------------------------------------------------------------------------------
 
 TEST_P(Kernels, GeluForwardBackward) {
-  std::vector<float> x = uniform(rng, 61, -5, 5);
+  std::vector<float> x = uniform(rng, 223, -5, 5);  // rows of 77: whole and partial blocks of every level
   x.insert(x.end(), {0.0f, -0.0f, 1e-4f, -1e-4f, 8.0f, -8.0f, 20.0f, -20.0f});
   const size_t n = x.size();
   const std::vector<float> r = uniform(rng, n, -1, 1);
@@ -937,7 +937,7 @@ TEST_P(Kernels, RopeForwardBackward) {
 }
 
 TEST_P(Kernels, SwiGLUForwardBackward) {
-  const int N = 3, F = 21;
+  const int N = 3, F = 71;  // whole and partial blocks of every level (kernels/host: 16-64 floats)
   std::vector<float> h = uniform(rng, N * 2 * F, -4, 4);
   const std::vector<float> r = uniform(rng, N * F, -1, 1);
   auto forward = [&] {
