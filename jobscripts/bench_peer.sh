@@ -83,7 +83,7 @@ peer_env=(env -u OPENBLAS_NUM_THREADS -u GOTO_NUM_THREADS OMP_NUM_THREADS=1 ${co
 echo "# config $config, $ranks ranks, $rounds rounds of $steps steps, zero3d stage $stage vs pytorch $tmode"
 echo "# zero3d inherits: $(env | grep -E '^(OMP|OPENBLAS|GOTO|MKL|ZERO3D)_[A-Z_]*=' | sort | tr '\n' ' ' || true)"
 echo "# the peer runs with: ${peer_env[*]:1}"
-echo "# (zero3d's GEMMs run through oneDNN, which picks its kernels from the CPU's ISA: OPENBLAS_* do not reach them)"
+echo "# (the peer's variables do not reach zero3d: it picks its GEMM libraries and their kernels itself, as 'zero3d bench gemm' names them)"
 for round in $(seq "$rounds"); do
   d=$tmp/round$round
   mkdir -p "$d"

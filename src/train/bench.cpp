@@ -56,13 +56,18 @@ double best_fma_peak(double seconds, double window_s, const cpu::Kernels* level)
   return best;
 }
 
+// The shapes of the model's linear layers on one tp rank (model/gpt.cpp's block_tensors): grouped
+// key/value heads narrow qkv, SwiGLU's fc holds the gate and the up projection, the LM head has
+// the padded vocabulary's rows.
 std::vector<GemmShape> model_gemm_shapes(const ModelConfig& m, int micro, int tp) {
-  const int N = micro * m.seq_len, C = m.d_model, A = C / tp, F = 4 * C / tp, V = m.vocab_size / tp;
+  const int N = micro * m.seq_len, C = m.d_model, Q = m.n_head * m.head_dim() / tp, KV = m.kv_heads() * m.head_dim() / tp,
+            F = m.ffn_hidden() / tp, V = m.padded_vocab() / tp;
   struct Layer {
     const char* name;
     int in, out;
   };
-  const Layer layers[] = {{"qkv", C, 3 * A}, {"attn proj", A, C}, {"mlp fc", C, F}, {"mlp proj", F, C}, {"lm head", C, V}};
+  const Layer layers[] = {{"qkv", C, Q + 2 * KV}, {"attn proj", Q, C}, {"mlp fc", C, m.swiglu() ? 2 * F : F},
+                          {"mlp proj", F, C}, {"lm head", C, V}};
   std::vector<GemmShape> shapes;
   for (const Layer& l : layers) {
     shapes.push_back({std::string(l.name) + " fwd", false, true, N, l.out, l.in, 0});

@@ -506,16 +506,17 @@ void time_gemm_shape(const GemmBackends& be, const GemmShape& s, double t, doubl
 
 // The fused attention of one layer: model FLOPs (q k^T and p v over the causal half) per second.
 void bench_attention(Backend& be, const ModelConfig& m, int micro, int tp, double t) {
-  const int H = m.n_head / tp, A = m.d_model / tp, T = m.seq_len, N = micro * m.seq_len;
-  DeviceBuffer<float> qkv(be, static_cast<size_t>(N) * 3 * A), out(be, static_cast<size_t>(N) * A),
-      lse(be, static_cast<size_t>(micro) * H * T), dqkv(be, static_cast<size_t>(N) * 3 * A);
+  const int H = m.n_head / tp, Hkv = m.kv_heads() / tp, A = H * m.head_dim(), T = m.seq_len, N = micro * m.seq_len;
+  const size_t qkv_floats = static_cast<size_t>(N) * (H + 2 * Hkv) * m.head_dim();
+  DeviceBuffer<float> qkv(be, qkv_floats), out(be, static_cast<size_t>(N) * A),
+      lse(be, static_cast<size_t>(micro) * H * T), dqkv(be, qkv_floats);
   std::vector<float> h(qkv.size());
   for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
   be.copy_from_host(qkv.data(), h.data(), qkv.bytes());
-  const double fwd_flops = 4.0 * micro * m.d_model / tp * (T * (T + 1.0) / 2);
-  const double tf = time_calls(be, [&] { be.attention_forward(out.data(), lse.data(), qkv.data(), micro, T, H, H, A); }, t);
+  const double fwd_flops = 4.0 * micro * A * (T * (T + 1.0) / 2);
+  const double tf = time_calls(be, [&] { be.attention_forward(out.data(), lse.data(), qkv.data(), micro, T, H, Hkv, A); }, t);
   const double tb = time_calls(be, [&] {
-    be.attention_backward(dqkv.data(), out.data(), out.data(), lse.data(), qkv.data(), micro, T, H, H, A);
+    be.attention_backward(dqkv.data(), out.data(), out.data(), lse.data(), qkv.data(), micro, T, H, Hkv, A);
   }, t);
   log_info("%-14s %20s %9.1f  (fused, causal: %.2f ms)", "attention fwd", "", fwd_flops / tf / 1e9, tf * 1e3);
   log_info("%-14s %20s %9.1f  (fused, causal, model FLOPs = 2x forward: %.2f ms)", "attention bwd", "",

@@ -103,6 +103,13 @@ if out=$(OPENBLAS_CORETYPE=Prescott ZERO3D_ISA=avx2 timeout 120 "$z3d" bench gem
    grep -qE "CBLAS: OpenBLAS [0-9.]+ Prescott$" <<< "$out" && grep -q "not level avx2's" <<< "$out" &&
    grep -q "^# note: OpenBLAS .*OPENBLAS_CORETYPE=Prescott is set; unset it" <<< "$out" || ! grep -qw avx2 /proc/cpuinfo; then
   passes=$((passes+1)); else echo "FAIL bench gemm keeps OPENBLAS_CORETYPE:"; echo "$out"; fails=$((fails+1)); fi
+# a Llama model's own GEMM shapes (512 tokens a micro-batch): grouped key/value heads narrow qkv
+# (4 + 2 x 2 heads of 32), SwiGLU's fc is the gate and the up projection (2 x 384)
+if out=$(timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config input/llama-tiny.json 2>&1) &&
+   grep -qE "^qkv fwd +512 +256 +128 " <<< "$out" && grep -qE "^attn proj fwd +512 +128 +128 " <<< "$out" &&
+   grep -qE "^mlp fc fwd +512 +768 +128 " <<< "$out" && grep -qE "^mlp proj fwd +512 +128 +384 " <<< "$out" &&
+   grep -qE "^attention bwd +[0-9.]+ " <<< "$out"; then
+  passes=$((passes+1)); else echo "FAIL bench gemm, Llama shapes:"; echo "$out"; fails=$((fails+1)); fi
 # bench kernels: a column per level, a row per kernel, each cell a rate and its share of the bound
 if out=$(timeout 120 "$z3d" bench kernels --config $tiny --seconds 0.01 2>&1) &&
    grep -qE "^kernel +${levels// / +}$" <<< "$out" &&
