@@ -872,10 +872,14 @@ inline vf from_bits(vu u) {
 
 // math::bf16_from_float / fp16_from_float / float_from_fp16 (dtype.h), lane-wise and branch-free:
 // every branch of the scalar code is computed and the lanes pick theirs.
-inline vu bf16_bits(vu u) {
-  const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const vu nan = (u >> 16) | 0x40u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+// bf16: the result in each lane's high half (the low half is left as it falls; store_high16 and
+// load_high16 move high halves), rounded to nearest even, NaN kept quiet. |u| < 2^31: a signed
+// compare (SSE2 has no unsigned one).
+inline vu bf16_high(vu u) {
+  const vu rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  const vu nan = u | 0x400000u;
+  const vi a = reinterpret_cast<vi>(u & 0x7fffffffu);
+  return a > 0x7f800000 ? nan : rounded;
 }
 inline vu fp16_bits(vu u) {
   const vu sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
@@ -919,6 +923,13 @@ inline vu load_u16(const uint16_t* p, int k) {
   return v;
 }
 inline void store_u16(uint16_t* p, vu v, int k) {
+#if defined(__SSE2__) && !defined(__AVX__)
+  if (k == W) {  // the low halves sign-extended, then one signed pack (GCC's convert: 5 unpacks)
+    const __m128i w = _mm_srai_epi32(_mm_slli_epi32(reinterpret_cast<__m128i>(v), 16), 16);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(w, w));
+    return;
+  }
+#endif
   if (k == W) {
     const vh h = __builtin_convertvector(v, vh);
     std::memcpy(p, &h, sizeof h);
@@ -929,11 +940,30 @@ inline void store_u16(uint16_t* p, vu v, int k) {
   std::memcpy(p, t, sizeof(uint16_t) * k);
 }
 
+// The 16-bit values at p as the high halves of 32-bit lanes (low halves 0), and back.
+inline vu load_high16(const uint16_t* p, int k) {
+#if defined(__SSE2__) && !defined(__AVX__)
+  if (k == W)  // one unpack with zeros (GCC's convert and shift: three ops)
+    return reinterpret_cast<vu>(_mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#endif
+  return load_u16(p, k) << 16;
+}
+inline void store_high16(uint16_t* p, vu v, int k) {
+#if defined(__SSE2__) && !defined(__AVX__)
+  if (k == W) {  // the high halves sign-extended, one signed pack (GCC's shift and convert: six ops)
+    const __m128i w = _mm_srai_epi32(reinterpret_cast<__m128i>(v), 16);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(w, w));
+    return;
+  }
+#endif
+  store_u16(p, v >> 16, k);
+}
+
 void cast_to_bf16(uint16_t* out, const float* x, size_t n) {
-  cast_loop(n, [=](size_t i, int k) { store_u16(out + i, bf16_bits(bits_of(load_n(x + i, k))), k); });
+  cast_loop(n, [=](size_t i, int k) { store_high16(out + i, bf16_high(bits_of(load_n(x + i, k))), k); });
 }
 void cast_from_bf16(float* out, const uint16_t* x, size_t n) {
-  cast_loop(n, [=](size_t i, int k) { store_n(out + i, from_bits(load_u16(x + i, k) << 16), k); });
+  cast_loop(n, [=](size_t i, int k) { store_n(out + i, from_bits(load_high16(x + i, k)), k); });
 }
 void cast_to_fp16(uint16_t* out, const float* x, size_t n) {
   cast_loop(n, [=](size_t i, int k) { store_u16(out + i, fp16_bits(bits_of(load_n(x + i, k))), k); });
@@ -943,8 +973,8 @@ void cast_from_fp16(float* out, const uint16_t* x, size_t n) {
 }
 void accumulate_bf16(uint16_t* acc, const float* x, size_t n) {
   cast_loop(n, [=](size_t i, int k) {
-    const vf sum = from_bits(load_u16(acc + i, k) << 16) + load_n(x + i, k);
-    store_u16(acc + i, bf16_bits(bits_of(sum)), k);
+    const vf sum = from_bits(load_high16(acc + i, k)) + load_n(x + i, k);
+    store_high16(acc + i, bf16_high(bits_of(sum)), k);
   });
 }
 void accumulate_fp16(uint16_t* acc, const float* x, size_t n) {
@@ -956,10 +986,27 @@ void accumulate_fp16(uint16_t* acc, const float* x, size_t n) {
 
 // ---- reductions: per fixed block, then the blocks in order ----
 
-// 8 lanes of double as two halves of 4 (a ymm each on AVX2 and up): one 8-double vector was split
-// lane by lane on AVX2 (8% of the copy bound).
-typedef double vd4 __attribute__((vector_size(32)));
-typedef float vf4 __attribute__((vector_size(16)));
+// Floats widen to doubles a register at a time: 4 in a ymm on AVX2 and up, 2 in an xmm on SSE2 and
+// the generic level. (One 8-double vector was split lane by lane on AVX2, 8% of the copy bound; a
+// 4-double one on SSE2 kept its accumulators on the stack, 43-53%.)
+constexpr int kDW = W >= 8 ? 4 : 2, kParts = 8 / kDW;  // doubles a register, registers for 8 floats
+typedef double vd __attribute__((vector_size(8 * kDW)));
+typedef float vfd __attribute__((vector_size(4 * kDW)));  // the floats one vd holds widened
+inline void widen8(const float* p, vd (&v)[kParts]) {  // p[0, 8) as doubles, in order
+#if defined(__SSE2__) && !defined(__AVX__)
+  for (int h = 0; h < 2; ++h) {  // (GCC converts a 2-float vector by two scalar cvtss2sd)
+    const vf f = load(p + 4 * h);
+    v[2 * h] = _mm_cvtps_pd(f);
+    v[2 * h + 1] = _mm_cvtps_pd(_mm_movehl_ps(f, f));
+  }
+#else
+  for (int q = 0; q < kParts; ++q) {
+    vfd f;
+    std::memcpy(&f, p + q * kDW, sizeof f);
+    v[q] = __builtin_convertvector(f, vd);
+  }
+#endif
+}
 
 template <typename F>
 double block_sum(size_t n, F&& f) {  // f(begin, end) -> double
@@ -975,31 +1022,31 @@ double block_sum(size_t n, F&& f) {  // f(begin, end) -> double
   return s;
 }
 
-// kPairs accumulator pairs: an FMA's latency times its ports on AVX2 and up; SSE2's 16 xmm hold two
-// (a vd4 is two there). Pair p takes the 8 floats at i + 8p; the pairs join in index order.
+// kPairs accumulator groups: an add's latency times its ports on AVX2 and up; on SSE2 two (8 of its
+// 16 xmm). Group p takes the 8 floats at i + 8p; the groups join in index order, then the 8 lanes
+// in one fixed tree.
 constexpr int kPairs = W >= 8 ? 4 : 2;
 template <bool Square>
 double sum_impl(const float* x, size_t n) {
   return block_sum(n, [=](size_t b, size_t e) {
-    vd4 lo[kPairs] = {}, hi[kPairs] = {};
+    vd acc[kPairs][kParts] = {};
     size_t i = b;
     auto add8 = [&](int p, size_t j) {
-      vf4 f0, f1;
-      std::memcpy(&f0, x + j, sizeof f0);
-      std::memcpy(&f1, x + j + 4, sizeof f1);
-      const vd4 v0 = __builtin_convertvector(f0, vd4), v1 = __builtin_convertvector(f1, vd4);
-      lo[p] += Square ? v0 * v0 : v0;
-      hi[p] += Square ? v1 * v1 : v1;
+      vd v[kParts];
+      widen8(x + j, v);
+#pragma GCC unroll 4
+      for (int q = 0; q < kParts; ++q) acc[p][q] += Square ? v[q] * v[q] : v[q];
     };
     for (; i + 8 * kPairs <= e; i += 8 * kPairs)
 #pragma GCC unroll 4
       for (int p = 0; p < kPairs; ++p) add8(p, i + 8 * p);
     for (; i + 8 <= e; i += 8) add8(0, i);
 #pragma GCC unroll 4
-    for (int p = 1; p < kPairs; ++p) lo[0] += lo[p], hi[0] += hi[p];
-    double t[8];
-    std::memcpy(t, &lo[0], sizeof lo[0]);
-    std::memcpy(t + 4, &hi[0], sizeof hi[0]);
+    for (int p = 1; p < kPairs; ++p)
+#pragma GCC unroll 4
+      for (int q = 0; q < kParts; ++q) acc[0][q] += acc[p][q];
+    double t[8];  // the double of float i + k in t[k]
+    std::memcpy(t, acc[0], sizeof t);
     double s = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
     for (; i < e; ++i) s += Square ? static_cast<double>(x[i]) * x[i] : x[i];
     return s;
