@@ -945,8 +945,10 @@ inline void store_u16(uint16_t* p, vu v, int k) {
 // The 16-bit values at p as the high halves of 32-bit lanes (low halves 0), and back.
 inline vu load_high16(const uint16_t* p, int k) {
 #if defined(__SSE2__) && !defined(__AVX__)
-  if (k == W)  // one unpack with zeros (GCC's convert and shift: three ops)
-    return reinterpret_cast<vu>(_mm_unpacklo_epi16(_mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  if (k == W) {  // one unpack with zeros (GCC's convert and shift: three ops)
+    const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return reinterpret_cast<vu>(_mm_unpacklo_epi16(_mm_setzero_si128(), h));
+  }
 #endif
   return load_u16(p, k) << 16;
 }

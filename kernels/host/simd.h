@@ -109,30 +109,31 @@ inline vf clamp_above(vf x, vf hi) {
 // vn<U>: U registers of the level as one value, each operation applied to all U before the next.
 // An elementwise kernel built on exp is one long chain of dependent operations per vector (exp's
 // 16, then GELU's or SiLU's); one vector at a time, the core found too few independent operations
-// in its window. Written U at a time, the chains interleave in the program. Measured at bench-cpu's
-// GELU backward (1 thread, Zen 5, in L2), U = 4 against one vector: AVX2 1.71 -> 2.07 G/s, SSE2
-// 0.59 -> 0.80, AVX-512 3.4 -> 4.3. The same operations in the same order per lane: same bits.
+// in its window. Written U at a time, the chains interleave in the program.
+// GELU's backward (1 thread, Zen 5, in L2, best of 3 rounds), U = 4 against one vector:
+// AVX2 1.63 -> 2.03 G elements/s, SSE2 0.58 -> 0.73, AVX-512 3.23 -> 3.78; U = 2 gained half of
+// that or less. The same operations in the same order per lane: the same bits.
 template <int U>
 struct vn {
   vf r[U];
 };
 // Forced inline: GCC otherwise calls vexp<vn<4>> out of line, passing U registers through the stack.
 #define Z3D_INLINE inline __attribute__((always_inline))
-#define Z3D_VN_BINARY(op)                                               \
-  template <int U>                                                      \
-  Z3D_INLINE vn<U> operator op(vn<U> a, vn<U> b) {                          \
+#define Z3D_VN_BINARY(op)                                                          \
+  template <int U>                                                                 \
+  Z3D_INLINE vn<U> operator op(vn<U> a, vn<U> b) {                                 \
     _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) a.r[u] = a.r[u] op b.r[u]; \
-    return a;                                                           \
-  }                                                                     \
-  template <int U>                                                      \
-  Z3D_INLINE vn<U> operator op(vn<U> a, float b) {                          \
+    return a;                                                                      \
+  }                                                                                \
+  template <int U>                                                                 \
+  Z3D_INLINE vn<U> operator op(vn<U> a, float b) {                                 \
     _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) a.r[u] = a.r[u] op b;      \
-    return a;                                                           \
-  }                                                                     \
-  template <int U>                                                      \
-  Z3D_INLINE vn<U> operator op(float a, vn<U> b) {                          \
+    return a;                                                                      \
+  }                                                                                \
+  template <int U>                                                                 \
+  Z3D_INLINE vn<U> operator op(float a, vn<U> b) {                                 \
     _Pragma("GCC unroll 8") for (int u = 0; u < U; ++u) b.r[u] = a op b.r[u];      \
-    return b;                                                           \
+    return b;                                                                      \
   }
 Z3D_VN_BINARY(+)
 Z3D_VN_BINARY(-)
