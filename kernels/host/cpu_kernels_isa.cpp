@@ -115,7 +115,8 @@ inline void store_n(float* p, vf v, int n) {
   std::memcpy(p, t, sizeof(float) * n);
 }
 
-// The elementwise kernels built on exp (GELU, SwiGLU, exp) take kU vectors a step (simd.h's vn).
+// The elementwise kernels built on exp (GELU, SwiGLU, the softmax rows of the cross-entropy) take kU
+// vectors a step (simd.h's vn).
 constexpr int kU = 4, kWide = kU * W;
 using vw = vn<kU>;
 Z3D_INLINE vw load_wide(const float* p, int k) {  // p[0, k), zero-padded to kWide
