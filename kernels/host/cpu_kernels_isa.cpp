@@ -669,68 +669,105 @@ void for_each_head(const AttnDims& d, int B, int heads, float* work, F&& f) {
     f(bh / heads, bh % heads, work + per_thread * static_cast<size_t>(omp_get_thread_num()));
 }
 
-// One row of a score tile (online softmax): with the row's running maximum m of the scaled scores
-// alpha s and its running sum of exps kept as a vector l (lanes summed once, at the row's end),
-// p = exp(alpha s - m_new) over s[0, valid), s[valid, width) = 0. Returns exp(m_old - m_new), the
-// factor that rescales the row's output so far. The max pass only reads (alpha > 0 keeps the max).
-float online_softmax_row(float* s, int valid, int width, float alpha, float& m, float* l) {
+// Rows [0, MR) of a score tile (online softmax): row r's scores s[0, valid[r]) of the nc columns
+// (a multiple of W) the q . k tile wrote for its group of rows. With the row's running maximum m of
+// the scaled scores alpha s and its running sum of exps kept as a vector l (lanes summed once, at
+// the row's end), p = exp(alpha s - m_new) there, 0 in the rest of the nc columns (Masked; else
+// every row has all nc). corr[r] = exp(m_old - m_new): the factor that rescales the row's output so
+// far. Column by column over the rows, so that their exp chains interleave. The max pass only reads
+// (alpha > 0 keeps the max).
+template <int MR, bool Masked>
+void softmax_rows(float* S, int nc, const int* valid, float alpha, float* m, float* l, float* corr) {
   const vf neg_inf = splat(-std::numeric_limits<float>::infinity());
-  vf mx = neg_inf;
-  int c = 0;
-  for (; c + W <= valid; c += W) mx = vmax(mx, load(s + c));
-  if (c < valid) mx = vmax(mx, lane_index() + c < valid ? load(s + c) : neg_inf);  // the q . k tile wrote it
-  const float m_new = std::max(m, alpha * reduce_max(mx));
-  vf sum{};
-  for (c = 0; c < valid; c += W) {
-    vf e = vexp(load(s + c) * alpha - m_new);
-    if (c + W > valid) e = lane_index() + c < valid ? e : vf{};
-    store(s + c, e);
-    sum += e;
+  float m_new[MR];
+  vf sum[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    const float* s = S + r * kTileT;
+    vf mx = neg_inf;
+    for (int c = 0; c < nc; c += W) mx = vmax(mx, !Masked || lane_index() + c < valid[r] ? load(s + c) : neg_inf);
+    m_new[r] = std::max(m[r], alpha * reduce_max(mx));
+    sum[r] = vf{};
   }
-  for (; c < width; c += W) store(s + c, vf{});
-  const float corr = m == -std::numeric_limits<float>::infinity() ? 0.0f : sexp(m - m_new);  // (first tile: 0)
-  store(l, load(l) * corr + sum);
-  m = m_new;
-  return corr;
+  for (int c = 0; c < nc; c += W) {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      float* s = S + r * kTileT + c;
+      const vf e = vexp(load(s) * alpha - m_new[r]);
+      const vf p = !Masked || lane_index() + c < valid[r] ? e : vf{};
+      store(s, p);
+      sum[r] += p;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    const bool first = m[r] == -std::numeric_limits<float>::infinity();  // the row's first key tile: l unset
+    corr[r] = first ? 0.0f : sexp(m[r] - m_new[r]);
+    store(l + r * W, first ? sum[r] : load(l + r * W) * corr[r] + sum[r]);
+    m[r] = m_new[r];
+  }
+}
+using SoftmaxFn = void (*)(float*, int, const int*, float, float*, float*, float*);
+template <int... MR>
+constexpr auto softmax_table(std::integer_sequence<int, MR...>) {
+  return std::array<SoftmaxFn, sizeof...(MR)>{&softmax_rows<MR + 1, true>...};
+}
+constexpr auto kDiagonalRows = softmax_table(std::make_integer_sequence<int, kMR>());
+
+// softmax_rows for a group of mr rows of the tile products, nc = its columns. On the diagonal (rows
+// of different lengths) the group at once: a row-by-row pass ended each short row on a mispredicted
+// branch and ran its one exp chain alone (T 64: +7% at AVX2). Whole rows one at a time: their
+// vectors are chains enough, and the group's registers slowed AVX-512 4% at T 256.
+void softmax_group(float* S, int mr, int nc, const int* valid, float alpha, float* m, float* l, float* corr) {
+  if (valid[0] < nc) return kDiagonalRows[mr - 1](S, nc, valid, alpha, m, l, corr);
+  for (int r = 0; r < mr; ++r) softmax_rows<1, false>(S + r * kTileT, nc, valid + r, alpha, m + r, l + r * W, corr + r);
 }
 
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A, float* work) {
   const AttnDims d(T, H, Hkv, A);
   const float alpha = 1.0f / std::sqrt(static_cast<float>(d.hd));
   const long ld = d.ld();
-  for_each_head(d, B, H, work, [&](int b, int h, float* w) {
-    const int kvh = h / d.group();
+  for_each_head(d, B, Hkv, work, [&](int b, int kvh, float* w) {  // the query heads of a key/value head in turn
     float *Kt = w, *panel_q = Kt + d.panel(), *panel_v = panel_q + d.panel(), *S = panel_v + d.panel();
     float *O = S + kTileT * kTileT, *m = O + static_cast<size_t>(kTileT) * d.hp;
     float* l = m + kTileT;  // a vector per row
     const float* rows = qkv + static_cast<size_t>(b) * T * ld;
-    const Rows Q = head_rows(rows, ld, d.q(h), d, panel_q, false), V = head_rows(rows, ld, d.v(kvh), d, panel_v, true);
+    const Rows V = head_rows(rows, ld, d.v(kvh), d, panel_v, true);
     pack_transposed(Kt, rows, ld, d.k(kvh), d);
-    for (int i0 = 0; i0 < T; i0 += kTileT) {
-      const int nq = std::min(kTileT, T - i0);
-      std::fill(m, m + kTileT, -std::numeric_limits<float>::infinity());
-      zero_floats(l, static_cast<size_t>(kTileT) * W);
-      zero_floats(O, static_cast<size_t>(kTileT) * d.hp);
-      for (int j0 = 0; j0 < i0 + nq; j0 += kTileT) {  // key tiles up to the diagonal
-        const int nk = std::min(kTileT, i0 + nq - j0), nkp = round_up(nk, W);
-        // rows [r0, r1) meet keys j < i0 + r1 (tile columns below i0 + r1 - j0)
-        auto keys = [&](int r1) { return std::min(nk, i0 + r1 - j0); };
-        causal_gemm(S, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.ts, nq, false,  // q . k
-                    [&](int, int r1) { return Extent{round_up(keys(r1), W), 0, d.hd}; });
-        for (int r = 0; r < nq; ++r) {  // keys j <= i only
-          const float corr = online_softmax_row(S + r * kTileT, std::min(nk, i0 + r - j0 + 1), nkp, alpha, m[r], l + r * W);
-          if (j0 > 0 && corr != 1.0f)  // (the first key tile's O is still zero)
-            for (int k = 0; k < d.hp; k += W) store(O + r * d.hp + k, load(O + r * d.hp + k) * corr);
+    for (int h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
+      const Rows Q = head_rows(rows, ld, d.q(h), d, panel_q, false);
+      for (int i0 = 0; i0 < T; i0 += kTileT) {
+        const int nq = std::min(kTileT, T - i0);
+        std::fill(m, m + kTileT, -std::numeric_limits<float>::infinity());  // (the first key tile writes l and O)
+        for (int j0 = 0; j0 < i0 + nq; j0 += kTileT) {  // key tiles up to the diagonal
+          const int nk = std::min(kTileT, i0 + nq - j0);
+          // rows [r0, r1) meet keys j < i0 + r1 (tile columns below i0 + r1 - j0)
+          auto keys = [&](int r1) { return std::min(nk, i0 + r1 - j0); };
+          causal_gemm(S, kTileT, Q.row(i0), Q.ld, 1, Kt + j0, d.ts, nq, false,  // q . k
+                      [&](int, int r1) { return Extent{round_up(keys(r1), W), 0, d.hd}; });
+          for (int r0 = 0; r0 < nq; r0 += kMR) {  // in the q . k tile's groups of rows; keys j <= i only
+            const int mr = std::min(kMR, nq - r0);
+            int valid[kMR];
+            float corr[kMR];
+            for (int r = 0; r < mr; ++r) valid[r] = keys(r0 + r + 1);
+            softmax_group(S + r0 * kTileT, mr, round_up(valid[mr - 1], W), valid, alpha, m + r0, l + r0 * W, corr);
+            for (int r = 0; r < mr; ++r)
+              if (j0 > 0 && corr[r] != 1.0f)
+                for (int k = 0; k < d.hp; k += W) store(O + (r0 + r) * d.hp + k, load(O + (r0 + r) * d.hp + k) * corr[r]);
+          }
+          causal_gemm(O, d.hp, S, kTileT, 1, V.row(j0), V.ld, nq, j0 > 0,  // (+)= p v
+                      [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });
         }
-        causal_gemm(O, d.hp, S, kTileT, 1, V.row(j0), V.ld, nq, true,  // += p v
-                    [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });
-      }
-      for (int r = 0; r < nq; ++r) {
-        const int t = i0 + r;
-        const float sum = reduce_add(load(l + r * W)), inv = 1.0f / sum;
-        float* o = out + (static_cast<size_t>(b) * T + t) * A + h * d.hd;
-        for (int k = 0; k < d.hd; k += W) store_n(o + k, load(O + r * d.hp + k) * inv, std::min(W, d.hd - k));
-        lse[(static_cast<size_t>(b) * H + h) * T + t] = m[r] + std::log(sum);
+        const int hd = d.hd, whole = hd - hd % W, hp = d.hp;
+        for (int r = 0; r < nq; ++r) {
+          const int t = i0 + r;
+          const float sum = reduce_add(load(l + r * W)), inv = 1.0f / sum;
+          float* o = out + (static_cast<size_t>(b) * T + t) * A + h * hd;
+          const float* orow = O + r * hp;
+          for (int k = 0; k < whole; k += W) store(o + k, load(orow + k) * inv);
+          if (whole < hd) store_n(o + whole, load(orow + whole) * inv, hd - whole);
+          lse[(static_cast<size_t>(b) * H + h) * T + t] = m[r] + std::log(sum);
+        }
       }
     }
   });
@@ -754,13 +791,16 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     const Rows K = head_rows(rows, ld, d.k(kvh), d, panel_k, true);
     pack_transposed(Kt, rows, ld, d.k(kvh), d);
     pack_transposed(Vt, rows, ld, d.v(kvh), d);
-    zero_floats(dK, P);
-    zero_floats(dV, P);
+    const int hd = d.hd, whole = hd - hd % W, hp = d.hp;
+    // dst[0, hd) = s x[0, hd): whole vectors, then the tail
+    auto write_row = [=](float* dst, const float* x, float s) {
+      for (int k = 0; k < whole; k += W) store(dst + k, load(x + k) * s);
+      if (whole < hd) store_n(dst + whole, load(x + whole) * s, hd - whole);
+    };
     for (int h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
       const float* row_lse = lse + (static_cast<size_t>(b) * H + h) * T;
       const Rows Q = head_rows(rows, ld, d.q(h), d, panel_q, true),
                  dO = head_rows(dout + static_cast<size_t>(b) * T * A, A, d.q(h), d, panel_do, true);
-      zero_floats(dQ, P);
       for (int t = 0; t < T; ++t) D[t] = row_dot(dO.row(t), out + (static_cast<size_t>(b) * T + t) * A + d.q(h), d.hd);
       for (int j0 = 0; j0 < T; j0 += kTileT) {
         const int nk = std::min(kTileT, T - j0), nkp = round_up(nk, W);
@@ -786,23 +826,22 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
           }
           // key rows [c0, ..) meet queries i >= j0 + c0 (tile rows from j0 + c0 - i0)
           auto queries = [&](int c0, int) { return Extent{d.hp, std::max(0, j0 + c0 - i0), nq}; };
-          causal_gemm(dVj, d.hp, Pt, 1, kTileT, dO.row(i0), dO.ld, nkp, true, queries);  // P^T dO
-          causal_gemm(dQ + static_cast<size_t>(i0) * d.hp, d.hp, dP, kTileT, 1, K.row(j0), K.ld, nq, true,
-                      [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });             // dS K
-          causal_gemm(dKj, d.hp, dP, 1, kTileT, Q.row(i0), Q.ld, nkp, true, queries);     // dS^T Q
+          // Each sum's first term writes (no zeroing): dQ_i's at j = 0, dK_j's and dV_j's at the group's
+          // first head and i = j, where every key row below nk meets a query.
+          const bool kv_acc = h > kvh * d.group() || i0 > j0;
+          causal_gemm(dVj, d.hp, Pt, 1, kTileT, dO.row(i0), dO.ld, nkp, kv_acc, queries);  // (+)= P^T dO
+          causal_gemm(dQ + static_cast<size_t>(i0) * d.hp, d.hp, dP, kTileT, 1, K.row(j0), K.ld, nq, j0 > 0,
+                      [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });               // (+)= dS K
+          causal_gemm(dKj, d.hp, dP, 1, kTileT, Q.row(i0), Q.ld, nkp, kv_acc, queries);     // (+)= dS^T Q
         }
       }
-      for (int t = 0; t < T; ++t) {
-        float* g = dqkv + (static_cast<size_t>(b) * T + t) * ld + d.q(h);
-        for (int k = 0; k < d.hd; ++k) g[k] = alpha * dQ[static_cast<size_t>(t) * d.hp + k];
-      }
+      for (int t = 0; t < T; ++t)
+        write_row(dqkv + (static_cast<size_t>(b) * T + t) * ld + d.q(h), dQ + static_cast<size_t>(t) * hp, alpha);
     }
     for (int t = 0; t < T; ++t) {
       float* g = dqkv + (static_cast<size_t>(b) * T + t) * ld;
-      for (int k = 0; k < d.hd; ++k) {
-        g[d.k(kvh) + k] = alpha * dK[static_cast<size_t>(t) * d.hp + k];
-        g[d.v(kvh) + k] = dV[static_cast<size_t>(t) * d.hp + k];
-      }
+      write_row(g + d.k(kvh), dK + static_cast<size_t>(t) * hp, alpha);
+      write_row(g + d.v(kvh), dV + static_cast<size_t>(t) * hp, 1.0f);
     }
   });
 }
