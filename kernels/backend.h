@@ -105,9 +105,11 @@ class Backend {
     linear_forward(pre, x, w, bias, nullptr, N, in, F);
     gelu_forward(out, pre, static_cast<size_t>(N > 0 ? N : 0) * static_cast<size_t>(F > 0 ? F : 0));
   }
-  // dx = gelu'(x) * dout over N rows of C (dx may alias dout); with dbias != nullptr also
-  // dbias[c] += sum_n dx[n, c] (the bias gradient of the layer that produced x, in the same pass).
-  virtual void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) = 0;
+  // dx = gelu'(x) * dout over N rows of C (dx may alias dout), y = gelu(x) as gelu_forward wrote it
+  // (the host derives the sigmoid from it: no exp); with dbias != nullptr also dbias[c] += sum_n
+  // dx[n, c] (the bias gradient of the layer that produced x, in the same pass).
+  virtual void gelu_backward(float* dx, float* dbias, const float* x, const float* y, const float* dout, int N,
+                             int C) = 0;
   virtual void add(float* out, const float* a, const float* b, size_t n) = 0;             // out = a + b
   virtual void accumulate(float* out, const float* a, size_t n) = 0;                      // out += a
   // Causal self-attention of B sequences of T on packed rows qkv (B*T rows of A + 2 Hkv hd:

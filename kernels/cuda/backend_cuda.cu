@@ -846,7 +846,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void gelu_forward(float* out, const float* x, size_t n) override {
     launch(stream(), n, gelu_forward_kernel, out, x, n);
   }
-  void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) override {
+  void gelu_backward(float* dx, float* dbias, const float* x, const float*, const float* dout, int N, int C) override {
     launch(stream(), rows(N) * C, gelu_backward_kernel, dx, x, dout, rows(N) * C);
     if (dbias) bias_backward(dbias, dx, N, C);
   }

@@ -107,9 +107,9 @@ class HostBackend final : public Backend {
     OpProfile::Scope op(&prof_, "gelu_forward", 8.0 * n, 0);
     k_.gelu_forward(out, x, n);
   }
-  void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) override {
-    OpProfile::Scope op(&prof_, "gelu_backward", 12.0 * N * C, 0);
-    k_.gelu_backward(dx, dbias, x, dout, N, C);
+  void gelu_backward(float* dx, float* dbias, const float* x, const float* y, const float* dout, int N, int C) override {
+    OpProfile::Scope op(&prof_, "gelu_backward", 16.0 * N * C, 0);
+    k_.gelu_backward(dx, dbias, x, y, dout, N, C);
   }
   void add(float* out, const float* a, const float* b, size_t n) override {
     OpProfile::Scope op(&prof_, "add", 12.0 * n, 0);

@@ -31,8 +31,9 @@ struct Kernels {
   void (*add_bias)(float* out, const float* bias, int N, int C);  // out[n,:] += bias: the CBLAS linear's epilogue
   void (*bias_backward)(float* dbias, const float* dout, int N, int C);
   void (*gelu_forward)(float* out, const float* x, size_t n);
-  // dx = gelu'(x) * dout; with dbias != nullptr also dbias[c] += sum_n dx[n, c] (N rows of C).
-  void (*gelu_backward)(float* dx, float* dbias, const float* x, const float* dout, int N, int C);
+  // dx = gelu'(x) * dout, y = gelu(x) as gelu_forward wrote it; with dbias != nullptr also
+  // dbias[c] += sum_n dx[n, c] (N rows of C).
+  void (*gelu_backward)(float* dx, float* dbias, const float* x, const float* y, const float* dout, int N, int C);
   void (*add)(float* out, const float* a, const float* b, size_t n);
   void (*accumulate)(float* out, const float* a, size_t n);
   void (*scale)(float* x, float s, size_t n);

@@ -130,8 +130,8 @@ class WalledBackend final : public Backend, public DeviceMemory {
     run([&] { inner_->bias_backward(dbias, dout, N, C); });
   }
   void gelu_forward(float* out, const float* x, size_t n) override { run([&] { inner_->gelu_forward(out, x, n); }); }
-  void gelu_backward(float* dx, float* dbias, const float* x, const float* dout, int N, int C) override {
-    run([&] { inner_->gelu_backward(dx, dbias, x, dout, N, C); });
+  void gelu_backward(float* dx, float* dbias, const float* x, const float* y, const float* dout, int N, int C) override {
+    run([&] { inner_->gelu_backward(dx, dbias, x, y, dout, N, C); });
   }
   void add(float* out, const float* a, const float* b, size_t n) override { run([&] { inner_->add(out, a, b, n); }); }
   void accumulate(float* out, const float* a, size_t n) override { run([&] { inner_->accumulate(out, a, n); }); }

@@ -592,7 +592,7 @@ void GPT::backward() {
         be_.swiglu_backward(dfch_, a.fch, dact_, N, F_);
         if (g.fc_b) be_.bias_backward(g.fc_b, dfch_, N, F2_);
       } else {
-        be_.gelu_backward(dfch_, g.fc_b, a.fch, dfch_, N, F_);  // with fc's bias gradient, in one pass
+        be_.gelu_backward(dfch_, g.fc_b, a.fch, a.fch_gelu, dfch_, N, F_);  // with fc's bias gradient, in one pass
       }
       linear_backward(dbuf_c_, g.fc_w, nullptr, dfch_, a.ln2, w.fc_w, C, F2_);
       tp_all_reduce(dbuf_c_, NC);

@@ -3,9 +3,9 @@
 // attention, bytes / the copy bandwidth for the rest (the bytes and FLOPs each call must move or
 // compute are the backend's own accounting, kernels/profile.h, as wall_clock_breakdown reports
 // them). A level that gets slower shows here on any machine that runs it, not only on its own.
-// Kernels whose math needs an exp per element (GELU, the cross-entropy's softmax) have a second
-// roof, the level's exp rate: on SSE2 an exp costs more time than moving its 8 bytes, and copy
-// bandwidth alone would call a kernel that runs at its arithmetic's speed slow.
+// Kernels whose math needs an exp per element (GELU's forward, SwiGLU, the cross-entropy's
+// softmax) have a second roof, the level's exp rate: on SSE2 an exp costs more time than moving its
+// 8 bytes, and copy bandwidth alone would call a kernel that runs at its arithmetic's speed slow.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -82,7 +82,7 @@ DeviceBuffer<int32_t> token_ids(Backend& be, int N, int V) {
 // point into this object: it neither copies nor moves.
 struct KernelOperands : MicroBatch {
   Backend* be;
-  DeviceBuffer<float> x, y, dy, w, b, dw, db, mean, rstd, h, dh, dhx, hb, qkv, att, lse, dqkv, logits, dlogits, losses,
+  DeviceBuffer<float> x, y, dy, w, b, dw, db, mean, rstd, h, hy, dh, dhx, hb, qkv, att, lse, dqkv, logits, dlogits, losses,
       rmax, sumexp, target_logit, wte, wpe, p, mo, vo, g, dx, rope_cs;
   DeviceBuffer<int32_t> tokens;
   DeviceBuffer<uint16_t> half;
@@ -92,7 +92,7 @@ struct KernelOperands : MicroBatch {
       : MicroBatch(m, micro), be(&backend), x(filled(backend, NC, -1, 1)), y(filled(backend, NC, -1, 1)),
         dy(filled(backend, NC, -1, 1)), w(filled(backend, C, 0.5, 1.5)), b(filled(backend, C, -0.1f, 0.1f)),
         dw(filled(backend, C, 0, 0)), db(filled(backend, C, 0, 0)), mean(filled(backend, N, 0, 0)),
-        rstd(filled(backend, N, 0, 0)), h(filled(backend, NF, -3, 3)), dh(filled(backend, NF, -1, 1)),
+        rstd(filled(backend, N, 0, 0)), h(filled(backend, NF, -3, 3)), hy(backend, NF), dh(filled(backend, NF, -1, 1)),
         dhx(filled(backend, NF, 0, 0)), hb(filled(backend, F, 0, 0)), qkv(filled(backend, 3 * NC, -1, 1)),
         att(filled(backend, NC, 0, 0)), lse(filled(backend, static_cast<size_t>(B) * H * T, 0, 0)),
         dqkv(filled(backend, 3 * NC, 0, 0)), logits(filled(backend, NV, -4, 4)), dlogits(filled(backend, NV, 0, 0)),
@@ -106,6 +106,7 @@ struct KernelOperands : MicroBatch {
     const std::vector<float> cs = math::rope_table(T, C / H, 10000.0);
     be->copy_from_host(rope_cs.data(), cs.data(), rope_cs.bytes());
     be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, H, C);  // backward reads its lse
+    be->gelu_forward(hy.data(), h.data(), NF);                                   // and GELU's its output
     be->vocab_row_max(rmax.data(), logits.data(), N, V);
     be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
   }
@@ -134,8 +135,10 @@ struct KernelOperands : MicroBatch {
         {"swiglu_forward", [this] { be->swiglu_forward(dhx.data(), h.data(), N, F / 2); }, NF / 2},
         {"swiglu_backward", [this] { be->swiglu_backward(dhx.data(), h.data(), dh.data(), N, F / 2); }, NF / 2},
         {"gelu_forward", [this] { be->gelu_forward(dh.data(), h.data(), NF); }, NF},
-        // Out of place: in place, each call would scale dh by gelu' again, down into subnormals.
-        {"gelu_backward (+bias)", [this] { be->gelu_backward(dhx.data(), hb.data(), h.data(), dh.data(), N, F); }, NF},
+        // Out of place: in place, each call would scale dh by gelu' again, down into subnormals. No
+        // exp: the sigmoid comes from the forward's output.
+        {"gelu_backward (+bias)",
+         [this] { be->gelu_backward(dhx.data(), hb.data(), h.data(), hy.data(), dh.data(), N, F); }},
         {"bias_backward", [this] { be->bias_backward(db.data(), dy.data(), N, C); }},
         {"add", [this] { be->add(y.data(), x.data(), dy.data(), NC); }},
         {"accumulate", [this] { be->accumulate(y.data(), x.data(), NC); }},

@@ -629,14 +629,15 @@ TEST_P(Kernels, GeluForwardBackward) {
   // dx = gelu'(x) * dout overwrites dx (not +=): pre-fill it with NaN
   const int N = 3, C = static_cast<int>(n) / N;
   ASSERT_EQ(static_cast<size_t>(N * C), n);
-  auto dx = to_device(*be, std::vector<float>(n, kNaN)), xd = to_device(*be, x), dout = to_device(*be, r);
-  be->gelu_backward(dx.data(), nullptr, xd.data(), dout.data(), N, C);
+  auto dx = to_device(*be, std::vector<float>(n, kNaN)), xd = to_device(*be, x), yd = to_device(*be, forward()),
+       dout = to_device(*be, r);
+  be->gelu_backward(dx.data(), nullptr, xd.data(), yd.data(), dout.data(), N, C);
   const std::vector<float> g = to_host(*be, dx);
 
   // with the bias gradient fused: the same dx, and dbias += its column sums
   const std::vector<float> pre = uniform(rng, C, -1, 1);
   auto dx2 = to_device(*be, std::vector<float>(n, kNaN)), db = to_device(*be, pre);
-  be->gelu_backward(dx2.data(), db.data(), xd.data(), dout.data(), N, C);
+  be->gelu_backward(dx2.data(), db.data(), xd.data(), yd.data(), dout.data(), N, C);
   expect_bits_equal(to_host(*be, dx2), g, "gelu dx with the bias gradient fused");
   Vec colsum(C);
   for (int c = 0; c < C; ++c) {
@@ -644,7 +645,7 @@ TEST_P(Kernels, GeluForwardBackward) {
     for (int k = 0; k < N; ++k) colsum[c] += g[k * C + c];
   }
   expect_close(to_host(*be, db), colsum, 1e-6, 1e-6, "dbias += column sums of dx");
-  be->gelu_backward(dout.data(), nullptr, xd.data(), dout.data(), N, C);  // in place: dx aliases dout
+  be->gelu_backward(dout.data(), nullptr, xd.data(), yd.data(), dout.data(), N, C);  // in place: dx aliases dout
   expect_bits_equal(to_host(*be, dout), g, "gelu dx in place");
 
   expect_close(g, finite_diff(x, kStepFloat, [&] { return dot(r, forward()); }), kFdOpRtol, kFdOpAtol,
@@ -1564,7 +1565,8 @@ TEST(HostKernels, ThreadCountDoesNotChangeBits) {
     DeviceBuffer<float> y(*be, x.size()), mean(*be, N), rstd(*be, N), g(*be, x.size()), dw(*be, C), db(*be, C);
     be->layernorm_forward(y.data(), mean.data(), rstd.data(), dx.data(), w.data(), b.data(), N, C);
     be->layernorm_backward(g.data(), dw.data(), db.data(), dx.data(), dx.data(), w.data(), mean.data(), rstd.data(), N, C);
-    be->gelu_backward(y.data(), db.data(), dx.data(), y.data(), N, C);
+    be->gelu_forward(g.data(), dx.data(), x.size());
+    be->gelu_backward(y.data(), db.data(), dx.data(), g.data(), y.data(), N, C);
     be->rmsnorm_forward(y.data(), rstd.data(), dx.data(), w.data(), N, C, 1e-6f);
     be->rmsnorm_backward(g.data(), dw.data(), y.data(), dx.data(), w.data(), rstd.data(), N, C);
     auto tok = to_device(*be, tokens);
