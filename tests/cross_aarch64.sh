@@ -101,6 +101,9 @@ cmake --build "$build" -j "$jobs"
 # CMAKE_CROSSCOMPILING_EMULATOR). qemu-user has no process_vm_readv (ENOSYS), which Open MPI's
 # shared-memory transport uses for single-copy messages: copy through its buffers instead.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+# Left out: Model.SizingBackendCountsWithoutMemory, which checks that 64 GiB of counted allocations
+# (address space only, PROT_NONE) leave the resident size alone: qemu-user keeps flags for every page
+# a guest maps, 24 bytes each on the host, and that is the 400 MB /proc/self/statm then shows.
 qemu-aarch64 -L "$sysroot" "$build/bin/zero3d" --version
-ctest --test-dir "$build" --output-on-failure -j "$jobs" -L unit
+ctest --test-dir "$build" --output-on-failure -j "$jobs" -L unit -E '^Model[.]SizingBackendCountsWithoutMemory$'
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -L mpi -R '_np[12]$'
