@@ -328,7 +328,7 @@ constexpr float kS = math::kGeluScale, kK = math::kGeluCubic;
 constexpr float kA = -2.0f * kS, kB = -2.0f * kS * kK, kD = 3.0f * kS * kK;
 template <typename V>
 Z3D_INLINE V gelu_v(V x) {
-  return x / (1.0f + vexp(x * (kA + kB * (x * x))));
+  return x / (1.0f + vexp_clamped(x * (kA + kB * (x * x))));
 }
 // dout (sig + y (1 - sig) 2 du): the derivative above with x sig = y, the forward's output, and
 // sig = y / x; 1/2 where x^2 is below 1e-38 (there sig is 1/2 to float precision, and y / x could
@@ -433,7 +433,7 @@ void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, b
 
 template <typename V>
 Z3D_INLINE V sigmoid_v(V g) {
-  return 1.0f / (1.0f + vexp(-g));
+  return 1.0f / (1.0f + vexp_clamped(-g));
 }
 
 void swiglu_forward(float* out, const float* h, int N, int F) {
@@ -442,7 +442,7 @@ void swiglu_forward(float* out, const float* h, int N, int F) {
     float* o = out + static_cast<size_t>(n) * F;
     map_vf<kWide>(0, F, [=](size_t c, int k) {
       const vw gv = load_wide(g + c, k);
-      store_wide(o + c, gv / (1.0f + vexp(-gv)) * load_wide(g + F + c, k), k);  // silu(gate) * up
+      store_wide(o + c, gv / (1.0f + vexp_clamped(-gv)) * load_wide(g + F + c, k), k);  // silu(gate) * up
     });
   });
 }

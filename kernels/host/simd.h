@@ -140,19 +140,39 @@ Z3D_VN_BINARY(-)
 Z3D_VN_BINARY(*)
 Z3D_VN_BINARY(/)
 #undef Z3D_VN_BINARY
+// f applied to each of the U registers.
+template <int U, typename F>
+Z3D_INLINE vn<U> each_register(vn<U> x, F f) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) x.r[u] = f(x.r[u]);
+  return x;
+}
 template <int U>
 Z3D_INLINE vn<U> operator-(vn<U> a) {
-#pragma GCC unroll 8
-  for (int u = 0; u < U; ++u) a.r[u] = -a.r[u];
-  return a;
+  return each_register(a, [](vf v) { return -v; });
+}
+// max(lo, x), NaN passing through, as clamp_above.
+inline vf clamp_below(vf x, vf lo) {
+#if defined(__AVX512F__)
+  return _mm512_maskz_max_ps(0xffff, lo, x);
+#elif defined(__AVX2__)
+  return _mm256_max_ps(lo, x);
+#elif defined(__SSE2__)
+  return _mm_max_ps(lo, x);
+#else
+  return lo > x ? lo : x;
+#endif
+}
+inline vf clamp_below(vf x, float lo) { return clamp_below(x, splat(lo)); }
+inline vf clamp_above(vf x, float hi) { return clamp_above(x, splat(hi)); }
+template <int U>
+Z3D_INLINE vn<U> clamp_below(vn<U> x, float lo) {
+  return each_register(x, [=](vf v) { return clamp_below(v, lo); });
 }
 template <int U>
 Z3D_INLINE vn<U> clamp_above(vn<U> x, float hi) {
-#pragma GCC unroll 8
-  for (int u = 0; u < U; ++u) x.r[u] = clamp_above(x.r[u], splat(hi));
-  return x;
+  return each_register(x, [=](vf v) { return clamp_above(v, hi); });
 }
-inline vf clamp_above(vf x, float hi) { return clamp_above(x, splat(hi)); }
 
 // exp's last step: p 2^n, and exactly 0 where x (the argument, before clamping) is below -87.3 or
 // -inf. big holds n in its low mantissa bits.
@@ -178,11 +198,37 @@ Z3D_INLINE vn<U> exp_scale(vn<U> p, vn<U> n, vn<U> big, vn<U> x) {
   for (int u = 0; u < U; ++u) p.r[u] = exp_scale(p.r[u], n.r[u], big.r[u], x.r[u]);
   return p;
 }
+// p 2^n without the cut (the argument was clamped at -87.3: 2^n stays a normal float).
+inline vf exp_scale_clamped(vf p, vf n, vf big) {
+#if defined(__AVX512F__)
+  (void)big;
+  return _mm512_maskz_scalef_ps(0xffff, p, n);
+#else
+  (void)n;
+  vi bits;
+  std::memcpy(&bits, &big, sizeof bits);
+  const vi e = (bits + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  return p * scale;
+#endif
+}
+template <int U>
+Z3D_INLINE vn<U> exp_scale_clamped(vn<U> p, vn<U> n, vn<U> big) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) p.r[u] = exp_scale_clamped(p.r[u], n.r[u], big.r[u]);
+  return p;
+}
 
-template <typename V>  // vf or vn<U>
-Z3D_INLINE V vexp(V x) {
+// Cut: e^x, 0 below -87.3 (vexp). Else the argument is clamped to [-87.3, 88.3] first, so that below
+// -87.3 it gives e^-87.3 (1.2e-38) in place of 0: for a sigmoid's 1 + e^x, where 1 + either is 1,
+// and one operation fewer on AVX2 and SSE2 (a max for the compare and the select). AVX-512 cuts
+// with a mask in its scalef for free: there the clamp made GELU and SwiGLU 10% slower, so
+// vexp_clamped is vexp (AVX2 GELU forward +9%, SwiGLU +7-12%; SSE2 +3-5%; 1 thread, Zen 5).
+template <bool Cut, typename V>  // vf or vn<U>
+Z3D_INLINE V vexp_impl(V x) {
   constexpr float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const V c = clamp_above(x, 88.3f);
+  const V c = Cut ? clamp_above(x, 88.3f) : clamp_below(clamp_above(x, 88.3f), -87.3f);
   const V big = c * 1.44269504088896341f + magic;  // its low mantissa bits hold n
   const V n = big - magic;
   V r = c - n * 0.693359375f;  // ln2 split: hi part exact in 9 bits, so n * hi is exact
@@ -193,7 +239,20 @@ Z3D_INLINE V vexp(V x) {
   p = p * r + 4.999999404e-1f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  return exp_scale(p, n, big, x);
+  if constexpr (Cut) return exp_scale(p, n, big, x);
+  else return exp_scale_clamped(p, n, big);
+}
+template <typename V>
+Z3D_INLINE V vexp(V x) {
+  return vexp_impl<true>(x);
+}
+template <typename V>
+Z3D_INLINE V vexp_clamped(V x) {  // for 1 + e^x
+#if defined(__AVX512F__)
+  return vexp_impl<true>(x);
+#else
+  return vexp_impl<false>(x);
+#endif
 }
 
 // Scalar twin for row tails: the same polynomial through one lane.
