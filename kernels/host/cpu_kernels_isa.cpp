@@ -730,14 +730,20 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
   const AttnDims d(T, H, Hkv, A);
   const float alpha = 1.0f / std::sqrt(static_cast<float>(d.hd));
   const long ld = d.ld();
-  for_each_head(d, B, Hkv, work, [&](int b, int kvh, float* w) {  // the query heads of a key/value head in turn
+  // A task per key/value head, its query heads in turn, K and V packed once, where that leaves each
+  // thread several tasks to balance; else a task per query head, its key/value head packed again
+  // (the same bits either way).
+  const bool per_kv = B * Hkv >= 4 * omp_get_max_threads();
+  for_each_head(d, B, per_kv ? Hkv : H, work, [&](int b, int task, float* w) {
+    const int kvh = per_kv ? task : task / d.group(), h0 = per_kv ? kvh * d.group() : task,
+              h1 = per_kv ? h0 + d.group() : task + 1;
     float *Kt = w, *panel_q = Kt + d.panel(), *panel_v = panel_q + d.panel(), *S = panel_v + d.panel();
     float *O = S + kTileT * kTileT, *m = O + static_cast<size_t>(kTileT) * d.hp;
     float* l = m + kTileT;  // a vector per row
     const float* rows = qkv + static_cast<size_t>(b) * T * ld;
     const Rows V = head_rows(rows, ld, d.v(kvh), d, panel_v, true);
     pack_transposed(Kt, rows, ld, d.k(kvh), d);
-    for (int h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
+    for (int h = h0; h < h1; ++h) {
       const Rows Q = head_rows(rows, ld, d.q(h), d, panel_q, false);
       for (int i0 = 0; i0 < T; i0 += kTileT) {
         const int nq = std::min(kTileT, T - i0);

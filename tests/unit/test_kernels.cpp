@@ -1553,13 +1553,15 @@ TEST(HostKernels, ThreadCountDoesNotChangeBits) {
                            dout = uniform(rng, static_cast<size_t>(N) * A, -1, 1),
                            x = uniform(rng, static_cast<size_t>(N) * C, -3, 3),
                            big = uniform(rng, size_t{1} << 20, -1, 1),
-                           qkv_gqa = uniform(rng, static_cast<size_t>(N) * 2 * A, -2, 2);  // H = 2, Hkv = 1
+                           qkv_gqa = uniform(rng, static_cast<size_t>(N) * 2 * A, -2, 2);  // H = 4, Hkv = 2
+  // (the GQA forward runs a task per key/value head at 1 thread, B Hkv >= 4 threads, and a task per
+  // query head at 2)
   const std::vector<int32_t> tokens = random_ints(rng, N, 50);
   auto run = [&](int threads) {
     zero3d::cpu::set_threads(threads);
     auto be = zero3d::make_host_backend();
     std::vector<std::vector<float>> r;
-    for (const AttentionRun& a : {run_attention(*be, qkv, dout, B, T, H, H, A), run_attention(*be, qkv_gqa, dout, B, T, H, 1, A)})
+    for (const AttentionRun& a : {run_attention(*be, qkv, dout, B, T, H, H, A), run_attention(*be, qkv_gqa, dout, B, T, 4, 2, A)})
       r.push_back(a.out), r.push_back(a.lse), r.push_back(a.dqkv);
     auto dx = to_device(*be, x), w = to_device(*be, std::vector<float>(C, 1.5f)), b = to_device(*be, std::vector<float>(C, 0.25f));
     DeviceBuffer<float> y(*be, x.size()), mean(*be, N), rstd(*be, N), g(*be, x.size()), dw(*be, C), db(*be, C);
