@@ -1518,27 +1518,30 @@ TEST(HostKernels, VectorExpIsAccurate) {
 
 // The fused attention reads no workspace memory it did not write first: the same bits whether its
 // workspace (a share for each thread) held zeros or NaN, at every level, for T below, at and across
-// the 64-row tile (GQA too).
+// the 64-row tile (GQA too), heads of whole vectors (16) and not (18: a vector's tail at every level).
 TEST(HostKernels, AttentionIgnoresItsWorkspaceContents) {
   std::mt19937 rng(5);
-  const int B = 2, H = 4, A = 64;
-  for (int T : {7, 64, 70}) {
-    for (int Hkv : {4, 2}) {
-      const int ld = A + 2 * (A / H) * Hkv;
-      const std::vector<float> qkv = uniform(rng, static_cast<size_t>(B) * T * ld, -2, 2),
-                               dout = uniform(rng, static_cast<size_t>(B) * T * A, -1, 1);
-      for (const zero3d::cpu::Kernels* k : zero3d::cpu::runnable()) {
-        SCOPED_TRACE(std::string(k->isa) + " T " + std::to_string(T) + " Hkv " + std::to_string(Hkv));
-        auto run = [&](float fill) {
-          std::vector<float> work(zero3d::cpu::attention_work_floats(T, A / H) * zero3d::cpu::threads(), fill), out(dout.size()),
-              lse(static_cast<size_t>(B) * H * T), dqkv(qkv.size());
-          k->attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, Hkv, A, work.data());
-          std::fill(work.begin(), work.end(), fill);
-          k->attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), B, T, H, Hkv, A, work.data());
-          return std::vector<std::vector<float>>{out, lse, dqkv};
-        };
-        const auto zeros = run(0.0f), nans = run(kNaN);
-        for (size_t i = 0; i < zeros.size(); ++i) expect_bits_equal(nans[i], zeros[i], ("output " + std::to_string(i)).c_str());
+  const int B = 2, H = 4;
+  for (int A : {64, 72}) {
+    for (int T : {7, 64, 70}) {
+      for (int Hkv : {4, 2}) {
+        const int ld = A + 2 * (A / H) * Hkv;
+        const std::vector<float> qkv = uniform(rng, static_cast<size_t>(B) * T * ld, -2, 2),
+                                 dout = uniform(rng, static_cast<size_t>(B) * T * A, -1, 1);
+        for (const zero3d::cpu::Kernels* k : zero3d::cpu::runnable()) {
+          SCOPED_TRACE(std::string(k->isa) + " A " + std::to_string(A) + " T " + std::to_string(T) + " Hkv " +
+                       std::to_string(Hkv));
+          auto run = [&](float fill) {
+            std::vector<float> work(zero3d::cpu::attention_work_floats(T, A / H) * zero3d::cpu::threads(), fill), out(dout.size()),
+                lse(static_cast<size_t>(B) * H * T), dqkv(qkv.size());
+            k->attention_forward(out.data(), lse.data(), qkv.data(), B, T, H, Hkv, A, work.data());
+            std::fill(work.begin(), work.end(), fill);
+            k->attention_backward(dqkv.data(), dout.data(), out.data(), lse.data(), qkv.data(), B, T, H, Hkv, A, work.data());
+            return std::vector<std::vector<float>>{out, lse, dqkv};
+          };
+          const auto zeros = run(0.0f), nans = run(kNaN);
+          for (size_t i = 0; i < zeros.size(); ++i) expect_bits_equal(nans[i], zeros[i], ("output " + std::to_string(i)).c_str());
+        }
       }
     }
   }
