@@ -114,6 +114,12 @@ inline void store_n(float* p, vf v, int n) {
   store(t, v);
   std::memcpy(p, t, sizeof(float) * n);
 }
+// dst[0, n) = s x[0, n): whole vectors, then the tail (x readable to a whole vector: a padded row).
+inline void store_scaled(float* dst, const float* x, float s, int n) {
+  const int whole = n - n % W;
+  for (int k = 0; k < whole; k += W) store(dst + k, load(x + k) * s);
+  if (whole < n) store_n(dst + whole, load(x + whole) * s, n - whole);
+}
 
 // The elementwise kernels built on exp (GELU, SwiGLU, the softmax rows of the cross-entropy) take kU
 // vectors a step (simd.h's vn).
@@ -760,21 +766,19 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
             float corr[kMR];
             for (int r = 0; r < mr; ++r) valid[r] = keys(r0 + r + 1);
             softmax_group(S + r0 * kTileT, mr, round_up(valid[mr - 1], W), valid, alpha, m + r0, l + r0 * W, corr);
-            for (int r = 0; r < mr; ++r)
+            for (int r = 0; r < mr; ++r) {
+              float* o = O + (r0 + r) * d.hp;
               if (j0 > 0 && corr[r] != 1.0f)
-                for (int k = 0; k < d.hp; k += W) store(O + (r0 + r) * d.hp + k, load(O + (r0 + r) * d.hp + k) * corr[r]);
+                for (int k = 0; k < d.hp; k += W) store(o + k, load(o + k) * corr[r]);
+            }
           }
           causal_gemm(O, d.hp, S, kTileT, 1, V.row(j0), V.ld, nq, j0 > 0,  // (+)= p v
                       [&](int, int r1) { return Extent{d.hp, 0, keys(r1)}; });
         }
-        const int hd = d.hd, whole = hd - hd % W, hp = d.hp;
         for (int r = 0; r < nq; ++r) {
           const int t = i0 + r;
-          const float sum = reduce_add(load(l + r * W)), inv = 1.0f / sum;
-          float* o = out + (static_cast<size_t>(b) * T + t) * A + h * hd;
-          const float* orow = O + r * hp;
-          for (int k = 0; k < whole; k += W) store(o + k, load(orow + k) * inv);
-          if (whole < hd) store_n(o + whole, load(orow + whole) * inv, hd - whole);
+          const float sum = reduce_add(load(l + r * W));
+          store_scaled(out + (static_cast<size_t>(b) * T + t) * A + h * d.hd, O + r * d.hp, 1.0f / sum, d.hd);
           lse[(static_cast<size_t>(b) * H + h) * T + t] = m[r] + std::log(sum);
         }
       }
@@ -800,12 +804,6 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     const Rows K = head_rows(rows, ld, d.k(kvh), d, panel_k, true);
     pack_transposed(Kt, rows, ld, d.k(kvh), d);
     pack_transposed(Vt, rows, ld, d.v(kvh), d);
-    const int hd = d.hd, whole = hd - hd % W, hp = d.hp;
-    // dst[0, hd) = s x[0, hd): whole vectors, then the tail
-    auto write_row = [=](float* dst, const float* x, float s) {
-      for (int k = 0; k < whole; k += W) store(dst + k, load(x + k) * s);
-      if (whole < hd) store_n(dst + whole, load(x + whole) * s, hd - whole);
-    };
     for (int h = kvh * d.group(); h < (kvh + 1) * d.group(); ++h) {
       const float* row_lse = lse + (static_cast<size_t>(b) * H + h) * T;
       const Rows Q = head_rows(rows, ld, d.q(h), d, panel_q, true),
@@ -845,12 +843,13 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
         }
       }
       for (int t = 0; t < T; ++t)
-        write_row(dqkv + (static_cast<size_t>(b) * T + t) * ld + d.q(h), dQ + static_cast<size_t>(t) * hp, alpha);
+        store_scaled(dqkv + (static_cast<size_t>(b) * T + t) * ld + d.q(h), dQ + static_cast<size_t>(t) * d.hp, alpha,
+                     d.hd);
     }
     for (int t = 0; t < T; ++t) {
       float* g = dqkv + (static_cast<size_t>(b) * T + t) * ld;
-      write_row(g + d.k(kvh), dK + static_cast<size_t>(t) * hp, alpha);
-      write_row(g + d.v(kvh), dV + static_cast<size_t>(t) * hp, 1.0f);
+      store_scaled(g + d.k(kvh), dK + static_cast<size_t>(t) * d.hp, alpha, d.hd);
+      store_scaled(g + d.v(kvh), dV + static_cast<size_t>(t) * d.hp, 1.0f, d.hd);
     }
   });
 }
