@@ -174,31 +174,8 @@ Z3D_INLINE vn<U> clamp_above(vn<U> x, float hi) {
   return each_register(x, [=](vf v) { return clamp_above(v, hi); });
 }
 
-// exp's last step: p 2^n, and exactly 0 where x (the argument, before clamping) is below -87.3 or
-// -inf. big holds n in its low mantissa bits.
-inline vf exp_scale(vf p, vf n, vf big, vf x) {
-  const vf lo = splat(-87.3f);
-#if defined(__AVX512F__)
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);  // not below lo: NaN is kept
-  return _mm512_maskz_scalef_ps(keep, p, n);
-#else
-  (void)n;
-  vi bits;
-  std::memcpy(&bits, &big, sizeof bits);
-  const vi e = (bits + 127) << 23;  // (n + 127) << 23: the shift drops magic's own bits
-  vf scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  const vf y = p * scale;
-  return x < lo ? vf{} : y;  // also -inf; those lanes' arithmetic is discarded
-#endif
-}
-template <int U>
-Z3D_INLINE vn<U> exp_scale(vn<U> p, vn<U> n, vn<U> big, vn<U> x) {
-#pragma GCC unroll 8
-  for (int u = 0; u < U; ++u) p.r[u] = exp_scale(p.r[u], n.r[u], big.r[u], x.r[u]);
-  return p;
-}
-// p 2^n without the cut (the argument was clamped at -87.3: 2^n stays a normal float).
+// exp's last step without the cut: p 2^n, the argument clamped at -87.3 so that 2^n stays a normal
+// float. big holds n in its low mantissa bits.
 inline vf exp_scale_clamped(vf p, vf n, vf big) {
 #if defined(__AVX512F__)
   (void)big;
@@ -207,11 +184,28 @@ inline vf exp_scale_clamped(vf p, vf n, vf big) {
   (void)n;
   vi bits;
   std::memcpy(&bits, &big, sizeof bits);
-  const vi e = (bits + 127) << 23;
+  const vi e = (bits + 127) << 23;  // (n + 127) << 23: the shift drops magic's own bits
   vf scale;
   std::memcpy(&scale, &e, sizeof scale);
   return p * scale;
 #endif
+}
+// With the cut: exactly 0 where x (the argument, before clamping) is below -87.3 or -inf.
+inline vf exp_scale(vf p, vf n, vf big, vf x) {
+  const vf lo = splat(-87.3f);
+#if defined(__AVX512F__)
+  (void)big;
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ);  // not below lo: NaN is kept
+  return _mm512_maskz_scalef_ps(keep, p, n);
+#else
+  return x < lo ? vf{} : exp_scale_clamped(p, n, big);  // also -inf; those lanes' arithmetic is discarded
+#endif
+}
+template <int U>
+Z3D_INLINE vn<U> exp_scale(vn<U> p, vn<U> n, vn<U> big, vn<U> x) {
+#pragma GCC unroll 8
+  for (int u = 0; u < U; ++u) p.r[u] = exp_scale(p.r[u], n.r[u], big.r[u], x.r[u]);
+  return p;
 }
 template <int U>
 Z3D_INLINE vn<U> exp_scale_clamped(vn<U> p, vn<U> n, vn<U> big) {
