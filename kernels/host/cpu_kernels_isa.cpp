@@ -142,11 +142,13 @@ Z3D_INLINE void store_wide(float* p, vw v, int k) {
 }
 
 // Non-temporal stores, for outputs too large to be read again from the cache: a store to a line not
-// in the cache first reads it (one extra pass of the output), a streaming one does not. SwiGLU's
-// outputs (Llama shapes: 12-25 MB a micro-batch) go this way: in bench-cpu-llama's steps (Zen 5,
-// 2 ranks) its forward and backward took 34 -> 29 ms a step; GELU's 16 MB outputs, which the next
-// GEMM reads while they are still in L3, lost (8 -> 10-12 ms), so they stay cached stores.
-// Same values, same bits. stream_fence after a row, in the thread that wrote it, orders them before other threads' reads.
+// in the cache first reads it (one extra pass over the output), a streaming one does not. SwiGLU's
+// outputs from kStreamBytes on go this way (bench-cpu-llama's 12-25 MB a micro-batch: in its steps,
+// Zen 5, 2 ranks, forward and backward took 34 -> 29 ms a step); smaller ones, which the next GEMM
+// reads from L2, keep cached stores. GELU's 16 MB outputs lost (8 -> 10-12 ms: the next GEMM found
+// them in L3) and are always cached. Same values, same bits. stream_fence after a row, in the
+// thread that wrote it, orders its streaming stores before other threads' reads.
+constexpr size_t kStreamBytes = size_t{4} << 20;
 inline void stream(float* p, vf v) {
 #if defined(__AVX512F__)
   _mm512_stream_ps(p, v);
@@ -163,8 +165,9 @@ inline void stream_fence() {
   _mm_sfence();
 #endif
 }
-Z3D_INLINE void store_wide_nt(float* p, vw v, int k) {  // store_wide; streaming where whole and aligned
-  if (k == kWide && reinterpret_cast<uintptr_t>(p) % sizeof(vf) == 0) {
+// store_wide, streaming (where whole and aligned) if `streaming`.
+Z3D_INLINE void store_wide(float* p, vw v, int k, bool streaming) {
+  if (streaming && k == kWide && reinterpret_cast<uintptr_t>(p) % sizeof(vf) == 0) {
 #pragma GCC unroll 8
     for (int u = 0; u < kU; ++u) stream(p + u * W, v.r[u]);
   } else {
@@ -474,28 +477,30 @@ Z3D_INLINE V sigmoid_v(V g) {
 }
 
 void swiglu_forward(float* out, const float* h, int N, int F) {
+  const bool streaming = sizeof(float) * N * F >= kStreamBytes;
   for_rows(N, 2 * static_cast<size_t>(F), [=](int n) {
     const float* g = h + 2 * static_cast<size_t>(n) * F;
     float* o = out + static_cast<size_t>(n) * F;
     map_vf<kWide>(0, F, [=](size_t c, int k) {
       const vw gv = load_wide(g + c, k);
-      store_wide_nt(o + c, gv / (1.0f + vexp_clamped(-gv)) * load_wide(g + F + c, k), k);  // silu(gate) * up
+      store_wide(o + c, gv / (1.0f + vexp_clamped(-gv)) * load_wide(g + F + c, k), k, streaming);  // silu(gate) * up
     });
-    stream_fence();
+    if (streaming) stream_fence();
   });
 }
 
 void swiglu_backward(float* dh, const float* h, const float* dout, int N, int F) {
+  const bool streaming = 2 * sizeof(float) * N * F >= kStreamBytes;
   for_rows(N, 2 * static_cast<size_t>(F), [=](int n) {
     const float* g = h + 2 * static_cast<size_t>(n) * F;
     const float* d = dout + static_cast<size_t>(n) * F;
     float* dg = dh + 2 * static_cast<size_t>(n) * F;
     map_vf<kWide>(0, F, [=](size_t c, int k) {
       const vw gv = load_wide(g + c, k), uv = load_wide(g + F + c, k), dv = load_wide(d + c, k), sg = sigmoid_v(gv);
-      store_wide_nt(dg + c, dv * uv * sg * (1.0f + gv * (1.0f - sg)), k);
-      store_wide_nt(dg + F + c, dv * gv * sg, k);
+      store_wide(dg + c, dv * uv * sg * (1.0f + gv * (1.0f - sg)), k, streaming);
+      store_wide(dg + F + c, dv * gv * sg, k, streaming);
     });
-    stream_fence();
+    if (streaming) stream_fence();
   });
 }
 

@@ -966,6 +966,30 @@ TEST_P(Kernels, SwiGLUForwardBackward) {
                "swiglu dh vs fd(ref)");
 }
 
+// Outputs from 4 MiB on are written with streaming stores on the host (kernels/host: kStreamBytes):
+// a call over many rows gives the same bits as the rows one call at a time (small: cached stores).
+// F odd: rows start at every alignment, so the unaligned fallback and the tails run too.
+TEST_P(Kernels, SwiGLUStreamedOutputsEqualCachedOnes) {
+  const int N = 1024, F = 1031;  // out 4.2 MB, dh 8.4 MB
+  const std::vector<float> h = uniform(rng, static_cast<size_t>(N) * 2 * F, -4, 4), r = uniform(rng, N * F, -1, 1);
+  auto hd = to_device(*be, h), dout = to_device(*be, r);
+  auto out = to_device(*be, std::vector<float>(N * F, kNaN)), dh = to_device(*be, std::vector<float>(N * 2 * F, kNaN));
+  be->swiglu_forward(out.data(), hd.data(), N, F);
+  be->swiglu_backward(dh.data(), hd.data(), dout.data(), N, F);
+  auto out1 = to_device(*be, std::vector<float>(N * F, kNaN)), dh1 = to_device(*be, std::vector<float>(N * 2 * F, kNaN));
+  for (int n = 0; n < N; ++n) {
+    const size_t o = static_cast<size_t>(n) * F;
+    be->swiglu_forward(out1.data() + o, hd.data() + 2 * o, 1, F);
+    be->swiglu_backward(dh1.data() + 2 * o, hd.data() + 2 * o, dout.data() + o, 1, F);
+  }
+  auto first_difference = [](const std::vector<float>& a, const std::vector<float>& b) {
+    const auto d = std::mismatch(a.begin(), a.end(), b.begin());
+    return d.first == a.end() ? -1L : static_cast<long>(d.first - a.begin());  // values compared: no NaN here
+  };
+  EXPECT_EQ(first_difference(to_host(*be, out), to_host(*be, out1)), -1) << "swiglu forward: one call against row by row";
+  EXPECT_EQ(first_difference(to_host(*be, dh), to_host(*be, dh1)), -1) << "swiglu backward: one call against row by row";
+}
+
 // ---------------------------------------------------------------------------------------------
 // cross-entropy
 // ---------------------------------------------------------------------------------------------
