@@ -181,14 +181,20 @@ void RunRecords::val(int step, double loss, int64_t tokens) {
   log_info("step %6d | val loss %.6f", step, loss);
 }
 
+// The op profile (wall_clock_breakdown) covers what the step time covers, from the second step:
+// validation and the other work between steps is no step's (it made ops 141% of the step).
+OpProfile* RunRecords::op_profile() const { return cfg_.wall_clock_breakdown ? be_.profile() : nullptr; }
+
 void RunRecords::begin_step() {
   CommLog& comms = comm_log();
   comms.active = comms.enabled;  // the comms log covers what comm_bytes covers
+  if (OpProfile* prof = op_profile()) prof->on = profiling_;
 }
 
 void RunRecords::end_step() {
   CommLog& comms = comm_log();
   if (comms.active) comms.active = false, ++comm_steps_;
+  if (OpProfile* prof = op_profile()) prof->on = false;
 }
 
 void RunRecords::step(int step, const StepResult& r, StepRunner& runner, double flops_per_token,
@@ -258,10 +264,9 @@ void RunRecords::step(int step, const StepResult& r, StepRunner& runner, double 
 }
 
 void RunRecords::after_step(double step_time) {
-  if (OpProfile* prof = be_.profile(); prof && cfg_.wall_clock_breakdown) {  // from step 2: warm
-    if (prof->on) ++profiled_steps_, profiled_s_ += step_time;
-    prof->on = true;
-  }
+  if (!op_profile()) return;
+  if (profiling_) ++profiled_steps_, profiled_s_ += step_time;
+  profiling_ = true;  // from step 2: warm
 }
 
 void RunRecords::finish() {

@@ -58,7 +58,7 @@ class RunRecords {
   // The step's records: metrics.jsonl, the flops profile, csv_monitor, memory_breakdown, the
   // progress line. Collective over the world (the memory and flops reports gather).
   void step(int step, const StepResult& r, StepRunner& runner, double flops_per_token, double tokens_per_step);
-  void begin_step();                  // the comms log covers what follows
+  void begin_step();                  // the comms log and the op profile cover what follows
   void end_step();                    // until here: the step's compute and communication
   void after_step(double step_time);  // wall_clock_breakdown: profiled from step 2 on
   void finish();                      // the kernel and comms reports (rank 0)
@@ -81,6 +81,8 @@ class RunRecords {
   Clock::time_point run_start_;
   int first_step_ = 1, profiled_step_ = 0;  // flops_profiler's step (0: none)
   int comm_steps_ = 0;                      // steps the comms log covers
+  OpProfile* op_profile() const;  // the backend's, with wall_clock_breakdown; else nullptr
+  bool profiling_ = false;        // wall_clock_breakdown: the op profile is on inside the steps from now
   int profiled_steps_ = 0;                  // wall_clock_breakdown
   double profiled_s_ = 0, mem_bandwidth_ = 0, compute_peak_ = 0;
 };
