@@ -982,12 +982,8 @@ TEST_P(Kernels, SwiGLUStreamedOutputsEqualCachedOnes) {
     be->swiglu_forward(out1.data() + o, hd.data() + 2 * o, 1, F);
     be->swiglu_backward(dh1.data() + 2 * o, hd.data() + 2 * o, dout.data() + o, 1, F);
   }
-  auto first_difference = [](const std::vector<float>& a, const std::vector<float>& b) {
-    const auto d = std::mismatch(a.begin(), a.end(), b.begin());
-    return d.first == a.end() ? -1L : static_cast<long>(d.first - a.begin());  // values compared: no NaN here
-  };
-  EXPECT_EQ(first_difference(to_host(*be, out), to_host(*be, out1)), -1) << "swiglu forward: one call against row by row";
-  EXPECT_EQ(first_difference(to_host(*be, dh), to_host(*be, dh1)), -1) << "swiglu backward: one call against row by row";
+  expect_bits_equal(to_host(*be, out), to_host(*be, out1), "swiglu forward: one call against row by row");
+  expect_bits_equal(to_host(*be, dh), to_host(*be, dh1), "swiglu backward: one call against row by row");
 }
 
 // ---------------------------------------------------------------------------------------------
