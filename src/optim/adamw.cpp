@@ -51,8 +51,8 @@ void AdamW::begin_step(double lr) {
   a_.beta1 = beta1;
   a_.beta2 = beta2;
   a_.eps = static_cast<float>(cfg_.eps);
-  a_.bias_correction1 = static_cast<float>(bc1);
-  a_.bias_correction2_sqrt = static_cast<float>(std::sqrt(bc2));
+  a_.step_size = static_cast<float>(lr / bc1);
+  a_.bias_correction2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   a_.decoupled = decoupled();
 }
 

@@ -1196,11 +1196,11 @@ TEST_P(Kernels, CrossEntropyLargeLogitsStayFinite) {
 // ---------------------------------------------------------------------------------------------
 
 // p -= lr ((m / bc1) / (sqrt(v) / sqrt(bc2) + eps) + wd p), decoupled; or wd p folded into g (L2)
-void ref_adam(double& p, double& m, double& v, double g, const zero3d::math::AdamParams& a) {
+void ref_adam(double& p, double& m, double& v, double g, const zero3d::math::AdamParams& a, double bc1, double bc2) {
   if (!a.decoupled) g += a.weight_decay * p;
   m = a.beta1 * m + (1.0 - a.beta1) * g;
   v = a.beta2 * v + (1.0 - a.beta2) * g * g;
-  double update = (m / a.bias_correction1) / (std::sqrt(v) / a.bias_correction2_sqrt + a.eps);
+  double update = (m / bc1) / (std::sqrt(v) / std::sqrt(bc2) + a.eps);
   if (a.decoupled) update += a.weight_decay * p;
   p -= a.lr * update;
 }
@@ -1220,12 +1220,13 @@ TEST_P(Kernels, AdamStepMatchesFormula) {
       a.beta2 = 0.95f;
       a.eps = 1e-3f;  // large, so that where eps enters the denominator shows in p
       a.weight_decay = 0.1f;
-      a.bias_correction1 = 1.0f - std::pow(a.beta1, static_cast<float>(t));
-      a.bias_correction2_sqrt = std::sqrt(1.0f - std::pow(a.beta2, static_cast<float>(t)));
+      const double bc1 = 1.0 - std::pow(double{a.beta1}, t), bc2 = 1.0 - std::pow(double{a.beta2}, t);
+      a.step_size = static_cast<float>(a.lr / bc1);
+      a.bias_correction2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
       a.decoupled = decoupled;
       auto dg = to_device(*be, g);
       be->adam_step(dp.data(), dm.data(), dv.data(), dg.data(), n, a);
-      for (size_t i = 0; i < n; ++i) ref_adam(pr[i], mr[i], vr[i], g[i], a);
+      for (size_t i = 0; i < n; ++i) ref_adam(pr[i], mr[i], vr[i], g[i], a, bc1, bc2);
     }
     const std::string tag = decoupled ? " (AdamW)" : " (Adam+L2)";
     expect_close(to_host(*be, dp), pr, 1e-5, 1e-7, ("adam p" + tag).c_str());
