@@ -119,6 +119,7 @@ struct vn {
 };
 // Forced inline: GCC otherwise calls vexp<vn<4>> out of line, passing U registers through the stack.
 #define Z3D_INLINE inline __attribute__((always_inline))
+#define Z3D_INLINE_LAMBDA __attribute__((always_inline))  // after a lambda's parameter list
 #define Z3D_VN_BINARY(op)                                                          \
   template <int U>                                                                 \
   Z3D_INLINE vn<U> operator op(vn<U> a, vn<U> b) {                                 \
