@@ -11,6 +11,7 @@
 // differ from FusedAdam's within an ulp or two.
 #pragma once
 #include <cmath>
+#include <cstdint>
 #include "kernels/math/common.h"
 
 namespace zero3d::math {
@@ -25,6 +26,24 @@ struct AdamParams {
   float bias_correction2_rsqrt;  // 1 / sqrt(bc2), bc2 = 1 - beta2^t
   bool decoupled;                // AdamW (true) or Adam + L2 (false)
 };
+
+// Step t's parameters (t >= 1). The bias corrections as multi_tensor_adam.cu takes them: pow in
+// double of the fp32-rounded betas; both 1 without bias correction.
+inline AdamParams adam_params(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t t,
+                              bool bias_correction, bool decoupled) {
+  AdamParams a{};
+  a.lr = static_cast<float>(lr);
+  a.beta1 = static_cast<float>(beta1);
+  a.beta2 = static_cast<float>(beta2);
+  a.eps = static_cast<float>(eps);
+  a.weight_decay = static_cast<float>(weight_decay);
+  const double bc1 = bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(t)) : 1.0;
+  const double bc2 = bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(t)) : 1.0;
+  a.step_size = static_cast<float>(lr / bc1);
+  a.bias_correction2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+  a.decoupled = decoupled;
+  return a;
+}
 
 Z3D_HD void adam_element(float* p, float* m, float* v, float g, const AdamParams& a) {
   float pv = *p;

@@ -37,23 +37,7 @@ void AdamW::step(float* params, const float* grads, double lr, const std::vector
 
 void AdamW::begin_step(double lr) {
   ++step_;
-
-  // multi_tensor_adam.cu: bias_correction1 = 1 - beta1^t, bias_correction2 = 1 - beta2^t (both 1
-  // without bias correction), with the betas already fp32 and pow taken in double.
-  const float beta1 = static_cast<float>(cfg_.betas[0]);
-  const float beta2 = static_cast<float>(cfg_.betas[1]);
-  double bc1 = 1.0, bc2 = 1.0;
-  if (cfg_.bias_correction) {
-    bc1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step_));
-    bc2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step_));
-  }
-  a_.lr = static_cast<float>(lr);
-  a_.beta1 = beta1;
-  a_.beta2 = beta2;
-  a_.eps = static_cast<float>(cfg_.eps);
-  a_.step_size = static_cast<float>(lr / bc1);
-  a_.bias_correction2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  a_.decoupled = decoupled();
+  a_ = math::adam_params(lr, cfg_.betas[0], cfg_.betas[1], cfg_.eps, 0.0, step_, cfg_.bias_correction, decoupled());
 }
 
 void AdamW::update(float* params, float* m, float* v, const float* grads, size_t n, bool decay) const {

@@ -86,7 +86,7 @@ struct KernelOperands : MicroBatch {
       rmax, sumexp, target_logit, wte, wpe, p, mo, vo, g, dx, rope_cs;
   DeviceBuffer<int32_t> tokens;
   DeviceBuffer<uint16_t> half;
-  const math::AdamParams adam{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1e-3f, 20.0f, true};
+  const math::AdamParams adam = math::adam_params(1e-4, 0.9, 0.95, 1e-8, 0.1, 10, true, true);
 
   KernelOperands(Backend& backend, const ModelConfig& m, int micro)
       : MicroBatch(m, micro), be(&backend), x(filled(backend, NC, -1, 1)), y(filled(backend, NC, -1, 1)),

@@ -83,7 +83,7 @@ double measure_attention(Backend& be, double seconds) {
 double measure_adam(Backend& be, double seconds) {
   const size_t n = size_t{1} << 22;
   DeviceBuffer<float> p(be, n), m(be, n), v(be, n), g(be, n);
-  const math::AdamParams a{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1e-3f, 20.0f, true};
+  const math::AdamParams a = math::adam_params(1e-4, 0.9, 0.95, 1e-8, 0.1, 10, true, true);
   const OpStat st = profiled(
       be,
       [&] {

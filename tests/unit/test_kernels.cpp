@@ -1214,16 +1214,9 @@ TEST_P(Kernels, AdamStepMatchesFormula) {
     DeviceBuffer<float> dm(*be, n), dv(*be, n);
     for (int t = 1; t <= 3; ++t) {
       const std::vector<float> g = uniform(rng, n, -2, 2);
-      zero3d::math::AdamParams a{};
-      a.lr = 5e-2f;
-      a.beta1 = 0.9f;
-      a.beta2 = 0.95f;
-      a.eps = 1e-3f;  // large, so that where eps enters the denominator shows in p
-      a.weight_decay = 0.1f;
+      // eps large, so that where it enters the denominator shows in p
+      const zero3d::math::AdamParams a = zero3d::math::adam_params(5e-2, 0.9, 0.95, 1e-3, 0.1, t, true, decoupled);
       const double bc1 = 1.0 - std::pow(double{a.beta1}, t), bc2 = 1.0 - std::pow(double{a.beta2}, t);
-      a.step_size = static_cast<float>(a.lr / bc1);
-      a.bias_correction2_rsqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-      a.decoupled = decoupled;
       auto dg = to_device(*be, g);
       be->adam_step(dp.data(), dm.data(), dv.data(), dg.data(), n, a);
       for (size_t i = 0; i < n; ++i) ref_adam(pr[i], mr[i], vr[i], g[i], a, bc1, bc2);
