@@ -965,13 +965,16 @@ inline vf from_bits(vu u) {
 // math::bf16_from_float / fp16_from_float / float_from_fp16 (dtype.h), lane-wise and branch-free:
 // every branch of the scalar code is computed and the lanes pick theirs.
 // bf16: the result in each lane's high half (the low half is left as it falls; store_high16 and
-// load_high16 move high halves), rounded to nearest even, NaN kept quiet. |u| < 2^31: a signed
-// compare (SSE2 has no unsigned one).
-inline vu bf16_high(vu u) {
-  const vu rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  const vu nan = u | 0x400000u;
-  const vi a = reinterpret_cast<vi>(u & 0x7fffffffu);
-  return a > 0x7f800000 ? nan : rounded;
+// load_high16 move high halves), rounded to nearest even, NaN (one float compare) kept quiet. SSE2
+// has no blend (a select is three operations): a NaN lane's rounding is masked off instead.
+inline vu bf16_high(vf v) {
+  const vu u = bits_of(v);
+#if defined(__SSE2__) && !defined(__AVX__)
+  const vu nan = reinterpret_cast<vu>(v != v);
+  return (u + ((0x7fffu + ((u >> 16) & 1u)) & ~nan)) | (nan & 0x400000u);
+#else
+  return v != v ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+#endif
 }
 inline vu fp16_bits(vu u) {
   const vu sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
@@ -1053,8 +1056,24 @@ inline void store_high16(uint16_t* p, vu v, int k) {
   store_u16(p, v >> 16, k);
 }
 
+// bf16 results f(i, k) (in high halves) stored at out + i. On SSE2 two vectors at a time: one
+// signed pack and one 16-byte store for 8 values.
+template <typename F>
+void narrow_bf16_loop(uint16_t* out, size_t n, F&& f) {
+  for_blocks(n, [&f, out](size_t b, size_t e) {
+    size_t i = b;
+#if defined(__SSE2__) && !defined(__AVX__)
+    for (; i + 2 * W <= e; i += 2 * W) {
+      const __m128i lo = _mm_srai_epi32(reinterpret_cast<__m128i>(f(i, W)), 16);
+      const __m128i hi = _mm_srai_epi32(reinterpret_cast<__m128i>(f(i + W, W)), 16);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi32(lo, hi));
+    }
+#endif
+    map_vf(i, e, [&f, out](size_t j, int k) { store_high16(out + j, f(j, k), k); });
+  });
+}
 void cast_to_bf16(uint16_t* out, const float* x, size_t n) {
-  cast_loop(n, [=](size_t i, int k) { store_high16(out + i, bf16_high(bits_of(load_n(x + i, k))), k); });
+  narrow_bf16_loop(out, n, [=](size_t i, int k) { return bf16_high(load_n(x + i, k)); });
 }
 void cast_from_bf16(float* out, const uint16_t* x, size_t n) {
   cast_loop(n, [=](size_t i, int k) { store_n(out + i, from_bits(load_high16(x + i, k)), k); });
@@ -1066,10 +1085,7 @@ void cast_from_fp16(float* out, const uint16_t* x, size_t n) {
   cast_loop(n, [=](size_t i, int k) { store_n(out + i, fp16_value(load_u16(x + i, k)), k); });
 }
 void accumulate_bf16(uint16_t* acc, const float* x, size_t n) {
-  cast_loop(n, [=](size_t i, int k) {
-    const vf sum = from_bits(load_high16(acc + i, k)) + load_n(x + i, k);
-    store_high16(acc + i, bf16_high(bits_of(sum)), k);
-  });
+  narrow_bf16_loop(acc, n, [=](size_t i, int k) { return bf16_high(from_bits(load_high16(acc + i, k)) + load_n(x + i, k)); });
 }
 void accumulate_fp16(uint16_t* acc, const float* x, size_t n) {
   cast_loop(n, [=](size_t i, int k) {
