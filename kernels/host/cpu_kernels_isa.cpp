@@ -1045,13 +1045,16 @@ inline vu load_high16(const uint16_t* p, int k) {
 #endif
   return load_u16(p, k) << 16;
 }
+#if defined(__SSE2__) && !defined(__AVX__)
+// a's then b's high halves as 8 16-bit values: sign-extended, one signed pack (GCC's shift and
+// convert: six ops a vector).
+inline __m128i high_halves(vu a, vu b) {
+  return _mm_packs_epi32(_mm_srai_epi32(reinterpret_cast<__m128i>(a), 16), _mm_srai_epi32(reinterpret_cast<__m128i>(b), 16));
+}
+#endif
 inline void store_high16(uint16_t* p, vu v, int k) {
 #if defined(__SSE2__) && !defined(__AVX__)
-  if (k == W) {  // the high halves sign-extended, one signed pack (GCC's shift and convert: six ops)
-    const __m128i w = _mm_srai_epi32(reinterpret_cast<__m128i>(v), 16);
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packs_epi32(w, w));
-    return;
-  }
+  if (k == W) return _mm_storel_epi64(reinterpret_cast<__m128i*>(p), high_halves(v, v));
 #endif
   store_u16(p, v >> 16, k);
 }
@@ -1063,11 +1066,8 @@ void narrow_bf16_loop(uint16_t* out, size_t n, F&& f) {
   for_blocks(n, [&f, out](size_t b, size_t e) {
     size_t i = b;
 #if defined(__SSE2__) && !defined(__AVX__)
-    for (; i + 2 * W <= e; i += 2 * W) {
-      const __m128i lo = _mm_srai_epi32(reinterpret_cast<__m128i>(f(i, W)), 16);
-      const __m128i hi = _mm_srai_epi32(reinterpret_cast<__m128i>(f(i + W, W)), 16);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi32(lo, hi));
-    }
+    for (; i + 2 * W <= e; i += 2 * W)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), high_halves(f(i, W), f(i + W, W)));
 #endif
     map_vf(i, e, [&f, out](size_t j, int k) { store_high16(out + j, f(j, k), k); });
   });
