@@ -121,8 +121,12 @@ for run, stages in (("f1", 1), ("f2", 2)):
     for p in prof:
         inside = p["fwd_latency_s"] + p["bwd_latency_s"] + p["step_latency_s"]
         assert abs(sum(m["fwd_s"] for m in mods if m["stage"] == p["stage"]) - p["fwd_latency_s"]) < 1e-9, p
-        if run == "f1":  # no pipeline waits: the modules, reduction and update are the step
-            assert abs(inside - p["iter_latency_s"]) <= 0.10 * p["iter_latency_s"], (inside, p)
+        # No pipeline waits on 1 rank: the modules, reduction and update are the step (1-2% outside
+        # when alone). The bound catches a phase left untimed (the forward is a third of the step,
+        # the backward two thirds), not noise: one 12-35 ms step shares 2 cores with the parallel
+        # tests, and one lost scheduler slice put 11% outside (CI, 2026-12-06).
+        if run == "f1":
+            assert p["outside_modules_s"] <= 0.25 * p["iter_latency_s"], (inside, p)
         assert abs(inside + p["outside_modules_s"] - p["iter_latency_s"]) < 1e-9, p
     print(f"flops profiler {run}: {len(mods)} modules, 6 x MACs / token = {got:.0f} = 6N + attention; "
           f"fwd+bwd+step = {inside / p['iter_latency_s']:.3f} of the step")
