@@ -539,18 +539,23 @@ void scale(float* x, float s, size_t n) {
 // ---- attention ----
 
 // Register tiles for the small products inside attention: kMR rows x kNV vectors of W columns,
-// sized to the level's registers so that the accumulators, the B vectors and the broadcast all
-// stay in registers (no spill in the k loop).
+// sized to the level's registers so that the accumulators, the broadcast and (where they fit) the
+// B vectors stay in registers (no spill in the k loop).
 #if defined(__AVX512F__) || defined(__aarch64__)
-constexpr int kMR = 4, kNV = 4;  // 16 accumulators + 4 B + 1 broadcast of 32 registers
+constexpr int kMR = 4, kNV = 4, kProduct = 0;  // 16 accumulators + 4 B + 1 broadcast of 32 registers
 #elif defined(__FMA__)
-constexpr int kMR = 6, kNV = 2;  // AVX2: 12 + 2 + 1 of 16
+constexpr int kMR = 6, kNV = 2, kProduct = 0;  // AVX2: 12 + 2 + 1 of 16
 #else
-constexpr int kMR = 2, kNV = 4;  // SSE2, no FMA: a product register as well, 8 + 4 + 1 + 1 of 16;
-                                 // two broadcasts (a shuffle each) per 16 multiplies and adds, not
-                                 // four as 4 x 2 took: +10% at bench-cpu's shape, 3 x 3 between
+// SSE2, no FMA (a product register too): 12 accumulators + broadcast + product of 16, B loaded again
+// for each row (kHoldB): two broadcasts (a shuffle each) per 24 multiplies and adds. 64 x 64 operands
+// in cache, Zen 5: 2 x 4 with B held 44-45 GFLOP/s, 2 x 6 45-48; 4 x 2 took four broadcasts per 16.
+constexpr int kMR = 2, kNV = 6, kProduct = 1;
 #endif
-static_assert(kMR * kNV + kNV + 1 <= kRegs, "a tile must fit the level's registers");
+// An MR x NV tile holds B's NV vectors in registers where they fit beside its accumulators, the
+// broadcast and the product; else each row loads them again.
+template <int MR, int NV>
+constexpr bool kHoldB = MR * NV + NV + 1 + kProduct <= kRegs;
+static_assert(kMR * kNV + 1 + kProduct <= kRegs, "a tile's accumulators must fit the level's registers");
 
 // C[i, 0:NV*W] (+)= sum_k A(i, k) B[k, 0:NV*W] for MR rows: A(i, k) at A[i*sa + k*sk] (any
 // strides: it is broadcast), B rows at B + k*ldb, C rows at C + i*ldc.
@@ -563,13 +568,14 @@ void tile(float* C, long ldc, const float* A, long sa, long sk, const float* B, 
     for (int v = 0; v < NV; ++v) c[r][v] = acc ? load(C + r * ldc + v * W) : vf{};
   for (int k = 0; k < K; ++k) {
     vf b[NV];
+    if constexpr (kHoldB<MR, NV>)
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) b[v] = load(B + k * ldb + v * W);
+      for (int v = 0; v < NV; ++v) b[v] = load(B + k * ldb + v * W);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const vf a = splat(A[r * sa + k * sk]);
 #pragma GCC unroll 8
-      for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
+      for (int v = 0; v < NV; ++v) c[r][v] += a * (kHoldB<MR, NV> ? b[v] : load(B + k * ldb + v * W));
     }
   }
 #pragma GCC unroll 8
