@@ -3,15 +3,15 @@ ckpt_*.sh) print, in one place: medians with their spread, and the records of a 
 
   med(xs)                  the median
   spread(xs, fmt)          "median [min-max]" with fmt for each number
-  records(run_dir, kind)   a run's metrics.jsonl records of one kind, in order
+  records(run_dir, kind)   a run's metrics.jsonl records of one kind, in order (metrics_file.py's)
   train(run_dir, first=3)  its "train" records from step `first` on (steps 1-2 are warm-up)
   step_medians(run_dir, keys, first=3)   {key: median over those train records}
 
 Only the standard library: the scripts run it with any python3.
 """
-import json
 import statistics
-from pathlib import Path
+
+from metrics_file import records  # noqa: F401  (the scripts import it from here)
 
 
 def med(xs):
@@ -21,11 +21,6 @@ def med(xs):
 def spread(xs, fmt="{:.2f}"):
     xs = list(xs)
     return f"{fmt.format(med(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
-
-
-def records(run_dir, kind):
-    with open(Path(run_dir) / "metrics.jsonl") as f:
-        return [r for r in map(json.loads, filter(str.strip, f)) if r.get("kind") == kind]
 
 
 def train(run_dir, first=3):

@@ -3,6 +3,7 @@
 Reads RUN_DIR/metrics.jsonl (one JSON object per line, README "Outputs") and RUN_DIR/config.json
 (the resolved config). load_run() gives the "run" record and the "train", "val" and "checkpoint"
 records as pandas DataFrames; find_runs() lists the run directories under a study directory.
+The lines are parsed by metrics_file.py, the one reader of metrics.jsonl.
 A missing file or a malformed line raises MetricsError, one line naming the file (and line);
 main() turns it into that line on stderr and exit code 2. Writes nothing.
 """
@@ -10,6 +11,8 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from metrics_file import MetricsError, numbered  # MetricsError: the tools import it from here
 
 try:
     import matplotlib
@@ -28,10 +31,6 @@ REQUIRED = {
     "val": ("step", "loss"),
     "checkpoint": ("step", "action"),
 }
-
-
-class MetricsError(Exception):
-    """A user error: one line naming the file (and line) and what is wrong."""
 
 
 @dataclass
@@ -58,28 +57,17 @@ class Run:
 def load_run(run_dir) -> Run:
     """Reads RUN_DIR/metrics.jsonl and RUN_DIR/config.json."""
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise MetricsError(f"{path}: no such file")
     records = {kind: [] for kind in REQUIRED}
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                r = None
-            if not isinstance(r, dict):
-                raise MetricsError(f"{path}:{n}: not a JSON object: {line.strip()[:60]}")
-            kind = r.get("kind")
-            if kind not in REQUIRED:
-                continue  # kinds from newer versions
-            missing = [k for k in REQUIRED[kind] if k not in r]
-            if missing:
-                raise MetricsError(f"{path}:{n}: \"{kind}\" record without {', '.join(missing)}")
-            if kind != "run":
-                r["segment"] = len(records["run"]) - 1
-            records[kind].append(r)
+    for n, r in numbered(path):
+        kind = r.get("kind")
+        if kind not in REQUIRED:
+            continue  # kinds from newer versions
+        missing = [k for k in REQUIRED[kind] if k not in r]
+        if missing:
+            raise MetricsError(f"{path}:{n}: \"{kind}\" record without {', '.join(missing)}")
+        if kind != "run":
+            r["segment"] = len(records["run"]) - 1
+        records[kind].append(r)
     if not records["run"]:
         raise MetricsError(f"{path}: no \"run\" record")
     frames = {k: pd.DataFrame(v, columns=None if v else list(REQUIRED[k]) + ["segment"])

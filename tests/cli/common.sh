@@ -5,6 +5,8 @@
 z3d=$1
 MPIRUN="${MPIEXEC:-mpirun} --oversubscribe"
 cd "$2"
+# The checks' Python imports what they share from tests/cli/z3dcheck.py.
+export PYTHONPATH=$PWD/tests/cli${PYTHONPATH:+:$PYTHONPATH}
 tmp=$(mktemp -d)
 # stop_jobs: the test's background runs (a case that failed left them) die with it; their ranks
 # die with their launcher (PR_SET_PDEATHSIG). Otherwise they train on and slow every later test.

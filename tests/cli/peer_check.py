@@ -20,30 +20,27 @@ zero3d's), then run on the first seq_len + 1 tokens of TOKENS (one sequence):
 """
 import json
 import os
-import struct
 import sys
 
 import h5py
 import numpy as np
 import torch
 
+from z3dcheck import read_safetensors, train
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "jobscripts"))
 import bench_peer  # noqa: E402
 
 
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
+def f32_tensors(path):
+    """A safetensors file's tensors as numpy arrays, by name; each must be F32."""
+    st = read_safetensors(path)
     out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
+    for name, t in st.tensors.items():
         if t["dtype"] != "F32":
             sys.exit(f"peer_check: {name} is {t['dtype']}; the check reads F32 exports")
         a, b = t["data_offsets"]
-        out[name] = np.frombuffer(data[a:b], dtype="<f4").reshape(t["shape"])
+        out[name] = np.frombuffer(st.data[a:b], dtype="<f4").reshape(t["shape"])
     return out
 
 
@@ -113,7 +110,7 @@ def model_config(cfg):
 def main():
     hf_dir, tokens_path, metrics, ckpts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
-    hf = read_safetensors(os.path.join(hf_dir, "model.safetensors"))
+    hf = f32_tensors(os.path.join(hf_dir, "model.safetensors"))
     if set(hf) != transformers_names(cfg):
         sys.exit(f"peer_check: FAIL the export's names are not transformers': {sorted(set(hf) ^ transformers_names(cfg))}")
     z = to_zero3d(cfg, hf)
@@ -136,7 +133,7 @@ def main():
     seq = torch.from_numpy(bench_peer.load_tokens(tokens_path)[:T + 1].astype(np.int64))[None]
     loss = model(seq[:, :-1], seq[:, 1:])
     loss.backward()
-    z_loss = next(r["loss"] for r in map(json.loads, open(metrics)) if r["kind"] == "train" and r["step"] == 1)
+    z_loss = next(r["loss"] for r in train(metrics) if r["step"] == 1)
     err = abs(z_loss - loss.item()) / abs(loss.item())
     print(f"loss: zero3d {z_loss:.9g}, PyTorch {loss.item():.9g}, relative difference {err:.2e}")
     if err > 1e-5:

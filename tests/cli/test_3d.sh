@@ -19,21 +19,15 @@ for l in $layouts; do
   done
 done
 /usr/bin/python3 - "$tmp" <<'PY'
-import json, sys, glob, os
+import sys, glob, os
+from z3dcheck import Checks, max_rel, run_and_train, train
 tmp = sys.argv[1]
-def load(name):
-    recs = [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl")]
-    return recs[0], [r for r in recs if r["kind"] == "train"]
-_, ref = load("ref")
-passed = failed = 0
+ref = train(f"{tmp}/ref")
+check = Checks("3d")
 worst = 0.0
-def check(ok, what):
-    global passed, failed
-    if ok: passed += 1
-    else: failed += 1; print("FAIL", what)
 for name in sorted(os.path.basename(d) for d in glob.glob(f"{tmp}/t*") if os.path.isdir(d)):
-    run, tr = load(name)
-    err = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(tr, ref))
+    run, tr = run_and_train(f"{tmp}/{name}")
+    err = max_rel(tr, ref)
     worst = max(worst, err)
     check(len(tr) == 20 and err <= 1e-4, f"{name}: loss {err:.2e} relative to 1 rank")
     n, stage, psi = run["dp"], run["zero_stage"], run["num_params_padded"]
@@ -45,6 +39,5 @@ for name in sorted(os.path.basename(d) for d in glob.glob(f"{tmp}/t*") if os.pat
         idle = [r["pipeline_idle_fraction"] for r in tr]
         check(all(0 <= x < 1 for x in idle), f"{name}: pipeline idle fraction {idle[-1]}")
 print(f"worst relative loss difference to 1 rank over {len(glob.glob(tmp + '/t*/'))} runs: {worst:.2e}")
-print(f"3d: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+check.exit()
 PY

@@ -136,12 +136,11 @@ run budget 4 "${sig_args[@]}" --set checkpoint.load=auto
 mkdir -p "$tmp/damaged"
 cp -r "$tmp/s2_dp4/checkpoints" "$tmp/damaged/flipped"
 $py - "$tmp/damaged/flipped/step_00000040.h5" <<'PY'
-import sys, h5py
+import sys
+from z3dcheck import dataset_extent, xor_bytes
 path = sys.argv[1]
-with h5py.File(path, "r") as f:
-    off = f["/optimizer/exp_avg/h.1.mlp.c_fc.weight"].id.get_offset()
-with open(path, "r+b") as f:
-    f.seek(off + 1000); b = f.read(4); f.seek(off + 1000); f.write(bytes(x ^ 0x5A for x in b))
+off, _ = dataset_extent(path, "/optimizer/exp_avg/h.1.mlp.c_fc.weight")
+xor_bytes(path, off + 1000, 4, 0x5A)
 PY
 s2=($(layout 1 1 4 2))
 expect_fail flipped_path 2 "dataset '/optimizer/exp_avg/h.1.mlp.c_fc.weight' fails its checksum" 4 "${s2[@]}" \
@@ -167,19 +166,15 @@ expect_fail missing 2 "does not exist" 1 $(layout 1 1 1 0) --set checkpoint.load
 
 # ---- the comparisons ----
 $py - "$tmp" "${configs[@]}" <<'PY'
-import json, math, sys
+import math, sys
+from z3dcheck import MEASURED, Checks, records as run_records, rel, without
 tmp, configs = sys.argv[1], [c.split()[0] for c in sys.argv[2:]]
-failed = 0
-def fail(msg):
-    global failed
-    failed += 1
-    print("FAIL", msg)
-def records(run):
-    return [json.loads(l) for l in open(f"{tmp}/{run}/metrics.jsonl")]
+check = Checks()
+fail = check.fail
+def records(run): return run_records(f"{tmp}/{run}")
 # Everything but timings (and the fields that derive from them) must be equal.
-timing = {"tokens_per_s", "step_time_s", "model_flops_per_s", "mfu", "page_faults"}  # measured, not state
 def steps(run, kind="train"):
-    return {r["step"]: {k: v for k, v in r.items() if k not in timing} for r in records(run) if r["kind"] == kind}
+    return {r["step"]: without(r, MEASURED) for r in run_records(f"{tmp}/{run}", kind)}
 for name in configs:
     ref, res = steps(name), steps(name + "_resumed")
     if sorted(res) != list(range(21, 41)): fail(f"{name}: resumed steps {sorted(res)}")
@@ -187,14 +182,14 @@ for name in configs:
     if bad: fail(f"{name}: steps {bad[:5]} differ after resume, e.g. {ref[bad[0]]} vs {res[bad[0]]}")
     vref, vres = steps(name, "val"), steps(name + "_resumed", "val")
     if any(vres[s] != vref[s] for s in vres): fail(f"{name}: validation differs after resume")
-    if not failed: print(f"ok   {name}: steps 21-40 bitwise identical after resume"
-                         + (f" (+{len(vres)} validations)" if vres else ""))
+    if not check.failed: print(f"ok   {name}: steps 21-40 bitwise identical after resume"
+                               + (f" (+{len(vres)} validations)" if vres else ""))
     if name.startswith("fp16") and not any(r["skipped"] for r in ref.values()): fail(f"{name}: no overflow step")
 for line in open(f"{tmp}/pairs.txt"):
     name, src, step, tol = line.split(); step = int(step); tol = float(tol)
     a, b = steps(src), steps(name)
     first = step + 1
-    err = abs(b[first]["loss"] - a[first]["loss"]) / abs(a[first]["loss"])
+    err = rel(b[first]["loss"], a[first]["loss"])
     if err > tol: fail(f"{name}: first loss after resume {b[first]['loss']} vs {a[first]['loss']} (rel {err:.2e} > {tol})")
     if sorted(b) != list(range(first, max(b) + 1)) or not all(math.isfinite(r["loss"]) for r in b.values()):
         fail(f"{name}: training did not go on: steps {sorted(b)}")
@@ -215,5 +210,5 @@ if (saves, loads) != (2 * len(configs) + 2, len(configs) + len(pairs)):
 elif any(r["independent_transfers"] != 0 or not r["bytes_per_s"] > 0 for r in io):
     fail(f"independent transfers or no bandwidth: {[(r['independent_transfers'], r['bytes_per_s']) for r in io]}")
 else: print(f"ok   {saves} saves and {loads} loads, every transfer collective")
-sys.exit(1 if failed else 0)
+check.exit()
 PY

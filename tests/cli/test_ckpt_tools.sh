@@ -52,16 +52,12 @@ expect_exit 0 verify-fp32 'all 156 datasets match their checksums' "$z3d" ckpt v
 expect_exit 0 verify-bf16 'all 208 datasets match their checksums' $MPIRUN -np 2 "$z3d" ckpt verify "$B/step_00000004.h5"
 flip() {  # flip SRC DST DATASET: DST = SRC with 4 bytes in the middle of DATASET's data inverted
   $PY - "$@" <<'PY'
-import h5py, shutil, sys
+import shutil, sys
+from z3dcheck import dataset_extent, xor_bytes
 src, dst, name = sys.argv[1:]
 shutil.copyfile(src, dst)
-with h5py.File(src, "r") as f:
-    offset, size = f[name].id.get_offset(), f[name].id.get_storage_size()
-with open(dst, "r+b") as g:
-    g.seek(offset + size // 2)
-    b = g.read(4)
-    g.seek(offset + size // 2)
-    g.write(bytes(x ^ 0xFF for x in b))
+offset, size = dataset_extent(src, name)
+xor_bytes(dst, offset + size // 2, 4, 0xFF)
 PY
 }
 flip "$A/step_00000004.h5" "$tmp/bad32.h5" /optimizer/exp_avg/h.1.attn.c_proj.weight
@@ -105,26 +101,23 @@ expect_exit 0 export-bf16-model "exported 52 tensors \(model weights from /model
 expect_exit 0 export-bf16-master "exported 52 tensors \(master weights from /optimizer/master, F32" \
   "$z3d" ckpt export "$B" --out "$tmp/master.safetensors"
 $PY - "$tmp" "$A/step_00000004.h5" "$B/step_00000004.h5" <<'PY'
-import h5py, json, struct, sys
+import h5py, sys
 import numpy as np
+from z3dcheck import read_safetensors
 tmp, fp32, bf16 = sys.argv[1:]
 
-def read_safetensors(path):
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    assert n % 8 == 0, f"{path}: header length {n} is not a multiple of 8"
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
-    meta = header.pop("__metadata__")
+def read_checked(path):
+    st = read_safetensors(path)
+    assert st.header_len % 8 == 0, f"{path}: header length {st.header_len} is not a multiple of 8"
     end = 0
-    for name, t in header.items():  # in file order, contiguous, covering the data exactly
+    for name, t in st.tensors.items():  # in file order, contiguous, covering the data exactly
         assert t["data_offsets"][0] == end, (path, name, t["data_offsets"], end)
         end = t["data_offsets"][1]
-    assert end == len(data), (path, end, len(data))
-    return header, data, meta
+    assert end == len(st.data), (path, end, len(st.data))
+    return st.tensors, st.data, st.metadata
 
 def check(path, ckpt, group, want_dtype):
-    header, data, meta = read_safetensors(path)
+    header, data, meta = read_checked(path)
     np_dtype = {"F32": np.uint32, "BF16": np.uint16, "F16": np.uint16}[want_dtype]
     with h5py.File(ckpt, "r") as f:
         names = list(header)
@@ -191,7 +184,7 @@ for f in "$A/step_00000004.h5" "$tmp/repacked.h5"; do
     --set train_steps=5 --set zero_optimization.stage=1 --set checkpoint.load=\""$f"\" > "$tmp/$name.log" 2>&1 \
     || { cat "$tmp/$name.log"; fail "$name"; }
 done
-loss() { $PY -c 'import json, sys; print([r["loss"] for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "train"])' "$1"; }
+loss() { $PY -c 'import sys; from z3dcheck import train; print([r["loss"] for r in train(sys.argv[1])])' "$1"; }
 [[ "$(loss "$tmp/resume_step_00000004/metrics.jsonl")" == "$(loss "$tmp/resume_repacked/metrics.jsonl")" ]] \
   || fail "the repacked checkpoint resumed to another loss: $(loss "$tmp/resume_step_00000004/metrics.jsonl") vs $(loss "$tmp/resume_repacked/metrics.jsonl")"
 echo "ok a chunked, compressed (h5repack) checkpoint loads through HDF5 to the same state"

@@ -28,16 +28,16 @@ run() {  # run NAME NP ARGS...: must succeed
 }
 compare() {  # compare A B TOLERANCE: train records' loss and grad_norm equal (0: bitwise) or within
   /usr/bin/python3 - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$3" <<'PY' || fail "$1 vs $2 differ"
-import json, sys
-def recs(p): return {r["step"]: (r["loss"], r["grad_norm"]) for r in map(json.loads, open(p)) if r["kind"] == "train"}
-a, b, tol = recs(sys.argv[1]), recs(sys.argv[2]), float(sys.argv[3])
+import sys
+from z3dcheck import by_step
+a, b, tol = by_step(sys.argv[1], "loss", "grad_norm"), by_step(sys.argv[2], "loss", "grad_norm"), float(sys.argv[3])
 ok = a.keys() == b.keys() and all(abs(x - y) <= tol * abs(y) if tol else x == y
                                   for s in a for x, y in zip(a[s], b[s]))
 if not ok: print(a, b); sys.exit(1)
 PY
 }
 record() {  # record NAME KEY: the run record's value
-  /usr/bin/python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())[sys.argv[2]])" \
+  /usr/bin/python3 -c "import sys; from z3dcheck import run_record; print(run_record(sys.argv[1])[sys.argv[2]])" \
     "$tmp/$1/metrics.jsonl" "$2"
 }
 
@@ -61,8 +61,8 @@ done
 [[ $(record shm_fp32_s1_true comm_collectives) == "shared memory" ]] || fail "run record: $(record shm_fp32_s1_true comm_collectives)"
 [[ $(record mpi_fp32_s1 comm_collectives) == "MPI" ]] || fail "run record: $(record mpi_fp32_s1 comm_collectives)"
 /usr/bin/python3 - "$tmp/auto_fp32_s2_true/metrics.jsonl" <<'PY' || fail "comm time missing or inconsistent"
-import json, sys
-train = [r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "train"]
+import sys, z3dcheck
+train = z3dcheck.train(sys.argv[1])
 assert all(r["comm_s"] > 0 and 0 <= r["comm_exposed_s"] and r["comm_hidden_s"] >= 0 and r["comm_skew_s"] >= 0
            for r in train), train
 assert all(abs(r["comm_hidden_s"] - max(0, r["comm_s"] - r["comm_exposed_s"])) < 1e-9 for r in train), train
@@ -72,8 +72,8 @@ echo "ok   the run record names the path; comm_s, comm_exposed_s, comm_hidden_s 
 # ---- bucket sizes: the layout's buckets are the smaller of the two; the other collective's
 #      messages are runs of them, up to its own size ----
 calls() {  # calls NAME OP: the comms log's calls of OP on the dp group
-  /usr/bin/python3 -c "import json,sys; print(sum(r['calls'] for r in map(json.loads, open(sys.argv[1]))
-    if r['kind'] == 'comms' and r['group'] == 'dp' and r['op'] == sys.argv[2]))" "$tmp/$1/metrics.jsonl" "$2"
+  /usr/bin/python3 -c "import sys; from z3dcheck import records; print(sum(r['calls'] for r in records(sys.argv[1], 'comms')
+    if r['group'] == 'dp' and r['op'] == sys.argv[2]))" "$tmp/$1/metrics.jsonl" "$2"
 }
 for case in "1 fp32 true" "2 bf16 false"; do
   read -r stage prec overlap <<< "$case"

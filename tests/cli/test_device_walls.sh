@@ -18,9 +18,8 @@ run() {  # run NAME NP WALLS [--set ...]
     "$@" > "$tmp/$name.log" 2>&1 || { echo "run $name failed:"; cat "$tmp/$name.log"; exit 1; }
 }
 losses() {  # losses NAME: "step loss" per line
-  python3 -c 'import json,sys
-for r in map(json.loads, open(sys.argv[1])):
-    if r["kind"] == "train": print(r["step"], r["loss"].hex() if isinstance(r["loss"], float) else r["loss"])' \
+  python3 -c 'import sys; from z3dcheck import train
+for r in train(sys.argv[1]): print(r["step"], r["loss"].hex() if isinstance(r["loss"], float) else r["loss"])' \
     "$tmp/$1/metrics.jsonl"
 }
 same() {  # same A B [FROM_STEP]: A's losses equal B's (from a step on), bit for bit
@@ -56,10 +55,10 @@ run walled_nvme 2 1 "${z2[@]}" "${sub[@]}" --set zero_optimization.offload_optim
 same walled_nvme host_z2
 [[ -z $(find "$tmp/nvme" -mindepth 1) ]] || fail "walled_nvme left swap files behind"
 python3 - "$tmp/walled_cpu/metrics.jsonl" <<'PY' || fail "walled_cpu: the run record does not show the state in host memory"
-import json, sys
-run = json.loads(open(sys.argv[1]).readline())
+import sys
+from z3dcheck import run_and_train
+run, train = run_and_train(sys.argv[1])
 assert run["mem_host_bytes"] > 0 and run["mem_optimizer_bytes"] == 0 and "AdamW on the CPU" in run["offload_optimizer"], run
-train = [json.loads(l) for l in open(sys.argv[1]) if '"train"' in l]
 assert all(r["offload_down_bytes"] > 0 and r["offload_up_bytes"] > 0 for r in train), train
 PY
 run walled_cpu_resume 2 1 --set train_steps=6 --set zero_optimization.stage=2 --set bf16.enabled=true \

@@ -29,10 +29,10 @@ timeout 120 $MPIRUN -np 4 "$z3d" train $tiny --run-dir "$tmp/real4" "${step1[@]}
 
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys
+from z3dcheck import run_record, train
 tmp = sys.argv[1]
 def load(name): return json.load(open(f"{tmp}/{name}.json"))
-def run_record(run): return next(json.loads(l) for l in open(f"{tmp}/{run}/metrics.jsonl") if '"kind": "run"' in l)
-dry1, dry4, real1, real4 = load("dry1"), load("dry4"), run_record("real1"), run_record("real4")
+dry1, dry4, real1, real4 = load("dry1"), load("dry4"), run_record(f"{tmp}/real1"), run_record(f"{tmp}/real4")
 # the run record's num_params is rank 0's share: the whole model on 1 rank, stage 0's tp rank 0 on 4
 assert dry1["num_params_total"] == dry1["num_params_per_rank"][0] == real1["num_params"], (dry1, real1["num_params"])
 assert dry4["num_params_per_rank"][0] == real4["num_params"], (dry4["num_params_per_rank"], real4["num_params"])
@@ -58,7 +58,7 @@ for want in (f"{dry1['num_params_total']:,} parameters", f"{dry1['flops_per_toke
     assert want in text, (want, text)
 # a resume: the step of the checkpoint it would load, the rest at the rate the run measured
 resume = load("resume")
-measured = [json.loads(l)["model_flops_per_s"] for l in open(f"{tmp}/real1/metrics.jsonl") if '"kind": "train"' in l]
+measured = [r["model_flops_per_s"] for r in train(f"{tmp}/real1")]
 assert resume["start_step"] == 1 and resume["resume_from"].endswith("/checkpoints/step_00000001.h5"), resume
 assert resume["measured_flops_per_s"] == measured[-1], (resume, measured)
 assert abs(resume["seconds_left"] - resume["flops_per_step"] * 199 / measured[-1]) <= 1e-9 * resume["seconds_left"]

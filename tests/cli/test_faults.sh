@@ -32,9 +32,8 @@ offload_args() {  # offload_args none|nvme DIR
 }
 # The train records' step, loss and grad norm, as written (17 significant digits).
 records() {
-  /usr/bin/python3 -c 'import json,sys
-for r in map(json.loads, open(sys.argv[1])):
-    if r["kind"] == "train": print(r["step"], repr(r["loss"]), repr(r["grad_norm"]))' "$1"
+  /usr/bin/python3 -c 'import sys; from z3dcheck import train
+for r in train(sys.argv[1]): print(r["step"], repr(r["loss"]), repr(r["grad_norm"]))' "$1"
 }
 declare -A errtext=([5]="Input/output error" [28]="No space left on device" [30]="Read-only file system" [0]="")
 declare -A errname=([5]=EIO [28]=ENOSPC [30]=EROFS [0]=-)

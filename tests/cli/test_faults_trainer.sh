@@ -43,9 +43,10 @@ has diverged "^zero3d: error: the run diverged: the loss or gradient norm was no
 has diverged "the loss is -?nan: this step's checkpoint is not written"
 # Every committed checkpoint is of a step whose loss was finite, and `latest` is the last of them.
 /usr/bin/python3 - "$tmp/diverged" <<'EOF' || fail "diverged: a checkpoint of a non-finite state"
-import json, math, os, sys
+import math, os, sys
+from z3dcheck import train
 run = sys.argv[1]
-loss = {r["step"]: r["loss"] for r in map(json.loads, open(run + "/metrics.jsonl")) if r["kind"] == "train"}
+loss = {r["step"]: r["loss"] for r in train(run)}
 files = sorted(f for f in os.listdir(run + "/checkpoints") if f.startswith("step_") and f.endswith(".h5"))
 steps = [int(f[5:13]) for f in files]
 bad = [s for s in steps if not math.isfinite(float(loss[s]))]
@@ -145,11 +146,11 @@ for np in 2 4; do
   run mfu_$np $np input/gpt-tiny.json --set data.val="" --run-dir "$tmp/mfu_$np" --set train_steps=4
   expect_rc mfu_$np 0
   /usr/bin/python3 - "$tmp/mfu_$np/metrics.jsonl" <<'EOF' || fail "mfu_$np: see above"
-import json, re, sys
-recs = list(map(json.loads, open(sys.argv[1])))
-run = next(r for r in recs if r["kind"] == "run")
+import re, sys
+from z3dcheck import run_and_train
+run, train = run_and_train(sys.argv[1])
 assert re.match(r"FMA peak \w+ x \d+ cores?: ", run["peak_source"]), run["peak_source"]
-mfu = [r["mfu"] for r in recs if r["kind"] == "train"]
+mfu = [r["mfu"] for r in train]
 assert mfu and all(0 < m <= 1 for m in mfu), mfu
 EOF
 done

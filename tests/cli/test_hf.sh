@@ -47,9 +47,10 @@ for model in gpt llama; do
     { cat "$tmp/$model-eval.log"; fail "eval of $model"; }
   /usr/bin/python3 - "$tmp/$model-eval.log" "$tmp/$model-1/metrics.jsonl" <<'PY' || fail "eval of $model"
 import json, sys
+from z3dcheck import rel, train
 ev = next(json.loads(l) for l in open(sys.argv[1]) if l.startswith("{"))
-step1 = next(r["loss"] for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "train")
-err = abs(ev["loss"] - step1) / step1
+step1 = train(sys.argv[2])[0]["loss"]
+err = rel(ev["loss"], step1)
 print(f"eval: loss {ev['loss']:.9g} vs the step-1 loss {step1:.9g} ({err:.1e}), perplexity {ev['perplexity']:.4g}")
 sys.exit(0 if err <= 1e-6 and ev["tokens"] == 64 else 1)
 PY
@@ -66,13 +67,13 @@ PY
   timeout 60 "$z3d" ckpt export "$tmp/$model-from/checkpoints" --format hf --out "$tmp/$model-hf2" > "$tmp/$model-export2.log" 2>&1 ||
     { cat "$tmp/$model-export2.log"; fail "second export of $model"; }
   /usr/bin/python3 - "$tmp/$model-hf" "$tmp/$model-hf2" "$tmp/$model-1/metrics.jsonl" "$tmp/$model-from/metrics.jsonl" <<'PY' ||
-import json, sys
-sys.path.insert(0, "tests/cli")
-from peer_check import read_safetensors
-a, b = (read_safetensors(d + "/model.safetensors") for d in sys.argv[1:3])
+import sys
+from peer_check import f32_tensors
+from z3dcheck import rel, train
+a, b = (f32_tensors(d + "/model.safetensors") for d in sys.argv[1:3])
 same = a.keys() == b.keys() and all(a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes() for k in a)
-loss = [next(r["loss"] for r in map(json.loads, open(p)) if r["kind"] == "train") for p in sys.argv[3:5]]
-err = abs(loss[0] - loss[1]) / loss[0]
+loss = [train(p)[0]["loss"] for p in sys.argv[3:5]]
+err = rel(loss[1], loss[0])
 print(f"init_from: {len(b)} tensors {'bitwise equal' if same else 'DIFFER'} after export -> import -> export; "
       f"first loss {loss[1]:.9g} vs {loss[0]:.9g} ({err:.1e})")
 sys.exit(0 if same and err <= 1e-6 else 1)

@@ -27,30 +27,25 @@ run t2p1d1_pad 2 1 1 1 --set model.make_vocab_size_divisible_by=96
 # Resume the single-rank run's step-10 checkpoint on tp 2 x pp 2 (resharded on load).
 run resume_t2p2 2 2 1 2 --set checkpoint.load=\""$tmp/ref/checkpoints/step_00000010.h5"\" --set zero_optimization.stage=0
 /usr/bin/python3 - "$tmp" <<'PY'
-import json, sys, glob, os
+import sys, glob, os
+from z3dcheck import Checks, max_rel, train as run_train
 tmp = sys.argv[1]
-def train(name):
-    return [r for r in map(json.loads, open(f"{tmp}/{name}/metrics.jsonl")) if r["kind"] == "train"]
+def train(name): return run_train(f"{tmp}/{name}")
 ref, bf = train("ref"), train("bf16_ref")
-passed = failed = 0
-def check(ok, what):
-    global passed, failed
-    if ok: passed += 1
-    else: failed += 1; print("FAIL", what)
+check = Checks("llama")
 for d in sorted(glob.glob(f"{tmp}/t*/")):
     name = os.path.basename(d.rstrip("/"))
     tr = train(name)
     base, tol = (bf, 2e-2) if "bf16" in name else (ref, 1e-4)
-    err = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(tr, base))
+    err = max_rel(tr, base)
     check(len(tr) == 20 and err <= tol, f"{name}: loss {err:.2e} relative to 1 rank (tolerance {tol:g})")
     print(f"{name}: max relative loss difference {err:.2e}")
 res = train("resume_t2p2")
-err = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(res, ref[10:]))
+err = max_rel(res, ref[10:])
 check([r["step"] for r in res] == list(range(11, 21)) and err <= 1e-4, f"resume on tp 2 x pp 2: {err:.2e}")
 print(f"resume_t2p2: steps {res[0]['step']}-{res[-1]['step']}, max relative loss difference {err:.2e}")
 check(ref[-1]["loss"] < ref[0]["loss"] - 0.5, f"the loss falls: {ref[0]['loss']:.3f} -> {ref[-1]['loss']:.3f}")
-print(f"llama: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+check.exit()
 PY
 # A tp that does not divide num_key_value_heads: refused with the keys named, nothing run.
 if out=$(timeout 60 $MPIRUN -np 4 "$z3d" train input/llama-tiny.json --run-dir "$tmp/refused" \

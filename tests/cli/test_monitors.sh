@@ -64,8 +64,9 @@ grep -qF "$(sed -n 2p "$tmp/f1.txt")" "$tmp/f1.log" || fail "output_file is not 
 
 /usr/bin/python3 - "$tmp" <<'PY'
 import csv, json, sys
+from z3dcheck import records
 tmp = sys.argv[1]
-recs = lambda run: [json.loads(l) for l in open(f"{tmp}/{run}/metrics.jsonl")]
+recs = lambda run: records(f"{tmp}/{run}")
 kind = lambda rs, k: [r for r in rs if r["kind"] == k]
 
 # csv_monitor: rows are (samples, value) of every step, once, bit for bit

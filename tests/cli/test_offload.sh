@@ -37,9 +37,9 @@ no_swap_left() {
 }
 same() {  # same A B [FROM]: train records A and B have bitwise equal loss and grad_norm (steps >= FROM)
   /usr/bin/python3 - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "${3:-1}" <<'PY' || fail "$1 vs $2 differ"
-import json, sys
-def recs(p): return {r["step"]: (r["loss"], r["grad_norm"]) for r in map(json.loads, open(p)) if r["kind"] == "train"}
-a, b, first = recs(sys.argv[1]), recs(sys.argv[2]), int(sys.argv[3])
+import sys
+from z3dcheck import by_step
+a, b, first = by_step(sys.argv[1], "loss", "grad_norm"), by_step(sys.argv[2], "loss", "grad_norm"), int(sys.argv[3])
 steps = [s for s in b if s >= first]
 bad = [s for s in steps if a.get(s) != b[s]]
 if not steps or bad: print("differ at steps", bad, [(a.get(s), b[s]) for s in bad]); sys.exit(1)
@@ -47,9 +47,9 @@ PY
 }
 swapped() {  # swapped NAME: the run record says something is swapped, and step records count swap bytes
   /usr/bin/python3 - "$tmp/$1/metrics.jsonl" <<'PY' || fail "$1: nothing swapped"
-import json, sys
-recs = [json.loads(l) for l in open(sys.argv[1])]
-run = recs[0]; train = [r for r in recs if r["kind"] == "train"]
+import sys
+from z3dcheck import run_and_train
+run, train = run_and_train(sys.argv[1])
 assert run["mem_swapped_bytes"] > 0 and run["offload_optimizer"].startswith("nvme"), run
 # Step 1 reads nothing of its own (every record is fresh: served as zeros); whether the read-ahead
 # of step 2 lands in step 1's count depends on timing. Every step writes; every later step reads.
@@ -87,11 +87,11 @@ run resume_mem 2 --set zero_optimization.stage=3 --set checkpoint.load=\""$ck"\"
 same full resume_mem 4
 run reshard 4 --set zero_optimization.stage=2 "${off_opt[@]}" --set checkpoint.load=\""$ck"\"
 /usr/bin/python3 - "$tmp/full/metrics.jsonl" "$tmp/reshard/metrics.jsonl" <<'PY' || fail "reshard: losses differ"
-import json, sys
-def recs(p): return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if r["kind"] == "train"}
-a, b = recs(sys.argv[1]), recs(sys.argv[2])
+import sys
+from z3dcheck import by_step, rel
+a, b = by_step(sys.argv[1], "loss"), by_step(sys.argv[2], "loss")
 assert sorted(b) == [4, 5, 6], sorted(b)
-worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in b)
+worst = max(rel(b[s][0], a[s][0]) for s in b)
 assert worst < 1e-5, worst
 PY
 echo "ok   checkpoint of a swapped run: resumes bitwise (swapped or not), reshards onto 4 ranks"

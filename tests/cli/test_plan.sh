@@ -56,13 +56,12 @@ ZERO3D_DEVICE_WALLS=1 sample dp2_s1_dev 2 1 1 1 2 2 true
 sample dp2_s2_nvme 2 1 1 2 4 1 false --set zero_optimization.offload_optimizer.device=nvme "${nvme[@]}"
 sample dp2_s3_nvme_param 2 1 1 3 2 2 false --set zero_optimization.offload_optimizer.device=nvme "${nvme_param[@]}"
 /usr/bin/python3 - "$tmp" "${samples[@]}" <<'PY'
-import json, sys
+import sys
+from z3dcheck import Checks, read_jsonl, records
 tmp, samples = sys.argv[1], sys.argv[2:]
-def load(path):
-    return [json.loads(l) for l in open(path)]
-plans = {k: load(f"{tmp}/plan{f}.jsonl") for k, f in (("fp32", ""), ("bf16", "_bf16"), ("dev", "_dev"), ("nvme", "_nvme"),
+plans = {k: read_jsonl(f"{tmp}/plan{f}.jsonl") for k, f in (("fp32", ""), ("bf16", "_bf16"), ("dev", "_dev"), ("nvme", "_nvme"),
                                                        ("nvme_param", "_nvme_param"))}
-failed = 0
+check = Checks()
 for s in samples:
     name, *v = s.split()
     dp, tp, pp, stage, micro, gas = map(int, v[:6])
@@ -71,37 +70,34 @@ for s in samples:
     offload = "cpu" if "offload" in name else "nvme" if "nvme" in name else "none"
     [p] = [p for p in plan if (p["dp"], p["tp"], p["pp"], p["stage"], p["micro"], p["gas"], p["activation_checkpointing"],
                                p["offload_optimizer"]) == (dp, tp, pp, stage, micro, gas, ckpt, offload)]
-    recs = [r for r in load(f"{tmp}/{name}/metrics.jsonl") if r["kind"] == "memory"]
+    recs = records(f"{tmp}/{name}", "memory")
     assert len(recs) == dp * tp * pp, f"{name}: {len(recs)} memory records"
-    before, planned, share = failed, 0, 0
+    before, planned, share = check.failed, 0, 0
     for r in recs:
         st = p["stages"][r["rank"] // (tp * dp)]
         for k in ("params", "grads", "optimizer", "buffers", "activations", "host", "swapped"):
-            if st[k] != r[k + "_bytes"]:
-                print(f"FAIL {name} rank {r['rank']}: {k} planned {st[k]}, the run has {r[k + '_bytes']}")
-                failed += 1
+            check(st[k] == r[k + "_bytes"], f"{name} rank {r['rank']}: {k} planned {st[k]}, the run has {r[k + '_bytes']}")
         planned += st["total"] + st["host"]
         share += r["pss_bytes"]
     # What the node holds (the ranks' proportional shares: a page two ranks map counts once) less
     # what was planned: the processes' own part (code, libraries, MPI, the GEMM libraries' scratch),
     # 20-40 MB a rank here. Below the plan, or far above it, is an allocation the plan misses.
     extra = (share - planned) / len(recs)
-    if not 0 <= extra <= 100e6:
-        print(f"FAIL {name}: the node holds {share / 1e6:.1f} MB, {extra / 1e6:.1f} MB a rank beyond the planned "
-              f"{planned / 1e6:.1f} MB (expected 0-100 MB: the process's own part)")
-        failed += 1
-    if failed == before:
+    check(0 <= extra <= 100e6, f"{name}: the node holds {share / 1e6:.1f} MB, {extra / 1e6:.1f} MB a rank beyond the planned "
+                               f"{planned / 1e6:.1f} MB (expected 0-100 MB: the process's own part)")
+    if check.failed == before:
         print(f"{name}: every rank's seven accounts as planned; the node holds {share / 1e6:.1f} MB for "
               f"{planned / 1e6:.1f} MB planned (+{extra / 1e6:.1f} MB a rank: the process, MPI, the libraries)")
-sys.exit(1 if failed else 0)
+check.exit()
 PY
 # The dry run's memory line is the plan's: tp 2 x pp 2, micro-batch 2 x 4.
 timeout 60 "$z3d" train $tiny --dry-run=json --ranks 4 --set tensor_parallel.tp_size=2 --set pipeline_parallel.pp_size=2 \
   --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=4 > "$tmp/dry.json" 2>&1 || { cat "$tmp/dry.json"; fail "dry run"; }
 /usr/bin/python3 - "$tmp" <<'PY' || fail "the dry run's memory differs from the plan's"
 import json, sys
+from z3dcheck import read_jsonl
 dry = json.loads(open(f"{sys.argv[1]}/dry.json").read().strip().splitlines()[-1])
-[p] = [p for p in map(json.loads, open(f"{sys.argv[1]}/plan.jsonl")) if (p["dp"], p["tp"], p["pp"], p["stage"], p["micro"],
+[p] = [p for p in read_jsonl(f"{sys.argv[1]}/plan.jsonl") if (p["dp"], p["tp"], p["pp"], p["stage"], p["micro"],
        p["gas"], p["activation_checkpointing"]) == (1, 2, 2, 0, 2, 4, False)]
 want = [s["total"] for s in p["stages"]]
 print(f"dry run: memory per rank {dry['memory_bytes_per_rank']}, the plan's {want}")
@@ -123,15 +119,16 @@ for st in 3 2 1; do
       --set comms_logger.enabled=true "$@" > "$tmp/comms$st.log" 2>&1 || { cat "$tmp/comms$st.log"; fail "comms run"; }
   done
   /usr/bin/python3 - "$tmp/work$st.log" "$tmp/comms$st-1/metrics.jsonl" "$tmp/comms$st-3/metrics.jsonl" <<'PY' ||
-import json, re, sys
+import re, sys
+from z3dcheck import records
 [line] = [l for l in open(sys.argv[1]) if l.startswith("work ")]
 planned = {}
 for g, op, calls, mb in re.findall(r"; (tp|dp) (\w+) (\d+) x ([0-9.]+) MB", line):  # micro-batch, then step end
     c, b = planned.get((g, op), (0, 0.0))
     planned[(g, op)] = (c + int(calls), b + int(calls) * float(mb) * 1e6)
 def logged(path):
-    return {(r["group"], r["op"]): (r["calls"], r["msg_bytes"]) for r in map(json.loads, open(path))
-            if r["kind"] == "comms" and r["group"] in ("tp", "dp")}
+    return {(r["group"], r["op"]): (r["calls"], r["msg_bytes"]) for r in records(path, "comms")
+            if r["group"] in ("tp", "dp")}
 one, three = logged(sys.argv[2]), logged(sys.argv[3])
 ran = {k: ((c - one.get(k, (0, 0))[0]) // 2, (b - one.get(k, (0, 0))[1]) / 2) for k, (c, b) in three.items()}
 print("planned per step:", {k: (c, round(b)) for k, (c, b) in sorted(planned.items())})
@@ -154,12 +151,13 @@ timeout 60 "$z3d" plan $tiny --ranks 2 --explain "$@" > "$tmp/work-nvme.log" 2>&
 timeout 120 $MPIRUN -np 2 "$z3d" train $tiny --run-dir "$tmp/swap-io" --set train_steps=4 --set steps_per_print=1 \
   --set data.val="" "$@" > "$tmp/swap-io.log" 2>&1 || { tail -20 "$tmp/swap-io.log"; fail "nvme run"; }
 /usr/bin/python3 - "$tmp/work-nvme.log" "$tmp/swap-io/metrics.jsonl" <<'PY' || { cat "$tmp/work-nvme.log"; fail "the plan's swap traffic differs from the run's"; }
-import json, re, sys
+import re, sys
+from z3dcheck import train
 [line] = [l for l in open(sys.argv[1]) if l.startswith("work ")]
 first, later, end = [[float(x) * 1e6 for x in re.findall(r"swap files read ([0-9.]+) MB, written ([0-9.]+) MB", part)[0]]
                      if "swap files" in part else [0.0, 0.0] for part in line.split(" | ")]
 read, written = first[0] + later[0] + end[0], first[1] + later[1] + end[1]  # gas 2: one later micro-batch
-steps = [r for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "train"]
+steps = train(sys.argv[2])
 reads = sum(r["swap_read_bytes"] / 2 for r in steps[1:])  # the world's sum, 2 ranks
 writes = sum(r["swap_written_bytes"] / 2 for r in steps[1:])
 print(f"swap traffic a rank a step: planned read {read:.0f} written {written:.0f}; the run's steps 2-4 on average "
@@ -219,16 +217,17 @@ done
 timeout 60 "$z3d" plan $tiny --ranks 2 --machine "$tmp/round.json" > "$tmp/timed.log" 2>&1 || { cat "$tmp/timed.log"; fail "plan --machine table"; }
 /usr/bin/python3 - "$tmp" $tiny <<'PY' || fail "plan --machine: the step times"
 import json, re, sys
+from z3dcheck import read_jsonl
 tmp, cfg = sys.argv[1], json.load(open(sys.argv[2]))
 T = cfg["model"]["seq_len"]
 gemm, att, other, end = map(float, re.search(r"GEMM ([0-9.]+) GFLOP, attention ([0-9.]+) GFLOP, the other ops ([0-9.]+) GB.*?"
                                               r"then per step: ([0-9.]+) GB", open(f"{tmp}/explain1.log").read()).groups())
-[one] = [p for p in map(json.loads, open(f"{tmp}/timed1.jsonl")) if "time" in p and p["micro"] == cfg["train_micro_batch_size_per_gpu"]
+[one] = [p for p in read_jsonl(f"{tmp}/timed1.jsonl") if "time" in p and p["micro"] == cfg["train_micro_batch_size_per_gpu"]
          and p["gas"] == cfg["gradient_accumulation_steps"] and p["stage"] == 0 and not p["activation_checkpointing"]]
 want = (gemm * 1e9 / 1e11 + att * 1e9 / 5e10 + other * 1e9 / 1e10) * one["gas"]
 assert abs(one["time"]["compute_s"] - want) <= 0.02 * want, (one["time"], want)
 assert abs(one["time"]["step_end_s"] - end * 1e9 / 1e10) <= 0.02 * end * 1e9 / 1e10 + 1e-6, (one["time"], end)
-timed = [p for p in map(json.loads, open(f"{tmp}/timed2.jsonl")) if "time" in p]
+timed = [p for p in read_jsonl(f"{tmp}/timed2.jsonl") if "time" in p]
 assert len(timed) >= 20, len(timed)
 for p in timed:
     t = p["time"]
@@ -273,9 +272,10 @@ for f in device offload; do
     { cat "$tmp/timed.log"; fail "plan --device --machine $f.json"; }
 done
 /usr/bin/python3 - "$tmp" <<'PY' || fail "plan --device: offload priced only with the link's and the host's rates"
-import json, sys
+import sys
+from z3dcheck import read_jsonl
 def priced(name):
-    return [("time" in p) for p in map(json.loads, open(f"{sys.argv[1]}/dev-{name}.jsonl"))
+    return [("time" in p) for p in read_jsonl(f"{sys.argv[1]}/dev-{name}.jsonl")
             if "excluded" not in p and p["offload_optimizer"] == "cpu"]
 assert priced("device") and not any(priced("device")) and all(priced("offload")), (priced("device"), priced("offload"))
 PY
@@ -298,10 +298,11 @@ for case in "one 1" "sub 1 --set zero_optimization.sub_group_size=100000" "param
     "${opt[@]}" "${a[@]:2}" > "$tmp/explain-nvme-${a[0]}.log" 2>&1 || { cat "$tmp/explain-nvme-${a[0]}.log"; fail "explain nvme ${a[0]}"; }
 done
 /usr/bin/python3 - "$tmp" <<'PY' || fail "plan: offload to nvme's price"
-import json, re, sys
+import re, sys
+from z3dcheck import read_jsonl
 tmp = sys.argv[1]
 def priced(name):
-    return [("time" in p) for p in map(json.loads, open(f"{tmp}/nvme-{name}.jsonl"))
+    return [("time" in p) for p in read_jsonl(f"{tmp}/nvme-{name}.jsonl")
             if "excluded" not in p and p["offload_optimizer"] == "nvme"]
 assert priced("round") and not any(priced("round")) and all(priced("nvme")), (priced("round"), priced("nvme"))
 R, W, n = 2e7, 1e7, 834304  # the disk's rates; gpt-tiny's parameters
@@ -348,16 +349,18 @@ for preset in input/machines/*.json; do
     { cat "$tmp/preset.log"; fail "plan --machine $preset"; }
   /usr/bin/python3 -c "
 import json, sys
+from z3dcheck import read_jsonl
 m = json.load(open('$preset'))
 assert m['device'] and m['ranks_per_node'] == 8 and len(m['sources']) >= 5 and m['inter_node']['collectives'], m
-assert sum('time' in json.loads(l) for l in open('$tmp/preset.jsonl')) >= 10" || fail "preset $preset"
+assert sum('time' in p for p in read_jsonl('$tmp/preset.jsonl')) >= 10" || fail "preset $preset"
 done
 /usr/bin/python3 - "$tmp" <<'PY' || fail "plan --machine: nodes, bf16, device"
-import json, re, sys
+import re, sys
+from z3dcheck import read_jsonl
 tmp = sys.argv[1]
 def layouts(name):
     return {(p["dp"], p["tp"], p["pp"], p["stage"], p["micro"], p["activation_checkpointing"]): p["time"]
-            for p in map(json.loads, open(f"{tmp}/{name}.jsonl")) if "time" in p}
+            for p in read_jsonl(f"{tmp}/{name}.jsonl") if "time" in p}
 base, net, dev = layouts("timed4"), layouts("timed-net"), layouts("timed-device")
 for k, t in base.items():
     dp, tp, pp, stage = k[:4]

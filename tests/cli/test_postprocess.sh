@@ -42,15 +42,16 @@ expect_exit 0 loss "3 runs, 20 train points, 5 val points" \
   $py postprocess/loss.py "$tmp/resumed" "$tmp/study/strong-1" "$tmp/study/tp2" --val --out "$tmp/loss/loss.png"
 
 /usr/bin/python3 - "$tmp" <<'PY'
-import json, math, re, sys
+import math, re, sys
 import matplotlib.image
 import pandas as pd
+import z3dcheck
 sys.path.insert(0, "postprocess")
 from metrics import load_run
 tmp = sys.argv[1]
 def close(a, b): return math.isclose(a, b, rel_tol=1e-12)
-def train(run): return [json.loads(l) for l in open(f"{tmp}/study/{run}/metrics.jsonl") if '"train"' in l]
-def layout(run): return json.loads(open(f"{tmp}/study/{run}/metrics.jsonl").readline())
+def train(run): return z3dcheck.train(f"{tmp}/study/{run}")
+def layout(run): return z3dcheck.run_record(f"{tmp}/study/{run}")
 
 # scaling.csv, series inferred: strong at global batch 8, weak at 8 per replica, fp32; tp2 (bf16)
 # and zero3 (fp16) in none.

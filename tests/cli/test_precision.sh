@@ -59,22 +59,16 @@ set -e
 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/long_bf16" --peak-flops 1e11 --set bf16.enabled=true > /dev/null
 
 /usr/bin/python3 - "$tmp" "$min_rc" "$bf16_on" <<'PY'
-import json, sys
+import sys
+from z3dcheck import Checks, max_rel as worst, records, rel, run_and_train
 tmp, min_rc, bf16_on = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-passed = failed = 0
-def check(ok, what):
-    global passed, failed
-    if ok: passed += 1
-    else: failed += 1; print("FAIL", what)
-def load(name):
-    recs = [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl")]
-    return recs[0], [r for r in recs if r["kind"] == "train"], [r for r in recs if r["kind"] == "val"]
-def worst(a, b): return max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b))
-_, ref, _ = load("fp32_1")
+check = Checks("precision")
+def load(name): return run_and_train(f"{tmp}/{name}")
+_, ref = load("fp32_1")
 tol = {"bf16": 2e-3, "fp16": 2e-4}
 for p in ("bf16", "fp16"):
     for name in [f"{p}_1"] + [f"{p}_4_s{s}" for s in range(4)]:
-        run, tr, _ = load(name)
+        run, tr = load(name)
         check(run["precision"] == p and len(tr) == 20, f"{name}: precision/steps")
         err = worst(tr, ref)
         check(err <= tol[p], f"{name}: loss vs fp32 {err:.2e} > {tol[p]}")
@@ -91,35 +85,34 @@ for p in ("bf16", "fp16"):
             vol = (3 if stage == 3 else 2) * (n - 1) / n * 2 * psi
             check(abs(tr[-1]["comm_bytes"] - vol) <= 0.01 * vol, f"{name}: comm {tr[-1]['comm_bytes']} vs {vol:.0f}")
 for name in ["bf16_1_gemm_off"] + (["bf16_1_gemm_on"] if bf16_on == "ran" else []):
-    run, tr, _ = load(name)
+    run, tr = load(name)
     want = "bf16 GEMMs" if name.endswith("on") else "fp32 GEMMs"
     check(run["compute"].startswith(want), f"{name}: run record says '{run['compute']}'")
     err = worst(tr, ref)
     check(err <= tol["bf16"], f"{name}: loss vs fp32 {err:.2e} > {tol['bf16']}")
     print(f"{name}: worst loss difference from fp32 {err:.1e} ({run['compute']})")
-_, f32s2, _ = load("fp32_4_s2"); _, b16s2, _ = load("bf16_4_s2")
+_, f32s2 = load("fp32_4_s2"); _, b16s2 = load("bf16_4_s2")
 check(abs(b16s2[-1]["comm_bytes"] * 2 - f32s2[-1]["comm_bytes"]) <= 64, "16-bit traffic is half of fp32")
-_, a, _ = load("bf16_4_s3"); _, b, _ = load("bf16_4_s3_again")
+_, a = load("bf16_4_s3"); _, b = load("bf16_4_s3_again")
 check([r["loss"] for r in a] == [r["loss"] for r in b], "bf16 stage 3 twice is bitwise identical")
-_, ov, _ = load("bf16_2_s2_overlap")
+_, ov = load("bf16_2_s2_overlap")
 check(worst(ov, ref) <= tol["bf16"], "bf16 with overlap and all-reduce")
 # injected inf: step 3 skipped, scale halved from step 4, lr not advanced by the skipped step
 for name in ("fp16_inf", "fp16_inf_s0"):
-    _, tr, _ = load(name)
+    _, tr = load(name)
     s = {r["step"]: r for r in tr}
     check(s[3]["skipped"] and not s[2]["skipped"] and not s[4]["skipped"], f"{name}: step 3 skipped")
     check(s[3]["loss_scale"] == 65536 and s[4]["loss_scale"] == 32768, f"{name}: scale {s[3]['loss_scale']} -> {s[4]['loss_scale']}")
     check(s[4]["lr"] == s[3]["lr"] and s[5]["lr"] > s[4]["lr"], f"{name}: the schedule waits for the skipped step")
     check(sum(r["skipped"] for r in tr) == 1, f"{name}: exactly one skipped step")
-_, tr, _ = load("fp16_min_continue")
+_, tr = load("fp16_min_continue")
 check(tr[2]["skipped"] and tr[3]["loss_scale"] == 1 and len(tr) == 20, "continue_at_min_scale keeps training at the minimum")
 log = open(f"{tmp}/min.log").read()
 check(min_rc == 5, f"overflow at the minimum scale: exit code {min_rc}, expected 5")
 check("fp16 gradient overflow at step 3" in log and "continue_at_min_scale" in log, "minimum-scale message")
-_, _, v32 = load("long_fp32"); _, _, v16 = load("long_bf16")
-diff = abs(v16[-1]["loss"] - v32[-1]["loss"]) / v32[-1]["loss"]
+v32, v16 = records(f"{tmp}/long_fp32", "val"), records(f"{tmp}/long_bf16", "val")
+diff = rel(v16[-1]["loss"], v32[-1]["loss"])
 print(f"bf16 vs fp32 final validation loss: {v16[-1]['loss']:.4f} vs {v32[-1]['loss']:.4f} ({100 * diff:.2f}%)")
 check(diff <= 0.02, "bf16 final validation loss within 2% of fp32")
-print(f"precision: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+check.exit()
 PY

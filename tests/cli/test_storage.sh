@@ -43,7 +43,7 @@ no_leftovers() {  # no_leftovers NAME DIR...: no .tmp checkpoint, no lock, no pr
   [[ -z $left ]] || fail "$name: left behind: $left"
 }
 train_steps() {  # train_steps METRICS: the step numbers of the train records, space-separated
-  /usr/bin/python3 -c 'import json,sys; print(" ".join(str(r["step"]) for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "train"))' "$1"
+  /usr/bin/python3 -c 'import sys; from z3dcheck import train; print(" ".join(str(r["step"]) for r in train(sys.argv[1])))' "$1"
 }
 
 # ---- 1. a checkpoint directory that exists but cannot be written: exit 2 before training ----
@@ -172,20 +172,16 @@ done
 grep -q '"checkpoint_writes": "background' "$tmp/same_true/metrics.jsonl" || fail "async: the run record says no background writes"
 grep -q '"checkpoint_writes": "in place (checkpoint.async is false)"' "$tmp/same_false/metrics.jsonl" || fail "sync: run record"
 /usr/bin/python3 - "$tmp/same_true" "$tmp/same_false" <<'PY' || fail "async and in-place saves differ"
-import h5py, json, sys
-def train(d):
-    out = []
-    for r in map(json.loads, open(d + "/metrics.jsonl")):
-        if r["kind"] == "train":
-            out.append({k: v for k, v in r.items() if not (k.endswith("_s") or k in ("tokens_per_s", "model_flops_per_s", "mfu", "page_faults", "backend_allocs"))})
-    return out
+import h5py, sys
+from z3dcheck import MEASURED, dataset_names, train as run_train
+def train(d):  # less what is measured (every *_s among it) and backend_allocs
+    return [{k: v for k, v in r.items() if not (k.endswith("_s") or k in MEASURED | {"backend_allocs"})} for r in run_train(d)]
 a, b = sys.argv[1:3]
 assert train(a) == train(b), "train records differ"
 for step in (2, 4, 6):
     f = "/checkpoints/step_%08d.h5" % step
     with h5py.File(a + f) as x, h5py.File(b + f) as y:
-        names = []
-        x.visit(lambda n: names.append(n) if isinstance(x[n], h5py.Dataset) else None)
+        names = dataset_names(x)
         assert len(names) == 208, len(names)
         for n in names:
             assert x[n].attrs["checksum"] == y[n].attrs["checksum"], n

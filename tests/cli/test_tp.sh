@@ -23,22 +23,18 @@ run tp2_dp4_s0 2 4
 run tp2_dp2_s2_bf16 2 2 --set zero_optimization.stage=2 --set bf16.enabled=true
 run tp2_ckpt 2 1 --set activation_checkpointing.enabled=true
 /usr/bin/python3 - "$tmp" <<'PY'
-import json, sys, glob, os
+import sys, glob, os
+from z3dcheck import Checks, max_rel, train
 tmp = sys.argv[1]
-def train(name): return [r for r in map(json.loads, open(f"{tmp}/{name}/metrics.jsonl")) if r["kind"] == "train"]
-ref = train("ref")
-passed = failed = 0
+ref = train(f"{tmp}/ref")
+check = Checks("tp")
 worst = 0
 for name in sorted(os.path.basename(d) for d in glob.glob(f"{tmp}/tp*") if os.path.isdir(d)):
-    tr = train(name)
+    tr = train(f"{tmp}/{name}")
     tol = 2e-3 if "bf16" in name else 1e-4
-    err = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(tr, ref))
-    nerr = max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(tr, ref))
+    err, nerr = max_rel(tr, ref), max_rel(tr, ref, "grad_norm")
     if "bf16" not in name: worst = max(worst, err)
-    ok = len(tr) == 20 and err <= tol and nerr <= 10 * tol
-    passed += ok; failed += not ok
-    if not ok: print(f"FAIL {name}: loss {err:.2e}, grad norm {nerr:.2e} relative to 1 rank")
+    check(len(tr) == 20 and err <= tol and nerr <= 10 * tol, f"{name}: loss {err:.2e}, grad norm {nerr:.2e} relative to 1 rank")
 print(f"worst fp32 relative loss difference to 1 rank: {worst:.2e}")
-print(f"tp: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+check.exit()
 PY

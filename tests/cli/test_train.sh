@@ -23,9 +23,9 @@ timeout 300 $MPIRUN -np 2 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/pp" -
 
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, sys, re
+from z3dcheck import MEASURED, records as run_records, without
 tmp = sys.argv[1]
-def records(run):
-    return [json.loads(l) for l in open(f"{tmp}/{run}/metrics.jsonl")]
+def records(run): return run_records(f"{tmp}/{run}")
 full = records("full")
 val = [r for r in full if r["kind"] == "val"]
 train = [r for r in full if r["kind"] == "train"]
@@ -46,9 +46,8 @@ assert len(re.sub(r"[-.]|e.*", "", loss_text).lstrip("0")) >= 15, loss_text
 cfg = json.load(open(f"{tmp}/full/config.json"))
 assert cfg["model"]["d_model"] == 128 and cfg["train_batch_size"] == 8, cfg
 # determinism: same config twice -> identical losses, lrs, norms
-timing = {"tokens_per_s", "step_time_s", "model_flops_per_s", "mfu", "forward_s", "backward_s", "optimizer_s",
-          "peak_flops", "peak_source", "page_faults"}
-strip = lambda rs: [{k: v for k, v in r.items() if k not in timing} for r in rs]
+timing = MEASURED | {"forward_s", "backward_s", "optimizer_s", "peak_flops", "peak_source"}
+strip = lambda rs: [without(r, timing) for r in rs]
 a, b = strip(records("a")), strip(records("b"))
 assert a == b, "two identical runs differ"
 # gradient accumulation: micro 4 x 2 accumulation steps sees the same global batch as micro 8 x 1

@@ -42,32 +42,25 @@ run dp2_s2_accum 2 --set zero_optimization.stage=2 --set train_micro_batch_size_
   --set gradient_accumulation_steps=2
 
 /usr/bin/python3 - "$tmp" <<'PY'
-import json, sys, glob, os
+import sys, glob, os
+from z3dcheck import Checks, max_rel, run_and_train
 tmp = sys.argv[1]
-def load(name):
-    recs = [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl")]
-    return recs[0], [r for r in recs if r["kind"] == "train"]
-passed = failed = 0
-def check(ok, what):
-    global passed, failed
-    if ok: passed += 1
-    else:
-        failed += 1; print("FAIL", what)
-def rel(a, b): return abs(a - b) / abs(b)
+def load(name): return run_and_train(f"{tmp}/{name}")
+check = Checks("zero")
 _, ref = load("ref")
 assert len(ref) == 20
 runs = sorted(os.path.basename(d) for d in glob.glob(f"{tmp}/dp*") if os.path.isdir(d))
 worst = {}
 for name in runs:
     _, tr = load(name)
-    err = max(rel(a["loss"], b["loss"]) for a, b in zip(tr, ref))
+    err = max_rel(tr, ref)
     worst[name] = err
     check(len(tr) == 20 and err <= 1e-5, f"{name}: max relative loss difference to 1 rank {err:.2e}")
 for dp in (2, 4, 8):
     _, s0 = load(f"dp{dp}_s0")
     for stage in (1, 2, 3):
         _, s = load(f"dp{dp}_s{stage}")
-        err = max(rel(a["loss"], b["loss"]) for a, b in zip(s, s0))
+        err = max_rel(s, s0)
         check(err <= 1e-6, f"dp{dp} stage {stage} vs stage 0: {err:.2e}")
 _, a = load("dp4_s2_overlap"); _, b = load("dp4_s2_overlap_again")
 check([r["loss"] for r in a] == [r["loss"] for r in b] and [r["grad_norm"] for r in a] == [r["grad_norm"] for r in b],
@@ -108,6 +101,5 @@ for n, c3 in stage3_traffic.items():
     _, s0 = load(f"dp{n}_s0")
     check(abs(c3 / s0[-1]["comm_bytes"] - 1.5) < 0.01, f"dp{n}: stage 3 traffic is {c3 / s0[-1]['comm_bytes']:.3f}x stage 0")
 print("worst relative loss difference to 1 rank: %.2e" % max(worst.values()))
-print(f"zero: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+check.exit()
 PY

@@ -1,5 +1,5 @@
 # tests/cross/aarch64.cmake: CMake toolchain for Debian's aarch64 cross compiler
-# (g++-aarch64-linux-gnu) against an arm64 sysroot that tests/cross_aarch64.sh unpacks.
+# (g++-aarch64-linux-gnu) against an arm64 sysroot that tests/cross/aarch64.sh unpacks.
 #   cmake -S . -B build-aarch64 -DCMAKE_TOOLCHAIN_FILE=tests/cross/aarch64.cmake -DZERO3D_CUDA=OFF
 # The sysroot is ZERO3D_ARM64_SYSROOT (default /opt/arm64-sysroot), in Debian's multiarch layout.
 # Programs (pkg-config, mpiexec) are this machine's; headers, libraries and CMake packages come
@@ -16,7 +16,7 @@ endif()
 if(NOT ZERO3D_ARM64_SYSROOT)
   set(ZERO3D_ARM64_SYSROOT /opt/arm64-sysroot)
 endif()
-set(ZERO3D_ARM64_SYSROOT "${ZERO3D_ARM64_SYSROOT}" CACHE PATH "The arm64 sysroot (tests/cross_aarch64.sh)")
+set(ZERO3D_ARM64_SYSROOT "${ZERO3D_ARM64_SYSROOT}" CACHE PATH "The arm64 sysroot (tests/cross/aarch64.sh)")
 list(APPEND CMAKE_TRY_COMPILE_PLATFORM_VARIABLES ZERO3D_ARM64_SYSROOT)
 set(CMAKE_SYSROOT "${ZERO3D_ARM64_SYSROOT}")
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)

@@ -23,6 +23,8 @@ set -eu
 z3d=$(realpath "$1")
 cd "$2"
 py=/usr/bin/python3
+# The checks' Python imports what they share from tests/cli/z3dcheck.py (tests/cli/common.sh sets the same).
+export PYTHONPATH=$PWD/tests/cli${PYTHONPATH:+:$PYTHONPATH}
 tmp=$(mktemp -d)
 t_start=$SECONDS
 # A Slurm job around this test (CI inside an allocation) must not leak into the jobs it submits.
@@ -91,12 +93,10 @@ hasnt() { ! grep -qE -- "$2" "$1" || fail "$1 has /$2/"; }
 # last) and equal REF's steps 1..K in every field but the timings, bit for bit. Prints K.
 same_metrics() {
   "$py" - "$@" <<'EOF'
-import json, sys
-timing = {"tokens_per_s", "step_time_s", "model_flops_per_s", "mfu", "page_faults"}  # measured, not state
-def train(path):
-    return [{k: v for k, v in r.items() if k not in timing}
-            for r in map(json.loads, open(path)) if r["kind"] == "train"]
-run, ref = train(sys.argv[1] + "/metrics.jsonl"), train(sys.argv[2] + "/metrics.jsonl")
+import sys
+from z3dcheck import MEASURED, train as run_train, without
+def train(run): return [without(r, MEASURED) for r in run_train(run)]
+run, ref = train(sys.argv[1]), train(sys.argv[2])
 steps = [r["step"] for r in run]
 k = int(sys.argv[3]) if len(sys.argv) > 3 else steps[-1]
 if steps != list(range(1, k + 1)):

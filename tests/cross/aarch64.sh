@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# tests/cross_aarch64.sh: the host build for aarch64, built here with Debian's cross compiler and
+# tests/cross/aarch64.sh: the host build for aarch64, built here with Debian's cross compiler and
 # its tests run under qemu-user. It checks that the default build assumes no x86 (intrinsics,
 # cpuid, -march): on aarch64 the host loops compile once, at the "generic" ISA level.
-#   tests/cross_aarch64.sh    sysroot (once), configure, build, run the unit and MPI tests
+#   tests/cross/aarch64.sh    sysroot (once), configure, build, run the unit and MPI tests
 # Environment: ZERO3D_ARM64_SYSROOT (default /opt/arm64-sysroot), BUILD_DIR (default build-aarch64),
 # JOBS (default nproc).
 #
@@ -20,7 +20,7 @@
 # the 164 unit tests 156 s (one qemu start each; 161 passed, 3 skipped: no CUDA, and oneDNN
 # has no bf16 GEMM for the emulated CPU), the MPI tests at 1 and 2 ranks 107 s: 10.5 min in all.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 source jobscripts/deps.sh
 zero3d_install_deps g++-aarch64-linux-gnu qemu-user
@@ -37,7 +37,7 @@ make_sysroot() {
   local dir=$1 apt=$1/.apt
   local stamp="${packages[*]}"
   [[ -f $dir/.packages && $(cat "$dir/.packages") == "$stamp" ]] && return 0
-  echo "cross_aarch64: building the arm64 sysroot in $dir"
+  echo "cross/aarch64: building the arm64 sysroot in $dir"
   rm -rf "$dir"
   mkdir -p "$apt"/{etc,lists/partial,archives/partial} "$dir"/usr/{bin,sbin,lib}
   ln -s usr/bin "$dir/bin"; ln -s usr/sbin "$dir/sbin"; ln -s usr/lib "$dir/lib"
@@ -85,7 +85,7 @@ EOF
     [[ $target == /* ]] || continue
     ln -sfn "$(realpath -m --relative-to="$(dirname "$link")" "$dir$target")" "$link"
   done < <(find "$dir" -path "$apt" -prune -o -type l -print0)
-  echo "cross_aarch64: sysroot of $(ls "$apt"/archives/*.deb | wc -l) packages, $(du -sh --exclude=.apt "$dir" | cut -f1)"
+  echo "cross/aarch64: sysroot of $(ls "$apt"/archives/*.deb | wc -l) packages, $(du -sh --exclude=.apt "$dir" | cut -f1)"
   rm -f "$apt"/archives/*.deb
   echo "$stamp" > "$dir/.packages"
 }
