@@ -28,13 +28,13 @@ for round in $(seq "$rounds"); do
   done
 done
 "$PY" - "$dir" "$rounds" <<'PY'
-import json, sys
+import sys
 sys.path.insert(0, "postprocess")
-from bench_stats import med, spread
+from bench_stats import med, records, spread
 d, rounds = sys.argv[1], int(sys.argv[2])
 def runs(mode):
     for r in range(1, rounds + 1):
-        yield [json.loads(l) for l in open(f"{d}/{mode}{r}/metrics.jsonl")]
+        yield records(f"{d}/{mode}{r}")
 sync_save, async_stall, inflight, normal = [], [], [], []
 for recs in runs("false"):
     sync_save += [r["seconds"] for r in recs if r["kind"] == "checkpoint"]

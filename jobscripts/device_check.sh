@@ -175,9 +175,11 @@ train() {  # train NAME BACKEND SECONDS ARGS...: exit status (124: out of time)
 }
 compare() {  # compare A B TOLERANCE: "max relative difference of the losses" or FAIL text
   python3 - "$out/$1/metrics.jsonl" "$out/$2/metrics.jsonl" "$3" <<'PY'
-import json, sys
+import sys
+sys.path.insert(0, "postprocess")
+from metrics_file import records
 def losses(p):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(p)) if r["kind"] == "train"}
+    return {r["step"]: r["loss"] for r in records(p, "train")}
 a, b, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
 if a.keys() != b.keys() or not a:
     print(f"FAIL steps differ: {len(a)} vs {len(b)}"); sys.exit(1)
@@ -237,8 +239,10 @@ else
   res=$(compare tiny_cuda_offload tiny_host_bf16 2e-2 2>>"$log") || [[ $res == FAIL* ]] ||
     res="FAIL the comparison broke (see $log)"
   copies=$(python3 - "$out/tiny_cuda_offload/metrics.jsonl" 2>>"$log" <<'PY'
-import json, sys
-t = [r for r in map(json.loads, open(sys.argv[1])) if r["kind"] == "train"][-1]
+import sys
+sys.path.insert(0, "postprocess")
+from metrics_file import records
+t = records(sys.argv[1], "train")[-1]
 print(f"last step: copies {t['offload_copy_s'] * 1e3:.1f} ms, waited {t['offload_copy_wait_s'] * 1e3:.1f} ms, "
       f"{(t['offload_down_bytes'] + t['offload_up_bytes']) / 1e6:.1f} MB")
 PY
@@ -255,11 +259,12 @@ if [[ -n $gpu ]]; then
   big+=(--set train_steps=$steps --set steps_per_print=$steps)
   if train gpt350m_cuda_bf16 "$dev" 180 "${big[@]}" "${fallback[@]}"; then
     res=$(python3 - "$out/gpt350m_cuda_bf16/metrics.jsonl" "$steps" 2>>"$log" <<'PY'
-import json, statistics, sys
-recs = [json.loads(l) for l in open(sys.argv[1])]
-run = next(r for r in recs if r["kind"] == "run")
+import statistics, sys
+sys.path.insert(0, "postprocess")
+from metrics_file import records
+run = records(sys.argv[1], "run")[0]
 first = int(sys.argv[2]) // 4 + 1  # warm-up left out
-train = [r for r in recs if r["kind"] == "train" and r["step"] >= first]
+train = [r for r in records(sys.argv[1], "train") if r["step"] >= first]
 if not train or any(r[k] is None for r in train for k in ("tokens_per_s", "mfu", "loss")):
     sys.exit(1)  # no steps, or a non-finite value (written as null)
 tps = statistics.median(r["tokens_per_s"] for r in train)

@@ -50,9 +50,9 @@ dd if=/dev/zero of="$dir/nvme/dd" bs=4M count=256 oflag=direct conv=fsync 2> "$d
 dd if="$dir/nvme/dd" of=/dev/null bs=4M iflag=direct 2> "$dir/dd_read.txt"
 rm -f "$dir/nvme/dd"
 "$PY" - "$dir" "$rounds" <<'PY'
-import json, re, sys
+import os, re, sys
 sys.path.insert(0, "postprocess")
-from bench_stats import med, spread
+from bench_stats import med, records, spread
 d, rounds = sys.argv[1], int(sys.argv[2])
 def dd(f):
     m = re.search(r"([0-9.]+) (GB|MB)/s", open(f"{d}/{f}").read())
@@ -61,10 +61,10 @@ rows = {}
 for r in range(1, rounds + 1):
     for stage in (1, 2, 3):
         for mode in ("memory", "nvme", "nvme_param"):
-            try:
-                recs = [json.loads(l) for l in open(f"{d}/s{stage}_{mode}_{r}/metrics.jsonl")]
-            except FileNotFoundError:
-                continue
+            run_dir = f"{d}/s{stage}_{mode}_{r}"
+            if not os.path.isfile(f"{run_dir}/metrics.jsonl"):
+                continue  # that case was not run
+            recs = records(run_dir)
             row = rows.setdefault((stage, mode), {"step": [], "peak": [], "swapped": 0, "states": 0, "rd": [], "wr": [], "io": [], "wait": []})
             run = recs[0]
             row["swapped"] = max(row["swapped"], run["mem_swapped_bytes"])

@@ -68,6 +68,8 @@ while read -r name tp pp stage micro gas ckpt offload <&3; do  # mpirun reads st
 done 3< "$dir/grid.txt"
 "$PY" - "$dir" <<'PY'
 import json, statistics, sys
+sys.path.insert(0, "postprocess")
+from bench_stats import records
 d = sys.argv[1]
 plan = {(p["tp"], p["pp"], p["stage"], p["micro"], p["gas"], p["activation_checkpointing"], p["offload_optimizer"]): p
         for p in map(json.loads, (l for l in open(f"{d}/plan.jsonl") if l.startswith("{"))) if "time" in p}
@@ -79,8 +81,7 @@ for line in open(f"{d}/grid.txt"):
     name, tp, pp, stage, micro, gas, ckpt, offload = line.split()
     p = plan[(int(tp), int(pp), int(stage), int(micro), int(gas), ckpt == "true", offload)]
     t = p["time"]
-    steps = [r["step_time_s"] for r in map(json.loads, open(f"{d}/{name}/metrics.jsonl"))
-             if r["kind"] == "train" and r["step"] >= 3]
+    steps = [r["step_time_s"] for r in records(f"{d}/{name}", "train") if r["step"] >= 3]
     measured = statistics.median(steps)
     err = t["step_s"] / measured - 1
     errors.append(abs(err))

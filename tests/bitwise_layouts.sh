@@ -59,12 +59,11 @@ for c in "${cases[@]}"; do
     train "$d" "$ranks" "$steps" "${args[@]}" --set checkpoint.save_interval="$steps"
   fi
   steps_hash=$(/usr/bin/python3 - "$d/metrics.jsonl" <<'PY'
-import hashlib, json, sys
-rows = []
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get("kind") == "train":
-        rows.append(" ".join(repr(r[k]) for k in ("step", "loss", "grad_norm", "lr", "loss_scale", "skipped")))
+import hashlib, sys
+sys.path.insert(0, "postprocess")
+from metrics_file import records
+rows = [" ".join(repr(r[k]) for k in ("step", "loss", "grad_norm", "lr", "loss_scale", "skipped"))
+        for r in records(sys.argv[1], "train")]
 print(len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16], rows[-1].split()[1])
 PY
 )
