@@ -355,6 +355,7 @@ std::string ProcessGroup::broadcast_string(const std::string& s, int root) {
   if (size_ > 1) MPI_CHECK(MPI_Ibcast(&n, 1, MPI_UINT64_T, root, comm_, &r));
   PendingOp(r, "broadcast (control)", this).wait();
   std::string out = rank_ == root ? s : std::string(n, '\0');
+  r = MPI_REQUEST_NULL;  // the first is done, and freed: an empty string waits on nothing
   if (size_ > 1 && n) MPI_CHECK(MPI_Ibcast(out.data(), count_of(n), MPI_CHAR, root, comm_, &r));
   PendingOp(r, "broadcast (control)", this).wait();
   return out;
