@@ -183,6 +183,13 @@ std::unique_ptr<Backend> make_sizing_backend(MemKind kind, std::shared_ptr<Memor
 std::unique_ptr<Backend> make_cuda_backend(int device, bool bf16_gemm = false);
 int cuda_device_count();  // 0 when no driver or no device
 #endif
+// The backend a command line names (--backend): "host", "cuda", or "auto" (CUDA where it is built
+// and a GPU is visible, else the host); local_rank, among the ranks of this node, picks the GPU
+// (round robin over the visible ones); host.bf16_gemm applies to either backend. UserError for
+// another name, or for cuda where there is none. ZERO3D_DEVICE_WALLS=1 makes the host one walled.
+// (kernels/make_backend.cpp)
+std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, const HostOptions& host = {});
+bool backend_is_cuda(const std::string& name);  // whether make_backend(name) makes the CUDA backend
 
 // What a buffer is for: comm buffers are the ones collectives move (Backend::alloc_comm_bytes).
 enum class BufferUse { compute, comm };

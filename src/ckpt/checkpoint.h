@@ -38,6 +38,7 @@ struct TrainingState {
   int64_t optimizer_steps = 0;  // updates applied: Adam's t and the LR schedule's position
   uint64_t data_cursor = 0;     // global samples consumed
   std::string loss_scaler;      // LossScaler::save_state(): the scaler's own description
+  std::string lr_scheduler;     // optim/lr_schedule.h schedule_state(): the schedule's position (JSON)
 };
 
 // What one save or load moved and cost.
@@ -68,20 +69,11 @@ ZeroEngine::State engine_state(StateKind kind);
 uint64_t checksum_piece(const CheckpointPiece& p, const float* x);
 uint64_t checksum_piece(const CheckpointPiece& p, const uint16_t* x);
 
+// Loads: ckpt/reader.h (load_checkpoint), which returns
 struct LoadedCheckpoint {
   TrainingState state;
   CheckpointIO io;
   std::string saved_layout;  // "world 8 = tp 1 x pp 1 x dp 8, ZeRO-3, fp32"
 };
-
-// Collective over the world. mode: none (nothing), latest (checkpoint.load "auto": DIR/latest if
-// there is any checkpoint in DIR; when it fails verification, warns and falls back to the newest
-// older one that loads), or path (a checkpoint file, or a directory meaning its latest; no fallback). Throws
-// UserError naming the file and the dataset (corrupt, truncated, checksum mismatch, missing tensor,
-// other model shape) on every rank alike; RunError(kExitReadFailed) when a read failed (an I/O
-// error after retries: not a verdict on the file, so no older one is tried). A load still running after timeout_s (0: 3x the file's
-// bytes at 100 MB/s, at least comm_timeout_s) is the watchdog's (exit 3).
-std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMode mode, const std::string& path,
-                                                const std::string& dir, double timeout_s = 0);
 
 }  // namespace zero3d

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "model/param_store.h"
+#include "model/init_weights.h"
 
 namespace zero3d {
 

@@ -43,4 +43,14 @@ class CheckpointReader {
   Hid file_;
 };
 
+// Collective over the world. mode: none (nothing), latest (checkpoint.load "auto": DIR/latest if
+// there is any checkpoint in DIR; when it fails verification, warns and falls back to the newest
+// older one that loads), or path (a checkpoint file, or a directory meaning its latest; no fallback). Throws
+// UserError naming the file and the dataset (corrupt, truncated, checksum mismatch, missing tensor,
+// other model shape) on every rank alike; RunError(kExitReadFailed) when a read failed (an I/O
+// error after retries: not a verdict on the file, so no older one is tried). A load still running after timeout_s (0: 3x the file's
+// bytes at 100 MB/s, at least comm_timeout_s) is the watchdog's (exit 3).
+std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMode mode, const std::string& path,
+                                                const std::string& dir, double timeout_s = 0);
+
 }  // namespace zero3d

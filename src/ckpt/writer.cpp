@@ -53,12 +53,6 @@ std::string write_run(int fd, int direct, const char* src, size_t n, uint64_t at
   return e;
 }
 
-std::string host_name() {
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  return host;
-}
-
 // Every rank's `mine`, agreed: "" when every rank's is empty, else the lowest failing rank's text.
 std::string agreed(ProcessGroup& g, const std::string& mine) {
   try {

@@ -32,19 +32,24 @@ std::string mpi_error_string(int code) {
   return std::string(buf, len);
 }
 
+std::string host_name() {
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
 namespace {
 // This rank (-1 before MPI_Init or after MPI_Finalize) and its host, for a last line.
 struct Where {
   int rank = -1;
   bool mpi = false;
-  char host[256] = "?";
+  std::string host = host_name();
   Where() {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     mpi = initialized && !finalized;
     if (mpi) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    gethostname(host, sizeof host - 1);
   }
   [[noreturn]] void abort(int code) const {
     if (mpi) abort_mpi_job(code);
@@ -65,7 +70,7 @@ void abort_mpi_job(int exit_code) {
 
 void fatal(const char* library, const std::string& message, const char* statement, const char* file, int line) {
   const Where w;
-  fprintf(stderr, "zero3d: fatal %s error on rank %d (%s) at %s:%d\n  %s\n  -> %s\n", library, w.rank, w.host, file,
+  fprintf(stderr, "zero3d: fatal %s error on rank %d (%s) at %s:%d\n  %s\n  -> %s\n", library, w.rank, w.host.c_str(), file,
           line, statement, message.c_str());
   w.abort(1);
 }
@@ -77,7 +82,7 @@ void abort_job(const std::string& message, int exit_code) {
   // past end of buffer). The lowest goes first; a higher rank waits a moment, in which the first
   // abort has usually ended it: one line for the job.
   if (w.mpi && w.rank > 0) std::this_thread::sleep_for(std::chrono::seconds(2));
-  fprintf(stderr, "zero3d: error (rank %d, %s): %s\n", w.rank, w.host, message.c_str());
+  fprintf(stderr, "zero3d: error (rank %d, %s): %s\n", w.rank, w.host.c_str(), message.c_str());
   w.abort(exit_code);
 }
 

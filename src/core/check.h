@@ -63,4 +63,7 @@ std::string strprintf(const char* fmt, ...) __attribute__((format(printf, 1, 2))
 
 namespace zero3d {
 std::string mpi_error_string(int code);
+
+// This machine's name, for messages that say where something happened ("?" when unknown).
+std::string host_name();
 }

@@ -14,6 +14,7 @@
 
 #include "core/check.h"
 #include "core/posix_io.h"
+#include "core/rng.h"
 
 namespace zero3d {
 
@@ -28,27 +29,6 @@ struct FdGuard {
   int fd;
   ~FdGuard() {
     if (fd >= 0) ::close(fd);
-  }
-};
-
-// splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter through a bijective mixer. Tiny, portable
-// and the same on every standard library, unlike std::shuffle/std::uniform_int_distribution.
-struct SplitMix64 {
-  uint64_t state;
-  static uint64_t mix(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  uint64_t next() { return mix(state += 0x9e3779b97f4a7c15ULL); }
-  // Uniform in [0, n), n >= 1, without modulo bias: reject the lowest 2^64 mod n raw values, so
-  // the accepted range is a whole number of copies of [0, n) (OpenBSD arc4random_uniform).
-  uint64_t below(uint64_t n) {
-    const uint64_t reject_under = (0 - n) % n;  // == 2^64 mod n
-    for (;;) {
-      const uint64_t r = next();
-      if (r >= reject_under) return r % n;
-    }
   }
 };
 
@@ -182,7 +162,7 @@ uint64_t DataLoader::sequence_of(uint64_t sample) {
     perm_.resize(S);
     std::iota(perm_.begin(), perm_.end(), uint64_t{0});
     // Seed and epoch go through the mixer separately so nearby (seed, epoch) pairs do not share streams.
-    SplitMix64 rng{SplitMix64::mix(seed_ ^ 0x5a3d0c2e8f6b1749ULL) ^ SplitMix64::mix(epoch + 0x9e3779b97f4a7c15ULL)};
+    SplitMix64 rng{splitmix64_mix(seed_ ^ 0x5a3d0c2e8f6b1749ULL) ^ splitmix64(epoch)};
     for (uint64_t i = S - 1; i > 0; --i) std::swap(perm_[i], perm_[rng.below(i + 1)]);
     perm_epoch_ = static_cast<int64_t>(epoch);
   }

@@ -27,7 +27,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "model/gpt.h"
+#include "model/param_info.h"
 
 namespace zero3d {
 

@@ -9,11 +9,7 @@
 // this micro-batch is complete. Unit 0 (the tied token embedding) stays acquired from the LM head
 // to the embedding, in both passes.
 #pragma once
-#include <vector>
-#include <string>
-#include <memory>
-#include <map>
-
+#include "kernels/backend.h"
 #include "model/flat_layout.h"
 
 namespace zero3d {
@@ -46,18 +42,4 @@ class FlatParamStore final : public ParamStore {
   DeviceBuffer<float> params_, grads_;
 };
 
-}  // namespace zero3d
-
-namespace zero3d {
-// Elements [begin, end) of the flat layout's initial parameters (padding 0), on the host: a rank
-// calls it for exactly the range it keeps.
-void gpt_initial_params(const FlatLayout& layout, int n_layer, uint64_t seed, size_t begin, size_t end, float* out);
-
-// Initial weights from outside (checkpoint.init_from): every tensor of the whole model by name, in
-// its logical (tp 1, row-major) layout. While set, gpt_initial_params copies each rank's elements
-// from them (logical_index) instead of drawing them, so any layout starts from the same weights.
-struct InitialWeights {
-  std::map<std::string, std::vector<float>> tensors;
-};
-void set_initial_weights(std::shared_ptr<const InitialWeights> w);  // nullptr: the seeded draw again
 }  // namespace zero3d

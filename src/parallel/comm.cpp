@@ -17,11 +17,6 @@
 
 namespace zero3d {
 
-CommContext& comm_context() {
-  static CommContext ctx;
-  return ctx;
-}
-
 CommLog& comm_log() {
   static CommLog log;
   return log;
@@ -69,12 +64,12 @@ void AsyncCompletion::wait_for(std::chrono::microseconds d) {
   cv_.wait_for(lock, d, [&] { return done(); });
 }
 
-namespace {
 int count_of(size_t n) {
   Z3D_ASSERT(n <= static_cast<size_t>(INT_MAX), "message larger than 2^31 elements: lower the bucket size");
   return static_cast<int>(n);
 }
 
+namespace {
 // What one rank sends when `passes` ring passes (reduce-scatter and all-gather: 1, all-reduce: 2)
 // run over a buffer of `buffer_bytes` shared by p ranks: each pass sends p-1 of the p blocks.
 uint64_t ring_bytes_sent(int p, uint64_t buffer_bytes, int passes) {
@@ -210,12 +205,10 @@ void PendingOp::wait() {
     if (!watched && waited > timeout) {
       int world_rank = -1;
       MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-      char host[256] = "?";
-      gethostname(host, sizeof host - 1);
       fprintf(stderr,
               "zero3d: watchdog: rank %d (%s) waited %.0f s (comm_timeout_s) in %s (rank %d of %d) at step %lld; "
               "another rank of that group is missing from the collective or has died. Aborting the job.\n",
-              world_rank, host, waited, describe().c_str(), group_ ? group_->rank() : -1, group_ ? group_->size() : 0,
+              world_rank, host_name().c_str(), waited, describe().c_str(), group_ ? group_->rank() : -1, group_ ? group_->size() : 0,
               static_cast<long long>(ctx.step));
       abort_device_collectives();
       abort_mpi_job(kExitWatchdog);

@@ -46,32 +46,9 @@
 #include "core/clock.h"
 #include "core/device_collectives.h"
 #include "core/mem.h"
+#include "parallel/comm_context.h"
 
 namespace zero3d {
-
-// Which implementation moves a group's host-memory data collectives: MPI's own, the node's
-// shared memory (parallel/shm_collectives.h) for every size, or shared memory from
-// shm_min_bytes up where the group's ranks share a node (auto).
-enum class CollectiveImpl : uint8_t { automatic, mpi, shm };
-
-// What the watchdog reports and how long it waits, and how collectives are moved; one per
-// process, shared by all groups (a group reads the collectives settings when it is made).
-struct CommContext {
-  double timeout_s = 600;
-  int64_t step = 0;  // training step, for the watchdog message
-  CollectiveImpl collectives = CollectiveImpl::automatic;
-  size_t shm_min_bytes = 64 << 10;    // auto: smaller messages go to MPI (its latency is lower)
-  size_t shm_chunk_bytes = 256 << 10;  // bytes a rank publishes per round (the pipelining grain)
-  int ranks_per_node = 0;  // tests: > 0 makes world ranks [k i, k i + k) look like one node each
-  bool send_thread = true;  // host-memory sends polled by a thread of the group's (needs MPI_THREAD_MULTIPLE)
-  bool device_library = true;  // device memory moved by the device's library (NCCL) where the backend has one
-  // Shared memory reads the others' comm buffers in place (one copy) for every reduce-scatter, and
-  // for all-gathers and all-reduces of at least these whole-buffer sizes (below them its two-copy
-  // rounds stay in cache and win; measured with bench comm on 2 ranks). Tests lower them.
-  size_t shm_gather_in_place_bytes = 1 << 20;
-  size_t shm_all_reduce_in_place_bytes = 64 << 20;
-};
-CommContext& comm_context();
 
 // Time the calling thread's data collectives took (wall_clock_breakdown):
 //  - busy_s: while at least one was running, overlapping ones counted once. A helper thread's
@@ -316,5 +293,8 @@ class ProcessGroup {
   uint64_t ops_issued_ = 0;  // data collectives issued: the same count on every rank of the group
   double timeout_s_ = 0;
 };
+
+// n elements as the count MPI takes (an int); larger is a bug of the bucket sizes (asserted).
+int count_of(size_t n);
 
 }  // namespace zero3d

@@ -36,11 +36,6 @@ namespace zero3d {
 
 namespace {
 
-int count_of(size_t n) {
-  Z3D_ASSERT(n <= static_cast<size_t>(INT_MAX), "message larger than 2^31 elements: lower the bucket size");
-  return static_cast<int>(n);
-}
-
 // inout[i] = in[i] + inout[i], through float, rounded back to 16 bits: commutative, not associative.
 // Each addition equals the correctly rounded 16-bit sum: rounding twice (to float, then to 16 bits)
 // is innocuous when the intermediate has >= 2p+2 significand bits (Figueroa 1995), and float's 24

@@ -15,7 +15,8 @@
 
 #include "core/check.h"
 #include "core/clock.h"
-#include "parallel/comm.h"
+#include "core/device_collectives.h"
+#include "parallel/comm_context.h"
 
 namespace zero3d {
 
@@ -233,9 +234,7 @@ bool Watchdog::start() {
   MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &s.comm));
   MPI_Comm_rank(s.comm, &s.rank);
   MPI_Comm_size(s.comm, &s.size);
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  s.host = host;
+  s.host = host_name();
   s.stop = false;
   s.running = true;
   s.thread = std::thread([&s] { Worker(s).run(); });

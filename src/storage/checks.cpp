@@ -17,12 +17,6 @@
 namespace zero3d {
 
 namespace {
-std::string host_name() {
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  return host;
-}
-
 std::string read_all(int fd) {
   std::string out;
   char buf[512];

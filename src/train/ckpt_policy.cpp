@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "ckpt/reader.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "model/gpt.h"

@@ -20,7 +20,7 @@
 #include "storage/checks.h"
 #include "train/fault.h"
 #include "train/records.h"
-#include "train/trainer.h"
+#include "train/run_options.h"
 #include "zero/engine.h"
 
 namespace zero3d {

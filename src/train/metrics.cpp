@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 #include "core/check.h"
 
@@ -58,6 +59,21 @@ void MetricsLog::write(const MetricsRecord& r) {
   std::string l = r.line() + "\n";
   fwrite(l.data(), 1, l.size(), f_);
   fflush(f_);
+}
+
+std::vector<MetricsLine> read_metrics(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<MetricsLine> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    try {
+      out.push_back({line, nlohmann::json::parse(line)});
+    } catch (const nlohmann::json::exception&) {
+      throw UserError(strprintf("%s:%d: not a JSON record; cannot continue this run's metrics", path.c_str(), n));
+    }
+  }
+  return out;
 }
 
 }  // namespace zero3d

@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace zero3d {
 
@@ -43,5 +46,14 @@ class MetricsLog {
   std::string path_;
   FILE* f_ = nullptr;
 };
+
+// A run's metrics.jsonl read back, one record a line with the line's text (blank lines skipped):
+// what a resumed run keeps of it, and the rates a dry run reads from it. A line that is not JSON
+// is a UserError naming the file and the line: a run does not continue such a file. No file: none.
+struct MetricsLine {
+  std::string text;
+  nlohmann::json record;
+};
+std::vector<MetricsLine> read_metrics(const std::string& path);
 
 }  // namespace zero3d

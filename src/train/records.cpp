@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
 
@@ -11,7 +10,7 @@
 #include "core/log.h"
 #include "kernels/host/cpu_kernels.h"
 #include "parallel/watchdog.h"
-#include "train/bench.h"
+#include "bench/rates.h"
 #include "train/flops_profiler.h"
 
 namespace zero3d {
@@ -22,19 +21,12 @@ namespace {
 // checkpoint (written before the interruption, and about to be redone) are dropped first, so the
 // file holds every step once. step = -1 drops every record that has a step.
 void drop_metrics_after(const std::string& path, int64_t step) {
-  std::ifstream in(path);
-  if (!in) return;
-  std::string kept, line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (line.empty()) continue;
-    nlohmann::json r;
-    try {
-      r = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      throw UserError(strprintf("%s:%d: not a JSON record; cannot continue this run's metrics", path.c_str(), n));
-    }
+  if (!std::ifstream(path)) return;  // none yet (or not readable: left as it is)
+  std::string kept;
+  for (const MetricsLine& m : read_metrics(path)) {
+    const nlohmann::json& r = m.record;
     if (r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() > step) continue;
-    kept += line + "\n";
+    kept += m.text + "\n";
   }
   write_file_atomic(path, kept);
 }

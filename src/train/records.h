@@ -17,8 +17,8 @@
 #include "parallel/groups.h"
 #include "train/metrics.h"
 #include "train/monitors.h"
+#include "train/run_options.h"
 #include "train/step_runner.h"
-#include "train/trainer.h"
 #include "zero/engine.h"
 
 namespace zero3d {

@@ -14,13 +14,14 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "model/gpt.h"
+#include "model/init_weights.h"
 #include "optim/lr_schedule.h"
 #include "storage/checks.h"
 #include "train/ckpt_policy.h"
 #include "train/fault.h"
 #include "train/records.h"
 #include "train/step_runner.h"
-#include "train/stop_signal.h"  // the flag; cmd_train installs the handlers
+#include "train/stop_signal.h"  // the flag; app/train.cpp installs the handlers
 #include "zero/engine.h"
 #include "zero/grad_finish.h"
 #include "zero/loss_scaler.h"
@@ -247,6 +248,7 @@ TrainingState Trainer::State::training_state(int step) const {
   st.optimizer_steps = engine.optimizer_steps();
   st.data_cursor = cursor;
   st.loss_scaler = scaler.save_state();
+  st.lr_scheduler = schedule_state(cfg.scheduler, cfg.optimizer.lr, st.optimizer_steps);
   return st;
 }
 

@@ -17,18 +17,9 @@
 #include "config/config.h"
 #include "kernels/backend.h"
 #include "parallel/groups.h"
-#include "train/job.h"
+#include "train/run_options.h"
 
 namespace zero3d {
-
-// What the app layer (train/commands.cpp) decided for the run before it starts.
-struct RunOptions {
-  std::string run_dir;     // created by the trainer after every input has been validated
-  double peak_flops = 0;   // MFU denominator per rank (choose_peak in commands.cpp)
-  std::string peak_source;
-  std::string compute_choice;  // which precision the GEMMs run in, and why (commands.cpp)
-  JobInfo job;             // launch facts: local rank, Slurm job and its time left, thread settings
-};
 
 class Trainer {
  public:

@@ -5,7 +5,8 @@
 #include <unordered_map>
 
 #include "core/check.h"
-#include "model/param_store.h"  // gpt_initial_params
+#include "core/rng.h"
+#include "model/init_weights.h"
 
 namespace zero3d {
 
@@ -36,19 +37,13 @@ namespace {
 // The parameter swap file's checksum of a bucket slice: a sum over its elements of a mix of the
 // element's bits and its index in the shard. A sum, so the optimizer's spans (in shard order, not
 // aligned to buckets) add their parts as they write them, and a gather checks the whole slice.
-uint64_t mix(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 template <class T>
 uint64_t sum_of(const T* v, size_t n, size_t first) {
   uint64_t h = 0;
   for (size_t i = 0; i < n; ++i) {
     uint64_t bits = 0;
     std::memcpy(&bits, v + i, sizeof(T));
-    h += mix(bits ^ (uint64_t(first + i) << 32));
+    h += splitmix64(bits ^ (uint64_t(first + i) << 32));
   }
   return h;
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "model/flat_layout.h"
+#include "model/gpt.h"  // LogicalRect
 
 namespace zero3d {
 

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kernels/math/dtype.h"
+#include "model/init_weights.h"
 #include "model/param_store.h"
 #include "optim/adamw.h"
 #include "zero/engine.h"

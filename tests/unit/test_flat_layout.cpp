@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "model/flat_layout.h"
+#include "model/gpt.h"
 
 using namespace zero3d;
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/gpt.h"
+#include "model/init_weights.h"
 #include "model/param_store.h"
 
 using namespace zero3d;

@@ -1,4 +1,4 @@
-#include "train/machine.h"
+#include "bench/machine.h"
 
 #include <unistd.h>
 
@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/comm.h"
+#include "bench/rates.h"
 #include "config/json_tree.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
@@ -20,7 +22,6 @@
 #include "kernels/math/adamw.h"
 #include "parallel/comm.h"
 #include "storage/swap_file.h"
-#include "train/bench.h"
 
 namespace zero3d {
 
@@ -305,7 +306,7 @@ MachineRates load_machine(const std::string& path) {
     return m;
   } catch (const std::exception& e) {
     throw UserError(strprintf("machine file '%s': %s (required: %s)", path.c_str(), e.what(),
-                              "gemm_flops_per_s, attention_flops_per_s, copy_bytes_per_s; see jobscripts/README.md"));
+                              "gemm_flops_per_s, attention_flops_per_s, copy_bytes_per_s; see src/plan/README.md"));
   }
 }
 

@@ -1,4 +1,4 @@
-// train/dry_run.h: the arithmetic of a run before it starts (`zero3d train --dry-run`): its
+// plan/dry_run.h: the arithmetic of a run before it starts (`zero3d train --dry-run`): its
 // parameters (in all, and per rank of each pipeline stage), tokens, model FLOPs, the FLOP/s it
 // assumes per rank and the time that takes; for a run dir it would resume, how far that run got
 // and how long the rest takes at its measured rate; and whether that fits the Slurm job.
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "config/config.h"
-#include "train/job.h"
+#include "parallel/job.h"
 
 namespace zero3d {
 

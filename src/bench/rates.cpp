@@ -1,4 +1,4 @@
-#include "train/bench.h"
+#include "bench/rates.h"
 
 #include <algorithm>
 #include <chrono>
@@ -25,6 +25,24 @@ double time_calls(Backend& be, const std::function<void()>& call, double min_sec
     elapsed = std::chrono::duration<double>(clock::now() - t0).count();
   } while (elapsed < min_seconds);
   return elapsed / calls;
+}
+
+OpStat time_ops(Backend& be, const std::function<void()>& call, double seconds) {
+  OpProfile& prof = *be.profile();
+  call();
+  prof.ops.clear();
+  OpStat total;
+  do {
+    call();
+    total = OpStat{};
+    for (const auto& [name, st] : prof.ops) {
+      total.calls = std::max(total.calls, st.calls);
+      total.seconds += st.seconds;
+      total.bytes += st.bytes;
+      total.flops += st.flops;
+    }
+  } while (total.seconds < seconds);
+  return total;
 }
 
 GemmRate measure_gemm(Backend& be, int m, int n, int k, double min_seconds) {
@@ -87,6 +105,29 @@ double known_accelerator_peak(const std::string& name) {
   for (const auto& p : peaks)
     if (name.find(p.match) != std::string::npos) return p.flops;
   return 0.0;
+}
+
+PeakFlops mfu_peak(Backend& be, ProcessGroup* world, int compute_cores) {
+  PeakFlops p;
+  if (be.kind() == BackendKind::cuda) {
+    p.flops = known_accelerator_peak(be.describe());
+    p.source = "known bf16 peak of " + be.describe();
+  }
+  if (p.flops > 0 || !world) return p;  // a dry run: measured when the run starts
+  if (be.kind() == BackendKind::host) {
+    const double core = world->all_reduce_max(best_fma_peak(0.2));
+    p.flops = core * compute_cores / world->size();
+    p.source = strprintf("FMA peak %s x %d cores: %.1f GFLOP/s per core (the best 2 ms window of any rank), "
+                         "%.1f GFLOP/s in all",
+                         cpu::select().isa, compute_cores, core / 1e9, core * compute_cores / 1e9);
+    return p;
+  }
+  // An accelerator without a known peak: its sgemm rate, rank 0's for every rank.
+  const GemmRate r = measure_gemm(be, 1024, 1024, 1024, 1.0);
+  p.flops = r.flops_per_s;
+  p.source = strprintf("measured sgemm 1024^3 on rank 0 (%.1f GFLOP/s)", r.flops_per_s / 1e9);
+  world->broadcast(host_mem(&p.flops), sizeof(double), 0);
+  return p;
 }
 
 double measure_collective_write(MPI_Comm comm, const std::string& dir, uint64_t bytes) {

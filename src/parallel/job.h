@@ -1,4 +1,4 @@
-// train/job.h: what a run takes from the way it was launched (mpirun, srun, sbatch), in one
+// parallel/job.h: what a run takes from the way it was launched (mpirun, srun, sbatch), in one
 // place: the node-local rank (for device selection), the Slurm job it belongs to (its default run
 // directory, and its end time as a wall-time budget), and the thread settings it was given.
 // Invariant: every field is the same on every rank where it must be (job id, seconds left: rank

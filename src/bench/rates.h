@@ -1,4 +1,4 @@
-// train/bench.h: the GEMM rate of this machine through the backend the trainer uses (the MFU
+// bench/rates.h: the GEMM rate of this machine through the backend the trainer uses (the MFU
 // denominator on CPUs, where no vendor peak applies, and `zero3d bench gemm`), and the raw
 // collective MPI-IO write rate of a file system (`zero3d bench io`, the baseline that checkpoint
 // bandwidth is quoted against).
@@ -56,36 +56,24 @@ double measure_copy_bandwidth(Backend& be, double min_seconds);
 // `level`: that level's loops instead of the process's.
 double best_fma_peak(double seconds, double window_s = 0.002, const cpu::Kernels* level = nullptr);
 
-// zero3d bench kernels (train/bench_kernels.cpp): every host kernel of a step at one micro-batch
-// of model m, at each of `levels` (empty: every level this CPU runs), against its bound.
-void bench_kernels(const ModelConfig& m, int micro, const std::string& config, double seconds,
-                   const std::vector<std::string>& levels);
-
 // Peak FLOP/s of a known accelerator from its name (dense bf16 tensor-core peaks from the vendor
 // data sheets), or 0 when unknown.
 double known_accelerator_peak(const std::string& device_name);
+
+// The MFU denominator per rank of a run on `be` (MFU divides by the world): a known GPU's bf16 peak;
+// else, with the world group (a run), on a CPU the FMA peak of one core (the best 2 ms window of any
+// rank) x the cores the run computes on (JobInfo::compute_cores) / the world's ranks, on another
+// device rank 0's sgemm rate. Without the world (a dry run) nothing is measured: flops 0 where it
+// would be. Collective over the world when it measures.
+struct PeakFlops {
+  double flops = 0;
+  std::string source;  // where it comes from, for the run record
+};
+PeakFlops mfu_peak(Backend& be, ProcessGroup* world, int compute_cores);
 
 // Every rank of `comm` writes bytes / size of one new file in DIR (contiguous, 16 MiB collective
 // MPI_File_write_at_all calls), then MPI_File_sync and close; the file is removed. Returns the
 // slowest rank's seconds from the first write to the end of the sync. Collective.
 double measure_collective_write(MPI_Comm comm, const std::string& dir, uint64_t bytes);
-
-// zero3d bench comm (train/bench_comm.cpp): every collective through MPI and through shared
-// memory, per type and size, with the memcpy rate of the same run. Returns the wrong elements
-// found in all (0: every result was exact). Collective over the world.
-struct CommBenchOptions {
-  size_t min_bytes = 1024, max_bytes = 256u << 20;
-  double factor = 4;                      // each size is the previous one times this
-  double bytes_per_point = 2e9;           // calls per size: this many bytes, at least 3 and at most 1000
-  size_t chunk_bytes = 0;                 // 0: comm_context()'s
-  int group_size = 0;                     // 0: the world; else groups of this many consecutive ranks, all at once
-  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
-  std::vector<std::string> types = {"float", "bf16"};  // float, bf16, half
-};
-int64_t bench_comm(const CommBenchOptions& o);
-// Seconds per call of op ("all_reduce", "reduce_scatter", "all_gather") on fp32 comm buffers of `bytes`
-// in all (all-gather's output, reduce-scatter's input) over g's ranks, through the collectives
-// training uses; the slowest rank's. Collective over g.
-double time_collective(ProcessGroup& g, const std::string& op, size_t bytes);
 
 }  // namespace zero3d

@@ -1,4 +1,4 @@
-// train/machine.h: a machine's rates, what zero3d plan prices a layout's counted work with (issue
+// bench/machine.h: a machine's rates, what zero3d plan prices a layout's counted work with (issue
 // #31): measured by `zero3d bench machine` on the ranks of one node at once (as a training job loads
 // it) and kept as a JSON file, so a plan can be made away from the machine.
 #pragma once

@@ -6,14 +6,28 @@
 #include <cstdio>
 #include <cstring>
 
+#include "app/commands.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "kernels/host/cpu_kernels.h"
-#include "train/commands.h"
-#include "train/job.h"
+#include "parallel/job.h"
 #include "train/stop_signal.h"
 
 using namespace zero3d;
+
+static std::string usage_main() {
+  return "usage: zero3d COMMAND [options]   (zero3d COMMAND --help for each)\n"
+         "commands:\n"
+         "  train CONFIG.json       train a GPT model\n"
+         "  data prepare TEXT...    make an llm.c token file from text\n"
+         "  bench gemm|kernels|io|comm|machine  measure the GEMMs, the host kernels per ISA level, the\n"
+         "                          file system's write rate, the collectives, or the rates plan prices with\n"
+         "  ckpt inspect|verify|export  look into, check or export a checkpoint\n"
+         "  generate CKPT --prompt TEXT  continue a prompt with a checkpoint's model\n"
+         "  eval CKPT --tokens FILE  the loss and perplexity of a checkpoint's model on a token file\n"
+         "  plan CONFIG --ranks N   which layouts fit: every layout's memory per rank, before the job\n"
+         "  --version               print the version and the backends built in\n";
+}
 
 static int dispatch(const Args& args) {
   if (args.empty()) {

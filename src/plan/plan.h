@@ -1,4 +1,4 @@
-// train/plan.h: zero3d plan, which layouts of a config fit, before the job (issue #31, its first
+// plan/plan.h: zero3d plan, which layouts of a config fit, before the job (issue #31, its first
 // part: memory). Memory comes from the code, not a second formula: each rank position's ZeroEngine
 // and its models (one per micro-batch 1F1B holds in flight) are built as a run builds them, on a
 // sizing backend (kernels/backend.h: allocations reserve address space only and are counted) with
@@ -59,7 +59,7 @@ struct StepWork {
 };
 StepWork count_step(const Config& c, int dp, int pp_rank);
 
-// A layout's step time on a machine (train/machine.h), priced from each stage's counted work: a
+// A layout's step time on a machine (bench/machine.h), priced from each stage's counted work: a
 // micro-batch's GEMM (a bf16 run's at the bf16 rate) and attention FLOPs at the machine's rates, its
 // other ops' bytes at its copy bandwidth, its collectives at their latency and bus bandwidth for the
 // group's size (the network's when the group spans nodes), the pipeline's activations sent and

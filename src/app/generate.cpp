@@ -1,20 +1,16 @@
-// train/infer.cpp: zero3d generate and zero3d eval, a checkpoint's model on one process and the
-// host backend (model/decode.h).
+// app/generate.cpp: zero3d generate, a checkpoint's model continuing a prompt on one process and
+// the host backend (model/decode.h).
 #include <cmath>
 #include <cstdio>
 #include <random>
 
+#include "app/commands.h"
 #include "ckpt/tools.h"
 #include "core/check.h"
 #include "core/log.h"
-#include "data/loader.h"
 #include "kernels/backend.h"
 #include "model/decode.h"
-#include "model/flat_layout.h"
-#include "model/gpt.h"
-#include "model/param_store.h"
 #include "parallel/comm.h"
-#include "train/commands.h"
 
 namespace zero3d {
 
@@ -32,21 +28,6 @@ const char* kGenerateUsage =
     "  --ids            print token ids instead of text\n"
     "  The text goes to standard output, a summary line to standard error.\n";
 
-const char* kEvalUsage =
-    "usage: zero3d eval CKPT --tokens FILE [--batches N] [--micro-batch B]\n"
-    "  The loss and perplexity of the checkpoint's model on an llm.c token file, its sequences in file order,\n"
-    "  on one process (the host backend): N batches of B sequences (default: every whole batch; B 8).\n";
-
-double number(const std::string& s, const char* what) {
-  try {
-    size_t used = 0;
-    const double v = std::stod(s, &used);
-    if (used == s.size() && std::isfinite(v)) return v;
-  } catch (const std::exception&) {
-  }
-  throw UserError(strprintf("%s must be a number, got '%s'", what, s.c_str()));
-}
-
 }  // namespace
 
 int cmd_generate(const Args& a) {
@@ -57,10 +38,10 @@ int cmd_generate(const Args& a) {
     if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kGenerateUsage), 0;
     if (a[i] == "--prompt") prompt = option_value(a, i, kGenerateUsage), have_prompt = true;
     else if (a[i] == "--prompt-ids") ids_text = option_value(a, i, kGenerateUsage), have_prompt = true;
-    else if (a[i] == "--max-tokens") max_tokens = number(option_value(a, i, kGenerateUsage), "--max-tokens");
-    else if (a[i] == "--temperature") temperature = number(option_value(a, i, kGenerateUsage), "--temperature");
-    else if (a[i] == "--top-k") top_k = number(option_value(a, i, kGenerateUsage), "--top-k");
-    else if (a[i] == "--seed") seed = number(option_value(a, i, kGenerateUsage), "--seed");
+    else if (a[i] == "--max-tokens") max_tokens = parse_number(option_value(a, i, kGenerateUsage), "--max-tokens");
+    else if (a[i] == "--temperature") temperature = parse_number(option_value(a, i, kGenerateUsage), "--temperature");
+    else if (a[i] == "--top-k") top_k = parse_number(option_value(a, i, kGenerateUsage), "--top-k");
+    else if (a[i] == "--seed") seed = parse_number(option_value(a, i, kGenerateUsage), "--seed");
     else if (a[i] == "--ids") print_ids = true;
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kGenerateUsage));
     else if (path.empty()) path = a[i];
@@ -74,7 +55,7 @@ int cmd_generate(const Args& a) {
   const CheckpointModel cm = read_checkpoint_model(path);
   std::vector<int32_t> tokens;
   if (!ids_text.empty()) {
-    for (const std::string& item : split_commas(ids_text)) tokens.push_back(static_cast<int32_t>(number(item, "--prompt-ids")));
+    for (const std::string& item : split_commas(ids_text)) tokens.push_back(static_cast<int32_t>(parse_number(item, "--prompt-ids")));
   } else {
     if (cm.model.vocab_size < 256)
       throw UserError(strprintf("--prompt is byte-level text, but the model's vocabulary has %d tokens (fewer than 256): "
@@ -110,56 +91,6 @@ int cmd_generate(const Args& a) {
            prompt_len, tokens.size() - prompt_len, (long long)cm.step, path.c_str(), cm.model.arch.c_str(), temperature,
            static_cast<int>(top_k),
            static_cast<int>(tokens.size()) - 1 >= cm.model.seq_len ? "; stopped at the end of the context" : "");
-  return 0;
-}
-
-int cmd_eval(const Args& a) {
-  std::string path, file;
-  double batches = 0, micro = 8;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kEvalUsage), 0;
-    if (a[i] == "--tokens") file = option_value(a, i, kEvalUsage);
-    else if (a[i] == "--batches") batches = number(option_value(a, i, kEvalUsage), "--batches");
-    else if (a[i] == "--micro-batch") micro = number(option_value(a, i, kEvalUsage), "--micro-batch");
-    else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kEvalUsage));
-    else if (path.empty()) path = a[i];
-    else throw UserError(strprintf("zero3d eval takes one checkpoint, got a second: '%s'", a[i].c_str()));
-  }
-  if (path.empty() || file.empty()) throw UserError(strprintf("zero3d eval needs a checkpoint and --tokens FILE\n%s", kEvalUsage));
-  if (micro < 1 || batches < 0 || micro != std::floor(micro) || batches != std::floor(batches))
-    throw UserError("--micro-batch must be a whole number >= 1, --batches >= 0");
-  if (ProcessGroup::world()->rank() != 0) return 0;
-  const CheckpointModel cm = read_checkpoint_model(path);
-  const ModelConfig& m = cm.model;
-  DataLoader data(file, m.seq_len, m.vocab_size, 0, false);
-  const int B = static_cast<int>(micro);
-  const uint64_t whole = data.num_sequences() / static_cast<uint64_t>(B);
-  if (whole == 0)
-    throw UserError(strprintf("'%s' holds %llu sequences of %d tokens, fewer than one batch of %d (--micro-batch)",
-                              file.c_str(), (unsigned long long)data.num_sequences(), m.seq_len, B));
-  const uint64_t n = batches > 0 ? std::min<uint64_t>(whole, static_cast<uint64_t>(batches)) : whole;
-  auto be = make_host_backend();
-  const std::vector<ParamInfo> table = gpt_param_table(m);
-  FlatParamStore store(*be, make_flat_layout(table, 1, size_t{1} << 62));
-  for (size_t i = 0; i < table.size(); ++i)
-    be->copy_from_host(store.params() + store.layout().tensors[i].offset, cm.tensors[i].data(),
-                       cm.tensors[i].size() * sizeof(float));
-  GPT model(*be, m, B, store);
-  std::vector<int32_t> in(static_cast<size_t>(B) * m.seq_len), tgt(in.size());
-  double sum = 0;
-  for (uint64_t k = 0; k < n; ++k) {
-    data.load(k * B, B, in.data(), tgt.data());
-    sum += model.forward(in.data(), tgt.data(), 0.0f);
-  }
-  const double loss = sum / static_cast<double>(n);
-  std::printf("{\"kind\": \"eval\", \"checkpoint\": \"%s\", \"step\": %lld, \"tokens_file\": \"%s\", \"sequences\": %llu, "
-              "\"tokens\": %llu, \"loss\": %.9g, \"perplexity\": %.9g}\n",
-              path.c_str(), (long long)cm.step, file.c_str(), (unsigned long long)(n * B),
-              (unsigned long long)(n * B * m.seq_len), loss, std::exp(loss));
-  std::fflush(stdout);
-  log_info("zero3d: eval of step %lld on %llu sequences of '%s': loss %.6f, perplexity %.4f%s", (long long)cm.step,
-           (unsigned long long)(n * B), file.c_str(), loss, std::exp(loss),
-           n < whole || data.num_sequences() % B ? " (whole batches only)" : "");
   return 0;
 }
 

@@ -1,4 +1,4 @@
-#include "train/job.h"
+#include "parallel/job.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -111,10 +111,7 @@ JobInfo job_info(ProcessGroup& world) {
   world.broadcast(host_mem(facts), sizeof facts, 0);
   j.nodes = std::max(1, world.size() / static_cast<int>(facts[0]));
   if (facts[1] >= 0) j.seconds_left = facts[1];
-  std::vector<char> id(128, '\0');
-  if (world.rank() == 0) j.slurm_job.copy(id.data(), 127);
-  world.broadcast(host_mem(id.data()), id.size(), 0);
-  j.slurm_job = id.data();
+  j.slurm_job = world.broadcast_string(j.slurm_job, 0);
   return j;
 }
 

@@ -1,16 +1,14 @@
-#include "train/dry_run.h"
+#include "plan/dry_run.h"
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 
+#include "ckpt/dir.h"
 #include "core/check.h"
 #include "data/loader.h"
-#include "ckpt/dir.h"
 #include "model/gpt.h"
+#include "plan/plan.h"
 #include "train/metrics.h"
-#include "train/plan.h"
 
 namespace zero3d {
 
@@ -46,17 +44,9 @@ std::string resume_checkpoint(const Config& c, const std::string& run_dir) {
 
 // The model FLOP/s of the last kMeasuredSteps train records in metrics.jsonl (none: empty).
 std::vector<double> measured_rates(const std::string& path) {
-  std::ifstream in(path);
   std::vector<double> rates;
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (line.empty()) continue;
-    nlohmann::json r;
-    try {
-      r = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {  // the real run refuses to continue such a file
-      throw UserError(strprintf("%s:%d: not a JSON record; cannot continue this run's metrics", path.c_str(), n));
-    }
+  for (const MetricsLine& m : read_metrics(path)) {  // a line that is not JSON: the real run refuses it too
+    const nlohmann::json& r = m.record;
     if (r.value("kind", "") == "train" && r.contains("model_flops_per_s") && r["model_flops_per_s"].is_number())
       rates.push_back(r["model_flops_per_s"].get<double>());
   }

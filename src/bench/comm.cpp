@@ -11,13 +11,14 @@
 #include <utility>
 #include <vector>
 
+#include "bench/comm.h"
+#include "bench/rates.h"
 #include "core/check.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/shared_memory.h"
 #include "kernels/math/dtype.h"
 #include "parallel/comm.h"
-#include "train/bench.h"
 
 namespace zero3d {
 

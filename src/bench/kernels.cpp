@@ -13,11 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "bench/kernels.h"
+#include "bench/rates.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "kernels/host/cpu_kernels.h"
 #include "kernels/math/rope.h"
-#include "train/bench.h"
 
 namespace zero3d {
 
@@ -241,24 +242,6 @@ void log_kernel_table(const KernelTable& t, const std::vector<const cpu::Kernels
 }
 
 }  // namespace
-
-OpStat time_ops(Backend& be, const std::function<void()>& call, double seconds) {
-  OpProfile& prof = *be.profile();
-  call();
-  prof.ops.clear();
-  OpStat total;
-  do {
-    call();
-    total = OpStat{};
-    for (const auto& [name, st] : prof.ops) {
-      total.calls = std::max(total.calls, st.calls);
-      total.seconds += st.seconds;
-      total.bytes += st.bytes;
-      total.flops += st.flops;
-    }
-  } while (total.seconds < seconds);
-  return total;
-}
 
 void bench_kernels(const ModelConfig& m, int micro, const std::string& config, double seconds,
                    const std::vector<std::string>& levels) {

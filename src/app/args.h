@@ -1,0 +1,23 @@
+// app/args.h: what every subcommand's parser shares. A subcommand takes the arguments after its
+// name; bad input is a UserError naming the option and what would be valid (main turns it into one
+// line and exit code 2 on every rank).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace zero3d {
+
+using Args = std::vector<std::string>;
+
+// The value of option a[i] (advances i). A UserError with `usage` when it is missing: the next
+// argument is another option (`--set --deepspeed x.json` must not set a key named "--deepspeed").
+std::string option_value(const Args& a, size_t& i, const char* usage);
+// The comma-separated items of s ("a,b,,c": a, b, "", c).
+std::vector<std::string> split_commas(const std::string& s);
+// Whether --help or -h is among a.
+bool wants_help(const Args& a);
+// s as a number (finite), or as a number above 0; a UserError naming `what` otherwise.
+double parse_number(const std::string& s, const char* what);
+double parse_positive(const std::string& s, const char* what);
+
+}  // namespace zero3d

@@ -1,0 +1,78 @@
+// app/eval.cpp: zero3d eval, the loss and perplexity of a checkpoint's model on a token file, on
+// one process and the host backend.
+#include <cmath>
+#include <cstdio>
+
+#include "app/commands.h"
+#include "ckpt/tools.h"
+#include "core/check.h"
+#include "core/log.h"
+#include "data/loader.h"
+#include "kernels/backend.h"
+#include "model/flat_layout.h"
+#include "model/gpt.h"
+#include "model/param_store.h"
+#include "parallel/comm.h"
+
+namespace zero3d {
+
+namespace {
+
+const char* kEvalUsage =
+    "usage: zero3d eval CKPT --tokens FILE [--batches N] [--micro-batch B]\n"
+    "  The loss and perplexity of the checkpoint's model on an llm.c token file, its sequences in file order,\n"
+    "  on one process (the host backend): N batches of B sequences (default: every whole batch; B 8).\n";
+
+}  // namespace
+
+int cmd_eval(const Args& a) {
+  std::string path, file;
+  double batches = 0, micro = 8;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kEvalUsage), 0;
+    if (a[i] == "--tokens") file = option_value(a, i, kEvalUsage);
+    else if (a[i] == "--batches") batches = parse_number(option_value(a, i, kEvalUsage), "--batches");
+    else if (a[i] == "--micro-batch") micro = parse_number(option_value(a, i, kEvalUsage), "--micro-batch");
+    else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kEvalUsage));
+    else if (path.empty()) path = a[i];
+    else throw UserError(strprintf("zero3d eval takes one checkpoint, got a second: '%s'", a[i].c_str()));
+  }
+  if (path.empty() || file.empty()) throw UserError(strprintf("zero3d eval needs a checkpoint and --tokens FILE\n%s", kEvalUsage));
+  if (micro < 1 || batches < 0 || micro != std::floor(micro) || batches != std::floor(batches))
+    throw UserError("--micro-batch must be a whole number >= 1, --batches >= 0");
+  if (ProcessGroup::world()->rank() != 0) return 0;
+  const CheckpointModel cm = read_checkpoint_model(path);
+  const ModelConfig& m = cm.model;
+  DataLoader data(file, m.seq_len, m.vocab_size, 0, false);
+  const int B = static_cast<int>(micro);
+  const uint64_t whole = data.num_sequences() / static_cast<uint64_t>(B);
+  if (whole == 0)
+    throw UserError(strprintf("'%s' holds %llu sequences of %d tokens, fewer than one batch of %d (--micro-batch)",
+                              file.c_str(), (unsigned long long)data.num_sequences(), m.seq_len, B));
+  const uint64_t n = batches > 0 ? std::min<uint64_t>(whole, static_cast<uint64_t>(batches)) : whole;
+  auto be = make_host_backend();
+  const std::vector<ParamInfo> table = gpt_param_table(m);
+  FlatParamStore store(*be, make_flat_layout(table, 1, size_t{1} << 62));
+  for (size_t i = 0; i < table.size(); ++i)
+    be->copy_from_host(store.params() + store.layout().tensors[i].offset, cm.tensors[i].data(),
+                       cm.tensors[i].size() * sizeof(float));
+  GPT model(*be, m, B, store);
+  std::vector<int32_t> in(static_cast<size_t>(B) * m.seq_len), tgt(in.size());
+  double sum = 0;
+  for (uint64_t k = 0; k < n; ++k) {
+    data.load(k * B, B, in.data(), tgt.data());
+    sum += model.forward(in.data(), tgt.data(), 0.0f);
+  }
+  const double loss = sum / static_cast<double>(n);
+  std::printf("{\"kind\": \"eval\", \"checkpoint\": \"%s\", \"step\": %lld, \"tokens_file\": \"%s\", \"sequences\": %llu, "
+              "\"tokens\": %llu, \"loss\": %.9g, \"perplexity\": %.9g}\n",
+              path.c_str(), (long long)cm.step, file.c_str(), (unsigned long long)(n * B),
+              (unsigned long long)(n * B * m.seq_len), loss, std::exp(loss));
+  std::fflush(stdout);
+  log_info("zero3d: eval of step %lld on %llu sequences of '%s': loss %.6f, perplexity %.4f%s", (long long)cm.step,
+           (unsigned long long)(n * B), file.c_str(), loss, std::exp(loss),
+           n < whole || data.num_sequences() % B ? " (whole batches only)" : "");
+  return 0;
+}
+
+}  // namespace zero3d
