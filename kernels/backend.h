@@ -110,7 +110,6 @@ class Backend {
   // dx[n, c] (the bias gradient of the layer that produced x, in the same pass).
   virtual void gelu_backward(float* dx, float* dbias, const float* x, const float* y, const float* dout, int N,
                              int C) = 0;
-  virtual void add(float* out, const float* a, const float* b, size_t n) = 0;             // out = a + b
   virtual void accumulate(float* out, const float* a, size_t n) = 0;                      // out += a
   // Causal self-attention of B sequences of T on packed rows qkv (B*T rows of A + 2 Hkv hd:
   // [q | k | v], q holding H heads of hd = A/H columns, k and v Hkv heads each; Hkv divides H, and
@@ -160,7 +159,6 @@ class Backend {
 
   // ---- reductions, result on the host (synchronizing) ----
   virtual double sum_squares(const float* x, size_t n) = 0;
-  virtual double sum(const float* x, size_t n) = 0;
 };
 
 // Tests: the host backend whose memory is "device" memory, unreadable from the host except inside

@@ -143,10 +143,6 @@ __global__ void add_rows_kernel(float* out, const float* residual, size_t n) {  
   Z3D_GRID_LOOP(i, n) out[i] += residual[i];
 }
 
-__global__ void add_kernel(float* out, const float* a, const float* b, size_t n) {
-  Z3D_GRID_LOOP(i, n) out[i] = a[i] + b[i];
-}
-
 __global__ void accumulate_kernel(float* out, const float* a, size_t n) {
   Z3D_GRID_LOOP(i, n) out[i] += a[i];
 }
@@ -625,9 +621,6 @@ __global__ void column_finish_kernel(float* out, const float* partial, int C) {
 struct SquareOf {
   __device__ double operator()(float v) const { return static_cast<double>(v) * v; }
 };
-struct ValueOf {
-  __device__ double operator()(float v) const { return v; }
-};
 
 template <typename Acc, typename Term>
 __global__ void reduce_partials_kernel(Acc* partials, const float* x, size_t n, Term term) {
@@ -850,9 +843,6 @@ class CudaBackend final : public Backend, public DeviceMemory {
     launch(stream(), rows(N) * C, gelu_backward_kernel, dx, x, dout, rows(N) * C);
     if (dbias) bias_backward(dbias, dx, N, C);
   }
-  void add(float* out, const float* a, const float* b, size_t n) override {
-    launch(stream(), n, add_kernel, out, a, b, n);
-  }
   void accumulate(float* out, const float* a, size_t n) override { launch(stream(), n, accumulate_kernel, out, a, n); }
   // One warp per row for heads up to 256 wide (K registers per lane per vector), else the fallback.
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) override {
@@ -943,7 +933,6 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // ---- reductions (synchronising: the result comes back to the host) ----
 
   double sum_squares(const float* x, size_t n) override { return reduce<double>(x, n, SquareOf{}); }
-  double sum(const float* x, size_t n) override { return reduce<double>(x, n, ValueOf{}); }
 
  private:
   cudaStream_t stream() const { return stream_.get(); }

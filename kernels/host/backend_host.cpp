@@ -111,10 +111,6 @@ class HostBackend final : public Backend {
     OpProfile::Scope op(&prof_, "gelu_backward", 16.0 * N * C, 0);
     k_.gelu_backward(dx, dbias, x, y, dout, N, C);
   }
-  void add(float* out, const float* a, const float* b, size_t n) override {
-    OpProfile::Scope op(&prof_, "add", 12.0 * n, 0);
-    k_.add(out, a, b, n);
-  }
   void accumulate(float* out, const float* a, size_t n) override {
     OpProfile::Scope op(&prof_, "accumulate", 12.0 * n, 0);
     k_.accumulate(out, a, n);
@@ -206,10 +202,6 @@ class HostBackend final : public Backend {
   double sum_squares(const float* x, size_t n) override {
     OpProfile::Scope op(&prof_, "reductions", 4.0 * n, 0);
     return k_.sum_squares(x, n);
-  }
-  double sum(const float* x, size_t n) override {
-    OpProfile::Scope op(&prof_, "reductions", 4.0 * n, 0);
-    return k_.sum(x, n);
   }
 
  private:

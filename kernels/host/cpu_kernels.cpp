@@ -164,12 +164,12 @@ const Kernels& counting() {
   // Generic lambdas without captures convert to each member's function-pointer type.
   static const auto none = [](auto...) {};
   static const auto zero = [](auto...) { return 0.0; };
-  static const Kernels k{"none", none, none, none, none, none, none, none, none, none, none, none,  // embedding .. scale
+  static const Kernels k{"none", none, none, none, none, none, none, none, none, none, none,  // embedding .. scale
                          none, none,  // attention
                          none, none, none, none, none,  // the Llama ops
                          none, none, none, none,  // cross-entropy
                          none, none, none, none, none, none, none,  // Adam, 16-bit
-                         none, zero, zero, zero};  // exp .. fma_peak
+                         none, zero, zero};  // exp .. fma_peak
   return k;
 }
 

@@ -34,7 +34,6 @@ struct Kernels {
   // dx = gelu'(x) * dout, y = gelu(x) as gelu_forward wrote it; with dbias != nullptr also
   // dbias[c] += sum_n dx[n, c] (N rows of C).
   void (*gelu_backward)(float* dx, float* dbias, const float* x, const float* y, const float* dout, int N, int C);
-  void (*add)(float* out, const float* a, const float* b, size_t n);
   void (*accumulate)(float* out, const float* a, size_t n);
   void (*scale)(float* x, float s, size_t n);
 
@@ -71,7 +70,6 @@ struct Kernels {
   void (*exp)(float* y, const float* x, size_t n);
 
   double (*sum_squares)(const float* x, size_t n);
-  double (*sum)(const float* x, size_t n);
 
   // The FMA peak of this level on the calling thread: independent vector FMAs for `seconds`,
   // FLOP/s (2 per lane per FMA). The ceiling `zero3d bench gemm` quotes GEMM rates against.

@@ -520,11 +520,6 @@ void exp(float* y, const float* x, size_t n) {
   });
 }
 
-void add(float* out, const float* a, const float* b, size_t n) {
-  for_blocks(n, [=](size_t s, size_t e) {
-    for (size_t i = s; i < e; ++i) out[i] = a[i] + b[i];
-  });
-}
 void accumulate(float* out, const float* a, size_t n) {
   for_blocks(n, [=](size_t s, size_t e) {
     for (size_t i = s; i < e; ++i) out[i] += a[i];
@@ -1142,8 +1137,7 @@ double block_sum(size_t n, F&& f) {  // f(begin, end) -> double
 // 16 xmm). Group p takes the 8 floats at i + 8p; the groups join in index order, then the 8 lanes
 // in one fixed tree.
 constexpr int kPairs = W >= 8 ? 4 : 2;
-template <bool Square>
-double sum_impl(const float* x, size_t n) {
+double sum_squares(const float* x, size_t n) {
   return block_sum(n, [=](size_t b, size_t e) {
     vd acc[kPairs][kParts] = {};
     size_t i = b;
@@ -1151,7 +1145,7 @@ double sum_impl(const float* x, size_t n) {
       vd v[kParts];
       widen8(x + j, v);
 #pragma GCC unroll 4
-      for (int q = 0; q < kParts; ++q) acc[p][q] += Square ? v[q] * v[q] : v[q];
+      for (int q = 0; q < kParts; ++q) acc[p][q] += v[q] * v[q];
     };
     for (; i + 8 * kPairs <= e; i += 8 * kPairs)
 #pragma GCC unroll 4
@@ -1164,12 +1158,10 @@ double sum_impl(const float* x, size_t n) {
     double t[8];  // the double of float i + k in t[k]
     std::memcpy(t, acc[0], sizeof t);
     double s = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
-    for (; i < e; ++i) s += Square ? static_cast<double>(x[i]) * x[i] : x[i];
+    for (; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
     return s;
   });
 }
-double sum_squares(const float* x, size_t n) { return sum_impl<true>(x, n); }
-double sum(const float* x, size_t n) { return sum_impl<false>(x, n); }
 
 // ---- the FMA ceiling ----
 
@@ -1202,10 +1194,10 @@ extern const Kernels kernels;  // found by cpu_kernels.cpp
 const Kernels kernels = {
     Z3D_STR(ZERO3D_ISA),
     embedding_forward, embedding_backward, layernorm_forward, layernorm_backward, add_bias, bias_backward,
-    gelu_forward, gelu_backward, add, accumulate, scale, attention_forward, attention_backward, rmsnorm_forward,
+    gelu_forward, gelu_backward, accumulate, scale, attention_forward, attention_backward, rmsnorm_forward,
     rmsnorm_backward, rope, swiglu_forward, swiglu_backward, crossentropy,
     vocab_row_max, vocab_sumexp, vocab_crossentropy_grad, adam_step, cast_to_bf16, cast_from_bf16, cast_to_fp16,
-    cast_from_fp16, accumulate_bf16, accumulate_fp16, exp, sum_squares, sum, fma_peak,
+    cast_from_fp16, accumulate_bf16, accumulate_fp16, exp, sum_squares, fma_peak,
 };
 
 }  // namespace zero3d::cpu::ZERO3D_ISA

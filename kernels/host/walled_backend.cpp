@@ -133,7 +133,6 @@ class WalledBackend final : public Backend, public DeviceMemory {
   void gelu_backward(float* dx, float* dbias, const float* x, const float* y, const float* dout, int N, int C) override {
     run([&] { inner_->gelu_backward(dx, dbias, x, y, dout, N, C); });
   }
-  void add(float* out, const float* a, const float* b, size_t n) override { run([&] { inner_->add(out, a, b, n); }); }
   void accumulate(float* out, const float* a, size_t n) override { run([&] { inner_->accumulate(out, a, n); }); }
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) override {
     run([&] { inner_->attention_forward(out, lse, qkv, B, T, H, Hkv, A); });
@@ -194,11 +193,6 @@ class WalledBackend final : public Backend, public DeviceMemory {
   double sum_squares(const float* x, size_t n) override {
     double r = 0;
     run([&] { r = inner_->sum_squares(x, n); });
-    return r;
-  }
-  double sum(const float* x, size_t n) override {
-    double r = 0;
-    run([&] { r = inner_->sum(x, n); });
     return r;
   }
 

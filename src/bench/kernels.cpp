@@ -141,7 +141,6 @@ struct KernelOperands : MicroBatch {
         {"gelu_backward (+bias)",
          [this] { be->gelu_backward(dhx.data(), hb.data(), h.data(), hy.data(), dh.data(), N, F); }},
         {"bias_backward", [this] { be->bias_backward(db.data(), dy.data(), N, C); }},
-        {"add", [this] { be->add(y.data(), x.data(), dy.data(), NC); }},
         {"accumulate", [this] { be->accumulate(y.data(), x.data(), NC); }},
         {"embedding_forward",
          [this] { be->embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), N, T, C, 0, V); }},
