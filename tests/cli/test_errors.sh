@@ -114,7 +114,7 @@ if out=$(timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config input/
 if out=$(timeout 120 "$z3d" bench kernels --config $tiny --seconds 0.01 2>&1) &&
    grep -qE "^kernel +${levels// / +}$" <<< "$out" &&
    grep -qE "^# bounds: copy bandwidth [0-9.]+ GB/s .*FMA peak \(GFLOP/s\) .*exp rate \(G/s, in L2\) " <<< "$out" &&
-   [[ $(grep -cE "^[a-z_0-9]+( \(\+bias\))?( +[0-9.]+ G[FB]/s +[0-9]+%[* ])+$" <<< "$out") == 25 ]] &&
+   [[ $(grep -cE "^[a-z_0-9]+( \(\+bias\))?( +[0-9.]+ G[FB]/s +[0-9]+%[* ])+$" <<< "$out") == 24 ]] &&
    grep -qE "^attention_forward( +[0-9.]+ GF/s +[0-9]+% ){$(wc -w <<< "$levels")}$" <<< "$out"; then
   passes=$((passes+1)); else echo "FAIL bench kernels:"; echo "$out"; fails=$((fails+1)); fi
 expect bench-kernels-level "this CPU does not run level 'neon'"   "$z3d" bench kernels --config $tiny --levels neon
