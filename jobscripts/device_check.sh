@@ -3,7 +3,9 @@
 # lent H200), in under 8 minutes, with nothing but the repository:
 #   1. build zero3d with the CUDA backend (sm_90) against the machine's MPI and parallel HDF5 or,
 #      where it has none, the Debian libraries carried in .device/deps (jobscripts/device_deps.sh);
-#   2. test_kernels: every backend op on the CUDA backend against the host references;
+#   2. test_kernels: every backend op on the CUDA backend against the host references, and bf16
+#      attention through cuDNN's fused flash attention against the double reference, its backward
+#      run twice for the same bits (cuDNN from the toolkit, else from PyTorch's wheel);
 #   3. test_collectives --cuda: every collective, send and receive of every group on GPU memory
 #      through NCCL, on 1 rank (and, last, on 2 ranks sharing the one GPU: NCCL refuses two ranks
 #      on one device unless they look like two hosts, so each gets its own NCCL_HOSTID and they
@@ -103,6 +105,22 @@ if [[ -z ${NCCL_HOME:-} && ! -e $cuda_home/include/nccl.h ]]; then
   fi
 fi
 
+# cuDNN (bf16 runs' fused flash attention; zero3d loads libcudnn_graph.so.9 at run time): the
+# toolkit's, else the one PyTorch's wheels bring (nvidia-cudnn-*: headers and libcudnn*.so.9 under
+# site-packages/nvidia/cudnn). Its attention engines compile with NVRTC, the toolkit's.
+if [[ -z ${CUDNN_HOME:-} && ! -e $cuda_home/include/cudnn_graph.h ]]; then
+  wheel=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null)
+  [[ -n $wheel && -e $wheel/include/cudnn_graph.h ]] && export CUDNN_HOME=$wheel
+fi
+export LD_LIBRARY_PATH=${CUDNN_HOME:+$CUDNN_HOME/lib:}$cuda_home/lib64:$cuda_home/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+cudnn=$(for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d"/libcudnn_graph.so.9 2>/dev/null; done | head -1)
+if [[ -n $cudnn ]]; then
+  row "cuDNN" "found" "$cudnn${CUDNN_HOME:+ (from the wheel: the toolkit has none)}"
+  export ZERO3D_EXPECT_CUDNN=1  # test_kernels' CudnnAttention fails when cuDNN is not what ran
+else
+  row "cuDNN" "none" "no libcudnn_graph.so.9: bf16 attention runs on the backend's own kernels"
+fi
+
 # ---- 1. build ----
 t=$SECONDS
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
@@ -136,6 +154,14 @@ if [[ -n $gpu ]]; then
   first=$(grep '^\[  FAILED  \].*(' "$out/test_kernels.log" | head -3 | sed 's/.*\] //; s/ (.*//' | tr '\n' ' ')
   row "test_kernels, CUDA backend" "$([[ $rc == 0 && $passed -gt 0 ]] && echo ok || echo FAIL)" \
     "$passed passed, $failed failed (exit $rc)${first:+: $first}"
+  # cuDNN's attention (in test_kernels above): against the double reference, and its backward twice.
+  [[ $dev == host ]] || case $(grep -o '^\[ *\(OK\|FAILED\|SKIPPED\) *\] CudnnAttention.cuda' "$out/test_kernels.log" | head -1) in
+    *OK*) row "cuDNN attention vs reference" "ok" "out, lse, dqkv within bf16; backward twice: same bits" ;;
+    *FAILED*) row "cuDNN attention vs reference" "FAIL" \
+      "$(grep -m2 -A2 'CudnnAttention.cuda\|cuDNN' "$out/test_kernels.log" | grep -m1 -i 'fail\|expected\|cudnn' | cut -c1-160)" ;;
+    *SKIPPED*) row "cuDNN attention vs reference" "skipped" "$(grep -A1 'RUN.*CudnnAttention.cuda' "$out/test_kernels.log" | tail -1 | cut -c1-160)" ;;
+    *) row "cuDNN attention vs reference" "FAIL" "no result in $out/test_kernels.log" ;;
+  esac
 else
   row "test_kernels, CUDA backend" "skipped" "no GPU"
 fi
@@ -269,11 +295,14 @@ if not train or any(r[k] is None for r in train for k in ("tokens_per_s", "mfu",
     sys.exit(1)  # no steps, or a non-finite value (written as null)
 tps = statistics.median(r["tokens_per_s"] for r in train)
 mfu = statistics.median(r["mfu"] for r in train)
+attention = run.get("backend", "").partition("attention: ")[2] or "?"
 print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.2f}% of {run.get('peak_flops', 0) / 1e12:.0f} TFLOP/s "
       f"({run.get('num_params', 0) / 1e6:.0f}M parameters; median of steps {first}-{train[-1]['step']}; "
-      f"loss {train[-1]['loss']:.3f})")
+      f"loss {train[-1]['loss']:.3f}; attention: {attention})")
 PY
 )
+    refused=$(grep -m1 'cuDNN attention:' "$out/gpt350m_cuda_bf16.log" | cut -c1-200)
+    res+=${refused:+; $refused}
     if [[ -n $res ]]; then row "GPT-2 350M shape, bf16, $steps steps" "ok" "$res"
     else row "GPT-2 350M shape, bf16, $steps steps" "FAIL" "no steps or a non-finite value in its metrics"
     fi

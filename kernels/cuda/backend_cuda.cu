@@ -23,20 +23,29 @@
 // Performance: LayerNorm and the cross-entropy kernels run one block per row (coalesced loads, the
 // row's reductions across the block); attention one warp per (batch, head, row), its vectors in
 // the lanes' registers; column sums in chunks of rows; a linear layer's bias and residual in its
-// cuBLASLt matmul's epilogue. A tiled (flash) attention on the tensor cores is future work.
+// cuBLASLt matmul's epilogue. In bf16 runs attention goes to cuDNN's fused flash attention where
+// cuDNN is there and takes the shape (kernels/cuda/cudnn_attention.h): its operands rounded to bf16
+// and its output widened again around the call; elsewhere, and in fp32 runs, the warp kernels below.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
 
 #include "core/check.h"
+#include "core/log.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cublaslt_linear.h"
+#if defined(ZERO3D_HAVE_CUDNN)
+#include "kernels/cuda/cudnn_attention.h"
+#endif
 #include "kernels/cuda/nccl_collectives.h"
 #include "kernels/math/adamw.h"
 #include "kernels/math/crossentropy.h"
@@ -674,6 +683,17 @@ class CudaBackend final : public Backend, public DeviceMemory {
     // Plain fp32 GEMMs (no TF32 tensor cores), so results compare with the host's CBLAS at fp32
     // tolerances. A TF32/bf16 mode would be an explicit option, not a default.
     CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+    attention_ = "the backend's warp kernels (fp32 runs compute attention in fp32)";
+#if defined(ZERO3D_HAVE_CUDNN)
+    if (bf16_gemm_) {
+      std::string why;
+      cudnn_ = CudnnAttention::load(why);
+      attention_ = cudnn_ ? cudnn_->describe() + "; the warp kernels for shapes it refuses"
+                          : "the backend's warp kernels (no cuDNN: " + why + ")";
+    }
+#else
+    if (bf16_gemm_) attention_ = "the backend's warp kernels (built without cuDNN's headers)";
+#endif
   }
   ~CudaBackend() override {
     if (stream_) cudaStreamSynchronize(stream_.get());  // let queued work finish before handles go
@@ -690,9 +710,9 @@ class CudaBackend final : public Backend, public DeviceMemory {
   }
   size_t alloc_count() const override { return allocs_; }
   std::string describe() const override {
-    return strprintf("cuda device %d (%s, sm_%d%d, %d SMs, %.1f GiB) + cuBLAS", device_, prop_.name, prop_.major,
-                     prop_.minor, prop_.multiProcessorCount,
-                     static_cast<double>(prop_.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+    return strprintf("cuda device %d (%s, sm_%d%d, %d SMs, %.1f GiB) + cuBLAS; attention: %s", device_, prop_.name,
+                     prop_.major, prop_.minor, prop_.multiProcessorCount,
+                     static_cast<double>(prop_.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), attention_.c_str());
   }
 
   // ---- memory ----
@@ -846,6 +866,17 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void accumulate(float* out, const float* a, size_t n) override { launch(stream(), n, accumulate_kernel, out, a, n); }
   // One warp per row for heads up to 256 wide (K registers per lane per vector), else the fallback.
   void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) override {
+#if defined(ZERO3D_HAVE_CUDNN)
+    if (const AttnShape s{B, T, H, Hkv, A / H}; use_cudnn(s, false)) {
+      const size_t nqkv = rows(B) * T * (A + 2 * rows(Hkv) * s.hd), nout = rows(B) * T * A;
+      uint16_t* qkv16 = bf16_scratch({nqkv, nout})[0];
+      uint16_t* out16 = qkv16 + padded(nqkv);
+      launch(stream(), nqkv, cast_to_bf16_kernel, qkv16, qkv, nqkv);
+      cudnn_->forward(stream(), out16, lse, qkv16, s);
+      launch(stream(), nout, cast_from_bf16_kernel, out, static_cast<const uint16_t*>(out16), nout);
+      return;
+    }
+#endif
     const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
     auto args = [&](auto kernel, size_t work) { launch(stream(), work, kernel, out, lse, qkv, rows(B), T, H, Hkv, A); };
     if (hd <= 32) args(attention_forward_warp_kernel<1>, warps);
@@ -856,6 +887,19 @@ class CudaBackend final : public Backend, public DeviceMemory {
   }
   void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
                           int T, int H, int Hkv, int A) override {
+#if defined(ZERO3D_HAVE_CUDNN)
+    if (const AttnShape s{B, T, H, Hkv, A / H}; use_cudnn(s, true)) {
+      // out rounds to the forward's bf16 output again, bit for bit (it was widened from it).
+      const size_t nqkv = rows(B) * T * (A + 2 * rows(Hkv) * s.hd), nout = rows(B) * T * A;
+      const std::array<uint16_t*, 4> b = bf16_scratch({nqkv, nout, nout, nqkv});
+      launch(stream(), nqkv, cast_to_bf16_kernel, b[0], qkv, nqkv);
+      launch(stream(), nout, cast_to_bf16_kernel, b[1], out, nout);
+      launch(stream(), nout, cast_to_bf16_kernel, b[2], dout, nout);
+      cudnn_->backward(stream(), b[3], b[2], b[1], lse, b[0], s);
+      launch(stream(), nqkv, cast_from_bf16_kernel, dqkv, static_cast<const uint16_t*>(b[3]), nqkv);
+      return;
+    }
+#endif
     const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
     if (hd > 256) {
       launch(stream(), n, attention_backward_kernel, dqkv, dout, out, lse, qkv, rows(B), T, H, Hkv, A);
@@ -955,6 +999,28 @@ class CudaBackend final : public Backend, public DeviceMemory {
     return stream_scratch_.get();
   }
 
+#if defined(ZERO3D_HAVE_CUDNN)
+  // Whether cuDNN runs this attention; the first refusal of a shape says why, once.
+  bool use_cudnn(const AttnShape& s, bool backward) {
+    if (!cudnn_) return false;
+    if (cudnn_->supports(s, backward)) return true;
+    if (refused_.insert({s, backward}).second)
+      log_warn("zero3d: cuDNN attention: %s; the backend's warp kernels run it", cudnn_->why_not().c_str());
+    return false;
+  }
+#endif
+  static size_t padded(size_t n) { return (n + 7) / 8 * 8; }  // bf16 elements to a 16-byte boundary
+  // Up to four bf16 buffers of these element counts in the stream scratch, each 16-byte aligned.
+  std::array<uint16_t*, 4> bf16_scratch(std::initializer_list<size_t> counts) {
+    size_t total = 0;
+    for (size_t n : counts) total += padded(n);
+    auto* p = static_cast<uint16_t*>(stream_scratch(total * sizeof(uint16_t)));
+    std::array<uint16_t*, 4> out{};
+    size_t i = 0;
+    for (size_t n : counts) out[i++] = p, p += padded(n);
+    return out;
+  }
+
   // A and B (na and nb elements) rounded to bf16 (to nearest even) into the stream scratch, B's
   // copy 16-byte aligned: the operands of a bf16 GEMM.
   std::pair<uint16_t*, uint16_t*> bf16_operands(const float* A, size_t na, const float* B, size_t nb) {
@@ -992,6 +1058,11 @@ class CudaBackend final : public Backend, public DeviceMemory {
 
   int device_;
   bool bf16_gemm_;
+  std::string attention_;  // what computes attention, for the run record
+#if defined(ZERO3D_HAVE_CUDNN)
+  std::unique_ptr<CudnnAttention> cudnn_;  // bf16 runs, where cuDNN loads
+  std::set<std::pair<AttnShape, bool>> refused_;
+#endif
   size_t allocs_ = 0;
   cudaDeviceProp prop_{};
   // Members die in reverse declaration order: the scratch, then the cuBLAS handle, then its stream.

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -1654,6 +1655,45 @@ TEST(HostKernels, Bf16GemmRoundsInputsAndAccumulatesInFp32) {
   zero3d::HostOptions o;
   o.bf16_gemm = true;
   check_bf16_gemm(zero3d::make_host_backend(o));
+}
+
+// The CUDA backend's attention in a bf16 run: cuDNN's fused flash attention (kernels/cuda/
+// cudnn_attention.h) on the bf16-rounded operands, against the double reference of those same
+// operands within bf16's rounding of P and of the outputs; multi-head and grouped-query, a sequence
+// that is no multiple of the tiles, head widths 64 and 128. The backward run twice gives the same
+// bits. ZERO3D_EXPECT_CUDNN=1 (the GPU check) fails when cuDNN is not what ran.
+TEST(CudnnAttention, cuda) {
+#if defined(ZERO3D_HAVE_CUDA)
+  if (zero3d::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  auto be = zero3d::make_cuda_backend(0, /*bf16_gemm=*/true);
+  const std::string what = be->describe();
+  if (what.find("cuDNN") == std::string::npos) {
+    const char* e = std::getenv("ZERO3D_EXPECT_CUDNN");
+    if (e && std::string(e) == "1") FAIL() << "cuDNN attention expected, the backend runs: " << what;
+    GTEST_SKIP() << what;
+  }
+  std::mt19937 rng(7);
+  for (auto [B, T, H, Hkv, hd] : {std::tuple{2, 128, 4, 4, 64}, std::tuple{2, 128, 4, 2, 64},
+                                  std::tuple{1, 70, 2, 1, 64}, std::tuple{1, 256, 2, 2, 128}}) {
+    const RefAttention ref{B, T, H, Hkv, H * hd};
+    std::vector<float> qkv = uniform(rng, static_cast<size_t>(B) * T * ref.ld(), -2, 2);
+    std::vector<float> r = uniform(rng, static_cast<size_t>(B) * T * ref.A, -1, 1);
+    for (float& x : qkv) x = zero3d::math::float_from_bf16(zero3d::math::bf16_from_float(x));  // exact in bf16
+    for (float& x : r) x = zero3d::math::float_from_bf16(zero3d::math::bf16_from_float(x));
+    Vec out, lse;
+    ref.forward(to_double(qkv), out, lse);
+    const AttentionRun got = run_attention(*be, qkv, r, B, T, H, Hkv, ref.A);
+    const std::string tag = " (T=" + std::to_string(T) + " hd=" + std::to_string(hd) + " H=" + std::to_string(H) +
+                            " Hkv=" + std::to_string(Hkv) + ")";
+    expect_close(got.out, out, 2e-2, 2e-2, ("cuDNN attention out" + tag).c_str());
+    expect_close(got.lse, lse, 1e-3, 1e-3, ("cuDNN attention lse" + tag).c_str());
+    expect_close(got.dqkv, ref.backward(to_double(qkv), to_double(r)), 5e-2, 5e-2, ("cuDNN dqkv" + tag).c_str());
+    expect_bits_equal(run_attention(*be, qkv, r, B, T, H, Hkv, ref.A).dqkv, got.dqkv,
+                      ("cuDNN dqkv run twice" + tag).c_str());
+  }
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }
 
 // The CUDA backend's bf16 GEMMs (inputs rounded by its own kernel, then the tensor cores with fp32

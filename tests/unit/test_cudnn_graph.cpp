@@ -1,0 +1,59 @@
+// The operation graphs of cuDNN's fused flash attention (kernels/cuda/cudnn_attention.cpp) as cuDNN
+// itself checks them, without a GPU: every tensor and operation of the forward and the backward
+// graph, and the graph as a whole, finalize for the model shapes zero3d runs (multi-head and
+// grouped-query), and the shapes cuDNN's attention cannot take are refused with the reason. What
+// cuDNN's engines compute is checked on a GPU (jobscripts/device_check.sh: test_kernels on cuda).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#if defined(ZERO3D_HAVE_CUDNN)
+#include "kernels/cuda/cudnn_attention.h"
+#endif
+
+namespace {
+
+#if defined(ZERO3D_HAVE_CUDNN)
+using zero3d::AttnShape;
+using zero3d::CudnnAttention;
+
+std::string name(const AttnShape& s) {
+  return "B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " H " + std::to_string(s.H) + " Hkv " +
+         std::to_string(s.Hkv) + " hd " + std::to_string(s.hd);
+}
+#endif
+
+TEST(CudnnAttentionGraphs, FinalizeForTheModelShapes) {
+#if !defined(ZERO3D_HAVE_CUDNN)
+  GTEST_SKIP() << "built without the CUDA backend or without cuDNN's headers";
+#else
+  const AttnShape shapes[] = {
+      {8, 1024, 16, 16, 64},  // GPT-2 350M (d 1024, 16 heads), micro-batch 8
+      {4, 2048, 32, 8, 64},   // a Llama ~1B: 32 query heads on 8 key/value heads
+      {2, 64, 4, 4, 32},      // gpt-tiny
+      {2, 64, 4, 2, 32},      // llama-tiny
+      {1, 256, 12, 4, 128},   // head width 128
+  };
+  for (const AttnShape& s : shapes) {
+    bool loaded = false;
+    const std::string r = CudnnAttention::check_graphs(s, loaded);
+    if (!loaded) GTEST_SKIP() << "no cuDNN to load here: " << r;
+    EXPECT_EQ(r, "") << name(s);
+  }
+#endif
+}
+
+TEST(CudnnAttentionGraphs, RefusesWhatItsEnginesCannotTake) {
+#if !defined(ZERO3D_HAVE_CUDNN)
+  GTEST_SKIP() << "built without the CUDA backend or without cuDNN's headers";
+#else
+  bool loaded = false;
+  const std::string width = CudnnAttention::check_graphs({2, 64, 4, 4, 12}, loaded);
+  if (!loaded) GTEST_SKIP() << "no cuDNN to load here: " << width;
+  EXPECT_NE(width.find("head width 12"), std::string::npos) << width;
+  EXPECT_NE(CudnnAttention::check_graphs({2, 64, 4, 4, 512}, loaded).find("up to 256"), std::string::npos);
+  EXPECT_NE(CudnnAttention::check_graphs({2, 1, 4, 4, 64}, loaded).find("sequence of 1"), std::string::npos);
+#endif
+}
+
+}  // namespace
