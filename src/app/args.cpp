@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "core/check.h"
+#include "core/log.h"
 
 namespace zero3d {
 
@@ -28,6 +29,12 @@ bool wants_help(const Args& a) {
   for (const auto& s : a)
     if (s == "--help" || s == "-h") return true;
   return false;
+}
+
+std::optional<int> usage_exit(const Args& a, const char* usage) {
+  if (!a.empty() && !wants_help(a)) return std::nullopt;
+  log_info("%s", usage);
+  return a.empty() ? kExitUserError : 0;
 }
 
 double parse_number(const std::string& s, const char* what) {

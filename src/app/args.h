@@ -2,6 +2,7 @@
 // name; bad input is a UserError naming the option and what would be valid (main turns it into one
 // line and exit code 2 on every rank).
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ std::string option_value(const Args& a, size_t& i, const char* usage);
 std::vector<std::string> split_commas(const std::string& s);
 // Whether --help or -h is among a.
 bool wants_help(const Args& a);
+// A command with subcommands (data, ckpt, bench): with no arguments its usage and exit code 2, with
+// --help its usage and 0; else nullopt (go on).
+std::optional<int> usage_exit(const Args& a, const char* usage);
 // s as a number (finite), or as a number above 0; a UserError naming `what` otherwise.
 double parse_number(const std::string& s, const char* what);
 double parse_positive(const std::string& s, const char* what);

@@ -188,10 +188,7 @@ int bench_machine_command(const Args& a) {
 }  // namespace
 
 int cmd_bench(const Args& a) {
-  if (a.empty() || wants_help(a)) {
-    log_info("%s", kBenchUsage);
-    return a.empty() ? kExitUserError : 0;
-  }
+  if (const std::optional<int> rc = usage_exit(a, kBenchUsage)) return *rc;
   if (a[0] == "io") return bench_io_command(a);
   if (a[0] == "comm") return bench_comm_command(a);
   if (a[0] == "kernels") return bench_kernels_command(a);

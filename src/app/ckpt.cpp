@@ -1,4 +1,6 @@
 // app/ckpt.cpp: zero3d ckpt inspect, verify and export (ckpt/tools.h), on rank 0 alone.
+#include <optional>
+
 #include "app/commands.h"
 #include "ckpt/tools.h"
 #include "core/check.h"
@@ -26,10 +28,7 @@ const char* kCkptUsage =
 }  // namespace
 
 int cmd_ckpt(const Args& a) {
-  if (a.empty() || wants_help(a)) {
-    log_info("%s", kCkptUsage);
-    return a.empty() ? kExitUserError : 0;
-  }
+  if (const std::optional<int> rc = usage_exit(a, kCkptUsage)) return *rc;
   const std::string& tool = a[0];
   if (tool != "inspect" && tool != "verify" && tool != "export")
     throw UserError(strprintf("unknown ckpt command '%s' (inspect, verify or export)\n%s", tool.c_str(), kCkptUsage));

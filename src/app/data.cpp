@@ -1,5 +1,6 @@
 // app/data.cpp: zero3d data prepare, text files into one llm.c token file (data/loader.h).
 #include <filesystem>
+#include <optional>
 
 #include "app/commands.h"
 #include "core/check.h"
@@ -18,10 +19,7 @@ const char* kDataUsage =
 }  // namespace
 
 int cmd_data(const Args& a) {
-  if (a.empty() || wants_help(a)) {
-    log_info("%s", kDataUsage);
-    return a.empty() ? kExitUserError : 0;
-  }
+  if (const std::optional<int> rc = usage_exit(a, kDataUsage)) return *rc;
   if (a[0] != "prepare") throw UserError(strprintf("unknown data command '%s'\n%s", a[0].c_str(), kDataUsage));
   std::vector<std::string> texts;
   std::string out;
