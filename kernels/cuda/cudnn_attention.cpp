@@ -159,8 +159,9 @@ class Graph {
  public:
   explicit Graph(const Api& a) : a_(a) {}
 
-  // A tensor the variant pack binds (uid), or (uid 0) a virtual one, of `type`.
-  D tensor(const Shape& s, cudnnDataType_t type, int64_t uid = 0) {
+  // A tensor the variant pack binds (uid), or (uid 0) a virtual one, of `type`; by_value: a host
+  // value (its address in the variant pack), not device memory.
+  D tensor(const Shape& s, cudnnDataType_t type, int64_t uid = 0, bool by_value = false) {
     const bool is_virtual = uid == 0;
     const int64_t id = is_virtual ? next_virtual_++ : uid, alignment = 16;
     Desc& t = keep(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
@@ -171,26 +172,13 @@ class Graph {
         .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, &alignment);
     const bool yes = true;
     if (is_virtual) t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &yes);
-    t.finalize("a tensor");
+    if (by_value) t.set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &yes);
+    t.finalize(by_value ? "a scalar" : "a tensor");
     return t.get();
   }
   D virt(const Shape& s, cudnnDataType_t type = CUDNN_DATA_FLOAT) { return tensor(s, type); }
-  // A float scalar passed by value (its host address in the variant pack).
-  D scalar(int64_t uid) {
-    const Shape one{{1, 1, 1, 1}, {1, 1, 1, 1}};
-    const cudnnDataType_t type = CUDNN_DATA_FLOAT;
-    const int64_t alignment = 16;
-    const bool yes = true;
-    Desc& t = keep(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, &type)
-        .set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, one.dims.data(), 4)
-        .set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, one.strides.data(), 4)
-        .set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, &uid)
-        .set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, &alignment)
-        .set(CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, &yes);
-    t.finalize("a scalar");
-    return t.get();
-  }
+  // A float scalar passed by value.
+  D scalar(int64_t uid) { return tensor({{1, 1, 1, 1}, {1, 1, 1, 1}}, CUDNN_DATA_FLOAT, uid, true); }
 
   // y = mode(x, b, t): b the second input (or null), t the third (BINARY_SELECT's predicate);
   // axis: GEN_INDEX's. The math in `precision`.
