@@ -22,6 +22,18 @@ namespace zero3d {
 
 enum class BackendKind { host, cuda };
 
+// A GEMM's weight operand (the B of op(A) op(B)): its fp32 values and, in bf16 runs, the same
+// matrix as the run keeps it, in bf16, with the same leading dimension. f32 was widened from
+// bf16, so bf16 is exactly what rounding f32 gives: a backend whose GEMMs run in bf16 takes it as
+// it is (no rounding pass per GEMM); fp32 GEMMs read f32. Any fp32 matrix converts to a weight
+// without a 16-bit copy.
+struct GemmWeight {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  GemmWeight(const float* w) : f32(w) {}  // NOLINT(google-explicit-constructor): every fp32 B is one
+  GemmWeight(const float* w, const uint16_t* w16) : f32(w), bf16(w16) {}
+};
+
 class Backend;
 // The host backend is always available; the CUDA backend only in builds with ZERO3D_HAVE_CUDA.
 struct HostOptions {
@@ -71,14 +83,16 @@ class Backend {
 
   // ---- GEMM: C = alpha * op(A) * op(B) + beta * C, row-major, op = transpose when t* is set ----
   virtual void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda,
-                    const float* B, int ldb, float beta, float* C, int ldc) = 0;
+                    GemmWeight B, int ldb, float beta, float* C, int ldc) = 0;
   // A linear layer's forward, y = x W^T (+ bias) (+ residual), bias and residual (nullptr: none)
   // added in the GEMM's epilogue where the library can. x: N x in, W: out x in; y must not alias
   // x or residual.
-  virtual void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual,
+  virtual void linear_forward(float* y, const float* x, GemmWeight w, const float* bias, const float* residual,
                               int N, int in, int out) = 0;
   // What runs the GEMMs, for the run record: library, ISA, precision.
   virtual std::string describe_gemm() const = 0;
+  // Whether the GEMMs round their operands to bf16 (then a weight's bf16 copy is all they read).
+  virtual bool bf16_gemm() const = 0;
 
   // ---- elementwise / per-row ops (N rows of C columns) ----
   // out[n,:] = wte[tokens[n] - vocab_start,:] + wpe[n % T,:], where wte holds the vocab_rows rows
@@ -100,7 +114,7 @@ class Backend {
   // The MLP's first layer and its activation: pre = x W^T + bias (kept for backward), out =
   // gelu(pre). Here linear_forward then gelu_forward; the CUDA backend runs one cuBLASLt matmul
   // with the GELU in its epilogue.
-  virtual void linear_gelu_forward(float* out, float* pre, const float* x, const float* w, const float* bias, int N,
+  virtual void linear_gelu_forward(float* out, float* pre, const float* x, GemmWeight w, const float* bias, int N,
                                    int in, int F) {
     linear_forward(pre, x, w, bias, nullptr, N, in, F);
     gelu_forward(out, pre, static_cast<size_t>(N > 0 ? N : 0) * static_cast<size_t>(F > 0 ? F : 0));

@@ -704,6 +704,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   BackendKind kind() const override { return BackendKind::cuda; }
   MemKind memory_kind() const override { return MemKind::device; }
   DeviceMemory* device_memory() override { return this; }
+  bool bf16_gemm() const override { return bf16_gemm_; }
   std::string describe_gemm() const override {
     return bf16_gemm_ ? "cuBLAS, bf16 inputs (rounded to nearest even) on the tensor cores, fp32 accumulation"
                       : "cuBLAS fp32";
@@ -791,10 +792,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // on the tensor cores with fp32 accumulation into fp32 C, as the host's bf16 GEMMs do. (cuBLAS's
   // CUBLAS_COMPUTE_32F_FAST_16BF would skip the copies but promises neither the rounding nor the
   // tensor cores.)
-  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, GemmWeight B, int ldb,
             float beta, float* C, int ldc) override {
     if (!bf16_gemm_) {
-      CUBLAS_CHECK(cublasSgemm(cublas(), op(tb), op(ta), n, m, k, &alpha, B, ldb, A, lda, &beta, C, ldc));
+      CUBLAS_CHECK(cublasSgemm(cublas(), op(tb), op(ta), n, m, k, &alpha, B.f32, ldb, A, lda, &beta, C, ldc));
       return;
     }
     if (m <= 0 || n <= 0) return;
@@ -807,7 +808,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   }
   // One cuBLASLt matmul with the bias in its epilogue and the residual as beta * C
   // (kernels/cuda/cublaslt_linear.h); where cuBLASLt has no algorithm, the GEMM and two passes.
-  void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
+  void linear_forward(float* y, const float* x, GemmWeight w, const float* bias, const float* residual, int N,
                       int in, int out) override {
     const auto [xa, wa] = lt_operands(x, w, N, in, out);
     if (lt_.forward(stream(), y, xa, wa, bf16_gemm_, bias, residual, N, in, out)) return;
@@ -849,7 +850,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   }
   // One cuBLASLt matmul with bias and GELU in its epilogue, the pre-activation as its auxiliary
   // output; where cuBLASLt offers no algorithm, the linear layer and a GELU pass.
-  void linear_gelu_forward(float* out, float* pre, const float* x, const float* w, const float* bias, int N, int in,
+  void linear_gelu_forward(float* out, float* pre, const float* x, GemmWeight w, const float* bias, int N, int in,
                            int F) override {
     const auto [xa, wa] = lt_operands(x, w, N, in, F);
     if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre)) return;
@@ -1021,21 +1022,23 @@ class CudaBackend final : public Backend, public DeviceMemory {
     return out;
   }
 
-  // A and B (na and nb elements) rounded to bf16 (to nearest even) into the stream scratch, B's
-  // copy 16-byte aligned: the operands of a bf16 GEMM.
-  std::pair<uint16_t*, uint16_t*> bf16_operands(const float* A, size_t na, const float* B, size_t nb) {
+  // The operands of a bf16 GEMM: A (na elements) rounded to bf16 (to nearest even) into the stream
+  // scratch, and B's bf16 copy where it comes with one, else B (nb elements) rounded there too,
+  // 16-byte aligned.
+  std::pair<const uint16_t*, const uint16_t*> bf16_operands(const float* A, size_t na, GemmWeight B, size_t nb) {
     const size_t na_padded = (na + 7) / 8 * 8;
-    auto* a16 = static_cast<uint16_t*>(stream_scratch((na_padded + nb) * sizeof(uint16_t)));
-    uint16_t* b16 = a16 + na_padded;
+    auto* a16 = static_cast<uint16_t*>(stream_scratch((na_padded + (B.bf16 ? 0 : nb)) * sizeof(uint16_t)));
     launch(stream(), na, cast_to_bf16_kernel, a16, A, na);
-    launch(stream(), nb, cast_to_bf16_kernel, b16, B, nb);
+    if (B.bf16) return {a16, B.bf16};
+    uint16_t* b16 = a16 + na_padded;
+    launch(stream(), nb, cast_to_bf16_kernel, b16, B.f32, nb);
     return {a16, b16};
   }
 
-  // A linear layer's x (N x in) and W (out x in) as cuBLASLt takes them: as they are, or their
-  // bf16 copies with bf16_gemm.
-  std::pair<const void*, const void*> lt_operands(const float* x, const float* w, int N, int in, int out) {
-    if (!bf16_gemm_) return {x, w};
+  // A linear layer's x (N x in) and W (out x in) as cuBLASLt takes them: as they are, or in bf16
+  // with bf16_gemm.
+  std::pair<const void*, const void*> lt_operands(const float* x, GemmWeight w, int N, int in, int out) {
+    if (!bf16_gemm_) return {x, w.f32};
     return bf16_operands(x, rows(N) * rows(in), w, rows(out) * rows(in));
   }
 

@@ -26,6 +26,7 @@ class HostBackend final : public Backend {
   std::string describe() const override {
     return strprintf("host (%s loops, %d threads; GEMM %s)", k_.isa, cpu::threads(), describe_gemm().c_str());
   }
+  bool bf16_gemm() const override { return gemm_.plan().bf16; }
   std::string describe_gemm() const override {  // the plan and the libraries it uses
     const GemmPlan& p = gemm_.plan();
     std::vector<std::string> libs;
@@ -68,12 +69,12 @@ class HostBackend final : public Backend {
   }
   void synchronize() override {}
 
-  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, GemmWeight B, int ldb,
             float beta, float* C, int ldc) override {
     OpProfile::Scope op(&prof_, ta ? "gemm_weight_grad" : tb ? "gemm_forward" : "gemm_input_grad", 4.0 * (double(m) * k + double(k) * n + double(m) * n * (beta != 0 ? 2 : 1)), 2.0 * m * n * k);
     if (!count_) gemm_.gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-  void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
+  void linear_forward(float* y, const float* x, GemmWeight w, const float* bias, const float* residual, int N,
                       int in, int out) override {
     OpProfile::Scope op(&prof_, "linear_forward", 4.0 * (double(N) * in + double(in) * out + double(N) * out * (residual ? 2 : 1)), 2.0 * N * in * out);
     if (!count_) gemm_.linear(y, x, w, bias, residual, N, in, out);

@@ -242,40 +242,48 @@ struct HostGemm::Impl {
     return scols;
   }
 
-  void matmul(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+  // In bf16, A and B are rounded into a16 and b16, except a B that comes with its bf16 copy.
+  void matmul(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, GemmWeight B, int ldb,
               float beta, float* C, int ldc, const float* bias, const float* residual, bool bf16) {
+    const void* a = A;
+    const void* b = B.f32;
     if (bf16) {
       lda = to_bf16(a16, A, m, k, ta, lda);
-      ldb = to_bf16(b16, B, k, n, tb, ldb);
+      a = a16.data();
+      if (B.bf16) {
+        b = B.bf16;
+      } else {
+        ldb = to_bf16(b16, B.f32, k, n, tb, ldb);
+        b = b16.data();
+      }
     }
     const Key key{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, bias != nullptr, residual != nullptr};
-    run(key, bf16, bf16 ? static_cast<const void*>(a16.data()) : A, bf16 ? static_cast<const void*>(b16.data()) : B,
-        C, bias, residual);
+    run(key, bf16, a, b, C, bias, residual);
   }
 };
 
 HostGemm::HostGemm(GemmPlan plan) : plan_(plan), impl_(std::make_unique<Impl>()) {}
 HostGemm::~HostGemm() = default;
 
-void HostGemm::gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B,
+void HostGemm::gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, GemmWeight B,
                     int ldb, float beta, float* C, int ldc) {
   if (m == 0 || n == 0) return;
   const GemmRole role = ta ? GemmRole::weight_grad : tb ? GemmRole::forward : GemmRole::input_grad;
   if (plan_.bf16) return impl_->matmul(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc, nullptr, nullptr, true);
   if (plan_.for_role(role) == GemmLibrary::cblas) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, A, lda,
-                B, ldb, beta, C, ldc);
+                B.f32, ldb, beta, C, ldc);
     return;
   }
-  DNNL_CHECK(dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, A, lda, B, ldb, beta, C, ldc));
+  DNNL_CHECK(dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, A, lda, B.f32, ldb, beta, C, ldc));
 }
 
-void HostGemm::linear(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
+void HostGemm::linear(float* y, const float* x, GemmWeight w, const float* bias, const float* residual, int N,
                       int in, int out) {
   if (N == 0 || out == 0) return;
   if (plan_.bf16 || plan_.forward == GemmLibrary::onednn)
     return impl_->matmul(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out, bias, residual, plan_.bf16);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, out, in, 1.0f, x, in, w.f32, in, 0.0f, y, out);
   if (bias) cpu::select().add_bias(y, bias, N, out);
   if (residual) cpu::select().accumulate(y, residual, static_cast<size_t>(N) * out);
 }

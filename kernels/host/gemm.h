@@ -13,6 +13,8 @@
 #include <memory>
 #include <string>
 
+#include "kernels/backend.h"  // GemmWeight
+
 namespace zero3d {
 
 enum class GemmLibrary { onednn, cblas };
@@ -44,10 +46,11 @@ class HostGemm {
   const GemmPlan& plan() const { return plan_; }
 
   // C = alpha op(A) op(B) + beta C, row-major; beta = 0 never reads C.
-  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+  // In bf16, B's bf16 copy where it has one is multiplied as it is (not rounded again).
+  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, GemmWeight B, int ldb,
             float beta, float* C, int ldc);
   // y = x W^T (+ bias) (+ residual); x: N x in, W: out x in, y and residual: N x out.
-  void linear(float* y, const float* x, const float* w, const float* bias, const float* residual, int N, int in,
+  void linear(float* y, const float* x, GemmWeight w, const float* bias, const float* residual, int N, int in,
               int out);
 
  private:

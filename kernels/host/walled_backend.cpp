@@ -101,14 +101,15 @@ class WalledBackend final : public Backend, public DeviceMemory {
   }
 
   // ---- every op: the walls down while the host backend runs it ----
-  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B, int ldb,
+  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, GemmWeight B, int ldb,
             float beta, float* C, int ldc) override {
     run([&] { inner_->gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc); });
   }
-  void linear_forward(float* y, const float* x, const float* w, const float* bias, const float* residual, int N,
+  void linear_forward(float* y, const float* x, GemmWeight w, const float* bias, const float* residual, int N,
                       int in, int out) override {
     run([&] { inner_->linear_forward(y, x, w, bias, residual, N, in, out); });
   }
+  bool bf16_gemm() const override { return inner_->bf16_gemm(); }
   std::string describe_gemm() const override { return tally_ ? "none (sizing)" : inner_->describe_gemm(); }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                          int vocab_start, int vocab_rows) override {

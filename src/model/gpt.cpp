@@ -100,8 +100,10 @@ std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp, int tp_rank
   }
   for (int l = stage.first_layer; l < stage.first_layer + stage.num_layers; ++l, ++unit) {
     const std::string h = "h." + std::to_string(l) + ".";
-    for (int k = 0; k < per_block; ++k)
+    for (int k = 0; k < per_block; ++k) {
       add(h + block[k].name, block[k].shape, block[k].decay, block[k].split, emb + per_block * l + k, block[k].blocks);
+      t.back().gemm_only = block[k].shape.size() == 2;
+    }
   }
   if (stage.last()) {
     int id = final_id;
@@ -109,9 +111,10 @@ std::vector<ParamInfo> gpt_param_table(const ModelConfig& m, int tp, int tp_rank
     if (!m.rmsnorm()) add("ln_f.bias", {C}, false, S::none, id++);
     if (!m.tie_word_embeddings) {
       add("lm_head.weight", {V, C}, true, S::rows, id);  // vocab-parallel, like wte
+      t.back().gemm_only = true;
     } else if (pp > 1) {  // the LM head's copy of the tied embedding, kept equal to the first stage's
       add("wte", {V, C}, true, S::rows, 0);
-      t.back().tied_copy = true;
+      t.back().tied_copy = t.back().gemm_only = true;
     }
   }
   return t;
@@ -360,6 +363,20 @@ GPT::LayerTensors<F> GPT::layer_tensors(F* base, int l) const {
           at(kLn2W), at(kLn2B), at(kFcW),  at(kFcB),  at(kFcProjW), at(kFcProjB)};
 }
 
+GemmWeight GPT::gemm_weight(const float* unit_base, int unit, size_t i) const {
+  const uint16_t* base16 = store_.acquired_bf16(unit);
+  const bool in_fp32 = !layout_.tensors[i].gemm_only || store_.fp32_gemm_weights();
+  return {in_fp32 ? tensor(unit_base, i) : nullptr, base16 ? tensor(base16, i) : nullptr};
+}
+
+GPT::BlockParams GPT::acquire_block(int l) {
+  const int unit = first_block_unit_ + l;
+  const float* base = store_.acquire_params(unit);
+  const size_t first = block_tensor0_ + static_cast<size_t>(l) * block_size_;
+  auto matrix = [&](int k) { return gemm_weight(base, unit, first + role_[k]); };
+  return {layer_tensors(base, l), matrix(kQkvW), matrix(kProjW), matrix(kFcW), matrix(kFcProjW)};
+}
+
 void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_layer, uint64_t seed, size_t begin,
                      size_t end, float* out) {
   const ParamInfo& p = table[index];
@@ -387,11 +404,12 @@ void GPT::tp_all_reduce(float* x, size_t n) {
 // MLP), row-parallel proj and fc_proj (each rank's partial product, then one all-reduce): two
 // all-reduces per block forward, two in backward. The biases and the residual adds ride in the
 // GEMMs' epilogues; with tp > 1 tp rank 0 adds them to its partial product before the sum.
-void GPT::block_forward(int l, const LayerActs& a, const LayerTensors<const float>& w, float* x_next) {
+void GPT::block_forward(int l, const LayerActs& a, const BlockParams& p, float* x_next) {
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
   const bool adds = tp_rank_ == 0;
-  auto row_parallel = [&](float* y, const float* x, const float* wt, const float* bias, const float* residual,
+  const LayerTensors<const float>& w = p.w;
+  auto row_parallel = [&](float* y, const float* x, GemmWeight wt, const float* bias, const float* residual,
                           int in) {
     be_.linear_forward(y, x, wt, adds ? bias : nullptr, adds ? residual : nullptr, N, in, C);
     tp_all_reduce(y, NC);
@@ -402,10 +420,10 @@ void GPT::block_forward(int l, const LayerActs& a, const LayerTensors<const floa
   }
   {
     auto t = timed(block_module(l, 1));
-    be_.linear_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, nullptr, N, C, QKV_);
+    be_.linear_forward(a.qkv, a.ln1, p.qkv, w.qkv_b, nullptr, N, C, QKV_);
     if (cfg_.rope()) be_.rope(a.qkv, rope_cs_.data(), N, T_, H_ + Hkv_, hd_, QKV_, false);  // q and k turned in place
     be_.attention_forward(a.atty, a.lse, a.qkv, B_, T_, H_, Hkv_, A_);
-    row_parallel(a.res2, a.atty, w.proj_w, w.proj_b, a.x, A_);  // res2 = x + attn
+    row_parallel(a.res2, a.atty, p.proj, w.proj_b, a.x, A_);  // res2 = x + attn
   }
   {
     auto t = timed(block_module(l, 2));
@@ -413,12 +431,12 @@ void GPT::block_forward(int l, const LayerActs& a, const LayerTensors<const floa
   }
   auto t = timed(block_module(l, 3));
   if (cfg_.swiglu()) {
-    be_.linear_forward(a.fch, a.ln2, w.fc_w, w.fc_b, nullptr, N, C, F2_);
+    be_.linear_forward(a.fch, a.ln2, p.fc, w.fc_b, nullptr, N, C, F2_);
     be_.swiglu_forward(a.fch_gelu, a.fch, N, F_);
   } else {
-    be_.linear_gelu_forward(a.fch_gelu, a.fch, a.ln2, w.fc_w, w.fc_b, N, C, F_);
+    be_.linear_gelu_forward(a.fch_gelu, a.fch, a.ln2, p.fc, w.fc_b, N, C, F_);
   }
-  row_parallel(x_next, a.fch_gelu, w.fcproj_w, w.fcproj_b, a.res2, F_);  // x_next = res2 + mlp
+  row_parallel(x_next, a.fch_gelu, p.fcproj, w.fcproj_b, a.res2, F_);  // x_next = res2 + mlp
 }
 
 void GPT::norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b) {
@@ -462,7 +480,7 @@ void GPT::crossentropy(int r0, int rows, float dloss) {
 // The tied LM head and the loss, in row blocks of head_rows_ so that at most one block of logits
 // (or probabilities) exists at a time. With dloss > 0 each block's gradient goes through the head
 // at once: dlnf (into dbuf_c_, for backward's final LayerNorm) and dwte. Returns the mean loss.
-float GPT::lm_head(const float* wte, float* dwte, float dloss) {
+float GPT::lm_head(GemmWeight wte, float* dwte, float dloss) {
   const int N = B_ * T_, C = C_;
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
@@ -506,12 +524,12 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   }
   for (int l = 0; l < L_; ++l) {
     const int unit = first_block_unit_ + l;
-    block_forward(l, layers_[l], layer_tensors(store_.acquire_params(unit), l), l + 1 < L_ ? layers_[l + 1].x : xfinal_);
+    block_forward(l, layers_[l], acquire_block(l), l + 1 < L_ ? layers_[l + 1].x : xfinal_);
     store_.release_params(unit);
   }
   if (!stage_.last()) return 0.0f;
   const float* fin = store_.acquire_params(final_unit_);
-  const float* wte = tensor(head_unit_ == emb_unit_ ? emb : fin, head_wte_index_);
+  const GemmWeight wte = gemm_weight(head_unit_ == emb_unit_ ? emb : fin, head_unit_, head_wte_index_);
   {
     auto t = timed(lnf_module_);
     norm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf_index_),
@@ -565,7 +583,7 @@ void GPT::backward() {
 
   // linear backward: dx = dy W (overwrites), dW += dy^T x, db += sum dy (unless the caller
   // summed it already: nullptr)
-  auto linear_backward = [&](float* dx, float* dw, float* db, const float* dy, const float* x, const float* w, int in,
+  auto linear_backward = [&](float* dx, float* dw, float* db, const float* dy, const float* x, GemmWeight w, int in,
                              int out) {
     be_.gemm(false, false, N, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
     be_.gemm(true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
@@ -574,11 +592,12 @@ void GPT::backward() {
   for (int l = L_ - 1; l >= 0; --l) {
     const LayerActs& a = layers_[l];
     const int unit = first_block_unit_ + l;
-    const auto w = layer_tensors(store_.acquire_params(unit), l);
+    const BlockParams p = acquire_block(l);
+    const LayerTensors<const float>& w = p.w;
     // Regenerate this block's activations from its input (the last block's are still there).
     if (opt_.checkpoint_activations && l + 1 < L_) {
       const auto t0 = std::chrono::steady_clock::now();
-      block_forward(l, a, w, l + 1 < L_ ? layers_[l + 1].x : xfinal_);
+      block_forward(l, a, p, l + 1 < L_ ? layers_[l + 1].x : xfinal_);
       be_.synchronize();
       recompute_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
@@ -587,14 +606,14 @@ void GPT::backward() {
     // Row-parallel layers need no communication backward; column-parallel ones all-reduce dx.
     {
       auto t = timed(block_module(l, 3));
-      linear_backward(dact_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, w.fcproj_w, F_, C);
+      linear_backward(dact_, g.fcproj_w, g.fcproj_b, dres_, a.fch_gelu, p.fcproj, F_, C);
       if (cfg_.swiglu()) {
         be_.swiglu_backward(dfch_, a.fch, dact_, N, F_);
         if (g.fc_b) be_.bias_backward(g.fc_b, dfch_, N, F2_);
       } else {
         be_.gelu_backward(dfch_, g.fc_b, a.fch, a.fch_gelu, dfch_, N, F_);  // with fc's bias gradient, in one pass
       }
-      linear_backward(dbuf_c_, g.fc_w, nullptr, dfch_, a.ln2, w.fc_w, C, F2_);
+      linear_backward(dbuf_c_, g.fc_w, nullptr, dfch_, a.ln2, p.fc, C, F2_);
       tp_all_reduce(dbuf_c_, NC);
     }
     {
@@ -603,10 +622,10 @@ void GPT::backward() {
     }
     {  // attention: dres now holds d res2, which flows unchanged into d x_l
       auto t = timed(block_module(l, 1));
-      linear_backward(dbuf_c_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, A_, C);
+      linear_backward(dbuf_c_, g.proj_w, g.proj_b, dres_, a.atty, p.proj, A_, C);
       be_.attention_backward(dqkv_, dbuf_c_, a.atty, a.lse, a.qkv, B_, T_, H_, Hkv_, A_);
       if (cfg_.rope()) be_.rope(dqkv_, rope_cs_.data(), N, T_, H_ + Hkv_, hd_, QKV_, true);  // back to q, k
-      linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, C, QKV_);
+      linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, p.qkv, C, QKV_);
       tp_all_reduce(dbuf_c_, NC);
     }
     {

@@ -124,18 +124,29 @@ class GPT {
   F* tensor(F* unit_base, size_t i) const;
   template <typename F>
   LayerTensors<F> layer_tensors(F* unit_base, int l) const;
+  // Tensor i of an acquired unit as a GEMM weight: fp32 (unless the store keeps gemm_only tensors
+  // in bf16 only) and its bf16 copy in bf16 runs.
+  GemmWeight gemm_weight(const float* unit_base, int unit, size_t i) const;
+  // Block l's parameters as the store lends them (its unit acquired): every tensor in fp32 (the
+  // matrices' fp32 places unwritten where the store keeps them in bf16 only), and the four
+  // matrices as GEMM weights.
+  struct BlockParams {
+    LayerTensors<const float> w;
+    GemmWeight qkv, proj, fc, fcproj;
+  };
+  BlockParams acquire_block(int l);
   // The constructor's phases, in this order.
   void locate_units_and_modules();
   void plan_activations();       // acts_: every activation, one allocation
   void plan_backward_scratch();  // scratch_, the token buffers, the cross-entropy's statistics
-  void block_forward(int l, const LayerActs& a, const LayerTensors<const float>& w, float* x_next);
+  void block_forward(int l, const LayerActs& a, const BlockParams& p, float* x_next);
   // LayerNorm or RMSNorm (mean unused by RMSNorm; b, db nullptr there).
   void norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b);
   void norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                      const float* mean, const float* rstd);
   void tp_all_reduce(float* x, size_t n);  // sum over the tensor-parallel group (no-op without)
   void crossentropy(int r0, int rows, float dloss);  // of one row block of (vocab-parallel) logits
-  float lm_head(const float* wte, float* dwte, float dloss);  // returns the mean loss
+  float lm_head(GemmWeight wte, float* dwte, float dloss);  // returns the mean loss
   // Times the enclosing scope as module `index` (see gpt_modules' order); backward while in backward().
   ModuleProfile::Scope timed(size_t index) { return ModuleProfile::Scope(mprof_, be_, index, in_backward_); }
   size_t block_module(int l, int part) const { return block_module0_ + 4 * static_cast<size_t>(l) + part; }

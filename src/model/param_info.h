@@ -31,6 +31,9 @@ struct ParamInfo {
   bool tied_copy = false;   // the last pipeline stage's copy of wte (its gradient is summed with the first's)
   bool own_bucket = false;  // kept in a bucket of its own (wte with pp > 1, so both copies shard alike)
   std::vector<int64_t> blocks;  // TpSplit::blocks: the logical rows of each block
+  // Read only as a GEMM's weight (the blocks' matrices, the LM head's own weight or copy): where the
+  // GEMMs run in bf16 on bf16 weights they read its bf16 copy, and it is never widened to fp32.
+  bool gemm_only = false;
 };
 
 }  // namespace zero3d

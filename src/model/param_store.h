@@ -21,6 +21,16 @@ class ParamStore {
   // The unit's full parameters (its padded range of the flat layout), valid until release_params.
   virtual const float* acquire_params(int unit) = 0;
   virtual void release_params(int unit) { (void)unit; }
+  // The same parameters as the run keeps them in bf16 (the fp32 ones were widened from these), in
+  // the same layout, valid while acquired; nullptr where the run keeps no bf16 weights (fp32 and
+  // fp16 runs). The model hands them to its GEMMs beside the fp32 ones (GemmWeight).
+  virtual const uint16_t* acquired_bf16(int unit) const {
+    (void)unit;
+    return nullptr;
+  }
+  // Whether the fp32 parameters include the gemm_only tensors (model/param_info.h). Not where the
+  // GEMMs run in bf16 on bf16 weights: then only those tensors' bf16 copies are lent.
+  virtual bool fp32_gemm_weights() const { return true; }
   // Where backward accumulates (+=) the unit's gradient, valid until grads_done.
   virtual float* acquire_grads(int unit) = 0;
   virtual void grads_done(int unit) { (void)unit; }

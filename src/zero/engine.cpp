@@ -52,6 +52,9 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
     policy.prefetch_elems = static_cast<size_t>(zero.stage3_prefetch_bucket_size);
     policy.reuse_distance = static_cast<size_t>(zero.stage3_max_reuse_distance);
     policy.slots16 = mixed_ && cfg_.stage == 3;
+    // bf16 GEMMs on bf16 weights take the matrices' bf16 copies: those are never widened.
+    fp32_gemm_weights_ = !(mixed_ && dt_ == Dtype16::bf16 && be.bf16_gemm());
+    policy.widen_gemm_only = fp32_gemm_weights_;
     pool_ = std::make_unique<ParamPool>(be, layout_, policy, s16_,
                                         [this](ParamSlot& slot, int unit) { params_->fill(slot, unit); });
   }
@@ -103,6 +106,10 @@ void ZeroEngine::init_weights(uint64_t seed) {
 
 const float* ZeroEngine::acquire_params(int unit) {
   return pool_ ? pool_->acquire(unit) : params_->resident_unit(unit);
+}
+
+const uint16_t* ZeroEngine::acquired_bf16(int unit) const {
+  return s16_ && s16_->type() == Dtype16::bf16 ? pool_->held16(unit) : nullptr;
 }
 
 void ZeroEngine::release_params(int unit) {

@@ -25,7 +25,8 @@
 // Mixed precision: the model's weights and gradients are stored in 16 bits (params 2 Psi, grads
 // 2 Psi, each divided by N where the stage shards it) and the optimizer keeps fp32 master weights
 // beside m and v (12 Psi, / N from stage 1). Compute is fp32: a unit's 16-bit weights are widened
-// into a slot of the same pool ZeRO-3 uses, and backward's fp32 unit gradient is rounded into the
+// into a slot of the same pool ZeRO-3 uses (with bf16 GEMMs on bf16 weights, all but the matrices:
+// the GEMMs read those as kept, acquired_bf16), and backward's fp32 unit gradient is rounded into the
 // 16-bit gradient (accumulated there over micro-batches, reduced in 16 bits). At the step the
 // rank's 16-bit gradient slices are widened into one fp32 buffer for the norm and Adam, and the
 // updated master is rounded back into the 16-bit weights.
@@ -107,6 +108,8 @@ class ZeroEngine final : public ParamStore {
   const FlatLayout& layout() const override { return layout_; }
   const float* acquire_params(int unit) override;
   void release_params(int unit) override;
+  const uint16_t* acquired_bf16(int unit) const override;
+  bool fp32_gemm_weights() const override { return fp32_gemm_weights_; }
   float* acquire_grads(int unit) override;
   void grads_done(int unit) override;
 
@@ -184,6 +187,7 @@ class ZeroEngine final : public ParamStore {
   std::unique_ptr<OptimizerState> state_; // master, m, v of the owned elements (zero/optimizer_state.h)
   std::unique_ptr<ParamStorage> params_;  // what this rank keeps of the weights (zero/param_storage.h)
   std::unique_ptr<ParamPool> pool_;       // stage 3 or mixed: the slots the model reads (filled from params_)
+  bool fp32_gemm_weights_ = true;  // the slots hold the gemm_only tensors in fp32 too (ParamStore)
   std::unique_ptr<GradSync> sync_;        // the gradients: accumulation and reduction (zero/grad_sync.h)
   std::unique_ptr<AdamW> adam_;
   std::vector<Segment> segments_;  // in state order

@@ -24,6 +24,23 @@ ParamPool::ParamPool(Backend& be, const FlatLayout& layout, const Policy& policy
     if (policy_.slots16) slot->buf16 = DeviceBuffer<uint16_t>(be, n, BufferUse::comm);
     slots_.push_back(std::move(slot));
   }
+  // Each unit's ranges to widen: all of it, or its tensors but the gemm_only ones, adjacent ones
+  // merged (padding is never read).
+  widen_runs_.resize(num_units);
+  for (int u = 0; u < num_units; ++u) {
+    const Unit& unit = layout_.units[u];
+    if (policy_.widen_gemm_only) {
+      widen_runs_[u].push_back({0, unit.size});
+      continue;
+    }
+    for (const ParamInfo& p : layout_.tensors) {
+      if (p.unit != u || p.gemm_only) continue;
+      std::vector<ShardInfo>& runs = widen_runs_[u];
+      const size_t at = p.offset - unit.offset;
+      if (!runs.empty() && runs.back().offset + runs.back().size == at) runs.back().size += p.size;
+      else runs.push_back({at, p.size});
+    }
+  }
   for (int u = 0; u < num_units; ++u) trace_.push_back(u);     // forward: embeddings, blocks, final LN
   trace_.push_back(0);                                           // backward: embeddings (LM head),
   for (int u = num_units - 1; u >= 1; --u) trace_.push_back(u);  // final LN, blocks in reverse
@@ -47,6 +64,17 @@ size_t ParamPool::distance_to_next_use(int unit) const {
     elems += layout_.units[u].size;
   }
   return elems;
+}
+
+const uint16_t* ParamPool::held16(int unit) const {
+  for (const auto& s : slots_)
+    if (s->unit == unit && s->in_use) return s->weights16;
+  return nullptr;
+}
+
+void ParamPool::widen(ParamSlot& s, int unit) {
+  for (const ShardInfo& r : widen_runs_[unit]) s16_->widen(s.buf.data() + r.offset, s.weights16 + r.offset, r.size);
+  s.widen_pending = false;
 }
 
 ParamSlot* ParamPool::holding(int unit) {
@@ -100,10 +128,7 @@ const float* ParamPool::acquire(int unit) {
     fill(*s, unit);
   }
   s->finish();
-  if (s->widen_pending) {
-    s16_->widen(s->buf.data(), s->buf16.data(), layout_.units[unit].size);
-    s->widen_pending = false;
-  }
+  if (s->widen_pending) widen(*s, unit);
   s->in_use = true;
   // Prefetch the next unit of the trace while this one is computed on.
   const int next = trace_[(trace_pos_ + 1) % trace_.size()];

@@ -22,15 +22,17 @@
 
 namespace zero3d {
 
-// A unit's full fp32 parameters for compute, with the requests that fill it (into buf16 first
-// when widen_pending: buf16 -> buf once they are done). A fill may leave a second stage in
-// `then_start` (swapped slices: the reads were issued, the gathers start once they are in),
-// which the pool runs before it waits for ops.
+// A unit's full fp32 parameters for compute, with the requests that fill it. In mixed precision
+// the fill names the unit's 16-bit weights (weights16: gathered into buf16, or the kept ones) and
+// the pool widens them into buf once the requests are done (widen_pending). A fill may leave a
+// second stage in `then_start` (swapped slices: the reads were issued, the gathers start once
+// they are in), which the pool runs before it waits for ops.
 struct ParamSlot {
   DeviceBuffer<float> buf;
   DeviceBuffer<uint16_t> buf16;
   int unit = -1;        // the unit held (valid once ops are done), -1 when free
   bool in_use = false;  // between acquire and release
+  const uint16_t* weights16 = nullptr;  // mixed: the 16-bit weights buf is widened from
   bool widen_pending = false;
   std::function<void()> then_start;
   std::vector<PendingOp> ops;
@@ -49,6 +51,9 @@ class ParamPool {
     size_t prefetch_elems = 0;   // stage3_prefetch_bucket_size (gathered)
     size_t reuse_distance = 0;   // stage3_max_reuse_distance (gathered)
     bool slots16 = false;        // slots need a 16-bit staging buffer (gathered mixed precision)
+    // Mixed: widen the gemm_only tensors too. Not where the GEMMs run in bf16 on bf16 weights:
+    // they read those tensors' bf16 copies (held16), and their fp32 places stay unwritten.
+    bool widen_gemm_only = true;
   };
   // Starts filling `slot` (whose unit is already set) with the unit's parameters.
   using Fill = std::function<void(ParamSlot& slot, int unit)>;
@@ -57,6 +62,8 @@ class ParamPool {
   ~ParamPool();
 
   const float* acquire(int unit);  // the unit's parameters, valid until release
+  // The 16-bit weights an acquired unit was widened from (mixed precision), else nullptr.
+  const uint16_t* held16(int unit) const;
   void release(int unit);
   void invalidate();               // forget every gathered unit (the weights changed)
   size_t bytes() const;
@@ -66,12 +73,14 @@ class ParamPool {
   ParamSlot* free_slot_for(int unit, bool may_wait);
   size_t distance_to_next_use(int unit) const;  // elements acquired before `unit` is used again
   void fill(ParamSlot& s, int unit);
+  void widen(ParamSlot& s, int unit);  // weights16 -> buf, the runs of widen_runs_
 
   const FlatLayout& layout_;
   Policy policy_;
   const std::optional<Storage16>& s16_;
   Fill fill_;
   std::vector<std::unique_ptr<ParamSlot>> slots_;
+  std::vector<std::vector<ShardInfo>> widen_runs_;  // per unit: the element ranges widened (mixed)
   std::vector<int> trace_;  // unit access order of one micro-batch (forward, backward)
   size_t trace_pos_ = 0;
 };

@@ -100,9 +100,9 @@ class FullParams final : public ParamStorage {
   const float* resident_unit(int unit) override {
     return s16_ ? nullptr : params_.data() + L_.units[unit].offset;
   }
-  void fill(ParamSlot& s, int unit) override {  // mixed: widen the kept 16-bit weights
-    const Unit& u = L_.units[unit];
-    s16_->widen(s.buf.data(), params16_.data() + u.offset, u.size);
+  void fill(ParamSlot& s, int unit) override {  // mixed: the pool widens the kept 16-bit weights
+    s.weights16 = params16_.data() + L_.units[unit].offset;
+    s.widen_pending = true;
   }
   void gather_updated() override {  // in messages of up to allgather_bucket_size elements, spanning units
     if (stage0_) return;  // every rank updated everything
@@ -261,6 +261,7 @@ class ShardedParams final : public ParamStorage {
         s.ops.push_back(dp_.iall_gather(shard_params_.mem(b.shard_offset), s.buf.mem(at), n));
       }
     }
+    s.weights16 = s16_ ? s.buf16.data() : nullptr;
     s.widen_pending = s16_.has_value();
     if (later.empty()) return;
     s.then_start = [this, &s, later, slot]() mutable {

@@ -49,7 +49,9 @@ class ParamStorage {
   // The unit's fp32 parameters where they are resident in fp32 (fp32 stages 0-2), else nullptr:
   // then the model reads them from the pool, which fill() serves.
   virtual const float* resident_unit(int unit) = 0;
-  virtual void fill(ParamSlot& slot, int unit) = 0;  // gather (stage 3) or widen (mixed) into a slot
+  // Starts a slot's fill: the gathers (stage 3), and in mixed precision the 16-bit weights the
+  // pool widens (ParamSlot::weights16).
+  virtual void fill(ParamSlot& slot, int unit) = 0;
   virtual void gather_updated() = 0;                 // after the step: the replicated copies whole again
   virtual void read_weights16(const Piece& p, uint16_t* out) const = 0;  // mixed: a saved piece's weights
 

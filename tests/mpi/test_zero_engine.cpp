@@ -9,6 +9,7 @@
 // - The checkpoint pieces: save_pieces() of all ranks tile every tensor exactly once,
 //   load_pieces() once per rank at stage 0 and exactly once over the group from stage 1 on; the
 //   runs each rank counts in the checksums cover every logical element exactly once, for both.
+// - Every acquired unit's bf16 copy (bf16 runs only) widens to its fp32 parameters bit for bit.
 // - Offload: with the optimizer state (and, at stage 3, the parameter slices) in swap files, small
 //   sub-groups, few buffers and ratio < 1, three steps give bitwise the same parameters, norms and
 //   optimizer state as the same engine in memory; so does an offloaded engine loaded from the
@@ -26,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/host/gemm.h"  // onednn_has_bf16
 #include "kernels/math/dtype.h"
 #include "model/init_weights.h"
 #include "model/param_store.h"
@@ -77,26 +79,55 @@ void add_unit_grads(Backend& be, const FlatLayout& L, int unit, float* g, int r,
 
 // One micro-batch through the ParamStore protocol in the order GPT::forward/backward use it
 // (one pipeline stage): the head's gradients are taken in forward, unit 0 stays acquired to the end.
+// Every acquire also checks the unit's bf16 copy (ParamStore::acquired_bf16), where the store
+// lends one: widened, its bits are those of the fp32 parameters (the gemm_only tensors' only
+// where the store widens those). Counted here per micro-batch.
+int bf16_copies = 0;
+
 void micro_batch(ParamStore& s, int r, int mb, Backend* device = nullptr) {
   auto add = [&](int unit, float* g) {
     if (device) add_unit_grads(*device, s.layout(), unit, g, r, mb);
     else add_grads(s.layout(), unit, g, r, mb);
   };
   const FlatLayout& L = s.layout();
+  auto acquire = [&](int unit) {
+    const float* p = s.acquire_params(unit);
+    const uint16_t* p16 = s.acquired_bf16(unit);
+    if (!p16) return;
+    ++bf16_copies;
+    const size_t n = L.units[unit].size;
+    std::vector<float> f(n);
+    std::vector<uint16_t> h(n);
+    if (device) {
+      device->copy_to_host(f.data(), p, n * sizeof(float));
+      device->copy_to_host(h.data(), p16, n * sizeof(uint16_t));
+    } else {
+      std::memcpy(f.data(), p, n * sizeof(float));
+      std::memcpy(h.data(), p16, n * sizeof(uint16_t));
+    }
+    bool same = true;
+    for (const ParamInfo& t : L.tensors) {
+      if (t.unit != unit || (t.gemm_only && !s.fp32_gemm_weights())) continue;
+      const size_t at = t.offset - L.units[unit].offset;
+      for (size_t k = at; k < at + t.size; ++k)
+        same &= math::float_bits(math::float_from_bf16(h[k])) == math::float_bits(f[k]);
+    }
+    check(same, "unit " + std::to_string(unit) + ": its bf16 copy widens to its fp32 parameters");
+  };
   const int last = static_cast<int>(L.units.size()) - 1;
-  s.acquire_params(0);
-  for (int u = 1; u < last; ++u) s.acquire_params(u), s.release_params(u);
-  s.acquire_params(last);
+  acquire(0);
+  for (int u = 1; u < last; ++u) acquire(u), s.release_params(u);
+  acquire(last);
   float* dfinal = s.acquire_grads(last);
   float* demb = s.acquire_grads(0);
   s.release_params(last);
   s.release_params(0);
-  s.acquire_params(last);
+  acquire(last);
   add(last, dfinal);
   s.grads_done(last);
   s.release_params(last);
   for (int u = last - 1; u >= 1; --u) {
-    s.acquire_params(u);
+    acquire(u);
     add(u, s.acquire_grads(u));
     s.grads_done(u);
     s.release_params(u);
@@ -167,7 +198,11 @@ void run_case(Backend& be, ProcessGroup& world, int stage, Precision precision, 
   ZeroEngine engine(be, world, m, z, opt, precision);
   engine.init_weights(seed);
   engine.begin_step(2);
+  bf16_copies = 0;
   for (int mb = 0; mb < 2; ++mb) micro_batch(engine, world.rank(), mb);
+  check((bf16_copies > 0) == (precision == Precision::bf16), name + ": bf16 copies lent in bf16 runs only");
+  check(engine.fp32_gemm_weights() == !(precision == Precision::bf16 && be.bf16_gemm()),
+        name + ": the matrices stay bf16 only with bf16 GEMMs on bf16 weights");
   engine.finish_gradients();
   const double norm_sq = engine.grad_norm_sq();
   engine.optimizer_step(lr);
@@ -207,13 +242,15 @@ void run_case(Backend& be, ProcessGroup& world, int stage, Precision precision, 
   size_t differ = 0;
   for (int u = 0; u < static_cast<int>(L.units.size()); ++u) {
     const float* w = engine.acquire_params(u);
+    const uint16_t* w16 = engine.acquired_bf16(u);  // the matrices' only copy with bf16 GEMMs
     for (size_t t = 0; t < L.tensors.size(); ++t) {
       const ParamInfo& q = L.tensors[t];
       if (q.unit != u) continue;
       for (size_t k = 0; k < q.size; ++k) {
         float want = params[ref.tensors[t].offset + k];
         if (precision != Precision::fp32) want = round16(want, engine.dtype16());
-        const float got = w[q.offset - L.units[u].offset + k];
+        const size_t i = q.offset - L.units[u].offset + k;
+        const float got = q.gemm_only && !engine.fp32_gemm_weights() ? math::float_from_bf16(w16[i]) : w[i];
         differ += std::memcmp(&got, &want, sizeof got) != 0;
       }
     }
@@ -295,7 +332,10 @@ void run_offload_case(Backend& be, Backend& off_be, ProcessGroup& world, int sta
   swapped.init_weights(7);
   check(snapshot(mem, be) == snapshot(swapped, off_be), name + ": initial state");
   for (int step = 1; step <= 3; ++step) {
-    const double a = one_step(mem, world.rank(), 1e-3 * step), b = one_step(swapped, world.rank(), 1e-3 * step, dev);
+    const double a = one_step(mem, world.rank(), 1e-3 * step);
+    bf16_copies = 0;
+    const double b = one_step(swapped, world.rank(), 1e-3 * step, dev);
+    check((bf16_copies > 0) == (precision == Precision::bf16), name + ": bf16 copies lent in bf16 runs only");
     check(a == b, name + ": gradient norm at step " + std::to_string(step));
     check(snapshot(mem, be) == snapshot(swapped, off_be), name + ": parameters and state after step " + std::to_string(step));
   }
@@ -334,6 +374,13 @@ int main(int argc, char** argv) {
               if (stage < 3 && persist != 0) continue;  // persistence is a stage-3 notion
               run_case(*be, *world, stage, precision, rs, overlap, persist);
             }
+    // bf16 GEMMs: the matrices are lent in bf16 only (never widened); the rest as before.
+    if (onednn_has_bf16()) {
+      HostOptions bf16_gemm;
+      bf16_gemm.bf16_gemm = true;
+      auto be16 = make_host_backend(bf16_gemm);
+      for (int stage = 0; stage <= 3; ++stage) run_case(*be16, *world, stage, Precision::bf16, true, true, stage == 3 ? 1000 : 0);
+    }
     // Offload: swap files in a directory of this rank's.
     char tmpl[] = "/tmp/zero3d_offload_XXXXXX";
     const std::string dir = mkdtemp(tmpl);

@@ -39,6 +39,7 @@ namespace {
 
 using zero3d::Backend;
 using zero3d::DeviceBuffer;
+using zero3d::GemmWeight;
 using Vec = std::vector<double>;
 
 // ---------------------------------------------------------------------------------------------
@@ -1650,11 +1651,77 @@ void check_bf16_gemm(const std::unique_ptr<Backend>& be) {
   }
 }
 
+// A weight that comes with its bf16 copy (GemmWeight: a bf16 run's kept weights) is multiplied as
+// that copy: the same bits as rounding its fp32 values, in gemm (every transpose, padded leading
+// dimensions), linear_forward and linear_gelu_forward. A copy of -B gives the product with -B, so
+// a backend that rounded f32 again instead would fail.
+void check_bf16_weight_copy(const std::unique_ptr<Backend>& be) {
+  std::mt19937 rng(12);
+  auto bf16_of = [](const std::vector<float>& v, float sign) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = zero3d::math::bf16_from_float(sign * v[i]);
+    return h;
+  };
+  auto negated = [](std::vector<float> v) {
+    for (float& f : v) f = -f;
+    return v;
+  };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int m = 33, n = 47, k = 70;
+      long sA = 0, sB = 0;
+      Operand A = make_operand(rng, ta, m, k, 2, 1, &sA), B = make_operand(rng, tb, k, n, 3, 1, &sB);
+      const std::vector<float> C = uniform(rng, static_cast<size_t>(m) * n, -1, 1);
+      auto dA = to_device(*be, A.data), dB = to_device(*be, B.data), dBneg = to_device(*be, negated(B.data));
+      auto dB16 = to_device(*be, bf16_of(B.data, 1.0f)), dB16neg = to_device(*be, bf16_of(B.data, -1.0f));
+      auto product = [&](GemmWeight w) {
+        auto dC = to_device(*be, C);
+        be->gemm(ta, tb, m, n, k, 0.5f, dA.data(), A.ld, w, B.ld, 1.0f, dC.data(), n);
+        return to_host(*be, dC);
+      };
+      const std::string tag = " (ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + ")";
+      expect_bits_equal(product({dB.data(), dB16.data()}), product(dB.data()), ("gemm, bf16 copy" + tag).c_str());
+      expect_bits_equal(product({dB.data(), dB16neg.data()}), product(dBneg.data()),
+                        ("gemm, the copy is what is multiplied" + tag).c_str());
+    }
+  const int N = 9, in = 40, out = 24;
+  const std::vector<float> x = uniform(rng, N * in, -1, 1), w = uniform(rng, out * in, -1, 1),
+                           bias = uniform(rng, out, -1, 1), res = uniform(rng, N * out, -1, 1);
+  auto dx = to_device(*be, x), dw = to_device(*be, w), dwneg = to_device(*be, negated(w)), db = to_device(*be, bias),
+       dr = to_device(*be, res);
+  auto dw16 = to_device(*be, bf16_of(w, 1.0f)), dw16neg = to_device(*be, bf16_of(w, -1.0f));
+  auto linear = [&](GemmWeight wt) {
+    auto dy = to_device(*be, std::vector<float>(static_cast<size_t>(N) * out, kNaN));
+    be->linear_forward(dy.data(), dx.data(), wt, db.data(), dr.data(), N, in, out);
+    return to_host(*be, dy);
+  };
+  auto linear_gelu = [&](GemmWeight wt) {
+    auto dout = to_device(*be, std::vector<float>(static_cast<size_t>(N) * out, kNaN));
+    auto dpre = to_device(*be, std::vector<float>(static_cast<size_t>(N) * out, kNaN));
+    be->linear_gelu_forward(dout.data(), dpre.data(), dx.data(), wt, db.data(), N, in, out);
+    std::vector<float> both = to_host(*be, dpre), o = to_host(*be, dout);
+    both.insert(both.end(), o.begin(), o.end());
+    return both;
+  };
+  expect_bits_equal(linear({dw.data(), dw16.data()}), linear(dw.data()), "linear_forward, bf16 copy");
+  expect_bits_equal(linear({dw.data(), dw16neg.data()}), linear(dwneg.data()), "linear_forward, the copy");
+  expect_bits_equal(linear_gelu({dw.data(), dw16.data()}), linear_gelu(dw.data()), "linear_gelu_forward, bf16 copy");
+  expect_bits_equal(linear_gelu({dw.data(), dw16neg.data()}), linear_gelu(dwneg.data()),
+                    "linear_gelu_forward, the copy");
+}
+
 TEST(HostKernels, Bf16GemmRoundsInputsAndAccumulatesInFp32) {
   if (!zero3d::onednn_has_bf16()) GTEST_SKIP() << "oneDNN has no native bf16 GEMM on this CPU";
   zero3d::HostOptions o;
   o.bf16_gemm = true;
   check_bf16_gemm(zero3d::make_host_backend(o));
+}
+
+TEST(HostKernels, Bf16GemmTakesTheWeightsBf16Copy) {
+  if (!zero3d::onednn_has_bf16()) GTEST_SKIP() << "oneDNN has no native bf16 GEMM on this CPU";
+  zero3d::HostOptions o;
+  o.bf16_gemm = true;
+  check_bf16_weight_copy(zero3d::make_host_backend(o));
 }
 
 // The CUDA backend's attention in a bf16 run: cuDNN's fused flash attention (kernels/cuda/
@@ -1702,6 +1769,7 @@ TEST(Bf16GemmRoundsInputsAndAccumulatesInFp32, cuda) {
 #if defined(ZERO3D_HAVE_CUDA)
   if (zero3d::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   check_bf16_gemm(zero3d::make_cuda_backend(0, /*bf16_gemm=*/true));
+  check_bf16_weight_copy(zero3d::make_cuda_backend(0, /*bf16_gemm=*/true));
 #else
   GTEST_SKIP() << "built without CUDA";
 #endif
