@@ -15,7 +15,11 @@
 #      and gpt-tiny bf16 with the optimizer offloaded to host memory (AdamW on the CPU) against
 #      the host run, within 2e-2;
 #   5. a GPT-2 350M-shape model (d 1024, 24 layers, 16 heads, seq 1024, micro-batch 8) in bf16 for
-#      20 steps on the GPU: tokens/s and MFU against the GPU's dense bf16 peak;
+#      20 steps on the GPU: tokens/s and MFU against the GPU's dense bf16 peak; then, the peer on
+#      the same card, PyTorch training the same model from the same arguments
+#      (jobscripts/bench_peer.py: bf16 autocast, scaled_dot_product_attention on cuDNN or flash,
+#      fused AdamW), eager and, while time is left, under torch.compile: tokens/s, MFU by zero3d's
+#      FLOP count and peak, PyTorch's peak GPU memory (zero3d records none) and zero3d's ratio;
 #   6. gpt-tiny on 2 ranks sharing the GPU with ZeRO-2 (its gradients reduce-scattered by NCCL)
 #      against 2 host ranks, fp32 within 1e-4;
 # then one table. Logs and metrics go under $OUT (the device tool's folder) or runs/device-check.
@@ -26,7 +30,9 @@
 # Without a GPU it builds, runs the host half and marks the GPU rows skipped: how the script
 # itself is tried before a device is lent. DEVICE_BACKEND=host goes further there: the host stands
 # in for the GPU in every row (its own kernel tests, itself as the "GPU" run, the big model cut to
-# 2 layers and seq 256 for 6 steps), so every step and parser of the script runs.
+# 2 layers and seq 256 for 6 steps, PyTorch on the CPU's torch), so every step and parser of the
+# script runs. PEER_PYTHON names the python3 with torch (default: the first of python3,
+# /usr/bin/python3 that imports it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$SECONDS
@@ -44,9 +50,10 @@ row() {
   [[ $2 == FAIL ]] && failures=$((failures + 1))
   return 0
 }
-# Seconds a step may take: its own limit, or what is left before the deadline (0: skip it).
+# Seconds a step may take: its own limit, or what is left before the deadline less any seconds
+# kept for the rows after it (0: skip it). usage: limit SECONDS [KEEP]
 limit() {
-  local left=$((deadline - SECONDS - 15))
+  local left=$((deadline - SECONDS - 15 - ${2:-0}))
   ((left < 30)) && echo 0 || echo $((left < $1 ? left : $1))
 }
 finish() {
@@ -281,8 +288,13 @@ if [[ -n $gpu ]]; then
   steps=20
   big=(input/gpt2-124m.json --set data.val= --set model.d_model=1024 --set model.n_layer=24 --set model.n_head=16
        --set train_micro_batch_size_per_gpu=8 --set bf16.enabled=true)
-  [[ $dev == host ]] && steps=6 big+=(--set model.n_layer=2 --set model.seq_len=256)
+  # PyTorch's untimed and timed steps (5a): those zero3d's median leaves out and takes
+  peer_steps=(--warmup $((steps / 4)) --steps $((steps - steps / 4)))
+  # The stand-in: 6 steps; PyTorch 1 + 2 (the CPU's torch takes 10-20 s a step there)
+  [[ $dev == host ]] && steps=6 big+=(--set model.n_layer=2 --set model.seq_len=256) peer_steps=(--warmup 1 --steps 2)
   big+=(--set train_steps=$steps --set steps_per_print=$steps)
+  # zero3d's median tokens/s, peak FLOP/s and FLOPs per token, for the PyTorch rows below
+  z_tps="" z_peak="" z_fpt=""
   if train gpt350m_cuda_bf16 "$dev" 180 "${big[@]}" "${fallback[@]}"; then
     res=$(python3 - "$out/gpt350m_cuda_bf16/metrics.jsonl" "$steps" 2>>"$log" <<'PY'
 import statistics, sys
@@ -296,11 +308,14 @@ if not train or any(r[k] is None for r in train for k in ("tokens_per_s", "mfu",
 tps = statistics.median(r["tokens_per_s"] for r in train)
 mfu = statistics.median(r["mfu"] for r in train)
 attention = run.get("backend", "").partition("attention: ")[2] or "?"
+print(tps, run.get("peak_flops") or 0, run.get("flops_per_token") or 0)  # first line: for the next rows
 print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.2f}% of {run.get('peak_flops', 0) / 1e12:.0f} TFLOP/s "
       f"({run.get('num_params', 0) / 1e6:.0f}M parameters; median of steps {first}-{train[-1]['step']}; "
       f"loss {train[-1]['loss']:.3f}; attention: {attention})")
 PY
 )
+    read -r z_tps z_peak z_fpt <<<"$res"
+    res=${res#*$'\n'}
     refused=$(grep -m1 'cuDNN attention:' "$out/gpt350m_cuda_bf16.log" | cut -c1-200)
     res+=${refused:+; $refused}
     if [[ -n $res ]]; then row "GPT-2 350M shape, bf16, $steps steps" "ok" "$res"
@@ -312,6 +327,65 @@ PY
 else
   row "GPT-2 350M shape, bf16" "skipped" "no GPU"
 fi
+
+# ---- 5a. the peer on the same card: PyTorch trains the same model on the same batch ----
+# jobscripts/bench_peer.py gets the row above's arguments (its --set overrides) and as many
+# untimed and timed steps as zero3d's median left out and took (on a GPU): eager (attention through
+# scaled_dot_product_attention pinned to cuDNN's or flash's backend where this torch has them,
+# fused AdamW), then under torch.compile while time is left. Its MFU uses zero3d's FLOP count and
+# zero3d's peak; "zero3d x" is zero3d's median tokens/s over PyTorch's. Peak memory is PyTorch's
+# (torch.cuda.max_memory_allocated): zero3d records no peak device memory. On the stand-in it
+# runs on the CPU's torch.
+peer_py=${PEER_PYTHON:-}
+for py in python3 /usr/bin/python3; do
+  [[ -z $peer_py ]] && "$py" -c 'import torch' 2>/dev/null && peer_py=$py
+done
+peer() {  # peer NAME LABEL SECONDS KEEP ARGS...: a row from bench_peer.py's JSON line (KEEP: see limit)
+  local name=$1 label=$2 seconds rc res
+  seconds=$(limit "$3" "$4")
+  shift 4
+  if [[ -z $gpu ]]; then row "$label" "skipped" "no GPU"; return; fi
+  if [[ -z $peer_py ]]; then row "$label" "FAIL" "no python3 with torch (PEER_PYTHON names one)"; return; fi
+  ((seconds > 0)) || { row "$label" "skipped" "no time left before the deadline"; return; }
+  local on=(--device cuda)
+  [[ $dev == host ]] && on=(--device cpu --threads "$OMP_NUM_THREADS")
+  timeout "$seconds" "$peer_py" jobscripts/bench_peer.py "${big[@]}" "${on[@]}" "${peer_steps[@]}" \
+    ${z_peak:+--peak-flops "$z_peak"} "$@" >"$out/$name.json" 2>"$out/$name.log"
+  rc=$?
+  res=$(python3 - "$out/$name.json" "$rc" "$z_tps" "$z_fpt" 2>>"$log" <<'PY'
+import json, sys
+lines = [l for l in open(sys.argv[1]) if l.startswith("{")]
+p = json.loads(lines[-1]) if lines else {}
+rc, z_tps, z_fpt = int(sys.argv[2]), float(sys.argv[3] or 0), float(sys.argv[4] or 0)
+if rc == 3 and "error" in p:  # what this torch lacks (torch.compile)
+    print(f"skipped {p['error']}"); sys.exit()
+if rc != 0 or "tokens_per_s" not in p:
+    sys.exit(1)
+tps = p["tokens_per_s"]
+mfu = f"MFU {100 * p['mfu']:.2f}%" if p["mfu"] is not None else "MFU ? (no zero3d peak)"
+ratio = f"zero3d {z_tps / tps:.2f}x" if z_tps else "zero3d ? (its row failed)"
+gib = p["peak_memory_bytes"] / 2**30
+memory = (f"peak memory {gib:.2f} GiB (max_memory_allocated)" if p["peak_memory"].startswith("torch.cuda")
+          else f"max RSS {gib:.2f} GiB (a CPU process: no GPU memory)")
+detail = (f"{tps:,.0f} tokens/s, {mfu}, {memory}; {ratio}; {p['attention']}, {p['optimizer']}, "
+          f"torch {p['torch']}, median of {len(p['step_s'])} steps")
+if z_fpt and abs(p["flops_per_token"] - z_fpt) > 1e-9 * z_fpt:  # the same count, or not the same model
+    print(f"FAIL FLOPs per token differ: zero3d {z_fpt:.6g}, PyTorch {p['flops_per_token']:.6g}; {detail}")
+else:
+    print(f"ok {detail}")
+PY
+)
+  if [[ -z $res ]]; then
+    if ((rc == 124)); then res="FAIL out of its $seconds s"
+    elif ((rc == 0)); then res="FAIL no result in $out/$name.json (see $log)"
+    else res="FAIL exit $rc: $(tail -1 "$out/$name.log" | cut -c1-160)"
+    fi
+  fi
+  row "$label" "${res%% *}" "${res#* }"
+}
+peer peer_eager "PyTorch eager, same model" 120 0
+# compiling takes a minute or more: the two-rank rows below keep 60 s
+peer peer_compiled "PyTorch compiled, same model" 240 60 --compile
 
 # ---- 3, last: two ranks, one GPU ----
 # Each rank its own NCCL_HOSTID, so NCCL's duplicate-GPU check passes and the ranks talk through
