@@ -20,6 +20,8 @@
 #      (jobscripts/bench_peer.py: bf16 autocast, scaled_dot_product_attention on cuDNN or flash,
 #      fused AdamW), eager and, while time is left, under torch.compile: tokens/s, MFU by zero3d's
 #      FLOP count and peak, PyTorch's peak GPU memory (zero3d records none) and zero3d's ratio;
+#      and `zero3d bench kernels --backend cuda` at that shape: every kernel's and GEMM's rate
+#      against the GPU's bf16 peak or its copy bandwidth;
 #   6. gpt-tiny on 2 ranks sharing the GPU with ZeRO-2 (its gradients reduce-scattered by NCCL)
 #      against 2 host ranks, fp32 within 1e-4;
 # then one table. Logs and metrics go under $OUT (the device tool's folder) or runs/device-check.
@@ -288,7 +290,7 @@ if [[ -n $gpu ]]; then
   steps=20
   big=(input/gpt2-124m.json --set data.val= --set model.d_model=1024 --set model.n_layer=24 --set model.n_head=16
        --set train_micro_batch_size_per_gpu=8 --set bf16.enabled=true)
-  # PyTorch's untimed and timed steps (5a): those zero3d's median leaves out and takes
+  # PyTorch's untimed and timed steps (5b): those zero3d's median leaves out and takes
   peer_steps=(--warmup $((steps / 4)) --steps $((steps - steps / 4)))
   # The stand-in: 6 steps; PyTorch 1 + 2 (the CPU's torch takes 10-20 s a step there)
   [[ $dev == host ]] && steps=6 big+=(--set model.n_layer=2 --set model.seq_len=256) peer_steps=(--warmup 1 --steps 2)
@@ -328,8 +330,47 @@ else
   row "GPT-2 350M shape, bf16" "skipped" "no GPU"
 fi
 
-# ---- 5a. the peer on the same card: PyTorch trains the same model on the same batch ----
-# jobscripts/bench_peer.py gets the row above's arguments (its --set overrides) and as many
+# ---- 5a. every kernel and GEMM of that micro-batch on the GPU, against its bounds ----
+# zero3d bench kernels --backend: each call timed on the device, FLOPs against the GPU's bf16 peak
+# and bytes against its copy bandwidth (the whole table in $out/bench_kernels.log), at the shape of
+# the run above (the config it resolved, in its run dir); the row names attention's rates, the
+# GEMMs' range and the elementwise kernels' median share.
+if [[ -z $gpu ]]; then
+  row "bench kernels, 350M shape" "skipped" "no GPU"
+elif [[ ! -f $out/gpt350m_cuda_bf16/config.json ]]; then
+  row "bench kernels, 350M shape" "FAIL" "no resolved config from the 350M run"
+else
+  seconds=$(limit 60)
+  if ((seconds == 0)); then row "bench kernels, 350M shape" "skipped" "no time left before the deadline"
+  elif timeout "$seconds" "$z3d" bench kernels --config "$out/gpt350m_cuda_bf16/config.json" --backend "$dev" --seconds 0.05 \
+         >"$out/bench_kernels.log" 2>&1; then
+    res=$(python3 - "$out/bench_kernels.log" 2>>"$log" <<'PY'
+import re, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"^(\S.*?) +([0-9.]+) +([0-9.]+) (TF|GB)/s +([0-9.]+)%$", line.rstrip())
+    if m:
+        rows[m.group(1)] = (float(m.group(3)), m.group(4), float(m.group(5)))
+gemm = [v[2] for k, v in rows.items() if re.search(r" (fwd|dx|dW) \d+x\d+x\d+$", k)]
+bytes_bound = [v[2] for k, v in rows.items() if v[1] == "GB" and k not in ("adam_step",)]
+att = [rows.get(k) for k in ("attention_forward", "attention_backward")]
+if None in att or not gemm or not bytes_bound:
+    sys.exit(1)
+print(f"attention fwd {att[0][0]:.1f} / bwd {att[1][0]:.1f} TFLOP/s ({att[0][2]:.0f}% / {att[1][2]:.0f}% of peak); "
+      f"GEMMs {min(gemm):.0f}-{max(gemm):.0f}% of peak; elementwise median {statistics.median(bytes_bound):.0f}% "
+      f"of the copy bandwidth (table: bench_kernels.log)")
+PY
+)
+    if [[ -n $res ]]; then row "bench kernels, 350M shape" "ok" "$res"
+    else row "bench kernels, 350M shape" "FAIL" "no table in $out/bench_kernels.log"
+    fi
+  else
+    row "bench kernels, 350M shape" "FAIL" "$(tail -1 "$out/bench_kernels.log" | cut -c1-160)"
+  fi
+fi
+
+# ---- 5b. the peer on the same card: PyTorch trains the same model on the same batch ----
+# jobscripts/bench_peer.py gets the 350M row's arguments (its --set overrides) and as many
 # untimed and timed steps as zero3d's median left out and took (on a GPU): eager (attention through
 # scaled_dot_product_attention pinned to cuDNN's or flash's backend where this torch has them,
 # fused AdamW), then under torch.compile while time is left. Its MFU uses zero3d's FLOP count and

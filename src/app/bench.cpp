@@ -24,7 +24,7 @@ namespace {
 
 const char* kBenchUsage =
     "usage: zero3d bench gemm [--sizes N,N,...] [--seconds S] [--config FILE] [--backend NAME]\n"
-    "       zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST]\n"
+    "       zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST | --backend NAME]\n"
     "       zero3d bench io [--dir DIR] [--bytes N]\n"
     "       zero3d bench comm [--min-bytes N] [--max-bytes N] [--factor F] [--ops LIST] [--types LIST] [--group N]\n"
     "       zero3d bench machine [--out FILE] [--seconds S] [--nvme-path DIR]\n"
@@ -43,7 +43,10 @@ const char* kBenchUsage =
     "        rate against its bound, FLOPs / the level's FMA peak (attention) or bytes / the copy\n"
     "        bandwidth (the rest; over 100%: the data stayed in cache); GELU and the cross-entropy's\n"
     "        softmax need an exp per element, and where the level's exp rate is the slower roof the\n"
-    "        cell is against that and marked *. S seconds per cell (0.3).\n"
+    "        cell is against that and marked *. S seconds per cell (0.3). With --backend NAME (host,\n"
+    "        cuda, auto) every kernel and GEMM of that micro-batch on that backend instead (cuda: in\n"
+    "        bf16, attention through cuDNN where it loads): time per call, TFLOP/s against the\n"
+    "        device's peak (a known GPU's dense bf16 peak) or GB/s against its copy bandwidth.\n"
     "  io:   collective MPI-IO write rate of N bytes (default 1 GiB) over all ranks into a new file in\n"
     "        DIR (default .), synced to disk: the raw baseline for the checkpoint bandwidth.\n"
     "  comm: the collectives, nccl-tests style: for each of LIST (default all_reduce,reduce_scatter,\n"
@@ -95,19 +98,33 @@ int bench_comm_command(const Args& a) {
   return bench_comm(o) == 0 ? 0 : 1;
 }
 
-// zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST]
+// zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST | --backend NAME]
 int bench_kernels_command(const Args& a) {
   std::string config = std::filesystem::exists("input/bench-cpu.json") ? "input/bench-cpu.json" : "input/gpt-tiny.json";
+  std::string backend;
   double seconds = 0.3;
   std::vector<std::string> levels;
   for (size_t i = 1; i < a.size(); ++i) {
     if (a[i] == "--config") config = option_value(a, i, kBenchUsage);
     else if (a[i] == "--seconds") seconds = parse_positive(option_value(a, i, kBenchUsage), "--seconds");
     else if (a[i] == "--levels") levels = split_commas(option_value(a, i, kBenchUsage));
+    else if (a[i] == "--backend") backend = option_value(a, i, kBenchUsage);
     else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
+  if (!backend.empty() && !levels.empty())
+    throw UserError("bench kernels: --levels picks the host's ISA levels, --backend one backend: give one of them");
   const Config cfg = load_config({config, "", {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"}}, 1);
-  bench_kernels(cfg.model, cfg.train_micro_batch_size_per_gpu, config, seconds, levels);
+  if (backend.empty()) {
+    bench_kernels(cfg.model, cfg.train_micro_batch_size_per_gpu, config, seconds, levels);
+    return 0;
+  }
+  auto world = ProcessGroup::world();
+  const JobInfo job = job_info(*world);
+  HostOptions host;
+  host.bf16_gemm = backend_is_cuda(backend);  // a GPU's bf16 runs: bf16 GEMMs, cuDNN's attention
+  std::unique_ptr<Backend> be = make_backend(backend, job.local_rank, host);
+  const PeakFlops peak = mfu_peak(*be, world.get(), job.compute_cores);
+  bench_backend_kernels(*be, peak, cfg.model, cfg.train_micro_batch_size_per_gpu, config, seconds);
   return 0;
 }
 

@@ -250,4 +250,54 @@ void bench_kernels(const ModelConfig& m, int micro, const std::string& config, d
   log_kernel_table(table, ks, MicroBatch(m, micro), config);
 }
 
+void bench_backend_kernels(Backend& be, const PeakFlops& peak, const ModelConfig& m, int micro,
+                           const std::string& config, double seconds) {
+  HostOptions counting;
+  counting.count_only = true;
+  const std::unique_ptr<Backend> counter = make_host_backend(counting);
+  KernelOperands counted(*counter, m, micro), ops(be, m, micro);
+  const std::vector<Case> count_cases = counted.cases(), cases = ops.cases();
+  const double copy_bw = measure_copy_bandwidth(be, std::max(0.2, seconds));
+  const MicroBatch& mb = ops;
+  log_info("# kernels on %s, one micro-batch of %s: %d x %d tokens, d_model %d, %d heads, vocab %d; Adam and the "
+           "casts over one block's %zu parameters",
+           be.describe().c_str(), config.c_str(), mb.B, mb.T, mb.C, mb.H, mb.V, mb.block);
+  log_info("# bounds: copy bandwidth %.1f GB/s (64 MiB copies through the backend); peak %.1f TFLOP/s (%s). Each "
+           "row: time per call, rate, %% of its bound (FLOPs: the peak; bytes: the copy bandwidth); what a call must "
+           "move or compute is the host's accounting of the same call",
+           copy_bw / 1e9, peak.flops / 1e12, peak.source.c_str());
+  log_info("%-24s %12s %16s %7s", "kernel", "us/call", "rate", "bound");
+  OpProfile& prof = *counter->profile();
+  prof.on = true;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    prof.ops.clear();
+    count_cases[c].call();
+    double bytes = 0, flops = 0;
+    for (const auto& [name, st] : prof.ops) bytes += st.bytes, flops += st.flops;
+    const double s = time_calls(be, cases[c].call, seconds);
+    const bool compute = flops > 0;
+    const double rate = (compute ? flops : bytes) / s, bound = compute ? peak.flops : copy_bw;
+    log_info("%-24s %12.1f %10.2f %s %6.1f%%", cases[c].name, s * 1e6, rate / (compute ? 1e12 : 1e9),
+             compute ? "TF/s" : "GB/s", bound > 0 ? 100 * rate / bound : 0.0);
+  }
+  // Every GEMM of the micro-batch (C = op(A) op(B), row-major, leading dimensions as stored).
+  const std::vector<GemmShape> shapes = model_gemm_shapes(m, micro, 1);
+  size_t most = 0;
+  for (const GemmShape& g : shapes)
+    most = std::max({most, static_cast<size_t>(g.m) * g.k, static_cast<size_t>(g.k) * g.n, static_cast<size_t>(g.m) * g.n});
+  const DeviceBuffer<float> a = filled(be, most, -1, 1), b = filled(be, most, -1, 1);
+  DeviceBuffer<float> out(be, most);
+  log_info("%-24s %12s %16s %7s  (%s)", "gemm", "us/call", "rate", "of peak", be.describe_gemm().c_str());
+  for (const GemmShape& g : shapes) {
+    const int lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
+    const double s = time_calls(
+        be, [&] { be.gemm(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, static_cast<float>(g.beta),
+                          out.data(), g.n); },
+        seconds);
+    const double rate = 2.0 * g.m * g.n * g.k / s;
+    log_info("%-24s %12.1f %10.2f TF/s %6.1f%%", (g.name + strprintf(" %dx%dx%d", g.m, g.n, g.k)).c_str(), s * 1e6,
+             rate / 1e12, peak.flops > 0 ? 100 * rate / peak.flops : 0.0);
+  }
+}
+
 }  // namespace zero3d

@@ -118,6 +118,15 @@ if out=$(timeout 120 "$z3d" bench kernels --config $tiny --seconds 0.01 2>&1) &&
    grep -qE "^attention_forward( +[0-9.]+ GF/s +[0-9]+% ){$(wc -w <<< "$levels")}$" <<< "$out"; then
   passes=$((passes+1)); else echo "FAIL bench kernels:"; echo "$out"; fails=$((fails+1)); fi
 expect bench-kernels-level "this CPU does not run level 'neon'"   "$z3d" bench kernels --config $tiny --levels neon
+# bench kernels --backend: one backend's kernels (the same 24 rows) and every GEMM of the micro-batch
+# (15 for GPT-2), each timed there against the device's bounds (how a GPU is read; the host here)
+if out=$(timeout 120 "$z3d" bench kernels --config $tiny --seconds 0.01 --backend host 2>&1) &&
+   grep -qE "^# bounds: copy bandwidth [0-9.]+ GB/s \(64 MiB copies through the backend\); peak [0-9.]+ TFLOP/s" <<< "$out" &&
+   [[ $(grep -cE "^[a-z_0-9]+( \(\+bias\))? +[0-9.]+ +[0-9.]+ (TF|GB)/s +[0-9.]+%$" <<< "$out") == 24 ]] &&
+   grep -qE "^attention_backward +[0-9.]+ +[0-9.]+ TF/s +[0-9.]+%$" <<< "$out" &&
+   [[ $(grep -cE "^[a-z ]+ (fwd|dx|dW) [0-9]+x[0-9]+x[0-9]+ +[0-9.]+ +[0-9.]+ TF/s +[0-9.]+%$" <<< "$out") == 15 ]]; then
+  passes=$((passes+1)); else echo "FAIL bench kernels --backend host:"; echo "$out"; fails=$((fails+1)); fi
+expect bench-kernels-both "give one of them"   "$z3d" bench kernels --config $tiny --levels avx2 --backend host
 # compute.isa / ZERO3D_ISA: a level this build has not, or (on a CPU without AVX-512) one above the
 # CPU, is refused in one line that names the levels there are
 expect isa-not-built      "compute.isa=generic: no such level in this build; the levels built in: avx512, avx2, sse2" \
