@@ -34,6 +34,12 @@ struct GemmWeight {
   GemmWeight(const float* w, const uint16_t* w16) : f32(w), bf16(w16) {}
 };
 
+// adam_step's 16-bit output: where the updated weights go rounded to 16 bits (nullptr: nowhere).
+struct Weights16 {
+  uint16_t* p = nullptr;
+  bool fp16 = false;  // fp16, else bf16
+};
+
 class Backend;
 // The host backend is always available; the CUDA backend only in builds with ZERO3D_HAVE_CUDA.
 struct HostOptions {
@@ -161,7 +167,10 @@ class Backend {
                             const int32_t* targets, int vocab_start, int N, int V) = 0;
   virtual void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
                                        const int32_t* targets, int vocab_start, int N, int V, float dloss) = 0;
-  virtual void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) = 0;
+  // AdamW on n elements (kernels/math/adamw.h); with w16.p also the updated p rounded to nearest
+  // even into w16.p (bf16, or fp16), in the same pass: a mixed run's kept weights.
+  virtual void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
+                         Weights16 w16) = 0;
   virtual void scale(float* x, float s, size_t n) = 0;
   virtual void cast_to_bf16(uint16_t* out, const float* x, size_t n) = 0;
   virtual void cast_from_bf16(float* out, const uint16_t* x, size_t n) = 0;

@@ -161,8 +161,13 @@ __global__ void scale_kernel(float* x, float s, size_t n) {
 }
 
 // AdamParams travels by value in the kernel's parameter space: no device copy to manage.
-__global__ void adam_step_kernel(float* p, float* m, float* v, const float* g, size_t n, math::AdamParams a) {
-  Z3D_GRID_LOOP(i, n) math::adam_element(p + i, m + i, v + i, g[i], a);
+// With p16, the updated weight rounded to 16 bits in the same pass (a mixed run's kept weights).
+__global__ void adam_step_kernel(float* p, float* m, float* v, const float* g, size_t n, math::AdamParams a,
+                                 uint16_t* p16, bool fp16) {
+  Z3D_GRID_LOOP(i, n) {
+    math::adam_element(p + i, m + i, v + i, g[i], a);
+    if (p16) p16[i] = fp16 ? math::fp16_from_float(p[i]) : math::bf16_from_float(p[i]);
+  }
 }
 
 __global__ void cast_to_bf16_kernel(uint16_t* out, const float* x, size_t n) {
@@ -952,8 +957,9 @@ class CudaBackend final : public Backend, public DeviceMemory {
                     float dloss) override {
     launch_rows(stream(), rows(N), crossentropy_kernel, losses, dlogits, logits, targets, rows(N), V, dloss);
   }
-  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) override {
-    launch(stream(), n, adam_step_kernel, p, m, v, g, n, a);
+  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
+                 Weights16 w16) override {
+    launch(stream(), n, adam_step_kernel, p, m, v, g, n, a, w16.p, w16.fp16);
   }
   void scale(float* x, float s, size_t n) override { launch(stream(), n, scale_kernel, x, s, n); }
   void cast_to_bf16(uint16_t* out, const float* x, size_t n) override {

@@ -167,9 +167,10 @@ class HostBackend final : public Backend {
     OpProfile::Scope op(&prof_, "vocab_crossentropy_grad", 8.0 * N * V, 0);
     k_.vocab_crossentropy_grad(dlogits, logits, row_max, sumexp, targets, vocab_start, N, V, dloss);
   }
-  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) override {
-    OpProfile::Scope op(&prof_, "adam_step", math::kAdamBytesPerElement * n, 0);
-    k_.adam_step(p, m, v, g, n, a);
+  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
+                 Weights16 w16) override {
+    OpProfile::Scope op(&prof_, "adam_step", (math::kAdamBytesPerElement + (w16.p ? 2 : 0)) * n, 0);
+    k_.adam_step(p, m, v, g, n, a, w16.p, w16.fp16);
   }
   void scale(float* x, float s, size_t n) override {
     OpProfile::Scope op(&prof_, "scale", 8.0 * n, 0);

@@ -57,7 +57,9 @@ struct Kernels {
   void (*vocab_crossentropy_grad)(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
                                   const int32_t* targets, int vocab_start, int N, int V, float dloss);
 
-  void (*adam_step)(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a);
+  // with p16: the updated p also rounded to nearest even into p16 (fp16 or bf16), block by block
+  void (*adam_step)(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a, uint16_t* p16,
+                    bool fp16);
   void (*cast_to_bf16)(uint16_t* out, const float* x, size_t n);
   void (*cast_from_bf16)(float* out, const uint16_t* x, size_t n);
   void (*cast_to_fp16)(uint16_t* out, const float* x, size_t n);

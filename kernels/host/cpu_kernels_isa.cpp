@@ -944,13 +944,6 @@ void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* r
 
 // ---- optimizer, 16-bit casts ----
 
-void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a) {
-  const math::AdamParams prm = a;
-  for_blocks(n, [=, &prm](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) math::adam_element(p + i, m + i, v + i, g[i], prm);
-  });
-}
-
 typedef uint32_t vu __attribute__((vector_size(4 * W)));
 inline vu bits_of(vf v) {
   vu u;
@@ -1092,6 +1085,18 @@ void accumulate_fp16(uint16_t* acc, const float* x, size_t n) {
   cast_loop(n, [=](size_t i, int k) {
     const vf sum = fp16_value(load_u16(acc + i, k)) + load_n(x + i, k);
     store_u16(acc + i, fp16_bits(bits_of(sum)), k);
+  });
+}
+
+// The update of a block, then (with p16) its rounding to 16 bits while the block is in cache.
+void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a, uint16_t* p16,
+               bool fp16) {
+  const math::AdamParams prm = a;
+  for_blocks(n, [=, &prm](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) math::adam_element(p + i, m + i, v + i, g[i], prm);
+    if (!p16) return;
+    if (fp16) map_vf(b, e, [=](size_t i, int k) { store_u16(p16 + i, fp16_bits(bits_of(load_n(p + i, k))), k); });
+    else map_vf(b, e, [=](size_t i, int k) { store_high16(p16 + i, bf16_high(load_n(p + i, k)), k); });
   });
 }
 

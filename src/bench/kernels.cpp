@@ -155,7 +155,7 @@ struct KernelOperands : MicroBatch {
            be->vocab_crossentropy_grad(dlogits.data(), logits.data(), rmax.data(), sumexp.data(), tokens.data(), 0, N,
                                        V, 1e-3f);
          }, NV},
-        {"adam_step", [this] { be->adam_step(p.data(), mo.data(), vo.data(), g.data(), block, adam); }},
+        {"adam_step", [this] { be->adam_step(p.data(), mo.data(), vo.data(), g.data(), block, adam, {}); }},
         {"scale", [this] { be->scale(g.data(), 1.0f, block); }},
         {"cast_to_bf16", [this] { be->cast_to_bf16(half.data(), p.data(), block); }},
         {"accumulate_bf16", [this] { be->accumulate_bf16(half.data(), g.data(), block); }},

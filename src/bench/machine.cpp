@@ -88,7 +88,7 @@ double measure_adam(Backend& be, double seconds) {
   const OpStat st = profiled(
       be,
       [&] {
-        be.adam_step(p.data(), m.data(), v.data(), g.data(), n, a);
+        be.adam_step(p.data(), m.data(), v.data(), g.data(), n, a, {});
         be.synchronize();
       },
       seconds);

@@ -40,11 +40,11 @@ void AdamW::begin_step(double lr) {
   a_ = math::adam_params(lr, cfg_.betas[0], cfg_.betas[1], cfg_.eps, 0.0, step_, cfg_.bias_correction, decoupled());
 }
 
-void AdamW::update(float* params, float* m, float* v, const float* grads, size_t n, bool decay) const {
+void AdamW::update(float* params, float* m, float* v, const float* grads, size_t n, bool decay, Weights16 w16) const {
   if (n == 0) return;
   math::AdamParams a = a_;
   a.weight_decay = decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-  be_.adam_step(params, m, v, grads, n, a);
+  be_.adam_step(params, m, v, grads, n, a, w16);
 }
 
 }  // namespace zero3d

@@ -30,7 +30,8 @@ class AdamW {
   // A step in parts: begin_step counts it and fixes lr and the bias corrections, then update()
   // runs once on every piece of the state (in any order and any split: each element is independent).
   void begin_step(double lr);
-  void update(float* params, float* m, float* v, const float* grads, size_t n, bool decay) const;
+  // w16: the updated params also rounded to 16 bits there, in the same pass (none: {}).
+  void update(float* params, float* m, float* v, const float* grads, size_t n, bool decay, Weights16 w16 = {}) const;
 
   // The flat form: one update of params[0..n) from grads with the state kept here; `segments`
   // covers [0, n) and says where weight decay applies.

@@ -80,9 +80,12 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
     const Bucket& b = view_.bucket_of(piece.tensor);
     const size_t at = view_.offset_in_owned(piece);
     float* kept = params_->owned(b);
+    uint16_t* kept16 = params_->owned16(b);
     segments_.push_back({kept ? kept + at : nullptr, sync_->owned(b) + at, view_.state_base(b) + at, piece.size,
-                         layout_.tensors[piece.tensor].decay});
+                         layout_.tensors[piece.tensor].decay, kept16 ? kept16 + at : nullptr});
   }
+  fused16_ = !segments_.empty() &&
+             std::all_of(segments_.begin(), segments_.end(), [](const Segment& g) { return g.weights16 != nullptr; });
   if (link_) {  // where each span's gradient comes down from
     std::vector<HostLink::Grads> grads;
     for (const Segment& g : segments_) grads.push_back({g.state_offset, g.size, g.grads});
@@ -154,8 +157,9 @@ void ZeroEngine::optimizer_step(double lr) {
   if (link_) link_->finish();  // the last weights are up
 }
 
-// Adam on the segments' parts inside the span, then the updated master into the weights. With
-// the state in host memory the span's gradient comes down through the link first.
+// Adam on the segments' parts inside the span, then the updated master into the weights: in the
+// update's own pass where the weights allow it (fused16_), else by take_updated. With the state in
+// host memory the span's gradient comes down through the link first.
 void ZeroEngine::update(const OptimizerState::Span& s) {
   const float* host_grads = link_ ? link_->next_grads() : nullptr;
   auto seg = std::lower_bound(segments_.begin(), segments_.end(), s.begin,
@@ -164,11 +168,12 @@ void ZeroEngine::update(const OptimizerState::Span& s) {
     const size_t lo = std::max(seg->state_offset, s.begin), hi = std::min(seg->state_offset + seg->size, s.begin + s.n);
     float* p = s.field[OptimizerState::master] ? s.field[OptimizerState::master] + (lo - s.begin)
                                                : seg->params + (lo - seg->state_offset);
+    const Weights16 w16{fused16_ ? seg->weights16 + (lo - seg->state_offset) : nullptr, dt_ == Dtype16::fp16};
     adam_->update(p, s.field[OptimizerState::exp_avg] + (lo - s.begin), s.field[OptimizerState::exp_avg_sq] + (lo - s.begin),
                   host_grads ? host_grads + (lo - s.begin) : seg->grads + (lo - seg->state_offset), hi - lo,
-                  seg->decay);
+                  seg->decay, w16);
   }
-  if (s.field[OptimizerState::master]) params_->take_updated(s.begin, s.n, s.field[OptimizerState::master]);
+  if (s.field[OptimizerState::master] && !fused16_) params_->take_updated(s.begin, s.n, s.field[OptimizerState::master]);
 }
 
 SwapIo ZeroEngine::take_swap_io() {

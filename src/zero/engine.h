@@ -169,6 +169,7 @@ class ZeroEngine final : public ParamStore {
     const float* grads = nullptr;
     size_t state_offset = 0, size = 0;
     bool decay = true;
+    uint16_t* weights16 = nullptr;  // mixed: the kept weights the update rounds into (ParamStorage::owned16)
   };
   void update(const OptimizerState::Span& s);  // Adam on one span of the state
   // Where an owned piece's master lives when it is the kept parameters (nullptr: in the state).
@@ -188,6 +189,7 @@ class ZeroEngine final : public ParamStore {
   std::unique_ptr<ParamStorage> params_;  // what this rank keeps of the weights (zero/param_storage.h)
   std::unique_ptr<ParamPool> pool_;       // stage 3 or mixed: the slots the model reads (filled from params_)
   bool fp32_gemm_weights_ = true;  // the slots hold the gemm_only tensors in fp32 too (ParamStore)
+  bool fused16_ = false;  // every segment's update writes its 16-bit weights itself (no take_updated)
   std::unique_ptr<GradSync> sync_;        // the gradients: accumulation and reduction (zero/grad_sync.h)
   std::unique_ptr<AdamW> adam_;
   std::vector<Segment> segments_;  // in state order

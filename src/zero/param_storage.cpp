@@ -97,6 +97,9 @@ class FullParams final : public ParamStorage {
       else s16_->narrow(reinterpret_cast<uint16_t*>(dst), master + (lo - begin), hi - lo);
     }
   }
+  uint16_t* owned16(const Bucket& b) override {
+    return s16_ && !link_ ? params16_.data() + view_.owned_offset(b) : nullptr;
+  }
   const float* resident_unit(int unit) override {
     return s16_ ? nullptr : params_.data() + L_.units[unit].offset;
   }
@@ -189,6 +192,9 @@ class ShardedParams final : public ParamStorage {
   }
   float* owned(const Bucket& b) override {
     return state_.has_master() ? nullptr : shard_params_.data() + b.shard_offset;  // else: master in the state
+  }
+  uint16_t* owned16(const Bucket& b) override {  // state order = shard order
+    return s16_ && !link_ && !swap_ && !host_slices_ ? params16_.data() + b.shard_offset : nullptr;
   }
   void take_updated(size_t begin, size_t n, const float* master) override {  // state order = shard order
     if (link_ && n > link_->span_max()) return split_updated(begin, n, master);

@@ -46,6 +46,10 @@ class ParamStorage {
   // The master of owned-state elements [begin, begin + n) was updated (or loaded): keep its
   // rounding (mixed) or copy (swapped fp32) as the weights.
   virtual void take_updated(size_t begin, size_t n, const float* master) = 0;
+  // Mixed precision with the weights in the backend's memory and nothing between them and the
+  // update (no host link, no swap file): bucket b's owned 16-bit weights, which the update then
+  // writes in its own pass (Backend::adam_step's Weights16) instead of take_updated. Else nullptr.
+  virtual uint16_t* owned16(const Bucket& b) = 0;
   // The unit's fp32 parameters where they are resident in fp32 (fp32 stages 0-2), else nullptr:
   // then the model reads them from the pool, which fill() serves.
   virtual const float* resident_unit(int unit) = 0;

@@ -1217,13 +1217,43 @@ TEST_P(Kernels, AdamStepMatchesFormula) {
       const zero3d::math::AdamParams a = zero3d::math::adam_params(5e-2, 0.9, 0.95, 1e-3, 0.1, t, true, decoupled);
       const double bc1 = 1.0 - std::pow(double{a.beta1}, t), bc2 = 1.0 - std::pow(double{a.beta2}, t);
       auto dg = to_device(*be, g);
-      be->adam_step(dp.data(), dm.data(), dv.data(), dg.data(), n, a);
+      be->adam_step(dp.data(), dm.data(), dv.data(), dg.data(), n, a, {});
       for (size_t i = 0; i < n; ++i) ref_adam(pr[i], mr[i], vr[i], g[i], a, bc1, bc2);
     }
     const std::string tag = decoupled ? " (AdamW)" : " (Adam+L2)";
     expect_close(to_host(*be, dp), pr, 1e-5, 1e-7, ("adam p" + tag).c_str());
     expect_close(to_host(*be, dm), mr, 1e-5, 1e-7, ("adam m" + tag).c_str());
     expect_close(to_host(*be, dv), vr, 1e-5, 1e-9, ("adam v" + tag).c_str());
+  }
+}
+
+// adam_step with 16-bit weights out: p, m and v the bits of the update without them, and the
+// weights the rounding of the updated p (bf16 and fp16; p large enough to reach fp16's overflow
+// and subnormals), over a length no vector width divides.
+TEST_P(Kernels, AdamStepWritesTheRoundedWeights) {
+  const size_t n = 1003;
+  for (bool fp16 : {false, true}) {
+    std::vector<float> p = uniform(rng, n, -1, 1);
+    for (size_t i = 0; i < n; i += 7) p[i] *= i % 2 ? 1e5f : 1e-6f;
+    const std::vector<float> g = uniform(rng, n, -2, 2);
+    const zero3d::math::AdamParams a = zero3d::math::adam_params(5e-2, 0.9, 0.95, 1e-3, 0.1, 2, true, true);
+    auto plain = to_device(*be, p), fused = to_device(*be, p), dg = to_device(*be, g);
+    DeviceBuffer<float> m1(*be, n), v1(*be, n), m2(*be, n), v2(*be, n);
+    auto w16 = to_device(*be, std::vector<uint16_t>(n, 0xffff));
+    be->adam_step(plain.data(), m1.data(), v1.data(), dg.data(), n, a, {});
+    be->adam_step(fused.data(), m2.data(), v2.data(), dg.data(), n, a, {w16.data(), fp16});
+    const std::string tag = fp16 ? " (fp16)" : " (bf16)";
+    const std::vector<float> want = to_host(*be, plain);
+    expect_bits_equal(to_host(*be, fused), want, ("adam p with weights out" + tag).c_str());
+    expect_bits_equal(to_host(*be, m2), to_host(*be, m1), ("adam m with weights out" + tag).c_str());
+    expect_bits_equal(to_host(*be, v2), to_host(*be, v1), ("adam v with weights out" + tag).c_str());
+    const std::vector<uint16_t> got = to_host(*be, w16);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t r = fp16 ? zero3d::math::fp16_from_float(want[i]) : zero3d::math::bf16_from_float(want[i]);
+      if (got[i] != r && ++wrong <= 5) ADD_FAILURE() << "w16[" << i << "] = " << got[i] << ", want " << r << tag;
+    }
+    EXPECT_EQ(wrong, 0u) << tag;
   }
 }
 
