@@ -452,19 +452,19 @@ void GPT::norm_backward(float* dx, float* dw, float* db, const float* dy, const 
   else be_.layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C_);
 }
 
-// Cross-entropy of the logits of rows [r0, r0 + rows) (in logits_), their losses into
-// host_losses_, and with dloss > 0 dlogits in place. With tensor parallelism each rank holds V/tp
-// of the logits: the row maxima, the sums of exponentials and the target logits are all-reduced;
-// the whole logits never exist on one rank.
+// Cross-entropy of the logits of rows [r0, r0 + rows) (in logits_), their losses (or, with tensor
+// parallelism, their statistics) left on the device for read_losses, and with dloss > 0 dlogits in
+// place. With tensor parallelism each rank holds V/tp of the logits: the row maxima, the sums of
+// exponentials and the target logits are all-reduced; the whole logits never exist on one rank.
 void GPT::crossentropy(int r0, int rows, float dloss) {
   const bool grad = dloss > 0.0f;
   const int32_t* targets = targets_.data() + r0;
   if (tp_size_ == 1) {
-    be_.crossentropy(losses_, grad ? logits_ : nullptr, logits_, targets, rows, logit_cols_, dloss);
-    be_.copy_to_host(host_losses_.data() + r0, losses_, sizeof(float) * rows);
+    be_.crossentropy(losses_ + r0, grad ? logits_ : nullptr, logits_, targets, rows, logit_cols_, dloss);
     return;
   }
-  float *row_max = ce_.data(), *sumexp = row_max + rows, *target = sumexp + rows;
+  // The block's statistics at 3 r0 of ce_: [row max | sum of exp | target logit], rows each.
+  float *row_max = ce_.data() + 3 * static_cast<size_t>(r0), *sumexp = row_max + rows, *target = sumexp + rows;
   be_.vocab_row_max(row_max, logits_, rows, logit_cols_);
   be_.synchronize();
   tp_->all_reduce_max(be_.mem(row_max), rows);
@@ -472,9 +472,19 @@ void GPT::crossentropy(int r0, int rows, float dloss) {
   be_.synchronize();
   tp_->all_reduce_sum(be_.mem(sumexp), 2 * static_cast<size_t>(rows));  // sums and target logits together
   if (grad) be_.vocab_crossentropy_grad(logits_, logits_, row_max, sumexp, targets, vocab_start_, rows, logit_cols_, dloss);
-  be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * rows);
-  for (int n = 0; n < rows; ++n)
-    host_losses_[r0 + n] = std::log(host_ce_[rows + n]) + (host_ce_[n] - host_ce_[2 * rows + n]);
+}
+
+// Every row's loss into host_losses_, in one copy from the device after the head's last block
+// (one wait per micro-batch, not one per block).
+void GPT::read_losses() {
+  const int N = B_ * T_;
+  if (tp_size_ == 1) return be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
+  be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * N);
+  for (int r0 = 0; r0 < N; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, N - r0);
+    const float* ce = host_ce_.data() + 3 * static_cast<size_t>(r0);
+    for (int n = 0; n < rows; ++n) host_losses_[r0 + n] = std::log(ce[rows + n]) + (ce[n] - ce[2 * rows + n]);
+  }
 }
 
 // The tied LM head and the loss, in row blocks of head_rows_ so that at most one block of logits
@@ -503,6 +513,7 @@ float GPT::lm_head(GemmWeight wte, float* dwte, float dloss) {
     tp_all_reduce(dbuf_c_, static_cast<size_t>(N) * C);  // dlnf: summed over the vocab slices
     in_backward_ = false;
   }
+  read_losses();
   double sum = 0.0;
   for (float v : host_losses_) sum += v;
   return static_cast<float>(sum / N);

@@ -146,6 +146,7 @@ class GPT {
                      const float* mean, const float* rstd);
   void tp_all_reduce(float* x, size_t n);  // sum over the tensor-parallel group (no-op without)
   void crossentropy(int r0, int rows, float dloss);  // of one row block of (vocab-parallel) logits
+  void read_losses();                                // every row's loss into host_losses_
   float lm_head(GemmWeight wte, float* dwte, float dloss);  // returns the mean loss
   // Times the enclosing scope as module `index` (see gpt_modules' order); backward while in backward().
   ModuleProfile::Scope timed(size_t index) { return ModuleProfile::Scope(mprof_, be_, index, in_backward_); }
