@@ -313,7 +313,7 @@ attention = run.get("backend", "").partition("attention: ")[2] or "?"
 print(tps, run.get("peak_flops") or 0, run.get("flops_per_token") or 0)  # first line: for the next rows
 print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.2f}% of {run.get('peak_flops', 0) / 1e12:.0f} TFLOP/s "
       f"({run.get('num_params', 0) / 1e6:.0f}M parameters; median of steps {first}-{train[-1]['step']}; "
-      f"loss {train[-1]['loss']:.3f}; attention: {attention})")
+      f"loss {train[-1]['loss']:.3f}; {train[-1].get('launches', '?')} launches a step; attention: {attention})")
 PY
 )
     read -r z_tps z_peak z_fpt <<<"$res"

@@ -78,6 +78,10 @@ class Backend {
   // alloc_bytes. Freed by free_bytes like any other.
   virtual void* alloc_comm_bytes(size_t bytes) { return alloc_bytes(bytes); }
   virtual size_t alloc_count() const = 0;
+  // Kernels and library calls (a GEMM, a cuDNN graph) issued so far: on a GPU each costs a launch
+  // (microseconds of CPU and of queue), so a step's count says what fusing would save. The host
+  // counts its ops.
+  virtual uint64_t launch_count() const = 0;
   // Per-op timers (wall_clock_breakdown), or nullptr where the backend has none (CUDA: future work).
   virtual OpProfile* profile() { return nullptr; }
   virtual void free_bytes(void* p) = 0;

@@ -4,6 +4,7 @@
 // branch.
 #pragma once
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -18,12 +19,14 @@ class OpProfile {
  public:
   bool on = false;
   std::map<std::string, OpStat> ops;
+  uint64_t issued = 0;  // every op's scope, profiling or not (Backend::launch_count)
 
   // Times a scope as one call of `op` (when profiling is on).
   class Scope {
    public:
     Scope(OpProfile* p, const char* op, double bytes, double flops)
         : p_(p && p->on ? p : nullptr), op_(op), bytes_(bytes), flops_(flops) {
+      if (p) ++p->issued;
       if (p_) t0_ = std::chrono::steady_clock::now();
     }
     ~Scope() {

@@ -29,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -75,11 +76,15 @@ size_t blocks_for(size_t work, size_t cap = kMaxBlocks) {
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; \
        i < (n); i += static_cast<size_t>(blockDim.x) * gridDim.x)
 
+// Kernels and library calls enqueued by this process's CUDA backends (Backend::launch_count).
+std::atomic<uint64_t> g_launches{0};
+
 // Enqueue `kernel` on `stream` with enough blocks for `work` grid-stride iterations. A zero-sized
 // grid is a launch error in CUDA, so empty work is a no-op (as the host loops are).
 template <typename... KernelArgs, typename... Args>
 void launch(cudaStream_t stream, size_t work, void (*kernel)(KernelArgs...), Args... args) {
   if (work == 0) return;
+  ++g_launches;
   kernel<<<static_cast<unsigned>(blocks_for(work)), kThreads, 0, stream>>>(args...);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -89,6 +94,7 @@ void launch(cudaStream_t stream, size_t work, void (*kernel)(KernelArgs...), Arg
 template <typename... KernelArgs, typename... Args>
 void launch_rows(cudaStream_t stream, size_t rows, void (*kernel)(KernelArgs...), Args... args) {
   if (rows == 0) return;
+  ++g_launches;
   kernel<<<static_cast<unsigned>(std::min(rows, kMaxBlocks)), kThreads, 0, stream>>>(args...);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -710,6 +716,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   MemKind memory_kind() const override { return MemKind::device; }
   DeviceMemory* device_memory() override { return this; }
   bool bf16_gemm() const override { return bf16_gemm_; }
+  uint64_t launch_count() const override { return g_launches.load(); }
   std::string describe_gemm() const override {
     return bf16_gemm_ ? "cuBLAS, bf16 inputs (rounded to nearest even) on the tensor cores, fp32 accumulation"
                       : "cuBLAS fp32";
@@ -800,6 +807,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, GemmWeight B, int ldb,
             float beta, float* C, int ldc) override {
     if (!bf16_gemm_) {
+      ++g_launches;
       CUBLAS_CHECK(cublasSgemm(cublas(), op(tb), op(ta), n, m, k, &alpha, B.f32, ldb, A, lda, &beta, C, ldc));
       return;
     }
@@ -808,6 +816,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     auto extent = [](int rows, int cols, int ld) { return rows > 0 ? static_cast<size_t>(rows - 1) * ld + cols : 0; };
     const size_t na = extent(ta ? k : m, ta ? m : k, lda), nb = extent(tb ? n : k, tb ? k : n, ldb);
     const auto [a16, b16] = bf16_operands(A, na, B, nb);
+    ++g_launches;
     CUBLAS_CHECK(cublasGemmEx(cublas(), op(tb), op(ta), n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16, CUDA_R_16BF, lda,
                               &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
@@ -816,7 +825,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void linear_forward(float* y, const float* x, GemmWeight w, const float* bias, const float* residual, int N,
                       int in, int out) override {
     const auto [xa, wa] = lt_operands(x, w, N, in, out);
-    if (lt_.forward(stream(), y, xa, wa, bf16_gemm_, bias, residual, N, in, out)) return;
+    if (lt_.forward(stream(), y, xa, wa, bf16_gemm_, bias, residual, N, in, out)) return static_cast<void>(++g_launches);
     gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
     if (bias) launch(stream(), rows(N) * out, add_bias_kernel, y, bias, rows(N), out);
     if (residual) launch(stream(), rows(N) * out, add_rows_kernel, y, residual, rows(N) * out);
@@ -858,7 +867,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
   void linear_gelu_forward(float* out, float* pre, const float* x, GemmWeight w, const float* bias, int N, int in,
                            int F) override {
     const auto [xa, wa] = lt_operands(x, w, N, in, F);
-    if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre)) return;
+    if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre)) return static_cast<void>(++g_launches);
     linear_forward(pre, x, w, bias, nullptr, N, in, F);
     gelu_forward(out, pre, rows(N) * F);
   }
@@ -878,6 +887,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
       uint16_t* qkv16 = bf16_scratch({nqkv, nout})[0];
       uint16_t* out16 = qkv16 + padded(nqkv);
       launch(stream(), nqkv, cast_to_bf16_kernel, qkv16, qkv, nqkv);
+      ++g_launches;
       cudnn_->forward(stream(), out16, lse, qkv16, s);
       launch(stream(), nout, cast_from_bf16_kernel, out, static_cast<const uint16_t*>(out16), nout);
       return;
@@ -901,6 +911,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
       launch(stream(), nqkv, cast_to_bf16_kernel, b[0], qkv, nqkv);
       launch(stream(), nout, cast_to_bf16_kernel, b[1], out, nout);
       launch(stream(), nout, cast_to_bf16_kernel, b[2], dout, nout);
+      ++g_launches;
       cudnn_->backward(stream(), b[3], b[2], b[1], lse, b[0], s);
       launch(stream(), nqkv, cast_from_bf16_kernel, dqkv, static_cast<const uint16_t*>(b[3]), nqkv);
       return;
@@ -1054,6 +1065,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     Acc* out = static_cast<Acc*>(stream_scratch((blocks + 1) * sizeof(Acc)));  // the result, then the partials
     CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(Acc), stream()));
     if (n > 0) {
+      g_launches += 2;
       reduce_partials_kernel<<<blocks, kThreads, 0, stream()>>>(out + 1, x, n, term);
       CUDA_CHECK(cudaGetLastError());
       reduce_final_kernel<<<1, kThreads, 0, stream()>>>(out, static_cast<const Acc*>(out + 1), blocks);

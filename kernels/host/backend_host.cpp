@@ -27,6 +27,7 @@ class HostBackend final : public Backend {
     return strprintf("host (%s loops, %d threads; GEMM %s)", k_.isa, cpu::threads(), describe_gemm().c_str());
   }
   bool bf16_gemm() const override { return gemm_.plan().bf16; }
+  uint64_t launch_count() const override { return prof_.issued; }
   std::string describe_gemm() const override {  // the plan and the libraries it uses
     const GemmPlan& p = gemm_.plan();
     std::vector<std::string> libs;

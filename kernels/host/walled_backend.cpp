@@ -110,6 +110,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
     run([&] { inner_->linear_forward(y, x, w, bias, residual, N, in, out); });
   }
   bool bf16_gemm() const override { return inner_->bf16_gemm(); }
+  uint64_t launch_count() const override { return inner_->launch_count(); }
   std::string describe_gemm() const override { return tally_ ? "none (sizing)" : inner_->describe_gemm(); }
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                          int vocab_start, int vocab_rows) override {

@@ -29,6 +29,7 @@ struct ModuleStat {
   double params = 0;    // this rank's parameters in the module (lm_head: 0, its weight is wte)
   double macs = 0;      // forward MACs of one micro-batch on this rank
   double fwd_s = 0, bwd_s = 0;  // measured while the profile is on, summed over micro-batches
+  double fwd_launches = 0, bwd_launches = 0;  // the backend's launches in them (Backend::launch_count)
 };
 
 // This rank's modules in forward order: its stage's share for tp rank `tp_rank` of `tp`.
@@ -40,7 +41,7 @@ class ModuleProfile {
   std::vector<ModuleStat> modules;
 
   void reset_times() {
-    for (ModuleStat& s : modules) s.fwd_s = s.bwd_s = 0;
+    for (ModuleStat& s : modules) s.fwd_s = s.bwd_s = s.fwd_launches = s.bwd_launches = 0;
   }
 
   // Times a scope as module `index`'s forward or backward (when on).
@@ -51,12 +52,16 @@ class ModuleProfile {
       if (!p_) return;
       be_.synchronize();
       t0_ = std::chrono::steady_clock::now();
+      launches0_ = be_.launch_count();
     }
     ~Scope() {
       if (!p_) return;
       be_.synchronize();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-      (backward_ ? p_->modules[index_].bwd_s : p_->modules[index_].fwd_s) += s;
+      const double launches = static_cast<double>(be_.launch_count() - launches0_);
+      ModuleStat& m = p_->modules[index_];
+      (backward_ ? m.bwd_s : m.fwd_s) += s;
+      (backward_ ? m.bwd_launches : m.fwd_launches) += launches;
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -67,6 +72,7 @@ class ModuleProfile {
     size_t index_;
     bool backward_;
     std::chrono::steady_clock::time_point t0_;
+    uint64_t launches0_ = 0;
   };
 };
 

@@ -120,11 +120,13 @@ void detailed(const Node& n, const Node& root, int max_depth, std::string& out) 
   for (const Node& c : n.children) detailed(c, root, max_depth, out);
 }
 
-// Measured times of one stage, as sent to world rank 0: fwd and bwd per module, then the step's.
-constexpr size_t kStepTimes = 5;
+// Measured figures of one stage, as sent to world rank 0: per module fwd and bwd times and
+// launches, then the step's times.
+constexpr size_t kStepTimes = 5, kPerModule = 4;
 std::vector<double> pack(const ModuleProfile& p, const ProfiledStep& s) {
   std::vector<double> v;
-  for (const ModuleStat& m : p.modules) v.push_back(m.fwd_s), v.push_back(m.bwd_s);
+  for (const ModuleStat& m : p.modules)
+    v.push_back(m.fwd_s), v.push_back(m.bwd_s), v.push_back(m.fwd_launches), v.push_back(m.bwd_launches);
   for (double t : {s.reduce_s, s.optimizer_s, s.gather_s, s.idle_s, s.step_s}) v.push_back(t);
   return v;
 }
@@ -168,7 +170,7 @@ std::string summary_header(const FlopsProfilerConfig& cfg, const Topology& topo,
 // rank. Collective over the world: every rank calls it for every stage, in stage order.
 std::vector<double> stage_times(ProcessGroups& groups, int stage, size_t modules, const std::vector<double>& mine) {
   const int speaker = groups.topo.rank(GridCoord{0, 0, stage});
-  std::vector<double> t(2 * modules + kStepTimes);
+  std::vector<double> t(kPerModule * modules + kStepTimes);
   if (groups.world_rank == speaker) {
     Z3D_ASSERT(mine.size() == t.size(), "flops profiler: this rank's modules are not its stage's");
     t = mine;
@@ -180,8 +182,11 @@ std::vector<double> stage_times(ProcessGroups& groups, int stage, size_t modules
 // The stage's modules with their measured times `t` filled in, and its tree and totals.
 StageProfile stage_profile(std::vector<ModuleStat>& mods, const std::vector<double>& t, int stage, int accumulation,
                            double recompute_fwd_factor) {
-  for (size_t i = 0; i < mods.size(); ++i) mods[i].fwd_s = t[2 * i], mods[i].bwd_s = t[2 * i + 1];
-  const double* st = &t[2 * mods.size()];
+  for (size_t i = 0; i < mods.size(); ++i) {
+    const double* f = &t[kPerModule * i];
+    mods[i].fwd_s = f[0], mods[i].bwd_s = f[1], mods[i].fwd_launches = f[2], mods[i].bwd_launches = f[3];
+  }
+  const double* st = &t[kPerModule * mods.size()];
   StageProfile s;
   s.stage = stage;
   s.reduce = st[0], s.optimizer = st[1], s.gather = st[2], s.idle = st[3], s.iter = st[4];
@@ -243,7 +248,8 @@ void write_stage_metrics(MetricsLog& metrics, const StageProfile& s, const std::
   for (const ModuleStat& m : mods)
     metrics.write(MetricsRecord("profile_module")
                       .add("step", step.step).add("stage", s.stage).add("module", m.name).add("params", m.params)
-                      .add("fwd_macs", m.macs * step.accumulation).add("fwd_s", m.fwd_s).add("bwd_s", m.bwd_s));
+                      .add("fwd_macs", m.macs * step.accumulation).add("fwd_s", m.fwd_s).add("bwd_s", m.bwd_s)
+                      .add("fwd_launches", m.fwd_launches).add("bwd_launches", m.bwd_launches));
 }
 
 // flops_profiler.output_file, when set: the whole text; a failed write only warns.

@@ -181,12 +181,14 @@ void RunRecords::begin_step() {
   CommLog& comms = comm_log();
   comms.active = comms.enabled;  // the comms log covers what comm_bytes covers
   if (OpProfile* prof = op_profile()) prof->on = profiling_;
+  launches_ = be_.launch_count();
 }
 
 void RunRecords::end_step() {
   CommLog& comms = comm_log();
   if (comms.active) comms.active = false, ++comm_steps_;
   if (OpProfile* prof = op_profile()) prof->on = false;
+  launches_ = be_.launch_count() - launches_;
 }
 
 void RunRecords::step(int step, const StepResult& r, StepRunner& runner, double flops_per_token,
@@ -204,7 +206,8 @@ void RunRecords::step(int step, const StepResult& r, StepRunner& runner, double 
         .add("tokens_per_s", tokens_per_s).add("step_time_s", r.step_time)
         .add("model_flops_per_s", model_flops).add("mfu", mfu)
         .add("mem_model_states_bytes", mem_bytes_).add("comm_bytes", r.comm_bytes)
-        .add("backend_allocs", static_cast<int64_t>(be_.alloc_count())).add("page_faults", r.faults);
+        .add("backend_allocs", static_cast<int64_t>(be_.alloc_count())).add("page_faults", r.faults)
+        .add("launches", static_cast<int64_t>(launches_));
     if (c.wall_clock_breakdown)
       m.add("forward_s", r.t_fwd).add("backward_s", r.t_bwd).add("reduce_s", r.t_reduce).add("optimizer_s", r.t_opt)
           .add("allgather_s", r.t_gather).add("recompute_s", r.recompute)

@@ -81,6 +81,7 @@ class RunRecords {
   Clock::time_point run_start_;
   int first_step_ = 1, profiled_step_ = 0;  // flops_profiler's step (0: none)
   int comm_steps_ = 0;                      // steps the comms log covers
+  uint64_t launches_ = 0;                   // the backend's launches in the step (Backend::launch_count)
   OpProfile* op_profile() const;  // the backend's, with wall_clock_breakdown; else nullptr
   bool profiling_ = false;        // wall_clock_breakdown: the op profile is on inside the steps from now
   int profiled_steps_ = 0;                  // wall_clock_breakdown

@@ -136,5 +136,16 @@ for run, stages in (("f1", 1), ("f2", 2)):
 names = [m["module"] for m in kind(recs("f1"), "profile_module")]
 assert names[0] == "embedding" and names[1:5] == ["h.0.ln_1", "h.0.attn", "h.0.ln_2", "h.0.mlp"] \
     and names[-2:] == ["ln_f", "lm_head"] and len(names) == 4 * L + 3, names
+
+# launches: every step issues the same ops (the train records' count), every block as many as the
+# others (the modules' counts), and the modules' share of the step's is part of it
+steps = [r["launches"] for r in kind(recs("f1"), "train")]
+assert steps[0] > 0 and len(set(steps[1:])) == 1, steps
+mods = kind(recs("f1"), "profile_module")
+per_block = lambda l: [(m["fwd_launches"], m["bwd_launches"]) for m in mods if m["module"].startswith(f"h.{l}.")]
+assert all(per_block(l) == per_block(0) for l in range(L)) and sum(f + b for f, b in per_block(0)) > 0, mods
+inside = sum(m["fwd_launches"] + m["bwd_launches"] for m in mods)
+assert 0 < inside <= steps[-1], (inside, steps)
+print(f"launches: {steps[-1]} a step, {sum(f + b for f, b in per_block(0)):.0f} a block, {inside:.0f} in modules")
 PY
 echo "monitors: all checks passed"
