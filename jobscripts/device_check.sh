@@ -309,9 +309,9 @@ if not train or any(r[k] is None for r in train for k in ("tokens_per_s", "mfu",
     sys.exit(1)  # no steps, or a non-finite value (written as null)
 tps = statistics.median(r["tokens_per_s"] for r in train)
 mfu = statistics.median(r["mfu"] for r in train)
-attention = run.get("backend", "").partition("attention: ")[2] or "?"
+attention = run.get("backend", "").partition("attention: ")[2] or "not named by the backend"
 print(tps, run.get("peak_flops") or 0, run.get("flops_per_token") or 0)  # first line: for the next rows
-print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.2f}% of {run.get('peak_flops', 0) / 1e12:.0f} TFLOP/s "
+print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.2f}% of {run.get('peak_flops', 0) / 1e12:.3g} TFLOP/s "
       f"({run.get('num_params', 0) / 1e6:.0f}M parameters; median of steps {first}-{train[-1]['step']}; "
       f"loss {train[-1]['loss']:.3f}; {train[-1].get('launches', '?')} launches a step; attention: {attention})")
 PY
