@@ -352,7 +352,7 @@ for line in open(sys.argv[1]):
     if m:
         rows[m.group(1)] = (float(m.group(3)), m.group(4), float(m.group(5)))
 gemm = [v[2] for k, v in rows.items() if re.search(r" (fwd|dx|dW) \d+x\d+x\d+$", k)]
-bytes_bound = [v[2] for k, v in rows.items() if v[1] == "GB" and k not in ("adam_step",)]
+bytes_bound = [v[2] for k, v in rows.items() if v[1] == "GB" and k not in ("adam_step", "adam_step_bf16")]
 att = [rows.get(k) for k in ("attention_forward", "attention_backward")]
 if None in att or not gemm or not bytes_bound:
     sys.exit(1)

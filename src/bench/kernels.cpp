@@ -156,6 +156,9 @@ struct KernelOperands : MicroBatch {
                                        V, 1e-3f);
          }, NV},
         {"adam_step", [this] { be->adam_step(p.data(), mo.data(), vo.data(), g.data(), block, adam, {}); }},
+        // with the bf16 weights out in the same pass (a mixed run's update)
+        {"adam_step_bf16",
+         [this] { be->adam_step(p.data(), mo.data(), vo.data(), g.data(), block, adam, {half.data(), false}); }},
         {"scale", [this] { be->scale(g.data(), 1.0f, block); }},
         {"cast_to_bf16", [this] { be->cast_to_bf16(half.data(), p.data(), block); }},
         {"accumulate_bf16", [this] { be->accumulate_bf16(half.data(), g.data(), block); }},
@@ -267,16 +270,12 @@ void bench_backend_kernels(Backend& be, const PeakFlops& peak, const ModelConfig
            "move or compute is the host's accounting of the same call",
            copy_bw / 1e9, peak.flops / 1e12, peak.source.c_str());
   log_info("%-24s %12s %16s %7s", "kernel", "us/call", "rate", "bound");
-  OpProfile& prof = *counter->profile();
-  prof.on = true;
+  counter->profile()->on = true;
   for (size_t c = 0; c < cases.size(); ++c) {
-    prof.ops.clear();
-    count_cases[c].call();
-    double bytes = 0, flops = 0;
-    for (const auto& [name, st] : prof.ops) bytes += st.bytes, flops += st.flops;
+    const OpStat one = time_ops(*counter, count_cases[c].call, 0);  // counts one call (and its warm-up)
     const double s = time_calls(be, cases[c].call, seconds);
-    const bool compute = flops > 0;
-    const double rate = (compute ? flops : bytes) / s, bound = compute ? peak.flops : copy_bw;
+    const bool compute = one.flops > 0;
+    const double rate = (compute ? one.flops : one.bytes) / s, bound = compute ? peak.flops : copy_bw;
     log_info("%-24s %12.1f %10.2f %s %6.1f%%", cases[c].name, s * 1e6, rate / (compute ? 1e12 : 1e9),
              compute ? "TF/s" : "GB/s", bound > 0 ? 100 * rate / bound : 0.0);
   }
@@ -289,11 +288,7 @@ void bench_backend_kernels(Backend& be, const PeakFlops& peak, const ModelConfig
   DeviceBuffer<float> out(be, most);
   log_info("%-24s %12s %16s %7s  (%s)", "gemm", "us/call", "rate", "of peak", be.describe_gemm().c_str());
   for (const GemmShape& g : shapes) {
-    const int lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
-    const double s = time_calls(
-        be, [&] { be.gemm(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, static_cast<float>(g.beta),
-                          out.data(), g.n); },
-        seconds);
+    const double s = time_gemm(be, g, a.data(), b.data(), out.data(), seconds);
     const double rate = 2.0 * g.m * g.n * g.k / s;
     log_info("%-24s %12.1f %10.2f TF/s %6.1f%%", (g.name + strprintf(" %dx%dx%d", g.m, g.n, g.k)).c_str(), s * 1e6,
              rate / 1e12, peak.flops > 0 ? 100 * rate / peak.flops : 0.0);

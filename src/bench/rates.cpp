@@ -45,6 +45,13 @@ OpStat time_ops(Backend& be, const std::function<void()>& call, double seconds) 
   return total;
 }
 
+double time_gemm(Backend& be, const GemmShape& s, const float* A, const float* B, float* C, double min_seconds) {
+  const int lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+  return time_calls(be, [&] {
+    be.gemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, A, lda, B, ldb, static_cast<float>(s.beta), C, s.n);
+  }, min_seconds);
+}
+
 GemmRate measure_gemm(Backend& be, int m, int n, int k, double min_seconds) {
   DeviceBuffer<float> a(be, static_cast<size_t>(m) * k), b(be, static_cast<size_t>(n) * k),
       c(be, static_cast<size_t>(m) * n);
@@ -53,8 +60,7 @@ GemmRate measure_gemm(Backend& be, int m, int n, int k, double min_seconds) {
   be.copy_from_host(a.data(), host.data(), a.bytes());
   be.copy_from_host(b.data(), host.data(), b.bytes());
   GemmRate r{m, n, k, 0, 0};
-  r.seconds_per_call = time_calls(
-      be, [&] { be.gemm(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n); }, min_seconds);
+  r.seconds_per_call = time_gemm(be, GemmShape{"", false, true, m, n, k}, a.data(), b.data(), c.data(), min_seconds);
   r.flops_per_s = 2.0 * m * n * k / r.seconds_per_call;
   return r;
 }

@@ -40,6 +40,9 @@ struct GemmShape {
 std::vector<GemmShape> model_gemm_shapes(const ModelConfig& m, int micro, int tp);
 // Times `call` (after one warm-up) for at least min_seconds; seconds per call.
 double time_calls(Backend& be, const std::function<void()>& call, double min_seconds);
+// Seconds per call of GEMM shape s on `be` (time_calls), its operands in be's memory stored
+// row-major with the leading dimensions op(A) and op(B) imply.
+double time_gemm(Backend& be, const GemmShape& s, const float* A, const float* B, float* C, double min_seconds);
 
 // The ops `call` runs, summed as the backend's profile counts them (calls: the most of any op; its
 // profile must be on): one warm-up call, then calls until they took at least `seconds`.

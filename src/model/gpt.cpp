@@ -363,17 +363,17 @@ GPT::LayerTensors<F> GPT::layer_tensors(F* base, int l) const {
           at(kLn2W), at(kLn2B), at(kFcW),  at(kFcB),  at(kFcProjW), at(kFcProjB)};
 }
 
-GemmWeight GPT::gemm_weight(const float* unit_base, int unit, size_t i) const {
-  const uint16_t* base16 = store_.acquired_bf16(unit);
+GemmWeight GPT::gemm_weight(const float* unit_base, const uint16_t* unit_base16, size_t i) const {
   const bool in_fp32 = !layout_.tensors[i].gemm_only || store_.fp32_gemm_weights();
-  return {in_fp32 ? tensor(unit_base, i) : nullptr, base16 ? tensor(base16, i) : nullptr};
+  return {in_fp32 ? tensor(unit_base, i) : nullptr, unit_base16 ? tensor(unit_base16, i) : nullptr};
 }
 
 GPT::BlockParams GPT::acquire_block(int l) {
   const int unit = first_block_unit_ + l;
   const float* base = store_.acquire_params(unit);
+  const uint16_t* base16 = store_.acquired_bf16(unit);
   const size_t first = block_tensor0_ + static_cast<size_t>(l) * block_size_;
-  auto matrix = [&](int k) { return gemm_weight(base, unit, first + role_[k]); };
+  auto matrix = [&](int k) { return gemm_weight(base, base16, first + role_[k]); };
   return {layer_tensors(base, l), matrix(kQkvW), matrix(kProjW), matrix(kFcW), matrix(kFcProjW)};
 }
 
@@ -540,7 +540,7 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   }
   if (!stage_.last()) return 0.0f;
   const float* fin = store_.acquire_params(final_unit_);
-  const GemmWeight wte = gemm_weight(head_unit_ == emb_unit_ ? emb : fin, head_unit_, head_wte_index_);
+  const GemmWeight wte = gemm_weight(head_unit_ == emb_unit_ ? emb : fin, store_.acquired_bf16(head_unit_), head_wte_index_);
   {
     auto t = timed(lnf_module_);
     norm_forward(lnf_, lnf_mean_, lnf_rstd_, xfinal_, tensor(fin, lnf_index_),

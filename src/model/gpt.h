@@ -125,8 +125,8 @@ class GPT {
   template <typename F>
   LayerTensors<F> layer_tensors(F* unit_base, int l) const;
   // Tensor i of an acquired unit as a GEMM weight: fp32 (unless the store keeps gemm_only tensors
-  // in bf16 only) and its bf16 copy in bf16 runs.
-  GemmWeight gemm_weight(const float* unit_base, int unit, size_t i) const;
+  // in bf16 only) and its bf16 copy in bf16 runs (unit_base16: the store's acquired_bf16).
+  GemmWeight gemm_weight(const float* unit_base, const uint16_t* unit_base16, size_t i) const;
   // Block l's parameters as the store lends them (its unit acquired): every tensor in fp32 (the
   // matrices' fp32 places unwritten where the store keeps them in bf16 only), and the four
   // matrices as GEMM weights.

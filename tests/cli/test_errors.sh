@@ -114,15 +114,15 @@ if out=$(timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config input/
 if out=$(timeout 120 "$z3d" bench kernels --config $tiny --seconds 0.01 2>&1) &&
    grep -qE "^kernel +${levels// / +}$" <<< "$out" &&
    grep -qE "^# bounds: copy bandwidth [0-9.]+ GB/s .*FMA peak \(GFLOP/s\) .*exp rate \(G/s, in L2\) " <<< "$out" &&
-   [[ $(grep -cE "^[a-z_0-9]+( \(\+bias\))?( +[0-9.]+ G[FB]/s +[0-9]+%[* ])+$" <<< "$out") == 24 ]] &&
+   [[ $(grep -cE "^[a-z_0-9]+( \(\+bias\))?( +[0-9.]+ G[FB]/s +[0-9]+%[* ])+$" <<< "$out") == 25 ]] &&
    grep -qE "^attention_forward( +[0-9.]+ GF/s +[0-9]+% ){$(wc -w <<< "$levels")}$" <<< "$out"; then
   passes=$((passes+1)); else echo "FAIL bench kernels:"; echo "$out"; fails=$((fails+1)); fi
 expect bench-kernels-level "this CPU does not run level 'neon'"   "$z3d" bench kernels --config $tiny --levels neon
-# bench kernels --backend: one backend's kernels (the same 24 rows) and every GEMM of the micro-batch
+# bench kernels --backend: one backend's kernels (the same 25 rows) and every GEMM of the micro-batch
 # (15 for GPT-2), each timed there against the device's bounds (how a GPU is read; the host here)
 if out=$(timeout 120 "$z3d" bench kernels --config $tiny --seconds 0.01 --backend host 2>&1) &&
    grep -qE "^# bounds: copy bandwidth [0-9.]+ GB/s \(64 MiB copies through the backend\); peak [0-9.]+ TFLOP/s" <<< "$out" &&
-   [[ $(grep -cE "^[a-z_0-9]+( \(\+bias\))? +[0-9.]+ +[0-9.]+ (TF|GB)/s +[0-9.]+%$" <<< "$out") == 24 ]] &&
+   [[ $(grep -cE "^[a-z_0-9]+( \(\+bias\))? +[0-9.]+ +[0-9.]+ (TF|GB)/s +[0-9.]+%$" <<< "$out") == 25 ]] &&
    grep -qE "^attention_backward +[0-9.]+ +[0-9.]+ TF/s +[0-9.]+%$" <<< "$out" &&
    [[ $(grep -cE "^[a-z ]+ (fwd|dx|dW) [0-9]+x[0-9]+x[0-9]+ +[0-9.]+ +[0-9.]+ TF/s +[0-9.]+%$" <<< "$out") == 15 ]]; then
   passes=$((passes+1)); else echo "FAIL bench kernels --backend host:"; echo "$out"; fails=$((fails+1)); fi

@@ -1639,8 +1639,21 @@ TEST(HostKernels, AutoGemmPlanIsOneDnnWithThreads) {
   EXPECT_NE(two.why.find("2 threads"), std::string::npos) << two.why;
 }
 
+// v (times sign) rounded to bf16: a weight's copy as a bf16 run keeps it.
+std::vector<uint16_t> bf16_of(const std::vector<float>& v, float sign) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = zero3d::math::bf16_from_float(sign * v[i]);
+  return h;
+}
+std::vector<float> negated(std::vector<float> v) {
+  for (float& f : v) f = -f;
+  return v;
+}
+
 // bf16 compute: A and B rounded to bf16, products accumulated in fp32: against the double
 // reference on the rounded inputs, within fp32 accumulation error; the bias and residual in fp32.
+// A B that comes with its bf16 copy (GemmWeight) is multiplied as that copy: the bits of rounding
+// B, and a copy of -B gives the product with -B.
 void check_bf16_gemm(const std::unique_ptr<Backend>& be) {
   std::mt19937 rng(11);
   auto round16 = [](std::vector<float> v) {
@@ -1664,6 +1677,17 @@ void check_bf16_gemm(const std::unique_ptr<Backend>& be) {
         if (!(std::fabs(got[i] - want[i]) <= 1e-5 * mag[i] + 1e-7) && ++misses <= 8)
           ADD_FAILURE() << "ta=" << ta << " tb=" << tb << " C[" << i << "] = " << got[i] << ", want " << want[i];
       EXPECT_EQ(misses, 0) << "ta=" << ta << " tb=" << tb;
+      auto dBneg = to_device(*be, negated(B.data));
+      auto dB16 = to_device(*be, bf16_of(B.data, 1.0f)), dB16neg = to_device(*be, bf16_of(B.data, -1.0f));
+      auto product = [&](GemmWeight w) {
+        auto dC1 = to_device(*be, C);
+        be->gemm(ta, tb, m, n, k, 0.5f, dA.data(), A.ld, w, B.ld, 1.0f, dC1.data(), n);
+        return to_host(*be, dC1);
+      };
+      const std::string tag = " (ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + ")";
+      expect_bits_equal(product({dB.data(), dB16.data()}), got, ("gemm, bf16 copy" + tag).c_str());
+      expect_bits_equal(product({dB.data(), dB16neg.data()}), product(dBneg.data()),
+                        ("gemm, the copy is what is multiplied" + tag).c_str());
     }
   const int N = 9, in = 40, out = 17;
   const std::vector<float> x = uniform(rng, N * in, -1, 1), w = uniform(rng, out * in, -1, 1),
@@ -1681,39 +1705,11 @@ void check_bf16_gemm(const std::unique_ptr<Backend>& be) {
   }
 }
 
-// A weight that comes with its bf16 copy (GemmWeight: a bf16 run's kept weights) is multiplied as
-// that copy: the same bits as rounding its fp32 values, in gemm (every transpose, padded leading
-// dimensions), linear_forward and linear_gelu_forward. A copy of -B gives the product with -B, so
-// a backend that rounded f32 again instead would fail.
+// A linear layer's weight that comes with its bf16 copy (GemmWeight: a bf16 run's kept weights) is
+// multiplied as that copy, in linear_forward and linear_gelu_forward (gemm: check_bf16_gemm). A
+// copy of -W gives the product with -W, so a backend that rounded f32 again instead would fail.
 void check_bf16_weight_copy(const std::unique_ptr<Backend>& be) {
   std::mt19937 rng(12);
-  auto bf16_of = [](const std::vector<float>& v, float sign) {
-    std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = zero3d::math::bf16_from_float(sign * v[i]);
-    return h;
-  };
-  auto negated = [](std::vector<float> v) {
-    for (float& f : v) f = -f;
-    return v;
-  };
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      const int m = 33, n = 47, k = 70;
-      long sA = 0, sB = 0;
-      Operand A = make_operand(rng, ta, m, k, 2, 1, &sA), B = make_operand(rng, tb, k, n, 3, 1, &sB);
-      const std::vector<float> C = uniform(rng, static_cast<size_t>(m) * n, -1, 1);
-      auto dA = to_device(*be, A.data), dB = to_device(*be, B.data), dBneg = to_device(*be, negated(B.data));
-      auto dB16 = to_device(*be, bf16_of(B.data, 1.0f)), dB16neg = to_device(*be, bf16_of(B.data, -1.0f));
-      auto product = [&](GemmWeight w) {
-        auto dC = to_device(*be, C);
-        be->gemm(ta, tb, m, n, k, 0.5f, dA.data(), A.ld, w, B.ld, 1.0f, dC.data(), n);
-        return to_host(*be, dC);
-      };
-      const std::string tag = " (ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + ")";
-      expect_bits_equal(product({dB.data(), dB16.data()}), product(dB.data()), ("gemm, bf16 copy" + tag).c_str());
-      expect_bits_equal(product({dB.data(), dB16neg.data()}), product(dBneg.data()),
-                        ("gemm, the copy is what is multiplied" + tag).c_str());
-    }
   const int N = 9, in = 40, out = 24;
   const std::vector<float> x = uniform(rng, N * in, -1, 1), w = uniform(rng, out * in, -1, 1),
                            bias = uniform(rng, out, -1, 1), res = uniform(rng, N * out, -1, 1);
