@@ -17,6 +17,7 @@
 #include "core/mem.h"
 #include "kernels/math/adamw.h"
 #include "kernels/profile.h"
+#include "kernels/tensor.h"
 
 namespace zero3d {
 
@@ -26,12 +27,13 @@ enum class BackendKind { host, cuda };
 // matrix as the run keeps it, in bf16, with the same leading dimension. f32 was widened from
 // bf16, so bf16 is exactly what rounding f32 gives: a backend whose GEMMs run in bf16 takes it as
 // it is (no rounding pass per GEMM); fp32 GEMMs read f32. Any fp32 matrix converts to a weight
-// without a 16-bit copy.
+// without a 16-bit copy; a bf16 activation (the x of a weight gradient) is a B with no fp32 values.
 struct GemmWeight {
   const float* f32 = nullptr;
   const uint16_t* bf16 = nullptr;
   GemmWeight(const float* w) : f32(w) {}  // NOLINT(google-explicit-constructor): every fp32 B is one
   GemmWeight(const float* w, const uint16_t* w16) : f32(w), bf16(w16) {}
+  explicit GemmWeight(ConstView v) : f32(v.bf16() ? nullptr : v.f32_data()), bf16(v.bf16() ? v.bf16_data() : nullptr) {}
 };
 
 // adam_step's 16-bit output: where the updated weights go rounded to 16 bits (nullptr: nowhere).
@@ -92,12 +94,14 @@ class Backend {
   virtual void synchronize() = 0;
 
   // ---- GEMM: C = alpha * op(A) * op(B) + beta * C, row-major, op = transpose when t* is set ----
-  virtual void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda,
-                    GemmWeight B, int ldb, float beta, float* C, int ldc) = 0;
+  // Activation operands (views: kernels/tensor.h) are fp32 or bf16: A and C each either, fp32
+  // accumulation always, C rounded once when bf16.
+  virtual void gemm(bool ta, bool tb, int m, int n, int k, float alpha, ConstView A, int lda,
+                    GemmWeight B, int ldb, float beta, View C, int ldc) = 0;
   // A linear layer's forward, y = x W^T (+ bias) (+ residual), bias and residual (nullptr: none)
   // added in the GEMM's epilogue where the library can. x: N x in, W: out x in; y must not alias
   // x or residual.
-  virtual void linear_forward(float* y, const float* x, GemmWeight w, const float* bias, const float* residual,
+  virtual void linear_forward(View y, ConstView x, GemmWeight w, const float* bias, ConstView residual,
                               int N, int in, int out) = 0;
   // What runs the GEMMs, for the run record: library, ISA, precision.
   virtual std::string describe_gemm() const = 0;
@@ -105,26 +109,28 @@ class Backend {
   virtual bool bf16_gemm() const = 0;
 
   // ---- elementwise / per-row ops (N rows of C columns) ----
+  // Activations and their gradients are views, fp32 or bf16 (fp32 math: kernels/tensor.h);
+  // weights, their gradients and the statistics (mean, rstd, lse) are fp32.
   // out[n,:] = wte[tokens[n] - vocab_start,:] + wpe[n % T,:], where wte holds the vocab_rows rows
   // [vocab_start, vocab_start + vocab_rows) of the embedding (all of it without tensor parallelism);
   // a token outside them contributes 0, and wpe == nullptr adds no position embedding.
-  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
+  virtual void embedding_forward(View out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T,
                                  int C, int vocab_start, int vocab_rows) = 0;
   // dwte[tokens[n] - vocab_start,:] += dout[n,:] for tokens in range; dwpe[n % T,:] += dout[n,:]
   // (dwpe == nullptr: no position embedding)
-  virtual void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T,
+  virtual void embedding_backward(float* dwte, float* dwpe, ConstView dout, const int32_t* tokens, int N, int T,
                                   int C, int vocab_start, int vocab_rows) = 0;
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+  virtual void layernorm_forward(View out, float* mean, float* rstd, ConstView x, const float* w,
                                  const float* b, int N, int C) = 0;
   // dx += ...; dw += ...; db += ...
-  virtual void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+  virtual void layernorm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x,
                                   const float* w, const float* mean, const float* rstd, int N, int C) = 0;
-  virtual void bias_backward(float* dbias, const float* dout, int N, int C) = 0;  // dbias += sum_n dout[n,:]
-  virtual void gelu_forward(float* out, const float* x, size_t n) = 0;
+  virtual void bias_backward(float* dbias, ConstView dout, int N, int C) = 0;  // dbias += sum_n dout[n,:]
+  virtual void gelu_forward(View out, ConstView x, size_t n) = 0;
   // The MLP's first layer and its activation: pre = x W^T + bias (kept for backward), out =
   // gelu(pre). Here linear_forward then gelu_forward; the CUDA backend runs one cuBLASLt matmul
   // with the GELU in its epilogue.
-  virtual void linear_gelu_forward(float* out, float* pre, const float* x, GemmWeight w, const float* bias, int N,
+  virtual void linear_gelu_forward(View out, View pre, ConstView x, GemmWeight w, const float* bias, int N,
                                    int in, int F) {
     linear_forward(pre, x, w, bias, nullptr, N, in, F);
     gelu_forward(out, pre, static_cast<size_t>(N > 0 ? N : 0) * static_cast<size_t>(F > 0 ? F : 0));
@@ -132,8 +138,7 @@ class Backend {
   // dx = gelu'(x) * dout over N rows of C (dx may alias dout), y = gelu(x) as gelu_forward wrote it
   // (the host derives the sigmoid from it: no exp); with dbias != nullptr also dbias[c] += sum_n
   // dx[n, c] (the bias gradient of the layer that produced x, in the same pass).
-  virtual void gelu_backward(float* dx, float* dbias, const float* x, const float* y, const float* dout, int N,
-                             int C) = 0;
+  virtual void gelu_backward(View dx, float* dbias, ConstView x, ConstView y, ConstView dout, int N, int C) = 0;
   virtual void accumulate(float* out, const float* a, size_t n) = 0;                      // out += a
   // Causal self-attention of B sequences of T on packed rows qkv (B*T rows of A + 2 Hkv hd:
   // [q | k | v], q holding H heads of hd = A/H columns, k and v Hkv heads each; Hkv divides H, and
@@ -141,23 +146,23 @@ class Backend {
   // Hkv = H): out (B*T rows of A) = softmax(q k^T / sqrt(hd), keys j <= t) v per head; lse (B*H*T)
   // saves each row's log-sum-exp of the scaled scores for backward. The T x T probabilities are
   // never stored.
-  virtual void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) = 0;
+  virtual void attention_forward(View out, float* lse, ConstView qkv, int B, int T, int H, int Hkv, int A) = 0;
   // dqkv (written, not accumulated) from dout, given forward's out and lse.
-  virtual void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse,
-                                  const float* qkv, int B, int T, int H, int Hkv, int A) = 0;
+  virtual void attention_backward(View dqkv, ConstView dout, ConstView out, const float* lse, ConstView qkv, int B,
+                                  int T, int H, int Hkv, int A) = 0;
   // RMSNorm (kernels/math/rmsnorm.h) of N rows of C: out and each row's rstd; backward dx += and
   // dw += (the column sums), as layernorm_backward.
-  virtual void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) = 0;
-  virtual void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                                const float* rstd, int N, int C) = 0;
+  virtual void rmsnorm_forward(View out, float* rstd, ConstView x, const float* w, int N, int C, float eps) = 0;
+  virtual void rmsnorm_backward(View dx, float* dw, ConstView dy, ConstView x, const float* w, const float* rstd,
+                                int N, int C) = 0;
   // Rotary position embedding (kernels/math/rope.h), in place, on the first `heads` heads of hd
   // columns of N rows of stride ld (row n at position n % T): forward turns them, backward turns a
   // gradient back. cs: math::rope_table(T, hd, theta) in this backend's memory.
-  virtual void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) = 0;
+  virtual void rope(View x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) = 0;
   // SwiGLU (kernels/math/swiglu.h): out (N x F) = silu(gate) * up of h (N x 2F, [gate | up]);
   // backward writes dh (N x 2F) from dout (N x F).
-  virtual void swiglu_forward(float* out, const float* h, int N, int F) = 0;
-  virtual void swiglu_backward(float* dh, const float* h, const float* dout, int N, int F) = 0;
+  virtual void swiglu_forward(View out, ConstView h, int N, int F) = 0;
+  virtual void swiglu_backward(View dh, ConstView h, ConstView dout, int N, int F) = 0;
   // losses[n] = CE(logits[n,:], targets[n]); with dlogits != nullptr also dlogits (may alias logits)
   // = (softmax - onehot) * dloss.
   virtual void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,

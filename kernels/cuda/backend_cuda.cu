@@ -1,6 +1,6 @@
 // kernels/cuda/backend_cuda.cu: the CUDA backend. Thin launchers around kernels/math/*.h (the same
 // per-element / per-row functions the host backend runs) plus cuBLAS for GEMM. It owns one
-// non-blocking stream, one cuBLAS handle bound to it and a device scratch for one op's temporaries.
+// non-blocking stream, one cuBLAS handle bound to it and device scratches for one op's temporaries.
 // Built as a module (libzero3d_cuda.so) that kernels/cuda_module.cpp loads only where a driver
 // is: the CUDA libraries cost every process 0.65 s of CPU to load, on CPU nodes for nothing.
 //
@@ -24,8 +24,17 @@
 // row's reductions across the block); attention one warp per (batch, head, row), its vectors in
 // the lanes' registers; column sums in chunks of rows; a linear layer's bias and residual in its
 // cuBLASLt matmul's epilogue. In bf16 runs attention goes to cuDNN's fused flash attention where
-// cuDNN is there and takes the shape (kernels/cuda/cudnn_attention.h): its operands rounded to bf16
-// and its output widened again around the call; elsewhere, and in fp32 runs, the warp kernels below.
+// cuDNN is there and takes the shape (kernels/cuda/cudnn_attention.h): bf16 views as they are, fp32
+// ones rounded to bf16 and the output widened again around the call; elsewhere, and in fp32 runs,
+// the warp kernels below.
+//
+// Precision: activations are views (kernels/tensor.h), fp32 or bf16 storage, fp32 math. The
+// elementwise, per-row and attention kernels are templates on the storage type: they read through
+// load() (bf16 widened, exactly), compute in fp32 and write through store() (rounded to nearest
+// even once, by math::bf16_from_float: the host's bits); an op's activation views share one type
+// (a mix is a fatal error naming the op). GEMMs with bf16_gemm take bf16 operands as they are and
+// round fp32 ones, accumulate in fp32 on the tensor cores and write C in its type (cuBLAS rounds a
+// bf16 C); fp32 GEMMs widen bf16 operands into the scratch and round a bf16 C from an fp32 one.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -99,15 +108,25 @@ void launch_rows(cudaStream_t stream, size_t rows, void (*kernel)(KernelArgs...)
   CUDA_CHECK(cudaGetLastError());
 }
 
+// ---- activation storage: the kernels below are templates on S, float or bf16 carried as its
+// bits (uint16_t); they read S through load() and write it through store(), so the math stays
+// fp32 and a bf16 value is rounded once, where it is written. ----
+
+__device__ __forceinline__ float load(const float* p) { return *p; }
+__device__ __forceinline__ float load(const uint16_t* p) { return math::float_from_bf16(*p); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(uint16_t* p, float v) { *p = math::bf16_from_float(v); }
+
 // ---- elementwise kernels ----
 
-__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+template <typename S>
+__global__ void embedding_forward_kernel(S* out, const int32_t* tokens, const float* wte, const float* wpe,
                                          size_t N, int T, int C, int vocab_start, int vocab_rows) {
   Z3D_GRID_LOOP(i, N * C) {
     size_t n = i / C, c = i % C;
     const int row = tokens[n] - vocab_start;
     const float e = row >= 0 && row < vocab_rows ? wte[static_cast<size_t>(row) * C + c] : 0.0f;
-    out[i] = e + (wpe ? wpe[(n % T) * C + c] : 0.0f);
+    store(out + i, e + (wpe ? wpe[(n % T) * C + c] : 0.0f));
   }
 }
 
@@ -117,7 +136,8 @@ __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, cons
 // host's. kEmbedParts spreads the C columns over enough threads to fill the GPU; a warp's lanes
 // share `part` (C a multiple of 32), so the branch is uniform and the token loads broadcast.
 constexpr int kEmbedParts = 32;
-__global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, size_t N,
+template <typename S>
+__global__ void embedding_backward_wte_kernel(float* dwte, const S* dout, const int32_t* tokens, size_t N,
                                               int C, int vocab_start, int vocab_rows) {
   Z3D_GRID_LOOP(i, static_cast<size_t>(C) * kEmbedParts) {
     const int part = static_cast<int>(i / C);
@@ -125,37 +145,46 @@ __global__ void embedding_backward_wte_kernel(float* dwte, const float* dout, co
     for (size_t n = 0; n < N; ++n) {
       const int row = tokens[n] - vocab_start;
       if (row >= 0 && row < vocab_rows && row % kEmbedParts == part)
-        dwte[static_cast<size_t>(row) * C + c] += dout[n * C + c];
+        dwte[static_cast<size_t>(row) * C + c] += load(dout + n * C + c);
     }
   }
 }
 
 // dwpe: position t collects rows t, t+T, t+2T, ...; one thread per (t, c) sums them in row order,
 // as the host does, so dwpe is deterministic and matches the host.
-__global__ void embedding_backward_wpe_kernel(float* dwpe, const float* dout, size_t N, int T, int C) {
+template <typename S>
+__global__ void embedding_backward_wpe_kernel(float* dwpe, const S* dout, size_t N, int T, int C) {
   size_t positions = N < static_cast<size_t>(T) ? N : static_cast<size_t>(T);
   Z3D_GRID_LOOP(i, positions * C) {
     size_t t = i / C, c = i % C;
     float acc = dwpe[i];
-    for (size_t n = t; n < N; n += T) acc += dout[n * C + c];
+    for (size_t n = t; n < N; n += T) acc += load(dout + n * C + c);
     dwpe[i] = acc;
   }
 }
 
-__global__ void add_bias_kernel(float* out, const float* bias, size_t N, int C) {
-  Z3D_GRID_LOOP(i, N * C) out[i] += bias[i % C];
+// A linear layer's epilogue where cuBLASLt has none: y = acc + bias + residual (either null: none),
+// acc the GEMM's fp32 result (y itself when y is fp32), so a bf16 y is rounded once.
+template <typename S>
+__global__ void linear_epilogue_kernel(S* y, const float* acc, const float* bias, const S* residual, size_t N,
+                                       int C) {
+  Z3D_GRID_LOOP(i, N * C) {
+    float v = acc[i];
+    if (bias) v += bias[i % C];
+    if (residual) v += load(residual + i);
+    store(y + i, v);
+  }
 }
 
-__global__ void gelu_forward_kernel(float* out, const float* x, size_t n) {
-  Z3D_GRID_LOOP(i, n) out[i] = math::gelu_forward(x[i]);
+template <typename S>
+__global__ void gelu_forward_kernel(S* out, const S* x, size_t n) {
+  Z3D_GRID_LOOP(i, n) store(out + i, math::gelu_forward(load(x + i)));
 }
 
-__global__ void gelu_backward_kernel(float* dx, const float* x, const float* dout, size_t n) {
-  Z3D_GRID_LOOP(i, n) dx[i] = math::gelu_backward(x[i], dout[i]);
-}
-
-__global__ void add_rows_kernel(float* out, const float* residual, size_t n) {  // out += residual
-  Z3D_GRID_LOOP(i, n) out[i] += residual[i];
+// dx may alias dout: each element is read and written by one thread.
+template <typename S>
+__global__ void gelu_backward_kernel(S* dx, const S* x, const S* dout, size_t n) {
+  Z3D_GRID_LOOP(i, n) store(dx + i, math::gelu_backward(load(x + i), load(dout + i)));
 }
 
 __global__ void accumulate_kernel(float* out, const float* a, size_t n) {
@@ -176,11 +205,19 @@ __global__ void adam_step_kernel(float* p, float* m, float* v, const float* g, s
   }
 }
 
-__global__ void cast_to_bf16_kernel(uint16_t* out, const float* x, size_t n) {
-  Z3D_GRID_LOOP(i, n) out[i] = math::bf16_from_float(x[i]);
+// fp32 <-> bf16 (D and S the two storage types): the casts, and the GEMMs' operands.
+template <typename D, typename S>
+__global__ void convert_kernel(D* out, const S* x, size_t n) {
+  Z3D_GRID_LOOP(i, n) store(out + i, load(x + i));
 }
-__global__ void cast_from_bf16_kernel(float* out, const uint16_t* x, size_t n) {
-  Z3D_GRID_LOOP(i, n) out[i] = math::float_from_bf16(x[i]);
+// The same on `rows` rows of `cols` at stride ld, the elements between rows untouched: a bf16 C
+// around an fp32 GEMM.
+template <typename D, typename S>
+__global__ void convert_rows_kernel(D* out, const S* x, size_t rows, int cols, size_t ld) {
+  Z3D_GRID_LOOP(e, rows * cols) {
+    const size_t i = e / cols * ld + e % cols;
+    store(out + i, load(x + i));
+  }
 }
 __global__ void cast_to_fp16_kernel(uint16_t* out, const float* x, size_t n) {
   Z3D_GRID_LOOP(i, n) out[i] = math::fp16_from_float(x[i]);
@@ -234,40 +271,43 @@ __device__ T block_all_reduce(T v, Op op) {
 #define Z3D_ROW_LOOP(n, N) for (size_t n = blockIdx.x; n < (N); n += gridDim.x)
 #define Z3D_COL_LOOP(i, C) for (int i = static_cast<int>(threadIdx.x); i < (C); i += static_cast<int>(blockDim.x))
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* x, const float* w,
+template <typename S>
+__global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, const S* x, const float* w,
                                          const float* b, size_t N, int C) {
   Z3D_ROW_LOOP(n, N) {
-    const float* xr = x + n * C;
+    const S* xr = x + n * C;
     float sum = 0.0f;
-    Z3D_COL_LOOP(i, C) sum += xr[i];
+    Z3D_COL_LOOP(i, C) sum += load(xr + i);
     const float m = block_all_reduce(sum, SumOp{}) / C;
     float var = 0.0f;
     Z3D_COL_LOOP(i, C) {
-      const float d = xr[i] - m;
+      const float d = load(xr + i) - m;
       var += d * d;
     }
     const float r = 1.0f / sqrtf(block_all_reduce(var, SumOp{}) / C + math::kLayerNormEps);
-    Z3D_COL_LOOP(i, C) out[n * C + i] = (xr[i] - m) * r * w[i] + b[i];
+    Z3D_COL_LOOP(i, C) store(out + n * C + i, (load(xr + i) - m) * r * w[i] + b[i]);
     if (threadIdx.x == 0) mean[n] = m, rstd[n] = r;
   }
 }
 
-__global__ void layernorm_backward_input_kernel(float* dx, const float* dy, const float* x, const float* w,
-                                                const float* mean, const float* rstd, size_t N, int C) {
+template <typename S>
+__global__ void layernorm_backward_input_kernel(S* dx, const S* dy, const S* x, const float* w, const float* mean,
+                                                const float* rstd, size_t N, int C) {
   Z3D_ROW_LOOP(n, N) {
-    const float* xr = x + n * C;
-    const float* dyr = dy + n * C;
+    const S* xr = x + n * C;
+    const S* dyr = dy + n * C;
+    S* dxr = dx + n * C;
     const float m = mean[n], r = rstd[n];
     float sum_g = 0.0f, sum_gx = 0.0f;
     Z3D_COL_LOOP(i, C) {
-      const float g = dyr[i] * w[i];
+      const float g = load(dyr + i) * w[i];
       sum_g += g;
-      sum_gx += g * math::layernorm_xhat(xr[i], m, r);
+      sum_gx += g * math::layernorm_xhat(load(xr + i), m, r);
     }
     const float mean_g = block_all_reduce(sum_g, SumOp{}) / C, mean_gx = block_all_reduce(sum_gx, SumOp{}) / C;
     Z3D_COL_LOOP(i, C) {
-      const float g = dyr[i] * w[i];
-      dx[n * C + i] += r * (g - mean_g - math::layernorm_xhat(xr[i], m, r) * mean_gx);
+      const float g = load(dyr + i) * w[i];
+      store(dxr + i, load(dxr + i) + r * (g - mean_g - math::layernorm_xhat(load(xr + i), m, r) * mean_gx));
     }
   }
 }
@@ -341,42 +381,43 @@ __global__ void crossentropy_kernel(float* losses, float* dlogits, const float* 
 // partials added by a butterfly, so every lane has the same value. The math of
 // kernels/math/attention.h, the same online softmax; only the dot products' order differs. ----
 
-template <int K>
-__device__ void lane_load(float (&a)[K], const float* src, int hd) {
+template <int K, typename S>
+__device__ void lane_load(float (&a)[K], const S* src, int hd) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int k = 0; k < K; ++k) a[k] = lane + 32 * k < hd ? src[lane + 32 * k] : 0.0f;
+  for (int k = 0; k < K; ++k) a[k] = lane + 32 * k < hd ? load(src + lane + 32 * k) : 0.0f;
 }
-template <int K>
-__device__ void lane_store(float* dst, const float (&a)[K], int hd) {
+template <int K, typename S>
+__device__ void lane_store(S* dst, const float (&a)[K], int hd) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < hd) dst[lane + 32 * k] = a[k];
+    if (lane + 32 * k < hd) store(dst + lane + 32 * k, a[k]);
 }
 // a . b over hd, in every lane (b in memory; a's lanes past hd hold 0).
-template <int K>
-__device__ float lane_dot(const float (&a)[K], const float* b, int hd) {
+template <int K, typename S>
+__device__ float lane_dot(const float (&a)[K], const S* b, int hd) {
   const int lane = threadIdx.x % 32;
   float s = 0.0f;
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < hd) s += a[k] * b[lane + 32 * k];
+    if (lane + 32 * k < hd) s += a[k] * load(b + lane + 32 * k);
   return warp_all_reduce(s, SumOp{});
 }
 // a . b over hd, both in memory, in every lane.
-__device__ float memory_dot(const float* a, const float* b, int hd) {
+template <typename S>
+__device__ float memory_dot(const S* a, const S* b, int hd) {
   float s = 0.0f;
-  for (int d = threadIdx.x % 32; d < hd; d += 32) s += a[d] * b[d];
+  for (int d = threadIdx.x % 32; d < hd; d += 32) s += load(a + d) * load(b + d);
   return warp_all_reduce(s, SumOp{});
 }
 // acc += f * b over the lane's dimensions.
-template <int K>
-__device__ void lane_axpy(float (&acc)[K], float f, const float* b, int hd) {
+template <int K, typename S>
+__device__ void lane_axpy(float (&acc)[K], float f, const S* b, int hd) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int k = 0; k < K; ++k)
-    if (lane + 32 * k < hd) acc[k] += f * b[lane + 32 * k];
+    if (lane + 32 * k < hd) acc[k] += f * load(b + lane + 32 * k);
 }
 
 // Warp-uniform loop over [0, n) by warp index (a block's warps, grid-strided).
@@ -386,26 +427,28 @@ __device__ void lane_axpy(float (&acc)[K], float f, const float* b, int hd) {
 
 // Where a (batch, head)'s rows start in packed [q (H heads) | k (Hkv) | v (Hkv)] rows of stride ld:
 // query head h reads key/value head h / (H / Hkv).
+template <typename S>
 struct AttnHead {
-  const float *q, *k, *v;
+  const S *q, *k, *v;
 };
-__device__ AttnHead attn_head(const float* qkv, size_t b, size_t h, int T, int H, int Hkv, int A, size_t ld) {
+template <typename S>
+__device__ AttnHead<S> attn_head(const S* qkv, size_t b, size_t h, int T, int H, int Hkv, int A, size_t ld) {
   const int hd = A / H;
   const size_t kvh = h / (H / Hkv);
-  const float* rows = qkv + b * T * ld;
+  const S* rows = qkv + b * T * ld;
   return {rows + h * hd, rows + A + kvh * hd, rows + A + (Hkv + kvh) * hd};
 }
 
-template <int K>
-__global__ void attention_forward_warp_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H,
-                                              int Hkv, int A) {
+template <int K, typename S>
+__global__ void attention_forward_warp_kernel(S* out, float* lse, const S* qkv, size_t B, int T, int H, int Hkv,
+                                              int A) {
   const int hd = A / H;
   const float alpha = 1.0f / sqrtf(static_cast<float>(hd));  // as the host computes it
   const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_WARP_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
     const int i = static_cast<int>(r % T);
-    const AttnHead x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
+    const AttnHead<S> x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
     float q[K], o[K];
     lane_load<K>(q, x.q + i * ld, hd);
 #pragma unroll
@@ -430,8 +473,8 @@ __global__ void attention_forward_warp_kernel(float* out, float* lse, const floa
 
 // delta (indexed as lse) = dout_i . out_i per (batch, head, row): D_i of kernels/math/attention.h,
 // which the backward reads once per query row instead of recomputing it for every key row.
-__global__ void attention_delta_kernel(float* delta, const float* dout, const float* out, size_t B, int T, int H,
-                                       int A) {
+template <typename S>
+__global__ void attention_delta_kernel(float* delta, const S* dout, const S* out, size_t B, int T, int H, int A) {
   const int hd = A / H;
   Z3D_WARP_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H, i = r % T;
@@ -442,20 +485,20 @@ __global__ void attention_delta_kernel(float* delta, const float* dout, const fl
 
 // Row i's dq, all written; and, in the warp of the first query head of each group, dk and dv of
 // key row i summed over the group's query heads in head order.
-template <int K>
-__global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, const float* delta, const float* lse,
-                                               const float* qkv, size_t B, int T, int H, int Hkv, int A) {
+template <int K, typename S>
+__global__ void attention_backward_warp_kernel(S* dqkv, const S* dout, const float* delta, const float* lse,
+                                               const S* qkv, size_t B, int T, int H, int Hkv, int A) {
   const int hd = A / H, G = H / Hkv;
   const float alpha = 1.0f / sqrtf(static_cast<float>(hd));
   const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_WARP_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
     const int i = static_cast<int>(r % T);
-    const AttnHead x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
-    float* d = dqkv + b * T * ld + i * ld;
+    const AttnHead<S> x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
+    S* d = dqkv + b * T * ld + i * ld;
     // dq_i over keys j <= i
     {
-      const float* g_rows = dout + b * T * A + h * hd;
+      const S* g_rows = dout + b * T * A + h * hd;
       float q[K], g[K], acc[K];
       lane_load<K>(q, x.q + i * ld, hd);
       lane_load<K>(g, g_rows + i * A, hd);
@@ -463,7 +506,7 @@ __global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, c
 #pragma unroll
       for (int k = 0; k < K; ++k) acc[k] = 0.0f;
       for (int j = 0; j <= i; ++j) {
-        const float* kj = x.k + j * ld;
+        const S* kj = x.k + j * ld;
         const float p = expf(alpha * lane_dot<K>(q, kj, hd) - lse_i);
         const float ds = p * (lane_dot<K>(g, x.v + j * ld, hd) - Di);
         lane_axpy<K>(acc, alpha * ds, kj, hd);
@@ -478,13 +521,13 @@ __global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, c
 #pragma unroll
     for (int k = 0; k < K; ++k) dk[k] = dv[k] = 0.0f;
     for (size_t hq = h; hq < h + G; ++hq) {
-      const float* q_rows = qkv + b * T * ld + hq * hd;
-      const float* g_rows = dout + b * T * A + hq * hd;
+      const S* q_rows = qkv + b * T * ld + hq * hd;
+      const S* g_rows = dout + b * T * A + hq * hd;
       const float* row_lse = lse + (b * H + hq) * T;
       const float* row_delta = delta + (b * H + hq) * T;
       for (int i2 = i; i2 < T; ++i2) {
-        const float* q2 = q_rows + i2 * ld;
-        const float* g2 = g_rows + i2 * A;
+        const S* q2 = q_rows + i2 * ld;
+        const S* g2 = g_rows + i2 * A;
         const float p = expf(alpha * lane_dot<K>(kr, q2, hd) - row_lse[i2]);
         const float ds = p * (lane_dot<K>(vr, g2, hd) - row_delta[i2]);
         lane_axpy<K>(dv, p, g2, hd);
@@ -497,7 +540,8 @@ __global__ void attention_backward_warp_kernel(float* dqkv, const float* dout, c
 }
 
 // Attention, fallback for heads wider than 256: one thread per (batch, head, row); see
-// kernels/math/attention.h.
+// kernels/math/attention.h, whose row functions take fp32 rows (and accumulate in out): bf16 views
+// are widened into the scratch around them.
 __global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H, int Hkv,
                                          int A) {
   const int hd = A / H;
@@ -506,7 +550,7 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
   Z3D_GRID_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
     const int i = static_cast<int>(r % T);
-    const AttnHead x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
+    const AttnHead<float> x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
     lse[r] = math::attention_row_forward(out + (b * T + i) * A + h * hd, x.q, x.k, x.v, ld, i, hd, alpha);
   }
 }
@@ -518,7 +562,7 @@ __global__ void attention_backward_kernel(float* dqkv, const float* dout, const 
   Z3D_GRID_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
     const int i = static_cast<int>(r % T);
-    const AttnHead x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
+    const AttnHead<float> x = attn_head(qkv, b, h, T, H, Hkv, A, ld);
     const size_t obase = b * T * A + h * hd;
     float* g = dqkv + b * T * ld + static_cast<size_t>(i) * ld;
     math::attention_row_backward_q(g + h * hd, x.q, x.k, x.v, ld, dout + obase, out + obase, A,
@@ -536,52 +580,69 @@ __global__ void attention_backward_kernel(float* dqkv, const float* dout, const 
 
 // ---- the Llama family: RMSNorm one block per row (as LayerNorm), RoPE and SwiGLU elementwise ----
 
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, const float* w, size_t N, int C,
-                                       float eps) {
+template <typename S>
+__global__ void rmsnorm_forward_kernel(S* out, float* rstd, const S* x, const float* w, size_t N, int C, float eps) {
   Z3D_ROW_LOOP(n, N) {
-    const float* xr = x + n * C;
+    const S* xr = x + n * C;
     float ss = 0.0f;
-    Z3D_COL_LOOP(i, C) ss += xr[i] * xr[i];
+    Z3D_COL_LOOP(i, C) {
+      const float v = load(xr + i);
+      ss += v * v;
+    }
     const float r = 1.0f / sqrtf(block_all_reduce(ss, SumOp{}) / C + eps);
-    Z3D_COL_LOOP(i, C) out[n * C + i] = xr[i] * r * w[i];
+    Z3D_COL_LOOP(i, C) store(out + n * C + i, load(xr + i) * r * w[i]);
     if (threadIdx.x == 0) rstd[n] = r;
   }
 }
 
-__global__ void rmsnorm_backward_input_kernel(float* dx, const float* dy, const float* x, const float* w,
-                                              const float* rstd, size_t N, int C) {
+template <typename S>
+__global__ void rmsnorm_backward_input_kernel(S* dx, const S* dy, const S* x, const float* w, const float* rstd,
+                                              size_t N, int C) {
   Z3D_ROW_LOOP(n, N) {
-    const float* xr = x + n * C;
-    const float* dyr = dy + n * C;
+    const S* xr = x + n * C;
+    const S* dyr = dy + n * C;
+    S* dxr = dx + n * C;
     const float r = rstd[n];
     float sum_gx = 0.0f;
-    Z3D_COL_LOOP(i, C) sum_gx += dyr[i] * w[i] * (xr[i] * r);
+    Z3D_COL_LOOP(i, C) sum_gx += load(dyr + i) * w[i] * (load(xr + i) * r);
     const float mean_gx = block_all_reduce(sum_gx, SumOp{}) / C;
-    Z3D_COL_LOOP(i, C) dx[n * C + i] += r * (dyr[i] * w[i] - xr[i] * r * mean_gx);
+    Z3D_COL_LOOP(i, C) store(dxr + i, load(dxr + i) + r * (load(dyr + i) * w[i] - load(xr + i) * r * mean_gx));
   }
 }
 
-__global__ void rope_kernel(float* x, const float* cs, size_t N, int T, int heads, int hd, long ld, bool backward) {
+// In place: each pair is read and written by one thread, turned in registers by math::rope_pair
+// (as a head of one pair).
+template <typename S>
+__global__ void rope_kernel(S* x, const float* cs, size_t N, int T, int heads, int hd, long ld, bool backward) {
   const int half = hd / 2;
   Z3D_GRID_LOOP(e, N * heads * half) {
     const size_t n = e / (static_cast<size_t>(heads) * half), h = e / half % heads;
     const int i = static_cast<int>(e % half);
     const float* c = cs + 2 * ((n % T) * half + i);
-    math::rope_pair(x + n * ld + h * hd, half, i, c[0], c[1], backward);
+    S* xh = x + n * ld + h * hd;
+    float pair[2] = {load(xh + i), load(xh + i + half)};
+    math::rope_pair(pair, 1, 0, c[0], c[1], backward);
+    store(xh + i, pair[0]);
+    store(xh + i + half, pair[1]);
   }
 }
 
-__global__ void swiglu_forward_kernel(float* out, const float* h, size_t N, int F) {
+template <typename S>
+__global__ void swiglu_forward_kernel(S* out, const S* h, size_t N, int F) {
   Z3D_GRID_LOOP(e, N * F) {
     const size_t n = e / F, c = e % F;
-    out[e] = math::swiglu_forward(h[2 * n * F + c], h[2 * n * F + F + c]);
+    store(out + e, math::swiglu_forward(load(h + 2 * n * F + c), load(h + 2 * n * F + F + c)));
   }
 }
 
-__global__ void swiglu_backward_kernel(float* dh, const float* h, const float* dout, size_t N, int F) {
+template <typename S>
+__global__ void swiglu_backward_kernel(S* dh, const S* h, const S* dout, size_t N, int F) {
   Z3D_GRID_LOOP(e, N * F) {
     const size_t n = e / F, c = e % F;
-    math::swiglu_backward(dh + 2 * n * F + c, dh + 2 * n * F + F + c, h[2 * n * F + c], h[2 * n * F + F + c], dout[e]);
+    float dgate, dup;
+    math::swiglu_backward(&dgate, &dup, load(h + 2 * n * F + c), load(h + 2 * n * F + F + c), load(dout + e));
+    store(dh + 2 * n * F + c, dgate);
+    store(dh + 2 * n * F + F + c, dup);
   }
 }
 
@@ -592,14 +653,15 @@ __global__ void swiglu_backward_kernel(float* dh, const float* h, const float* d
 
 constexpr size_t kColumnChunks = 64;
 
-__global__ void layernorm_params_partials_kernel(float* pw, float* pb, const float* dy, const float* x,
-                                                 const float* mean, const float* rstd, size_t N, int C) {
+template <typename S>
+__global__ void layernorm_params_partials_kernel(float* pw, float* pb, const S* dy, const S* x, const float* mean,
+                                                 const float* rstd, size_t N, int C) {
   Z3D_GRID_LOOP(i, kColumnChunks * C) {
     const size_t c = i % C, r = i / C;
     float w_acc = 0.0f, b_acc = 0.0f;
     for (size_t n = r * N / kColumnChunks; n < (r + 1) * N / kColumnChunks; ++n) {
-      const float d = dy[n * C + c];
-      w_acc += d * math::layernorm_xhat(x[n * C + c], mean[n], rstd[n]);
+      const float d = load(dy + n * C + c);
+      w_acc += d * math::layernorm_xhat(load(x + n * C + c), mean[n], rstd[n]);
       b_acc += d;
     }
     pw[i] = w_acc;
@@ -607,21 +669,36 @@ __global__ void layernorm_params_partials_kernel(float* pw, float* pb, const flo
   }
 }
 
-__global__ void rmsnorm_params_partials_kernel(float* pw, const float* dy, const float* x, const float* rstd, size_t N,
-                                               int C) {
+template <typename S>
+__global__ void rmsnorm_params_partials_kernel(float* pw, const S* dy, const S* x, const float* rstd, size_t N, int C) {
   Z3D_GRID_LOOP(i, kColumnChunks * C) {
     const size_t c = i % C, r = i / C;
     float w_acc = 0.0f;
-    for (size_t n = r * N / kColumnChunks; n < (r + 1) * N / kColumnChunks; ++n) w_acc += dy[n * C + c] * (x[n * C + c] * rstd[n]);
+    for (size_t n = r * N / kColumnChunks; n < (r + 1) * N / kColumnChunks; ++n)
+      w_acc += load(dy + n * C + c) * (load(x + n * C + c) * rstd[n]);
     pw[i] = w_acc;
   }
 }
 
-__global__ void bias_partials_kernel(float* pb, const float* dout, size_t N, int C) {
+// A bias gradient's terms: the elements of dout, or the GELU's input gradient recomputed from x and
+// dout (gelu_backward's bias: the fp32 dx, as the host sums it, read before dx overwrites dout).
+template <typename S>
+struct Element {
+  const S* p;
+  __device__ float operator()(size_t i) const { return load(p + i); }
+};
+template <typename S>
+struct GeluGrad {
+  const S *x, *dout;
+  __device__ float operator()(size_t i) const { return math::gelu_backward(load(x + i), load(dout + i)); }
+};
+
+template <typename Term>
+__global__ void bias_partials_kernel(float* pb, Term term, size_t N, int C) {
   Z3D_GRID_LOOP(i, kColumnChunks * C) {
     const size_t c = i % C, r = i / C;
     float acc = 0.0f;
-    for (size_t n = r * N / kColumnChunks; n < (r + 1) * N / kColumnChunks; ++n) acc += dout[n * C + c];
+    for (size_t n = r * N / kColumnChunks; n < (r + 1) * N / kColumnChunks; ++n) acc += term(n * C + c);
     pb[i] = acc;
   }
 }
@@ -676,6 +753,45 @@ using CublasPtr = std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, CublasD
 using DevicePtr = std::unique_ptr<void, DeviceFree>;
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// ---- the seam's views as the kernels take them ----
+
+// f.template operator()<S>() with S the storage type of t: float, or bf16 as its bits (uint16_t).
+template <typename F>
+void with_storage(DType t, F&& f) {
+  if (t == DType::bf16) f.template operator()<uint16_t>();
+  else f.template operator()<float>();
+}
+template <typename S>
+S* ptr(View v) {
+  return static_cast<S*>(v.data);
+}
+template <typename S>
+const S* ptr(ConstView v) {
+  return static_cast<const S*>(v.data);
+}
+
+// An op's activation view, and how many elements the op touches in it.
+struct Touch {
+  ConstView v;
+  size_t n;
+};
+// The storage type the op's views share (null ones aside), each checked to hold what the op touches
+// (a bare pointer's extent is unknown: unchecked). A kernel reads and writes one type, so views of
+// two types are a caller's bug: fatal, naming the op.
+DType storage(const char* name, std::initializer_list<Touch> views) {
+  const Touch* first = nullptr;
+  for (const Touch& t : views) {
+    if (!t.v) continue;
+    Z3D_ASSERT(t.v.size >= t.n, strprintf("%s: a %s view of %zu elements where the op touches %zu", name,
+                                          dtype_name(t.v.dtype), t.v.size, t.n));
+    if (!first) first = &t;
+    Z3D_ASSERT(t.v.dtype == first->v.dtype,
+               strprintf("%s: %s and %s views; the CUDA backend runs an op's activations in one type", name,
+                         dtype_name(first->v.dtype), dtype_name(t.v.dtype)));
+  }
+  return first ? first->v.dtype : DType::f32;
+}
 
 class CudaBackend final : public Backend, public DeviceMemory {
  public:
@@ -800,156 +916,248 @@ class CudaBackend final : public Backend, public DeviceMemory {
 
   // ---- GEMM (row-major interface on column-major cuBLAS: see the header) ----
 
-  // bf16_gemm: A and B rounded to bf16 here (to nearest even, as the host rounds), then multiplied
-  // on the tensor cores with fp32 accumulation into fp32 C, as the host's bf16 GEMMs do. (cuBLAS's
-  // CUBLAS_COMPUTE_32F_FAST_16BF would skip the copies but promises neither the rounding nor the
-  // tensor cores.)
-  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, GemmWeight B, int ldb,
-            float beta, float* C, int ldc) override {
-    if (!bf16_gemm_) {
+  // bf16_gemm: bf16 operands as they are, fp32 ones rounded to bf16 here (to nearest even, as the
+  // host rounds), multiplied on the tensor cores with fp32 accumulation into C of its type, as the
+  // host's bf16 GEMMs do. (cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF would skip the copies but promises
+  // neither the rounding nor the tensor cores.) fp32 GEMMs take bf16 operands widened (exactly), and
+  // a bf16 C through an fp32 one in the accumulator scratch (widened first where beta reads it),
+  // rounded once.
+  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, ConstView A, int lda, GemmWeight B, int ldb,
+            float beta, View C, int ldc) override {
+    const size_t na = extent(ta ? k : m, ta ? m : k, lda), nb = extent(tb ? n : k, tb ? k : n, ldb);
+    const size_t nc = extent(m, n, ldc);
+    storage("gemm", {{A, na}});  // A and C each of either type
+    storage("gemm", {{C, nc}});
+    if (m <= 0 || n <= 0) return;
+    const auto [a, b] = gemm_operands(A, na, B, nb);
+    if (bf16_gemm_) {
       ++g_launches;
-      CUBLAS_CHECK(cublasSgemm(cublas(), op(tb), op(ta), n, m, k, &alpha, B.f32, ldb, A, lda, &beta, C, ldc));
+      CUBLAS_CHECK(cublasGemmEx(cublas(), op(tb), op(ta), n, m, k, &alpha, b, CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda,
+                                &beta, C.data, C.bf16() ? CUDA_R_16BF : CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
       return;
     }
-    if (m <= 0 || n <= 0) return;
-    // Elements a row-major operand of `rows` rows of `cols` at stride ld spans.
-    auto extent = [](int rows, int cols, int ld) { return rows > 0 ? static_cast<size_t>(rows - 1) * ld + cols : 0; };
-    const size_t na = extent(ta ? k : m, ta ? m : k, lda), nb = extent(tb ? n : k, tb ? k : n, ldb);
-    const auto [a16, b16] = bf16_operands(A, na, B, nb);
+    float* c = C.bf16() ? acc_scratch(nc) : C.f32_data();
+    if (C.bf16() && beta != 0.0f)
+      launch(stream(), rows(m) * n, convert_rows_kernel<float, uint16_t>, c, C.bf16_data(), rows(m), n, rows(ldc));
     ++g_launches;
-    CUBLAS_CHECK(cublasGemmEx(cublas(), op(tb), op(ta), n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16, CUDA_R_16BF, lda,
-                              &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasSgemm(cublas(), op(tb), op(ta), n, m, k, &alpha, static_cast<const float*>(b), ldb,
+                             static_cast<const float*>(a), lda, &beta, c, ldc));
+    if (C.bf16())
+      launch(stream(), rows(m) * n, convert_rows_kernel<uint16_t, float>, C.bf16_data(), static_cast<const float*>(c),
+             rows(m), n, rows(ldc));
   }
   // One cuBLASLt matmul with the bias in its epilogue and the residual as beta * C
-  // (kernels/cuda/cublaslt_linear.h); where cuBLASLt has no algorithm, the GEMM and two passes.
-  void linear_forward(float* y, const float* x, GemmWeight w, const float* bias, const float* residual, int N,
-                      int in, int out) override {
-    const auto [xa, wa] = lt_operands(x, w, N, in, out);
+  // (kernels/cuda/cublaslt_linear.h); where cuBLASLt has no algorithm, the GEMM into fp32 (y itself,
+  // or the accumulator scratch for a bf16 y) and one pass adding bias and residual, rounding once.
+  void linear_forward(View y, ConstView x, GemmWeight w, const float* bias, ConstView residual, int N, int in,
+                      int out) override {
+    const size_t nx = rows(N) * rows(in), ny = rows(N) * rows(out);
+    storage("linear_forward", {{x, nx}});  // x of either type
+    const DType t = storage("linear_forward", {{y, ny}, {residual, ny}});
+    const auto [xa, wa] = gemm_operands(x, nx, w, rows(out) * rows(in));
     if (lt_.forward(stream(), y, xa, wa, bf16_gemm_, bias, residual, N, in, out)) return static_cast<void>(++g_launches);
-    gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
-    if (bias) launch(stream(), rows(N) * out, add_bias_kernel, y, bias, rows(N), out);
-    if (residual) launch(stream(), rows(N) * out, add_rows_kernel, y, residual, rows(N) * out);
+    float* acc = y.bf16() ? acc_scratch(ny) : y.f32_data();
+    gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, acc, out);
+    if (!y.bf16() && !bias && !residual) return;
+    with_storage(t, [&]<typename S>() {
+      launch(stream(), ny, linear_epilogue_kernel<S>, ptr<S>(y), static_cast<const float*>(acc), bias, ptr<S>(residual),
+             rows(N), out);
+    });
   }
 
-  // ---- elementwise / per-row ops ----
+  // ---- elementwise / per-row ops: the kernels instantiated for the views' storage type ----
 
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
+  void embedding_forward(View out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                          int vocab_start, int vocab_rows) override {
-    launch(stream(), rows(N) * C, embedding_forward_kernel, out, tokens, wte, wpe, rows(N), T, C, vocab_start,
-           vocab_rows);
+    with_storage(storage("embedding_forward", {{out, rows(N) * rows(C)}}), [&]<typename S>() {
+      launch(stream(), rows(N) * C, embedding_forward_kernel<S>, ptr<S>(out), tokens, wte, wpe, rows(N), T, C,
+             vocab_start, vocab_rows);
+    });
   }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
+  void embedding_backward(float* dwte, float* dwpe, ConstView dout, const int32_t* tokens, int N, int T, int C,
                           int vocab_start, int vocab_rows) override {
-    launch(stream(), static_cast<size_t>(C) * kEmbedParts, embedding_backward_wte_kernel, dwte, dout, tokens, rows(N), C, vocab_start,
-           vocab_rows);
-    if (dwpe) launch(stream(), std::min(rows(N), rows(T)) * C, embedding_backward_wpe_kernel, dwpe, dout, rows(N), T, C);
+    with_storage(storage("embedding_backward", {{dout, rows(N) * rows(C)}}), [&]<typename S>() {
+      launch(stream(), static_cast<size_t>(C) * kEmbedParts, embedding_backward_wte_kernel<S>, dwte, ptr<S>(dout),
+             tokens, rows(N), C, vocab_start, vocab_rows);
+      if (dwpe)
+        launch(stream(), std::min(rows(N), rows(T)) * C, embedding_backward_wpe_kernel<S>, dwpe, ptr<S>(dout), rows(N),
+               T, C);
+    });
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+  void layernorm_forward(View out, float* mean, float* rstd, ConstView x, const float* w, const float* b, int N,
                          int C) override {
-    launch_rows(stream(), rows(N), layernorm_forward_kernel, out, mean, rstd, x, w, b, rows(N), C);
+    const size_t n = rows(N) * rows(C);
+    with_storage(storage("layernorm_forward", {{out, n}, {x, n}}), [&]<typename S>() {
+      launch_rows(stream(), rows(N), layernorm_forward_kernel<S>, ptr<S>(out), mean, rstd, ptr<S>(x), w, b, rows(N), C);
+    });
   }
-  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                          const float* mean, const float* rstd, int N, int C) override {
-    launch_rows(stream(), rows(N), layernorm_backward_input_kernel, dx, dy, x, w, mean, rstd, rows(N), C);
+  void layernorm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x, const float* w, const float* mean,
+                          const float* rstd, int N, int C) override {
+    const size_t n = rows(N) * rows(C);
+    const DType t = storage("layernorm_backward", {{dx, n}, {dy, n}, {x, n}});
     auto* pw = static_cast<float*>(stream_scratch(2 * kColumnChunks * rows(C) * sizeof(float)));
     float* pb = pw + kColumnChunks * rows(C);
-    launch(stream(), kColumnChunks * rows(C), layernorm_params_partials_kernel, pw, pb, dy, x, mean, rstd, rows(N), C);
+    with_storage(t, [&]<typename S>() {
+      launch_rows(stream(), rows(N), layernorm_backward_input_kernel<S>, ptr<S>(dx), ptr<S>(dy), ptr<S>(x), w, mean,
+                  rstd, rows(N), C);
+      launch(stream(), kColumnChunks * rows(C), layernorm_params_partials_kernel<S>, pw, pb, ptr<S>(dy), ptr<S>(x),
+             mean, rstd, rows(N), C);
+    });
     launch(stream(), rows(C), column_finish_kernel, dw, static_cast<const float*>(pw), C);
     launch(stream(), rows(C), column_finish_kernel, db, static_cast<const float*>(pb), C);
   }
-  void bias_backward(float* dbias, const float* dout, int N, int C) override {
-    auto* pb = static_cast<float*>(stream_scratch(kColumnChunks * rows(C) * sizeof(float)));
-    launch(stream(), kColumnChunks * rows(C), bias_partials_kernel, pb, dout, rows(N), C);
-    launch(stream(), rows(C), column_finish_kernel, dbias, static_cast<const float*>(pb), C);
+  void bias_backward(float* dbias, ConstView dout, int N, int C) override {
+    with_storage(storage("bias_backward", {{dout, rows(N) * rows(C)}}),
+                 [&]<typename S>() { column_sums(dbias, Element<S>{ptr<S>(dout)}, N, C); });
   }
   // One cuBLASLt matmul with bias and GELU in its epilogue, the pre-activation as its auxiliary
-  // output; where cuBLASLt offers no algorithm, the linear layer and a GELU pass.
-  void linear_gelu_forward(float* out, float* pre, const float* x, GemmWeight w, const float* bias, int N, int in,
+  // output (out and pre of one type); where cuBLASLt offers no algorithm, the linear layer and a
+  // GELU pass.
+  void linear_gelu_forward(View out, View pre, ConstView x, GemmWeight w, const float* bias, int N, int in,
                            int F) override {
-    const auto [xa, wa] = lt_operands(x, w, N, in, F);
-    if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre)) return static_cast<void>(++g_launches);
+    const size_t nx = rows(N) * rows(in), n = rows(N) * rows(F);
+    storage("linear_gelu_forward", {{x, nx}});  // x of either type
+    storage("linear_gelu_forward", {{out, n}, {pre, n}});
+    const auto [xa, wa] = gemm_operands(x, nx, w, rows(F) * rows(in));
+    if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre))
+      return static_cast<void>(++g_launches);
     linear_forward(pre, x, w, bias, nullptr, N, in, F);
-    gelu_forward(out, pre, rows(N) * F);
+    gelu_forward(out, pre, n);
   }
-  void gelu_forward(float* out, const float* x, size_t n) override {
-    launch(stream(), n, gelu_forward_kernel, out, x, n);
+  void gelu_forward(View out, ConstView x, size_t n) override {
+    with_storage(storage("gelu_forward", {{out, n}, {x, n}}), [&]<typename S>() {
+      launch(stream(), n, gelu_forward_kernel<S>, ptr<S>(out), ptr<S>(x), n);
+    });
   }
-  void gelu_backward(float* dx, float* dbias, const float* x, const float*, const float* dout, int N, int C) override {
-    launch(stream(), rows(N) * C, gelu_backward_kernel, dx, x, dout, rows(N) * C);
-    if (dbias) bias_backward(dbias, dx, N, C);
+  // The bias gradient first: its terms recompute dx in fp32 from x and dout, which dx may overwrite.
+  void gelu_backward(View dx, float* dbias, ConstView x, ConstView y, ConstView dout, int N, int C) override {
+    const size_t n = rows(N) * rows(C);
+    with_storage(storage("gelu_backward", {{dx, n}, {x, n}, {y, n}, {dout, n}}), [&]<typename S>() {
+      if (dbias) column_sums(dbias, GeluGrad<S>{ptr<S>(x), ptr<S>(dout)}, N, C);
+      launch(stream(), n, gelu_backward_kernel<S>, ptr<S>(dx), ptr<S>(x), ptr<S>(dout), n);
+    });
   }
   void accumulate(float* out, const float* a, size_t n) override { launch(stream(), n, accumulate_kernel, out, a, n); }
   // One warp per row for heads up to 256 wide (K registers per lane per vector), else the fallback.
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) override {
+  void attention_forward(View out, float* lse, ConstView qkv, int B, int T, int H, int Hkv, int A) override {
+    const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
+    const size_t nqkv = rows(B) * T * (A + 2 * rows(Hkv) * hd), nout = rows(B) * T * A;
+    const DType t = storage("attention_forward", {{out, nout}, {qkv, nqkv}});
 #if defined(ZERO3D_HAVE_CUDNN)
-    if (const AttnShape s{B, T, H, Hkv, A / H}; use_cudnn(s, false)) {
-      const size_t nqkv = rows(B) * T * (A + 2 * rows(Hkv) * s.hd), nout = rows(B) * T * A;
-      uint16_t* qkv16 = bf16_scratch({nqkv, nout})[0];
+    // cuDNN reads and writes bf16: bf16 views as they are (16-byte aligned, as it needs), fp32 ones
+    // rounded into the scratch and the output widened back.
+    if (const AttnShape s{B, T, H, Hkv, A / H};
+        (t == DType::f32 || aligned({out.data, qkv.data, lse})) && use_cudnn(s, false)) {
+      ++g_launches;
+      if (t == DType::bf16) return cudnn_->forward(stream(), out.bf16_data(), lse, qkv.bf16_data(), s);
+      uint16_t* qkv16 = scratch_of<uint16_t>({nqkv, nout})[0];
       uint16_t* out16 = qkv16 + padded(nqkv);
-      launch(stream(), nqkv, cast_to_bf16_kernel, qkv16, qkv, nqkv);
-      ++g_launches;
+      launch(stream(), nqkv, convert_kernel<uint16_t, float>, qkv16, qkv.f32_data(), nqkv);
       cudnn_->forward(stream(), out16, lse, qkv16, s);
-      launch(stream(), nout, cast_from_bf16_kernel, out, static_cast<const uint16_t*>(out16), nout);
+      launch(stream(), nout, convert_kernel<float, uint16_t>, out.f32_data(), static_cast<const uint16_t*>(out16), nout);
       return;
     }
 #endif
-    const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
-    auto args = [&](auto kernel, size_t work) { launch(stream(), work, kernel, out, lse, qkv, rows(B), T, H, Hkv, A); };
-    if (hd <= 32) args(attention_forward_warp_kernel<1>, warps);
-    else if (hd <= 64) args(attention_forward_warp_kernel<2>, warps);
-    else if (hd <= 128) args(attention_forward_warp_kernel<4>, warps);
-    else if (hd <= 256) args(attention_forward_warp_kernel<8>, warps);
-    else args(attention_forward_kernel, n);
-  }
-  void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
-                          int T, int H, int Hkv, int A) override {
-#if defined(ZERO3D_HAVE_CUDNN)
-    if (const AttnShape s{B, T, H, Hkv, A / H}; use_cudnn(s, true)) {
-      // out rounds to the forward's bf16 output again, bit for bit (it was widened from it).
-      const size_t nqkv = rows(B) * T * (A + 2 * rows(Hkv) * s.hd), nout = rows(B) * T * A;
-      const std::array<uint16_t*, 4> b = bf16_scratch({nqkv, nout, nout, nqkv});
-      launch(stream(), nqkv, cast_to_bf16_kernel, b[0], qkv, nqkv);
-      launch(stream(), nout, cast_to_bf16_kernel, b[1], out, nout);
-      launch(stream(), nout, cast_to_bf16_kernel, b[2], dout, nout);
-      ++g_launches;
-      cudnn_->backward(stream(), b[3], b[2], b[1], lse, b[0], s);
-      launch(stream(), nqkv, cast_from_bf16_kernel, dqkv, static_cast<const uint16_t*>(b[3]), nqkv);
-      return;
-    }
-#endif
-    const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
     if (hd > 256) {
-      launch(stream(), n, attention_backward_kernel, dqkv, dout, out, lse, qkv, rows(B), T, H, Hkv, A);
+      if (t == DType::f32)
+        return launch(stream(), n, attention_forward_kernel, out.f32_data(), lse, qkv.f32_data(), rows(B), T, H, Hkv, A);
+      const std::array<float*, 4> f = scratch_of<float>({nqkv, nout});
+      launch(stream(), nqkv, convert_kernel<float, uint16_t>, f[0], qkv.bf16_data(), nqkv);
+      launch(stream(), n, attention_forward_kernel, f[1], lse, static_cast<const float*>(f[0]), rows(B), T, H, Hkv, A);
+      launch(stream(), nout, convert_kernel<uint16_t, float>, out.bf16_data(), static_cast<const float*>(f[1]), nout);
+      return;
+    }
+    with_storage(t, [&]<typename S>() {
+      auto args = [&](auto kernel) { launch(stream(), warps, kernel, ptr<S>(out), lse, ptr<S>(qkv), rows(B), T, H, Hkv, A); };
+      if (hd <= 32) args(attention_forward_warp_kernel<1, S>);
+      else if (hd <= 64) args(attention_forward_warp_kernel<2, S>);
+      else if (hd <= 128) args(attention_forward_warp_kernel<4, S>);
+      else args(attention_forward_warp_kernel<8, S>);
+    });
+  }
+  void attention_backward(View dqkv, ConstView dout, ConstView out, const float* lse, ConstView qkv, int B, int T,
+                          int H, int Hkv, int A) override {
+    const size_t n = rows(B) * H * T, hd = rows(A / H), warps = 32 * n;
+    const size_t nqkv = rows(B) * T * (A + 2 * rows(Hkv) * hd), nout = rows(B) * T * A;
+    const DType t = storage("attention_backward", {{dqkv, nqkv}, {dout, nout}, {out, nout}, {qkv, nqkv}});
+#if defined(ZERO3D_HAVE_CUDNN)
+    if (const AttnShape s{B, T, H, Hkv, A / H};
+        (t == DType::f32 || aligned({dqkv.data, dout.data, out.data, lse, qkv.data})) && use_cudnn(s, true)) {
+      ++g_launches;
+      if (t == DType::bf16)
+        return cudnn_->backward(stream(), dqkv.bf16_data(), dout.bf16_data(), out.bf16_data(), lse, qkv.bf16_data(), s);
+      // out rounds to the forward's bf16 output again, bit for bit (it was widened from it).
+      const std::array<uint16_t*, 4> b = scratch_of<uint16_t>({nqkv, nout, nout, nqkv});
+      launch(stream(), nqkv, convert_kernel<uint16_t, float>, b[0], qkv.f32_data(), nqkv);
+      launch(stream(), nout, convert_kernel<uint16_t, float>, b[1], out.f32_data(), nout);
+      launch(stream(), nout, convert_kernel<uint16_t, float>, b[2], dout.f32_data(), nout);
+      cudnn_->backward(stream(), b[3], b[2], b[1], lse, b[0], s);
+      launch(stream(), nqkv, convert_kernel<float, uint16_t>, dqkv.f32_data(), static_cast<const uint16_t*>(b[3]), nqkv);
+      return;
+    }
+#endif
+    if (hd > 256) {
+      if (t == DType::f32)
+        return launch(stream(), n, attention_backward_kernel, dqkv.f32_data(), dout.f32_data(), out.f32_data(), lse,
+                      qkv.f32_data(), rows(B), T, H, Hkv, A);
+      const std::array<float*, 4> f = scratch_of<float>({nqkv, nout, nout, nqkv});
+      launch(stream(), nqkv, convert_kernel<float, uint16_t>, f[0], qkv.bf16_data(), nqkv);
+      launch(stream(), nout, convert_kernel<float, uint16_t>, f[1], out.bf16_data(), nout);
+      launch(stream(), nout, convert_kernel<float, uint16_t>, f[2], dout.bf16_data(), nout);
+      launch(stream(), n, attention_backward_kernel, f[3], static_cast<const float*>(f[2]),
+             static_cast<const float*>(f[1]), lse, static_cast<const float*>(f[0]), rows(B), T, H, Hkv, A);
+      launch(stream(), nqkv, convert_kernel<uint16_t, float>, dqkv.bf16_data(), static_cast<const float*>(f[3]), nqkv);
       return;
     }
     auto* delta = static_cast<float*>(stream_scratch(n * sizeof(float)));
-    launch(stream(), warps, attention_delta_kernel, delta, dout, out, rows(B), T, H, A);
-    auto args = [&](auto kernel) {
-      launch(stream(), warps, kernel, dqkv, dout, static_cast<const float*>(delta), lse, qkv, rows(B), T, H, Hkv, A);
-    };
-    if (hd <= 32) args(attention_backward_warp_kernel<1>);
-    else if (hd <= 64) args(attention_backward_warp_kernel<2>);
-    else if (hd <= 128) args(attention_backward_warp_kernel<4>);
-    else args(attention_backward_warp_kernel<8>);
+    with_storage(t, [&]<typename S>() {
+      launch(stream(), warps, attention_delta_kernel<S>, delta, ptr<S>(dout), ptr<S>(out), rows(B), T, H, A);
+      auto args = [&](auto kernel) {
+        launch(stream(), warps, kernel, ptr<S>(dqkv), ptr<S>(dout), static_cast<const float*>(delta), lse, ptr<S>(qkv),
+               rows(B), T, H, Hkv, A);
+      };
+      if (hd <= 32) args(attention_backward_warp_kernel<1, S>);
+      else if (hd <= 64) args(attention_backward_warp_kernel<2, S>);
+      else if (hd <= 128) args(attention_backward_warp_kernel<4, S>);
+      else args(attention_backward_warp_kernel<8, S>);
+    });
   }
-  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) override {
-    launch_rows(stream(), rows(N), rmsnorm_forward_kernel, out, rstd, x, w, rows(N), C, eps);
+  void rmsnorm_forward(View out, float* rstd, ConstView x, const float* w, int N, int C, float eps) override {
+    const size_t n = rows(N) * rows(C);
+    with_storage(storage("rmsnorm_forward", {{out, n}, {x, n}}), [&]<typename S>() {
+      launch_rows(stream(), rows(N), rmsnorm_forward_kernel<S>, ptr<S>(out), rstd, ptr<S>(x), w, rows(N), C, eps);
+    });
   }
-  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd, int N,
+  void rmsnorm_backward(View dx, float* dw, ConstView dy, ConstView x, const float* w, const float* rstd, int N,
                         int C) override {
-    launch_rows(stream(), rows(N), rmsnorm_backward_input_kernel, dx, dy, x, w, rstd, rows(N), C);
+    const size_t n = rows(N) * rows(C);
+    const DType t = storage("rmsnorm_backward", {{dx, n}, {dy, n}, {x, n}});
     auto* pw = static_cast<float*>(stream_scratch(kColumnChunks * rows(C) * sizeof(float)));
-    launch(stream(), kColumnChunks * rows(C), rmsnorm_params_partials_kernel, pw, dy, x, rstd, rows(N), C);
+    with_storage(t, [&]<typename S>() {
+      launch_rows(stream(), rows(N), rmsnorm_backward_input_kernel<S>, ptr<S>(dx), ptr<S>(dy), ptr<S>(x), w, rstd,
+                  rows(N), C);
+      launch(stream(), kColumnChunks * rows(C), rmsnorm_params_partials_kernel<S>, pw, ptr<S>(dy), ptr<S>(x), rstd,
+             rows(N), C);
+    });
     launch(stream(), rows(C), column_finish_kernel, dw, static_cast<const float*>(pw), C);
   }
-  void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
-    launch(stream(), rows(N) * heads * (hd / 2), rope_kernel, x, cs, rows(N), T, heads, hd, ld, backward);
+  void rope(View x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
+    with_storage(storage("rope", {{x, extent(N, heads * hd, ld)}}), [&]<typename S>() {
+      launch(stream(), rows(N) * heads * (hd / 2), rope_kernel<S>, ptr<S>(x), cs, rows(N), T, heads, hd, ld, backward);
+    });
   }
-  void swiglu_forward(float* out, const float* h, int N, int F) override {
-    launch(stream(), rows(N) * F, swiglu_forward_kernel, out, h, rows(N), F);
+  void swiglu_forward(View out, ConstView h, int N, int F) override {
+    const size_t n = rows(N) * rows(F);
+    with_storage(storage("swiglu_forward", {{out, n}, {h, 2 * n}}), [&]<typename S>() {
+      launch(stream(), n, swiglu_forward_kernel<S>, ptr<S>(out), ptr<S>(h), rows(N), F);
+    });
   }
-  void swiglu_backward(float* dh, const float* h, const float* dout, int N, int F) override {
-    launch(stream(), rows(N) * F, swiglu_backward_kernel, dh, h, dout, rows(N), F);
+  void swiglu_backward(View dh, ConstView h, ConstView dout, int N, int F) override {
+    const size_t n = rows(N) * rows(F);
+    with_storage(storage("swiglu_backward", {{dh, 2 * n}, {h, 2 * n}, {dout, n}}), [&]<typename S>() {
+      launch(stream(), n, swiglu_backward_kernel<S>, ptr<S>(dh), ptr<S>(h), ptr<S>(dout), rows(N), F);
+    });
   }
   void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
     launch_rows(stream(), rows(N), vocab_row_max_kernel, row_max, logits, rows(N), V);
@@ -974,10 +1182,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   }
   void scale(float* x, float s, size_t n) override { launch(stream(), n, scale_kernel, x, s, n); }
   void cast_to_bf16(uint16_t* out, const float* x, size_t n) override {
-    launch(stream(), n, cast_to_bf16_kernel, out, x, n);
+    launch(stream(), n, convert_kernel<uint16_t, float>, out, x, n);
   }
   void cast_from_bf16(float* out, const uint16_t* x, size_t n) override {
-    launch(stream(), n, cast_from_bf16_kernel, out, x, n);
+    launch(stream(), n, convert_kernel<float, uint16_t>, out, x, n);
   }
   void cast_to_fp16(uint16_t* out, const float* x, size_t n) override {
     launch(stream(), n, cast_to_fp16_kernel, out, x, n);
@@ -1001,21 +1209,31 @@ class CudaBackend final : public Backend, public DeviceMemory {
   cublasHandle_t cublas() const { return cublas_.get(); }
   // Interface dimensions are int; index arithmetic is size_t so N*V (logits) cannot overflow.
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
+  // Elements a row-major operand of r rows of c at stride ld spans.
+  static size_t extent(int r, int c, long ld) { return r > 0 && c > 0 ? (rows(r) - 1) * ld + rows(c) : 0; }
 
-  // Device memory for one op's temporaries (the reductions' and column sums' partials, the bf16
-  // GEMM operands, attention's row deltas): grown to the largest asked for (in the first step), then reused. One
-  // op at a time uses it, in stream order, so the next op's kernels run after the last one's are
-  // done with it.
-  void* stream_scratch(size_t bytes) {
-    if (bytes > stream_scratch_bytes_) {
+  // Device memory grown to the largest asked for (in the first step), then reused. One op at a time
+  // uses it, in stream order, so the next op's kernels run after the last one's are done with it.
+  struct Scratch {
+    DevicePtr p;
+    size_t bytes = 0;
+  };
+  void* grown(Scratch& s, size_t bytes) {
+    if (bytes > s.bytes) {
       CUDA_CHECK(cudaStreamSynchronize(stream()));  // the last user is done with the old one
       void* p = nullptr;
       CUDA_CHECK(cudaMalloc(&p, bytes));
-      stream_scratch_.reset(p);
-      stream_scratch_bytes_ = bytes;
+      s.p.reset(p);
+      s.bytes = bytes;
     }
-    return stream_scratch_.get();
+    return s.p.get();
   }
+  // One op's temporaries: the reductions' and column sums' partials, converted GEMM operands,
+  // attention's row deltas and its operands around cuDNN or the fallback.
+  void* stream_scratch(size_t bytes) { return grown(scratch_, bytes); }
+  // The fp32 result of a GEMM whose C is bf16, apart from stream_scratch, which the GEMM's operands
+  // use meanwhile (a linear layer's fallback rounds it in its epilogue).
+  float* acc_scratch(size_t n) { return static_cast<float*>(grown(acc_scratch_, n * sizeof(float))); }
 
 #if defined(ZERO3D_HAVE_CUDNN)
   // Whether cuDNN runs this attention; the first refusal of a shape says why, once.
@@ -1026,37 +1244,60 @@ class CudaBackend final : public Backend, public DeviceMemory {
       log_warn("zero3d: cuDNN attention: %s; the backend's warp kernels run it", cudnn_->why_not().c_str());
     return false;
   }
+  // cuDNN's operands must be 16-byte aligned: views at an odd offset take the warp kernels.
+  static bool aligned(std::initializer_list<const void*> ps) {
+    return std::all_of(ps.begin(), ps.end(), [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; });
+  }
 #endif
-  static size_t padded(size_t n) { return (n + 7) / 8 * 8; }  // bf16 elements to a 16-byte boundary
-  // Up to four bf16 buffers of these element counts in the stream scratch, each 16-byte aligned.
-  std::array<uint16_t*, 4> bf16_scratch(std::initializer_list<size_t> counts) {
+  static size_t padded(size_t n) { return (n + 7) / 8 * 8; }  // elements to a 16-byte boundary (bf16 or fp32)
+  // Up to four buffers of T of these element counts in the stream scratch, each 16-byte aligned.
+  template <typename T>
+  std::array<T*, 4> scratch_of(std::initializer_list<size_t> counts) {
     size_t total = 0;
     for (size_t n : counts) total += padded(n);
-    auto* p = static_cast<uint16_t*>(stream_scratch(total * sizeof(uint16_t)));
-    std::array<uint16_t*, 4> out{};
+    auto* p = static_cast<T*>(stream_scratch(total * sizeof(T)));
+    std::array<T*, 4> out{};
     size_t i = 0;
     for (size_t n : counts) out[i++] = p, p += padded(n);
     return out;
   }
 
-  // The operands of a bf16 GEMM: A (na elements) rounded to bf16 (to nearest even) into the stream
-  // scratch, and B's bf16 copy where it comes with one, else B (nb elements) rounded there too,
-  // 16-byte aligned.
-  std::pair<const uint16_t*, const uint16_t*> bf16_operands(const float* A, size_t na, GemmWeight B, size_t nb) {
-    const size_t na_padded = (na + 7) / 8 * 8;
-    auto* a16 = static_cast<uint16_t*>(stream_scratch((na_padded + (B.bf16 ? 0 : nb)) * sizeof(uint16_t)));
-    launch(stream(), na, cast_to_bf16_kernel, a16, A, na);
-    if (B.bf16) return {a16, B.bf16};
-    uint16_t* b16 = a16 + na_padded;
-    launch(stream(), nb, cast_to_bf16_kernel, b16, B.f32, nb);
-    return {a16, b16};
+  // A GEMM's A (na elements) and B (nb) in the type its GEMMs take, bf16 with bf16_gemm, else fp32:
+  // an operand of that type as it is (B's bf16 copy where it comes with one), else converted into the
+  // stream scratch, 16-byte aligned: rounded to nearest even, or widened (exactly).
+  std::pair<const void*, const void*> gemm_operands(ConstView A, size_t na, GemmWeight B, size_t nb) {
+    const DType t = bf16_gemm_ ? DType::bf16 : DType::f32;
+    const std::array<ConstView, 2> v{
+        ConstView(A.data, A.dtype, na),
+        (bf16_gemm_ ? B.bf16 != nullptr : B.f32 == nullptr) ? ConstView(B.bf16, nb) : ConstView(B.f32, nb)};
+    size_t bytes = 0;
+    for (const ConstView& x : v)
+      if (x.dtype != t) bytes += padded(x.size) * dtype_bytes(t);
+    char* p = bytes ? static_cast<char*>(stream_scratch(bytes)) : nullptr;
+    std::array<const void*, 2> out{};
+    for (size_t i = 0; i < 2; ++i) {
+      if (v[i].dtype == t) {
+        out[i] = v[i].data;
+        continue;
+      }
+      if (t == DType::bf16)
+        launch(stream(), v[i].size, convert_kernel<uint16_t, float>, reinterpret_cast<uint16_t*>(p), v[i].f32_data(),
+               v[i].size);
+      else
+        launch(stream(), v[i].size, convert_kernel<float, uint16_t>, reinterpret_cast<float*>(p), v[i].bf16_data(),
+               v[i].size);
+      out[i] = p;
+      p += padded(v[i].size) * dtype_bytes(t);
+    }
+    return {out[0], out[1]};
   }
-
-  // A linear layer's x (N x in) and W (out x in) as cuBLASLt takes them: as they are, or in bf16
-  // with bf16_gemm.
-  std::pair<const void*, const void*> lt_operands(const float* x, GemmWeight w, int N, int in, int out) {
-    if (!bf16_gemm_) return {x, w.f32};
-    return bf16_operands(x, rows(N) * rows(in), w, rows(out) * rows(in));
+  // bias (or another column sum) += the column sums of term over N rows of C, in the two passes of
+  // the column reductions.
+  template <typename Term>
+  void column_sums(float* out, Term term, int N, int C) {
+    auto* p = static_cast<float*>(stream_scratch(kColumnChunks * rows(C) * sizeof(float)));
+    launch(stream(), kColumnChunks * rows(C), bias_partials_kernel<Term>, p, term, rows(N), C);
+    launch(stream(), rows(C), column_finish_kernel, out, static_cast<const float*>(p), C);
   }
 
   template <typename Acc, typename Term>
@@ -1086,11 +1327,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
 #endif
   size_t allocs_ = 0;
   cudaDeviceProp prop_{};
-  // Members die in reverse declaration order: the scratch, then the cuBLAS handle, then its stream.
+  // Members die in reverse declaration order: the scratches, then the cuBLAS handle, then its stream.
   StreamPtr stream_;
   CublasPtr cublas_;
-  DevicePtr stream_scratch_;
-  size_t stream_scratch_bytes_ = 0;
+  Scratch scratch_, acc_scratch_;
   LtLinear lt_;  // linear_forward's fused matmuls
 };
 

@@ -16,7 +16,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLASLt's Hopper kernels ask for at most
 
 // The epilogue's pointers of this call (the descriptor is host memory, read at enqueue).
-void set_pointers(cublasLtMatmulDesc_t desc, const float* bias, float* gelu_pre) {
+void set_pointers(cublasLtMatmulDesc_t desc, const float* bias, void* gelu_pre) {
   if (bias) CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   if (gelu_pre)
     CUBLAS_CHECK(
@@ -49,19 +49,20 @@ LtLinear::~LtLinear() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-bool LtLinear::forward(cudaStream_t stream, float* y, const void* x, const void* w, bool bf16, const float* bias,
-                       const float* residual, int N, int in, int out, float* gelu_pre) {
+bool LtLinear::forward(cudaStream_t stream, View y, const void* x, const void* w, bool bf16, const float* bias,
+                       ConstView residual, int N, int in, int out, View gelu_pre) {
   if (N <= 0 || out <= 0 || in <= 0) return false;
   if (gelu_pre && (residual || out % 8 != 0)) return false;  // the auxiliary output's ld must divide by 8
   auto aligned = [](const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool all_aligned =
-      aligned(y) && aligned(x) && aligned(w) && aligned(bias) && aligned(residual) && aligned(gelu_pre);
-  const Key key{N, in, out, bf16, bias != nullptr, residual != nullptr, gelu_pre != nullptr, all_aligned};
+  const bool all_aligned = aligned(y.data) && aligned(x) && aligned(w) && aligned(bias) && aligned(residual.data) &&
+                           aligned(gelu_pre.data);
+  const Key key{N, in, out, bf16, y.bf16(), bias != nullptr, static_cast<bool>(residual), static_cast<bool>(gelu_pre),
+                all_aligned};
   std::unique_ptr<Plan>& plan = plans_[key];
   if (!plan) {
     plan = std::make_unique<Plan>();
     if (!workspace_) CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
-    const cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t ab = bf16 ? CUDA_R_16BF : CUDA_R_32F, cd = y.bf16() ? CUDA_R_16BF : CUDA_R_32F;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t transpose = CUBLAS_OP_T, keep = CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof transpose));
@@ -70,14 +71,18 @@ bool LtLinear::forward(cudaStream_t stream, float* y, const void* x, const void*
                                         : bias   ? CUBLASLT_EPILOGUE_BIAS
                                                  : CUBLASLT_EPILOGUE_DEFAULT;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
-    set_pointers(plan->desc, bias, gelu_pre);  // the heuristic reads their alignment
-    if (gelu_pre) {  // the pre-activation, laid out as D (fp32, ld out)
+    if (bias && y.bf16()) {  // the bias takes D's type unless told: it stays fp32
+      const int32_t f32 = CUDA_R_32F;
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32, sizeof f32));
+    }
+    set_pointers(plan->desc, bias, gelu_pre.data);  // the heuristic reads their alignment
+    if (gelu_pre) {  // the pre-activation, laid out as D (D's type, the auxiliary output's default; ld out)
       const int64_t ld = out;
       CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, ab, in, N, in));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->cd, CUDA_R_32F, out, N, out));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->cd, cd, out, N, out));
     cublasLtMatmulPreference_t pref = nullptr;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = kWorkspaceBytes;
@@ -92,11 +97,11 @@ bool LtLinear::forward(cudaStream_t stream, float* y, const void* x, const void*
     if (plan->ok) plan->algo = result.algo;
   }
   if (!plan->ok) return false;
-  set_pointers(plan->desc, bias, gelu_pre);
+  set_pointers(plan->desc, bias, gelu_pre.data);
   const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->desc, &alpha, w, plan->a, x, plan->b, &beta,
-                              residual ? static_cast<const void*>(residual) : y, plan->cd, y, plan->cd, &plan->algo,
-                              workspace_, kWorkspaceBytes, stream));
+                              residual ? residual.data : y.data, plan->cd, y.data, plan->cd, &plan->algo, workspace_,
+                              kWorkspaceBytes, stream));
   return true;
 }
 

@@ -4,10 +4,14 @@
 // MLP's first layer also takes its GELU there (GELU_AUX_BIAS: the pre-activation is written as
 // the auxiliary output that backward reads).
 //
-// A plan (the descriptors and the heuristic's algorithm) is made once per shape, operand type and
-// pointer alignment, then reused. A shape cuBLASLt has no algorithm for is remembered as such and
-// forward() returns false: the caller then runs its GEMM and the passes, with the same results to
-// fp32 rounding. Operands are fp32 (plain fp32 compute, no TF32) or bf16 with fp32 accumulation.
+// A plan (the descriptors and the heuristic's algorithm) is made once per shape, operand and output
+// type and pointer alignment, then reused. A shape cuBLASLt has no algorithm for is remembered as
+// such and forward() returns false: the caller then runs its GEMM and the passes, with the same
+// results to fp32 rounding. Operands are fp32 (plain fp32 compute, no TF32) or bf16 with fp32
+// accumulation; the output fp32 or bf16 (rounded once, in the epilogue), the bias fp32 either way
+// (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: a cuBLASLt without that combination has no algorithm for
+// it, and the caller's fallback runs). With the GELU and a bf16 output, y is the GELU of the fp32
+// pre-activation, as on the host; the unfused fallback's is that of the rounded one.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -15,6 +19,8 @@
 #include <map>
 #include <memory>
 #include <tuple>
+
+#include "kernels/tensor.h"
 
 namespace zero3d {
 
@@ -25,18 +31,19 @@ class LtLinear {
   LtLinear(const LtLinear&) = delete;
   LtLinear& operator=(const LtLinear&) = delete;
 
-  // Row-major x (N x in) and W (out x in), both fp32 or both bf16 (`bf16`); y (N x out) fp32;
-  // bias (out) and residual (N x out, not aliasing y) fp32 or null. With `gelu_pre` (then no
-  // residual): gelu_pre = x W^T + bias and y = gelu(gelu_pre), the GELU in the epilogue too.
-  // Enqueued on `stream`. False: no cuBLASLt algorithm for this case, nothing was enqueued.
-  bool forward(cudaStream_t stream, float* y, const void* x, const void* w, bool bf16, const float* bias,
-               const float* residual, int N, int in, int out, float* gelu_pre = nullptr);
+  // Row-major x (N x in) and W (out x in), both fp32 or both bf16 (`bf16`); y (N x out) fp32 or
+  // bf16; bias (out, fp32) or null; residual (N x out, y's type, not aliasing y) or null. With
+  // `gelu_pre` (y's type; then no residual): gelu_pre = x W^T + bias and y = gelu(gelu_pre), the
+  // GELU in the epilogue too. Enqueued on `stream`. False: no cuBLASLt algorithm for this case,
+  // nothing was enqueued.
+  bool forward(cudaStream_t stream, View y, const void* x, const void* w, bool bf16, const float* bias,
+               ConstView residual, int N, int in, int out, View gelu_pre = nullptr);
 
  private:
   struct Plan;
-  // N, in, out, bf16, bias, residual, gelu, and whether every pointer is 16-byte aligned (the
-  // heuristic picks kernels by alignment).
-  using Key = std::tuple<int, int, int, bool, bool, bool, bool, bool>;
+  // N, in, out, bf16 operands, bf16 output, bias, residual, gelu, and whether every pointer is
+  // 16-byte aligned (the heuristic picks kernels by alignment).
+  using Key = std::tuple<int, int, int, bool, bool, bool, bool, bool, bool>;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // device memory the algorithms may use
   std::map<Key, std::unique_ptr<Plan>> plans_;

@@ -101,62 +101,66 @@ class WalledBackend final : public Backend, public DeviceMemory {
   }
 
   // ---- every op: the walls down while the host backend runs it ----
-  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, GemmWeight B, int ldb,
-            float beta, float* C, int ldc) override {
+  void gemm(bool ta, bool tb, int m, int n, int k, float alpha, ConstView A, int lda, GemmWeight B, int ldb,
+            float beta, View C, int ldc) override {
     run([&] { inner_->gemm(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc); });
   }
-  void linear_forward(float* y, const float* x, GemmWeight w, const float* bias, const float* residual, int N,
-                      int in, int out) override {
+  void linear_forward(View y, ConstView x, GemmWeight w, const float* bias, ConstView residual, int N, int in,
+                      int out) override {
     run([&] { inner_->linear_forward(y, x, w, bias, residual, N, in, out); });
+  }
+  void linear_gelu_forward(View out, View pre, ConstView x, GemmWeight w, const float* bias, int N, int in,
+                           int F) override {
+    run([&] { inner_->linear_gelu_forward(out, pre, x, w, bias, N, in, F); });
   }
   bool bf16_gemm() const override { return inner_->bf16_gemm(); }
   uint64_t launch_count() const override { return inner_->launch_count(); }
   std::string describe_gemm() const override { return tally_ ? "none (sizing)" : inner_->describe_gemm(); }
-  void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
+  void embedding_forward(View out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                          int vocab_start, int vocab_rows) override {
     run([&] { inner_->embedding_forward(out, tokens, wte, wpe, N, T, C, vocab_start, vocab_rows); });
   }
-  void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int N, int T, int C,
+  void embedding_backward(float* dwte, float* dwpe, ConstView dout, const int32_t* tokens, int N, int T, int C,
                           int vocab_start, int vocab_rows) override {
     run([&] { inner_->embedding_backward(dwte, dwpe, dout, tokens, N, T, C, vocab_start, vocab_rows); });
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N,
+  void layernorm_forward(View out, float* mean, float* rstd, ConstView x, const float* w, const float* b, int N,
                          int C) override {
     run([&] { inner_->layernorm_forward(out, mean, rstd, x, w, b, N, C); });
   }
-  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+  void layernorm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x, const float* w,
                           const float* mean, const float* rstd, int N, int C) override {
     run([&] { inner_->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C); });
   }
-  void bias_backward(float* dbias, const float* dout, int N, int C) override {
+  void bias_backward(float* dbias, ConstView dout, int N, int C) override {
     run([&] { inner_->bias_backward(dbias, dout, N, C); });
   }
-  void gelu_forward(float* out, const float* x, size_t n) override { run([&] { inner_->gelu_forward(out, x, n); }); }
-  void gelu_backward(float* dx, float* dbias, const float* x, const float* y, const float* dout, int N, int C) override {
+  void gelu_forward(View out, ConstView x, size_t n) override { run([&] { inner_->gelu_forward(out, x, n); }); }
+  void gelu_backward(View dx, float* dbias, ConstView x, ConstView y, ConstView dout, int N, int C) override {
     run([&] { inner_->gelu_backward(dx, dbias, x, y, dout, N, C); });
   }
   void accumulate(float* out, const float* a, size_t n) override { run([&] { inner_->accumulate(out, a, n); }); }
-  void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int H, int Hkv, int A) override {
+  void attention_forward(View out, float* lse, ConstView qkv, int B, int T, int H, int Hkv, int A) override {
     run([&] { inner_->attention_forward(out, lse, qkv, B, T, H, Hkv, A); });
   }
-  void attention_backward(float* dqkv, const float* dout, const float* out, const float* lse, const float* qkv, int B,
-                          int T, int H, int Hkv, int A) override {
+  void attention_backward(View dqkv, ConstView dout, ConstView out, const float* lse, ConstView qkv, int B, int T,
+                          int H, int Hkv, int A) override {
     run([&] { inner_->attention_backward(dqkv, dout, out, lse, qkv, B, T, H, Hkv, A); });
   }
-  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int N, int C, float eps) override {
+  void rmsnorm_forward(View out, float* rstd, ConstView x, const float* w, int N, int C, float eps) override {
     run([&] { inner_->rmsnorm_forward(out, rstd, x, w, N, C, eps); });
   }
-  void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w, const float* rstd, int N,
+  void rmsnorm_backward(View dx, float* dw, ConstView dy, ConstView x, const float* w, const float* rstd, int N,
                         int C) override {
     run([&] { inner_->rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C); });
   }
-  void rope(float* x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
+  void rope(View x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
     run([&] { inner_->rope(x, cs, N, T, heads, hd, ld, backward); });
   }
-  void swiglu_forward(float* out, const float* h, int N, int F) override {
+  void swiglu_forward(View out, ConstView h, int N, int F) override {
     run([&] { inner_->swiglu_forward(out, h, N, F); });
   }
-  void swiglu_backward(float* dh, const float* h, const float* dout, int N, int F) override {
+  void swiglu_backward(View dh, ConstView h, ConstView dout, int N, int F) override {
     run([&] { inner_->swiglu_backward(dh, h, dout, N, F); });
   }
   void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,

@@ -156,6 +156,7 @@ struct CheckpointConfig {
 struct ComputeConfig {
   std::string gemm = "auto";       // "auto", "onednn", "cblas" (kernels/host/gemm.h)
   std::string bf16_gemm = "auto";  // with bf16: "auto", "on", "off"
+  std::string activations = "auto";  // with bf16: "auto", "fp32", "bf16" (model/gpt.h gpt_options)
   std::string isa = "auto";        // the host loops' level: "auto" (ZERO3D_ISA, else the best), "avx512", ...
 };
 

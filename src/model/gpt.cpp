@@ -52,6 +52,26 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& m) {
   return t;
 }
 
+// Carves one allocation into 64-byte aligned pieces: activations in the model's element type,
+// statistics in fp32. Run once with no base to size the allocation, then on it.
+class Carver {
+ public:
+  Carver(char* base, DType act) : base_(base), act_(act) {}
+  View act(size_t n) { return {take(n * dtype_bytes(act_)), act_, n}; }
+  float* f32(size_t n) { return static_cast<float*>(take(n * sizeof(float))); }
+  size_t bytes() const { return used_; }
+
+ private:
+  void* take(size_t bytes) {
+    void* p = base_ ? base_ + used_ : nullptr;
+    used_ += (bytes + 63) / 64 * 64;
+    return p;
+  }
+  char* base_;
+  DType act_;
+  size_t used_ = 0;
+};
+
 // Local row r of a TpSplit::blocks tensor: its block's first local and logical rows, and its rows per rank.
 struct BlockRow {
   size_t local0, logical0, part;
@@ -235,6 +255,15 @@ std::vector<ModuleStat> gpt_modules(const ModelConfig& m, int micro_batch, int t
   return mods;
 }
 
+GPTOptions gpt_options(const Config& c, bool gpu) {
+  const std::string& a = c.compute.activations;
+  if (a == "bf16" && c.precision != Precision::bf16)
+    throw UserError("compute.activations=\"bf16\" needs bf16.enabled=true (bf16 mixed precision); use \"fp32\" or "
+                    "\"auto\"");
+  const bool bf16 = c.precision == Precision::bf16 && (a == "bf16" || (a == "auto" && gpu));
+  return GPTOptions{c.activation_checkpointing, bf16 ? DType::bf16 : DType::f32};
+}
+
 GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options,
          ProcessGroup* tp, PipelineStage stage)
     : be_(backend), cfg_(config), opt_(options), tp_(tp), tp_size_(tp ? tp->size() : 1), tp_rank_(tp ? tp->rank() : 0),
@@ -243,7 +272,8 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
       H_(config.n_head / tp_size_), A_(config.d_model / tp_size_), F_(config.ffn_hidden() / tp_size_),
       vocab_start_(tp_rank_ * V_), Hkv_(config.kv_heads() / tp_size_), hd_(config.head_dim()),
       QKV_(A_ + 2 * Hkv_ * hd_), F2_(config.swiglu() ? 2 * F_ : F_),
-      logit_cols_(std::clamp(config.vocab_size - vocab_start_, 0, V_)), store_(store), layout_(store.layout()) {
+      logit_cols_(std::clamp(config.vocab_size - vocab_start_, 0, V_)), store_(store), layout_(store.layout()),
+      act_(options.activations) {
   role_.assign(kNumLayerParams, -1);
   for (const BlockTensor& t : block_tensors(config)) role_[t.role] = block_size_++;
   Z3D_ASSERT(layout_.tensors.size() == gpt_param_table(config, tp_size_, tp_rank_, stage_.size, stage_.rank).size(),
@@ -286,60 +316,65 @@ void GPT::locate_units_and_modules() {
 // residual stream x_0..x_L, the final LayerNorm, one row block of this rank's logits (the LM
 // head runs in blocks of at most 2^25 logits, 128 MiB) and the losses.
 void GPT::plan_activations() {
-  const size_t N = static_cast<size_t>(B_) * T_, C = C_, A = A_, F = F_, F2 = F2_, QKV = QKV_,
-               lse = static_cast<size_t>(B_) * H_ * T_;
-  const size_t per_set = N * C * 3 + N * QKV + N * A + N * F2 + N * F + N * 4 + lse;
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_, lse = static_cast<size_t>(B_) * H_ * T_;
   const size_t sets = opt_.checkpoint_activations ? 1 : static_cast<size_t>(L_);
   head_rows_ = static_cast<int>(std::min<size_t>(N, std::max<size_t>(256, (size_t{1} << 25) / V_)));
-  const size_t total = per_set * sets + N * C * (L_ + 2) + N * 3 + static_cast<size_t>(head_rows_) * V_;
-  acts_ = DeviceBuffer<float>(be_, total);
+  auto carve = [&](Carver& c) {
+    enc_ = c.act(N * C);
+    layers_.clear();
+    for (size_t set = 0; set < sets; ++set) {
+      LayerActs a{};
+      a.ln1 = c.act(N * C);
+      a.ln1_mean = c.f32(N);
+      a.ln1_rstd = c.f32(N);
+      a.qkv = c.act(N * QKV_);
+      a.lse = c.f32(lse);
+      a.atty = c.act(N * A_);
+      a.res2 = c.act(N * C);
+      a.ln2 = c.act(N * C);
+      a.ln2_mean = c.f32(N);
+      a.ln2_rstd = c.f32(N);
+      a.fch = c.act(N * F2_);
+      a.fch_gelu = c.act(N * F_);
+      layers_.push_back(a);
+    }
+    while (static_cast<int>(layers_.size()) < L_) layers_.push_back(layers_.front());  // checkpointing: shared
+    // The residual stream: layer l reads x_l and writes x_{l+1}; x_0 is the embedding output.
+    for (int l = 0; l < L_; ++l) {
+      layers_[l].x = l == 0 ? enc_ : xfinal_;
+      xfinal_ = c.act(N * C);
+    }
+    if (L_ == 0) xfinal_ = enc_;
+    lnf_ = c.act(N * C);
+    lnf_mean_ = c.f32(N);
+    lnf_rstd_ = c.f32(N);
+    logits_ = c.f32(static_cast<size_t>(head_rows_) * V_);
+    losses_ = c.f32(N);
+  };
+  Carver sizing(nullptr, act_);
+  carve(sizing);
+  acts_ = DeviceBuffer<char>(be_, sizing.bytes());
+  Carver on(acts_.data(), act_);
+  carve(on);
   activation_bytes_ = acts_.bytes();
-  float* p = acts_.data();
-  auto take = [&](size_t n) { float* r = p; p += n; return r; };
-  enc_ = take(N * C);
-  for (size_t set = 0; set < sets; ++set) {
-    LayerActs a{};
-    a.ln1 = take(N * C);
-    a.ln1_mean = take(N);
-    a.ln1_rstd = take(N);
-    a.qkv = take(N * QKV);
-    a.lse = take(lse);
-    a.atty = take(N * A);
-    a.res2 = take(N * C);
-    a.ln2 = take(N * C);
-    a.ln2_mean = take(N);
-    a.ln2_rstd = take(N);
-    a.fch = take(N * F2);
-    a.fch_gelu = take(N * F);
-    layers_.push_back(a);
-  }
-  while (static_cast<int>(layers_.size()) < L_) layers_.push_back(layers_.front());  // checkpointing: shared
-  // The residual stream: layer l reads x_l and writes x_{l+1}; x_0 is the embedding output.
-  std::vector<float*> xs(L_ + 1);
-  xs[0] = enc_;
-  for (int l = 1; l <= L_; ++l) xs[l] = take(N * C);
-  for (int l = 0; l < L_; ++l) layers_[l].x = xs[l];
-  xfinal_ = xs[L_];
-  lnf_ = take(N * C);
-  lnf_mean_ = take(N);
-  lnf_rstd_ = take(N);
-  logits_ = take(static_cast<size_t>(head_rows_) * V_);
-  losses_ = take(N);
-  Z3D_ASSERT(p <= acts_.data() + total, "activation plan overflows its allocation");
 }
 
-// Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradients. Then the
-// token buffers and the cross-entropy's row statistics.
+// Backward scratch: residual gradient, one N*C temporary, dqkv, the MLP hidden gradients (in the
+// activations' type). Then the token buffers and the cross-entropy's row statistics.
 void GPT::plan_backward_scratch() {
-  const size_t N = static_cast<size_t>(B_) * T_, C = C_, F = F_, F2 = F2_, QKV = QKV_;
-  const size_t scratch = N * C * 2 + N * QKV + N * F2 + (cfg_.swiglu() ? N * F : 0);
-  scratch_ = DeviceBuffer<float>(be_, scratch);
-  float* s = scratch_.data();
-  dres_ = s; s += N * C;
-  dbuf_c_ = s; s += N * C;
-  dqkv_ = s; s += N * QKV;
-  dfch_ = s; s += N * F2;
-  dact_ = cfg_.swiglu() ? s : dfch_;  // SwiGLU: the activation's gradient beside its input's
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_;
+  auto carve = [&](Carver& c) {
+    dres_ = c.act(N * C);
+    dbuf_c_ = c.act(N * C);
+    dqkv_ = c.act(N * QKV_);
+    dfch_ = c.act(N * F2_);
+    dact_ = cfg_.swiglu() ? c.act(N * F_) : dfch_.at(0, N * F_);  // SwiGLU: the activation's gradient beside its input's
+  };
+  Carver sizing(nullptr, act_);
+  carve(sizing);
+  scratch_ = DeviceBuffer<char>(be_, sizing.bytes());
+  Carver on(scratch_.data(), act_);
+  carve(on);
   activation_bytes_ += scratch_.bytes();
 
   inputs_ = DeviceBuffer<int32_t>(be_, N);
@@ -393,26 +428,24 @@ void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_la
   }
 }
 
-void GPT::tp_all_reduce(float* x, size_t n) {
-  if (tp_size_ > 1) {
-    be_.synchronize();
-    tp_->all_reduce_sum(be_.mem(x), n);
-  }
+void GPT::tp_all_reduce(View x) {
+  if (tp_size_ == 1) return;
+  be_.synchronize();
+  if (x.bf16()) tp_->all_reduce_sum(be_.mem(x.bf16_data()), x.size, Dtype16::bf16);
+  else tp_->all_reduce_sum(be_.mem(x.f32_data()), x.size);
 }
 
 // Megatron's block: column-parallel qkv and fc (each rank computes its heads / its quarter of the
 // MLP), row-parallel proj and fc_proj (each rank's partial product, then one all-reduce): two
 // all-reduces per block forward, two in backward. The biases and the residual adds ride in the
 // GEMMs' epilogues; with tp > 1 tp rank 0 adds them to its partial product before the sum.
-void GPT::block_forward(int l, const LayerActs& a, const BlockParams& p, float* x_next) {
+void GPT::block_forward(int l, const LayerActs& a, const BlockParams& p, View x_next) {
   const int N = B_ * T_, C = C_;
-  const size_t NC = static_cast<size_t>(N) * C;
   const bool adds = tp_rank_ == 0;
   const LayerTensors<const float>& w = p.w;
-  auto row_parallel = [&](float* y, const float* x, GemmWeight wt, const float* bias, const float* residual,
-                          int in) {
-    be_.linear_forward(y, x, wt, adds ? bias : nullptr, adds ? residual : nullptr, N, in, C);
-    tp_all_reduce(y, NC);
+  auto row_parallel = [&](View y, ConstView x, GemmWeight wt, const float* bias, ConstView residual, int in) {
+    be_.linear_forward(y, x, wt, adds ? bias : nullptr, adds ? residual : ConstView{}, N, in, C);
+    tp_all_reduce(y);
   };
   {
     auto t = timed(block_module(l, 0));
@@ -439,14 +472,14 @@ void GPT::block_forward(int l, const LayerActs& a, const BlockParams& p, float* 
   row_parallel(x_next, a.fch_gelu, p.fcproj, w.fcproj_b, a.res2, F_);  // x_next = res2 + mlp
 }
 
-void GPT::norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b) {
+void GPT::norm_forward(View out, float* mean, float* rstd, ConstView x, const float* w, const float* b) {
   const int N = B_ * T_;
   if (cfg_.rmsnorm()) be_.rmsnorm_forward(out, rstd, x, w, N, C_, static_cast<float>(cfg_.rms_norm_eps));
   else be_.layernorm_forward(out, mean, rstd, x, w, b, N, C_);
 }
 
-void GPT::norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                        const float* mean, const float* rstd) {
+void GPT::norm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x, const float* w, const float* mean,
+                        const float* rstd) {
   const int N = B_ * T_;
   if (cfg_.rmsnorm()) be_.rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C_);
   else be_.layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C_);
@@ -494,7 +527,7 @@ float GPT::lm_head(GemmWeight wte, float* dwte, float dloss) {
   const int N = B_ * T_, C = C_;
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
-    const float* x = lnf_ + static_cast<size_t>(r0) * C;
+    const ConstView x = lnf_.at(static_cast<size_t>(r0) * C, static_cast<size_t>(rows) * C);
     {
       auto t = timed(head_module_);
       be_.gemm(false, true, rows, logit_cols_, C, 1.0f, x, C, wte, C, 0.0f, logits_, logit_cols_);  // logits = x wte^T
@@ -503,14 +536,15 @@ float GPT::lm_head(GemmWeight wte, float* dwte, float dloss) {
     if (dloss <= 0.0f) continue;
     in_backward_ = true;  // the head's backward, run here block by block
     auto t = timed(head_module_);
-    be_.gemm(false, false, rows, C, logit_cols_, 1.0f, logits_, logit_cols_, wte, C, 0.0f, dbuf_c_ + static_cast<size_t>(r0) * C, C);
-    be_.gemm(true, false, logit_cols_, C, rows, 1.0f, logits_, logit_cols_, x, C, 1.0f, dwte, C);  // dwte += dlogits^T x
+    be_.gemm(false, false, rows, C, logit_cols_, 1.0f, logits_, logit_cols_, wte, C, 0.0f,
+             dbuf_c_.at(static_cast<size_t>(r0) * C, static_cast<size_t>(rows) * C), C);
+    be_.gemm(true, false, logit_cols_, C, rows, 1.0f, logits_, logit_cols_, GemmWeight(x), C, 1.0f, dwte, C);  // dwte += dlogits^T x
     in_backward_ = false;
   }
   if (dloss > 0.0f) {
     in_backward_ = true;
     auto t = timed(head_module_);
-    tp_all_reduce(dbuf_c_, static_cast<size_t>(N) * C);  // dlnf: summed over the vocab slices
+    tp_all_reduce(dbuf_c_);  // dlnf: summed over the vocab slices
     in_backward_ = false;
   }
   read_losses();
@@ -530,7 +564,7 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
     auto t = timed(0);
     const float* wpe = cfg_.rope() || tp_rank_ != 0 ? nullptr : tensor(emb, 1);
     be_.embedding_forward(enc_, inputs_.data(), tensor(emb, 0), wpe, N, T_, C, vocab_start_, V_);
-    tp_all_reduce(enc_, static_cast<size_t>(N) * C);
+    tp_all_reduce(enc_);
     if (!stage_.last()) store_.release_params(emb_unit_);
   }
   for (int l = 0; l < L_; ++l) {
@@ -570,7 +604,6 @@ void GPT::set_module_profile(ModuleProfile* p) {
 
 void GPT::backward() {
   const int N = B_ * T_, C = C_;
-  const size_t NC = static_cast<size_t>(N) * C;
   in_backward_ = true;  // module timers count backward (and recomputed forwards) until the return
   struct Reset {
     bool& flag;
@@ -584,7 +617,7 @@ void GPT::backward() {
     const float* fin = store_.acquire_params(final_unit_);
     {
       auto t = timed(lnf_module_);
-      be_.zero(dres_, NC * sizeof(float));
+      be_.zero(dres_.data, dres_.bytes());
       norm_backward(dres_, tensor(dfinal_, lnf_index_), cfg_.rmsnorm() ? nullptr : tensor(dfinal_, lnf_index_ + 1),
                     dbuf_c_, xfinal_, tensor(fin, lnf_index_), lnf_mean_, lnf_rstd_);
     }
@@ -594,10 +627,9 @@ void GPT::backward() {
 
   // linear backward: dx = dy W (overwrites), dW += dy^T x, db += sum dy (unless the caller
   // summed it already: nullptr)
-  auto linear_backward = [&](float* dx, float* dw, float* db, const float* dy, const float* x, GemmWeight w, int in,
-                             int out) {
+  auto linear_backward = [&](View dx, float* dw, float* db, ConstView dy, ConstView x, GemmWeight w, int in, int out) {
     be_.gemm(false, false, N, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
-    be_.gemm(true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    be_.gemm(true, false, out, in, N, 1.0f, dy, out, GemmWeight(x), in, 1.0f, dw, in);
     if (db) be_.bias_backward(db, dy, N, out);
   };
   for (int l = L_ - 1; l >= 0; --l) {
@@ -625,7 +657,7 @@ void GPT::backward() {
         be_.gelu_backward(dfch_, g.fc_b, a.fch, a.fch_gelu, dfch_, N, F_);  // with fc's bias gradient, in one pass
       }
       linear_backward(dbuf_c_, g.fc_w, nullptr, dfch_, a.ln2, p.fc, C, F2_);
-      tp_all_reduce(dbuf_c_, NC);
+      tp_all_reduce(dbuf_c_);
     }
     {
       auto t = timed(block_module(l, 2));
@@ -637,7 +669,7 @@ void GPT::backward() {
       be_.attention_backward(dqkv_, dbuf_c_, a.atty, a.lse, a.qkv, B_, T_, H_, Hkv_, A_);
       if (cfg_.rope()) be_.rope(dqkv_, rope_cs_.data(), N, T_, H_ + Hkv_, hd_, QKV_, true);  // back to q, k
       linear_backward(dbuf_c_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, p.qkv, C, QKV_);
-      tp_all_reduce(dbuf_c_, NC);
+      tp_all_reduce(dbuf_c_);
     }
     {
       auto t = timed(block_module(l, 0));

@@ -10,6 +10,9 @@
 // shard both as flat ranges. Linear weights are (out, in) as in PyTorch: y = x W^T + b.
 // Activations for one micro-batch (B x T) are allocated once in the constructor; forward() keeps
 // what backward() needs. backward() accumulates (+=) into the gradient buffer.
+// Activations and their gradients are stored in one element type, chosen at construction
+// (GPTOptions::activations): fp32, or bf16 with fp32 math (kernels/tensor.h); the norms'
+// statistics, attention's log-sum-exps, the logits and the losses are fp32 either way.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -77,7 +80,15 @@ struct GPTOptions {
   // Activation checkpointing: keep only each block's input; recompute the block's forward just
   // before its backward (one set of block activations instead of n_layer; same results bitwise).
   bool checkpoint_activations = false;
+  // The element type of the activations and their gradients (bf16: mixed precision as DeepSpeed's
+  // bf16 and llm.c run it; the backend's GEMMs then read them as they are).
+  DType activations = DType::f32;
 };
+
+// The model options a run's config asks for (activation_checkpointing.enabled,
+// compute.activations), for a model on a GPU (`gpu`) or on the host. UserError for bf16
+// activations without bf16.enabled.
+GPTOptions gpt_options(const Config& c, bool gpu);
 
 class GPT {
  public:
@@ -103,16 +114,18 @@ class GPT {
   // A stage before the last expects d(output) in output_gradient() first; a stage after the first
   // leaves d(input) in input_gradient() (the same buffer) for the previous stage.
   void backward();
-  float* input_activation() { return enc_; }
-  const float* output_activation() const { return xfinal_; }
-  float* output_gradient() { return dres_; }
-  const float* input_gradient() const { return dres_; }
+  // The pipeline's buffers, B*T rows of d_model in the activations' type (sent as bytes).
+  View input_activation() { return enc_; }
+  ConstView output_activation() const { return xfinal_; }
+  View output_gradient() { return dres_; }
+  ConstView input_gradient() const { return dres_; }
   // The flops profiler's timers (nullptr: none): `p->modules` must be this rank's gpt_modules().
   void set_module_profile(ModuleProfile* p);
 
  private:
   struct LayerActs {  // fch: the MLP's first layer out (pre-activation); fch_gelu: its activation
-    float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *lse, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+    View x, ln1, qkv, atty, res2, ln2, fch, fch_gelu;
+    float *ln1_mean, *ln1_rstd, *lse, *ln2_mean, *ln2_rstd;  // fp32 statistics
   };
   // A block's tensors; those the architecture leaves out (biases, a norm's bias) are nullptr.
   template <typename F>
@@ -139,12 +152,12 @@ class GPT {
   void locate_units_and_modules();
   void plan_activations();       // acts_: every activation, one allocation
   void plan_backward_scratch();  // scratch_, the token buffers, the cross-entropy's statistics
-  void block_forward(int l, const LayerActs& a, const BlockParams& p, float* x_next);
+  void block_forward(int l, const LayerActs& a, const BlockParams& p, View x_next);
   // LayerNorm or RMSNorm (mean unused by RMSNorm; b, db nullptr there).
-  void norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b);
-  void norm_backward(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                     const float* mean, const float* rstd);
-  void tp_all_reduce(float* x, size_t n);  // sum over the tensor-parallel group (no-op without)
+  void norm_forward(View out, float* mean, float* rstd, ConstView x, const float* w, const float* b);
+  void norm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x, const float* w, const float* mean,
+                     const float* rstd);
+  void tp_all_reduce(View x);  // sum over the tensor-parallel group (no-op without)
   void crossentropy(int r0, int rows, float dloss);  // of one row block of (vocab-parallel) logits
   void read_losses();                                // every row's loss into host_losses_
   float lm_head(GemmWeight wte, float* dwte, float dloss);  // returns the mean loss
@@ -170,16 +183,17 @@ class GPT {
   int block_size_ = 0;     // tensors per block
   ParamStore& store_;
   const FlatLayout& layout_;
-  DeviceBuffer<float> acts_;     // all activations, one allocation
-  DeviceBuffer<float> scratch_;  // backward scratch, one allocation
+  DType act_;                    // the activations' element type (GPTOptions::activations)
+  DeviceBuffer<char> acts_;      // all activations and statistics, one allocation
+  DeviceBuffer<char> scratch_;   // backward scratch, one allocation
   DeviceBuffer<int32_t> inputs_, targets_;
   DeviceBuffer<float> ce_;  // vocab-parallel cross-entropy: row max, sum of exp, target logit
   DeviceBuffer<float> rope_cs_;  // RoPE's (cos, sin) table, math::rope_table
   int head_rows_ = 0;       // rows per LM-head block (logits_ holds one block)
   std::vector<LayerActs> layers_;
-  float *enc_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr,
-        *losses_ = nullptr, *xfinal_ = nullptr;
-  float *dres_ = nullptr, *dbuf_c_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr, *dact_ = nullptr;
+  View enc_, lnf_, xfinal_;
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr, *losses_ = nullptr;
+  View dres_, dbuf_c_, dqkv_, dfch_, dact_;  // backward's, in the activations' type
   size_t activation_bytes_ = 0;
   std::vector<float> host_losses_, host_ce_;
   double recompute_s_ = 0;

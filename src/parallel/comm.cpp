@@ -294,13 +294,11 @@ PendingOp ProcessGroup::broadcast_bytes(MemRef<void> buf, size_t bytes, int root
                  [&] { return broadcast_impl(buf, bytes, root); });
 }
 
-PendingOp ProcessGroup::isend(MemRef<const float> buf, size_t n, int peer, int tag) {
-  const uint64_t bytes = n * sizeof(float);
+PendingOp ProcessGroup::isend_bytes(MemRef<const void> buf, size_t bytes, int peer, int tag) {
   return counted("send", bytes, bytes, [&] { return send_impl(buf, bytes, peer, tag); });
 }
 
-PendingOp ProcessGroup::irecv(MemRef<float> buf, size_t n, int peer, int tag) {
-  const uint64_t bytes = n * sizeof(float);
+PendingOp ProcessGroup::irecv_bytes(MemRef<void> buf, size_t bytes, int peer, int tag) {
   return counted("recv", bytes, 0, [&] { return recv_impl(buf, bytes, peer, tag); });
 }
 

@@ -231,8 +231,11 @@ class ProcessGroup {
     return all_gather(MemRef<const void>{nullptr, buf.kind}, buf, pieces, CommType::bf16);
   }
   void broadcast(MemRef<void> buf, size_t bytes, int root) { broadcast_bytes(buf, bytes, root).wait(); }
-  PendingOp isend(MemRef<const float> buf, size_t n, int peer, int tag);
-  PendingOp irecv(MemRef<float> buf, size_t n, int peer, int tag);
+  PendingOp isend(MemRef<const float> buf, size_t n, int peer, int tag) { return isend_bytes(buf, n * sizeof(float), peer, tag); }
+  PendingOp irecv(MemRef<float> buf, size_t n, int peer, int tag) { return irecv_bytes(buf, n * sizeof(float), peer, tag); }
+  // Any element type, as bytes: the pipeline's activations, fp32 or bf16.
+  PendingOp isend_bytes(MemRef<const void> buf, size_t bytes, int peer, int tag);
+  PendingOp irecv_bytes(MemRef<void> buf, size_t bytes, int peer, int tag);
 
   // ---- control traffic: host memory, MPI, not counted in bytes_sent ----
   double all_reduce_sum(double v);

@@ -75,7 +75,7 @@ RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
     std::vector<std::unique_ptr<GPT>> models;  // as StepRunner holds them
     for (int k = 0; k < one_f_one_b_in_flight(pp_rank, c.pp_size, c.gradient_accumulation_steps); ++k)
       models.push_back(std::make_unique<GPT>(*be, c.model, c.train_micro_batch_size_per_gpu, engine,
-                                             GPTOptions{c.activation_checkpointing}, &tp_group, stage));
+                                             gpt_options(c, kind == MemKind::device), &tp_group, stage));
     const MemoryAccount m = engine.memory();
     r.params = m.params, r.grads = m.grads, r.optimizer = m.optimizer, r.buffers = m.buffers;
     for (const auto& g : models) r.activations += g->activation_bytes();
@@ -102,7 +102,7 @@ StepWork count_step(const Config& c, int dp, int pp_rank) {
   SizingGroup dp_group(dp, 0, "dp"), tp_group(c.tp_size, 0, "tp");
   ZeroEngine engine(*be, dp_group, c.model, c.zero, c.optimizer, c.precision, c.tp_size, 0, c.pp_size, pp_rank,
                     sizing_swap(c, true));
-  GPT model(*be, c.model, c.train_micro_batch_size_per_gpu, engine, GPTOptions{c.activation_checkpointing}, &tp_group,
+  GPT model(*be, c.model, c.train_micro_batch_size_per_gpu, engine, gpt_options(c, false), &tp_group,
             pipeline_stage(c.model, c.pp_size, pp_rank));
   std::vector<int32_t> tokens(static_cast<size_t>(c.train_micro_batch_size_per_gpu) * c.model.seq_len);
   CommLog& log = comm_log();

@@ -11,6 +11,7 @@
 #include "kernels/host/cpu_kernels.h"
 #include "parallel/watchdog.h"
 #include "bench/rates.h"
+#include "model/gpt.h"
 #include "train/flops_profiler.h"
 
 namespace zero3d {
@@ -77,6 +78,7 @@ void RunRecords::start(const ZeroEngine& engine, const RunFacts& f) {
   host_any_ = world.all_reduce_max(static_cast<int64_t>(mem_.host)) > 0;
   const ProcessGroups& g = groups_;
   const JobInfo& job = opt_.job;
+  const DType acts = gpt_options(c, be_.kind() == BackendKind::cuda).activations;
   if (metrics_)
     metrics_->write(MetricsRecord("run")
                         .add("backend", be_.describe())
@@ -108,6 +110,7 @@ void RunRecords::start(const ZeroEngine& engine, const RunFacts& f) {
                         .add("threads_source", job.threads_source)
                         .add("gemm", be_.describe_gemm())
                         .add("compute", opt_.compute_choice)
+                        .add("activations", dtype_name(acts))
                         .add("comm_device_buffers", g.dp->device_path())
                         .add("comm_collectives", g.dp->collectives_path())
                         .add("checkpoint_writes", f.checkpoint_writes)
@@ -123,10 +126,11 @@ void RunRecords::start(const ZeroEngine& engine, const RunFacts& f) {
                         .add("mem_host_bytes", static_cast<int64_t>(mem_.host))
                         .add("offload_optimizer", offload_text(c.zero.offload_optimizer, be_))
                         .add("offload_param", c.zero.stage == 3 ? offload_text(c.zero.offload_param, be_) : "none"));
-  log_info("zero3d: %zu parameters per rank, %s, %d ranks (dp %d x tp %d x pp %d, ZeRO stage %d, %s), global batch "
+  log_info("zero3d: %zu parameters per rank, %s, %d ranks (dp %d x tp %d x pp %d, ZeRO stage %d, %s%s), global batch "
            "%lld x %d tokens, %d steps, run dir %s",
            engine.layout().num_params, be_.describe().c_str(), g.topo.world, g.topo.dp, g.topo.tp, g.topo.pp,
-           c.zero.stage, name_of(c.precision), static_cast<long long>(G), T, c.train_steps, opt_.run_dir.c_str());
+           c.zero.stage, name_of(c.precision), acts == DType::bf16 ? ", bf16 activations" : "",
+           static_cast<long long>(G), T, c.train_steps, opt_.run_dir.c_str());
 }
 
 void RunRecords::start_profiles(int first_step) {

@@ -12,7 +12,7 @@ StepRunner::StepRunner(const Config& c, Backend& be, ProcessGroups& g, ZeroEngin
       train_data_(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true) {
   const int slots = one_f_one_b_in_flight(g.coord.pp, g.topo.pp, c.gradient_accumulation_steps);
   for (int k = 0; k < slots; ++k)
-    models_.push_back(std::make_unique<GPT>(be, c.model, micro_, engine, GPTOptions{c.activation_checkpointing},
+    models_.push_back(std::make_unique<GPT>(be, c.model, micro_, engine, gpt_options(c, be.kind() == BackendKind::cuda),
                                             g.tp.get(), stage_));
   sends_.resize(slots);
   if (c.flops_profiler.enabled) {
@@ -26,6 +26,10 @@ StepRunner::StepRunner(const Config& c, Backend& be, ProcessGroups& g, ZeroEngin
   targets_.resize(inputs_.size());
 }
 
+PendingOp StepRunner::send(ConstView buf, int peer, int tag) {
+  return groups_.pp->isend_bytes(be_.mem(buf.data), buf.bytes(), peer, tag);
+}
+
 double StepRunner::take_recompute_s() {
   double s = 0;
   for (auto& m : models_) s += m->take_recompute_seconds();
@@ -34,9 +38,9 @@ double StepRunner::take_recompute_s() {
 
 uint64_t StepRunner::activation_bytes() const { return models_.size() * models_[0]->activation_bytes(); }
 
-void StepRunner::receive(float* buf, int peer, int tag) {
+void StepRunner::receive(View buf, int peer, int tag) {
   const auto t0 = Clock::now();
-  groups_.pp->irecv(be_.mem(buf), activation_elems(), peer, tag).wait();
+  groups_.pp->irecv_bytes(be_.mem(buf.data), buf.bytes(), peer, tag).wait();
   pipeline_idle_s_ += seconds_since(t0);
 }
 
@@ -51,7 +55,7 @@ double StepRunner::validate() {
     val_data_->load((static_cast<uint64_t>(k) * dp_ + dp_rank_) * micro_, micro_, inputs_.data(), targets_.data());
     if (!stage_.first()) receive(model.input_activation(), pp.rank() - 1, 0);
     sum += model.forward(inputs_.data(), targets_.data(), 0.0f);
-    if (!stage_.last()) pp.isend(be_.mem(model.output_activation()), activation_elems(), pp.rank() + 1, 0).wait();
+    if (!stage_.last()) send(model.output_activation(), pp.rank() + 1, 0).wait();
   }
   sum = pp.all_reduce_sum(sum);  // the loss is known on the last stage only
   return groups_.dp->all_reduce_sum(sum) / (static_cast<double>(batches) * dp_);
@@ -60,7 +64,6 @@ double StepRunner::validate() {
 double StepRunner::forward_backward(uint64_t cursor, float dloss, double& t_fwd, double& t_bwd) {
   const int gas = cfg_.gradient_accumulation_steps;
   const int K = static_cast<int>(models_.size());
-  ProcessGroup& pp = *groups_.pp;
   auto sample = [&](int m) { return cursor + (static_cast<uint64_t>(dp_rank_) * gas + m) * micro_; };
   // Tags: activations 2m, gradients 2m + 1 (one stream per neighbour and direction, in order).
   double loss_sum = 0;
@@ -85,8 +88,7 @@ double StepRunner::forward_backward(uint64_t cursor, float dloss, double& t_fwd,
         break;
       }
       case PipeOp::send_activation:
-        sends_[slot].push_back(
-            pp.isend(be_.mem(model.output_activation()), activation_elems(), op.peer_stage, 2 * op.micro_batch));
+        sends_[slot].push_back(send(model.output_activation(), op.peer_stage, 2 * op.micro_batch));
         break;
       case PipeOp::recv_grad:
         receive(model.output_gradient(), op.peer_stage, 2 * op.micro_batch + 1);
@@ -99,8 +101,7 @@ double StepRunner::forward_backward(uint64_t cursor, float dloss, double& t_fwd,
         break;
       }
       case PipeOp::send_grad:
-        sends_[slot].push_back(
-            pp.isend(be_.mem(model.input_gradient()), activation_elems(), op.peer_stage, 2 * op.micro_batch + 1));
+        sends_[slot].push_back(send(model.input_gradient(), op.peer_stage, 2 * op.micro_batch + 1));
         break;
     }
   }

@@ -42,8 +42,9 @@ class StepRunner {
   ModuleProfile& module_profile() { return module_profile_; }
 
  private:
-  void receive(float* buf, int peer, int tag);
-  size_t activation_elems() const { return static_cast<size_t>(micro_) * T_ * cfg_.model.d_model; }
+  // The pipeline's activations and gradients, as bytes (their type is the model's): a receive waits.
+  void receive(View buf, int peer, int tag);
+  PendingOp send(ConstView buf, int peer, int tag);
 
   const Config& cfg_;
   Backend& be_;

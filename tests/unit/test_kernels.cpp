@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numbers>
@@ -1748,6 +1749,108 @@ TEST(HostKernels, Bf16GemmTakesTheWeightsBf16Copy) {
   zero3d::HostOptions o;
   o.bf16_gemm = true;
   check_bf16_weight_copy(zero3d::make_host_backend(o));
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 activations: every op on bf16 views is the same op on fp32 views of the widened values,
+// its outputs rounded once (kernels/tensor.h). Inputs are bf16-representable, so both runs read
+// the same numbers. The host stages bf16 through its fp32 loops: the bits must be equal. A GPU
+// runs its own bf16 kernels (and cuBLASLt's bf16 epilogues): one bf16 ulp apart at most.
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+// One operand in fp32 storage and in bf16 storage, holding the same bf16-representable values.
+struct Twin {
+  std::vector<float> host;
+  DeviceBuffer<float> f32;
+  DeviceBuffer<uint16_t> b16;
+  zero3d::View view(bool bf16) {
+    return bf16 ? zero3d::View(b16.data(), host.size()) : zero3d::View(f32.data(), host.size());
+  }
+};
+Twin twin(Backend& be, std::vector<float> x) {
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = zero3d::math::float_from_bf16(bits[i] = zero3d::math::bf16_from_float(x[i]));
+  Twin t{x, to_device(be, x), to_device(be, bits)};
+  return t;
+}
+// t.f32 holds the fp32 op's output, t.b16 the bf16 op's: the latter must be the former rounded.
+void expect_rounded_once(Backend& be, const Twin& t, bool exact, const std::string& what) {
+  const std::vector<float> f = to_host(be, t.f32);
+  const std::vector<uint16_t> h = to_host(be, t.b16);
+  int bad = 0;
+  for (size_t i = 0; i < f.size() && bad < 5; ++i) {
+    const uint16_t want = zero3d::math::bf16_from_float(f[i]);
+    const float got = zero3d::math::float_from_bf16(h[i]), w = zero3d::math::float_from_bf16(want);
+    const bool ok = exact ? h[i] == want : std::fabs(got - w) <= std::ldexp(std::fabs(w), -7) + 1e-30f;
+    if (!ok) ++bad, ADD_FAILURE() << what << "[" << i << "]: bf16 " << got << ", fp32 rounded " << w;
+  }
+}
+}  // namespace
+
+TEST_P(Kernels, Bf16ViewsAreFp32MathRoundedOnce) {
+  const bool exact = be->kind() == zero3d::BackendKind::host;
+  const int B = 2, T = 5, C = 16, H = 2, Hkv = 1, hd = C / H, QKV = C + 2 * Hkv * hd, F = 12, V = 11;
+  const int N = B * T;
+  auto u = [&](size_t n, float r = 1.0f) { return uniform(rng, n, -r, r); };
+  auto x = twin(*be, u(N * C)), y = twin(*be, u(N * C)), dy = twin(*be, u(N * C)), qkv = twin(*be, u(N * QKV));
+  auto h2 = twin(*be, u(2 * N * F, 2.0f)), dF = twin(*be, u(N * F));
+  const auto w = to_device(*be, u(C, 2.0f)), b = to_device(*be, u(C)), bF = to_device(*be, u(F));
+  const auto W = to_device(*be, u(F * C, 0.5f)), wte = to_device(*be, u(V * C)), wpe = to_device(*be, u(T * C));
+  std::vector<int32_t> tok(N);
+  for (int n = 0; n < N; ++n) tok[n] = (n * 7) % V;
+  const auto tokens = to_device(*be, tok);
+  auto stats = [&](size_t n) { return DeviceBuffer<float>(*be, n); };
+  auto cs = to_device(*be, zero3d::math::rope_table(T, hd, 10000.0f));
+
+  // Runs `op` on fp32 views, then on bf16 views, of fresh copies of the outputs' start values.
+  auto check = [&](const std::string& what, std::vector<Twin*> outs, const std::function<void(bool)>& op) {
+    for (Twin* o : outs) *o = twin(*be, o->host);
+    op(false);
+    op(true);
+    for (Twin* o : outs) expect_rounded_once(*be, *o, exact, what);
+  };
+  // An output read by a later op: both storages given the fp32 run's values, rounded.
+  auto settle = [&](Twin& t) { t = twin(*be, to_host(*be, t.f32)); };
+  auto out = twin(*be, std::vector<float>(N * C)), outF = twin(*be, std::vector<float>(N * F)),
+       preF = twin(*be, std::vector<float>(N * F)), dh2 = twin(*be, std::vector<float>(2 * N * F)),
+       dqkv = twin(*be, std::vector<float>(N * QKV)), att = twin(*be, std::vector<float>(N * C));
+  auto m = stats(N), r = stats(N), lse = stats(B * H * T), dw = stats(C), db = stats(C);
+  check("layernorm_forward", {&out}, [&](bool h) { be->layernorm_forward(out.view(h), m.data(), r.data(), x.view(h), w.data(), b.data(), N, C); });
+  out.host = u(N * C);  // backward accumulates into what is there
+  check("layernorm_backward", {&out}, [&](bool h) { be->layernorm_backward(out.view(h), dw.data(), db.data(), dy.view(h), x.view(h), w.data(), m.data(), r.data(), N, C); });
+  check("rmsnorm_forward", {&out}, [&](bool h) { be->rmsnorm_forward(out.view(h), r.data(), x.view(h), w.data(), N, C, 1e-5f); });
+  check("rmsnorm_backward", {&out}, [&](bool h) { be->rmsnorm_backward(out.view(h), dw.data(), dy.view(h), x.view(h), w.data(), r.data(), N, C); });
+  check("gelu_forward", {&out}, [&](bool h) { be->gelu_forward(out.view(h), x.view(h), N * C); });
+  settle(out);
+  check("gelu_backward in place", {&y}, [&](bool h) { be->gelu_backward(y.view(h), db.data(), x.view(h), out.view(h), y.view(h), N, C); });
+  check("swiglu_forward", {&outF}, [&](bool h) { be->swiglu_forward(outF.view(h), h2.view(h), N, F); });
+  check("swiglu_backward", {&dh2}, [&](bool h) { be->swiglu_backward(dh2.view(h), h2.view(h), dF.view(h), N, F); });
+  check("rope, strided, in place", {&qkv}, [&](bool h) { be->rope(qkv.view(h), cs.data(), N, T, H + Hkv, hd, QKV, false); });
+  settle(qkv);
+  check("attention_forward", {&att}, [&](bool h) { be->attention_forward(att.view(h), lse.data(), qkv.view(h), B, T, H, Hkv, C); });
+  settle(att);
+  check("attention_backward", {&dqkv}, [&](bool h) { be->attention_backward(dqkv.view(h), dy.view(h), att.view(h), lse.data(), qkv.view(h), B, T, H, Hkv, C); });
+  check("embedding_forward", {&out}, [&](bool h) { be->embedding_forward(out.view(h), tokens.data(), wte.data(), wpe.data(), N, T, C, 0, V); });
+  check("linear_forward, bias and residual", {&outF}, [&](bool h) { be->linear_forward(outF.view(h), x.view(h), W.data(), bF.data(), dF.view(h), N, C, F); });
+  check("linear_gelu_forward", {&outF, &preF}, [&](bool h) { be->linear_gelu_forward(outF.view(h), preF.view(h), x.view(h), W.data(), bF.data(), N, C, F); });
+  out.host = u(N * C);
+  check("gemm, bf16 A and C, beta 1", {&out}, [&](bool h) { be->gemm(false, false, N, C, F, 1.0f, dF.view(h), F, W.data(), C, 1.0f, out.view(h), C); });
+  // Reductions over bf16 views into fp32: the same as over the widened values (close on a GPU).
+  std::vector<float> ref[3];
+  for (const bool h : {false, true}) {
+    auto g = stats(F * C), gb = stats(C), ge = stats(V * C);
+    be->gemm(true, false, F, C, N, 1.0f, dF.view(h), F, GemmWeight(zero3d::ConstView(x.view(h))), C, 1.0f, g.data(), C);
+    be->bias_backward(gb.data(), dy.view(h), N, C);
+    be->embedding_backward(ge.data(), nullptr, dy.view(h), tokens.data(), N, T, C, 0, V);
+    const std::vector<float> got[3] = {to_host(*be, g), to_host(*be, gb), to_host(*be, ge)};
+    for (int k = 0; k < 3; ++k) {
+      if (!h) ref[k] = got[k];
+      else
+        for (size_t i = 0; i < got[k].size(); ++i)
+          ASSERT_NEAR(got[k][i], ref[k][i], exact ? 0.0f : 1e-5f * (1 + std::fabs(ref[k][i]))) << "fp32 output " << k << "[" << i << "]";
+    }
+  }
 }
 
 // The CUDA backend's attention in a bf16 run: cuDNN's fused flash attention (kernels/cuda/

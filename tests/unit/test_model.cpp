@@ -301,38 +301,41 @@ TEST(Model, SizingBackendCountsWithoutMemory) {
 // The sizing backend counts each op a step asks of it (calls, bytes, FLOPs: the host backend's own
 // accounting) without running it: the same counts as a host backend that ran the step, for a GPT-2
 // and a Llama-style model (GQA, RoPE, RMSNorm, SwiGLU, padded vocabulary, untied head), with
-// activation checkpointing too. This is what zero3d plan's step time is priced from.
+// activation checkpointing too, on fp32 and on bf16 activations. This is what zero3d plan's step
+// time is priced from.
 TEST(Model, SizingBackendCountsTheOpsOfAStep) {
   ModelConfig llama{100, 16, 2, 4, 32};
   llama.arch = "llama", llama.norm = "rmsnorm", llama.position = "rope", llama.mlp = "swiglu";
   llama.num_key_value_heads = 2, llama.bias = false, llama.tie_word_embeddings = false;
   llama.make_vocab_size_divisible_by = 64;
   for (const ModelConfig& m : {ModelConfig{64, 16, 2, 4, 32}, llama})
-    for (bool ckpt : {false, true}) {
-      auto host = make_host_backend();
-      auto sizing = make_sizing_backend(MemKind::host, std::make_shared<MemoryTally>());
-      FlatParamStore on_host(*host, make_flat_layout(gpt_param_table(m), 1, 1 << 20));
-      FlatParamStore sized(*sizing, make_flat_layout(gpt_param_table(m), 1, 1 << 20));
-      GPT a(*host, m, 2, on_host, GPTOptions{ckpt}), b(*sizing, m, 2, sized, GPTOptions{ckpt});
-      std::vector<int32_t> tokens(2 * m.seq_len);
-      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7 % m.vocab_size);
-      host->profile()->on = true;
-      host->profile()->ops.clear();
-      sizing->profile()->ops.clear();
-      a.forward(tokens.data(), tokens.data(), 1.0f / tokens.size());
-      a.backward();
-      b.forward(tokens.data(), tokens.data(), 1.0f / tokens.size());
-      b.backward();
-      const auto& ran = host->profile()->ops;
-      const auto& counted = sizing->profile()->ops;
-      ASSERT_EQ(ran.size(), counted.size()) << m.arch << (ckpt ? " with checkpointing" : "");
-      for (const auto& [op, st] : ran) {
-        ASSERT_TRUE(counted.count(op)) << op;
-        const OpStat& c = counted.at(op);
-        EXPECT_EQ(c.calls, st.calls) << m.arch << " " << op;
-        EXPECT_EQ(c.bytes, st.bytes) << m.arch << " " << op;
-        EXPECT_EQ(c.flops, st.flops) << m.arch << " " << op;
+    for (bool ckpt : {false, true})
+      for (zero3d::DType act : {zero3d::DType::f32, zero3d::DType::bf16}) {
+        auto host = make_host_backend();
+        auto sizing = make_sizing_backend(MemKind::host, std::make_shared<MemoryTally>());
+        FlatParamStore on_host(*host, make_flat_layout(gpt_param_table(m), 1, 1 << 20));
+        FlatParamStore sized(*sizing, make_flat_layout(gpt_param_table(m), 1, 1 << 20));
+        GPT a(*host, m, 2, on_host, GPTOptions{ckpt, act}), b(*sizing, m, 2, sized, GPTOptions{ckpt, act});
+        EXPECT_EQ(a.activation_bytes(), b.activation_bytes());
+        std::vector<int32_t> tokens(2 * m.seq_len);
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7 % m.vocab_size);
+        host->profile()->on = true;
+        host->profile()->ops.clear();
+        sizing->profile()->ops.clear();
+        a.forward(tokens.data(), tokens.data(), 1.0f / tokens.size());
+        a.backward();
+        b.forward(tokens.data(), tokens.data(), 1.0f / tokens.size());
+        b.backward();
+        const auto& ran = host->profile()->ops;
+        const auto& counted = sizing->profile()->ops;
+        ASSERT_EQ(ran.size(), counted.size()) << m.arch << (ckpt ? " with checkpointing" : "");
+        for (const auto& [op, st] : ran) {
+          ASSERT_TRUE(counted.count(op)) << op;
+          const OpStat& c = counted.at(op);
+          EXPECT_EQ(c.calls, st.calls) << m.arch << " " << op;
+          EXPECT_EQ(c.bytes, st.bytes) << m.arch << " " << op;
+          EXPECT_EQ(c.flops, st.flops) << m.arch << " " << op;
+        }
+        EXPECT_GT(counted.at("attention_backward").flops, 0);
       }
-      EXPECT_GT(counted.at("attention_backward").flops, 0);
-    }
 }
