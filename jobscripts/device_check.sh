@@ -10,8 +10,8 @@
 #      through NCCL, on 1 rank (and, last, on 2 ranks sharing the one GPU: NCCL refuses two ranks
 #      on one device unless they look like two hosts, so each gets its own NCCL_HOSTID and they
 #      talk through NCCL's socket transport on lo);
-#   4. gpt-tiny for 50 steps on the GPU and on the host, fp32 and bf16, losses compared (fp32
-#      within 1e-4 relative, bf16 within 2e-2); llama-tiny (the Llama family's ops) in fp32 too;
+#   4. gpt-tiny for 50 steps on the GPU and on the host, fp32 and bf16 (with fp32, then with bf16
+#      activations), losses compared (fp32 within 1e-4 relative, bf16 within 2e-2); llama-tiny (the Llama family's ops) in fp32 too;
 #      and gpt-tiny bf16 with the optimizer offloaded to host memory (AdamW on the CPU) against
 #      the host run, within 2e-2;
 #   5. a GPT-2 350M-shape model (d 1024, 24 layers, 16 heads, seq 1024, micro-batch 8) in bf16 for
@@ -227,9 +227,13 @@ print(f"{'ok' if worst <= tol else 'FAIL'} max rel diff {worst:.2e} (tol {tol:g}
 sys.exit(0 if worst <= tol else 1)
 PY
 }
-for prec in fp32 bf16; do
+# bf16 twice, the same activations on both sides: fp32 ones (the GPU's path before bf16
+# activations), then bf16 ones (compute.activations: the GPU's default; the host stages them through
+# its fp32 loops to the same semantics), so a fault in the bf16-activation kernels shows on its own row
+for prec in fp32 bf16 bf16acts; do
   p=(); tol=1e-4
-  [[ $prec == bf16 ]] && p=(--set bf16.enabled=true) && tol=2e-2
+  [[ $prec == bf16 ]] && p=(--set bf16.enabled=true --set 'compute.activations="fp32"') && tol=2e-2
+  [[ $prec == bf16acts ]] && p=(--set bf16.enabled=true --set 'compute.activations="bf16"') && tol=2e-2
   if ! train "tiny_host_$prec" host 60 "${tiny[@]}" "${p[@]}"; then
     row "gpt-tiny $prec, GPU vs host" "FAIL" "host run failed: $out/tiny_host_$prec.log"
     continue

@@ -163,19 +163,22 @@ class Backend {
   // backward writes dh (N x 2F) from dout (N x F).
   virtual void swiglu_forward(View out, ConstView h, int N, int F) = 0;
   virtual void swiglu_backward(View dh, ConstView h, ConstView dout, int N, int F) = 0;
-  // losses[n] = CE(logits[n,:], targets[n]); with dlogits != nullptr also dlogits (may alias logits)
-  // = (softmax - onehot) * dloss.
-  virtual void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                            int N, int V, float dloss) = 0;
+  // Logits are N rows of stride ld >= V (a view: fp32 or the activations' bf16): V vocabulary
+  // columns, then ld - V padding columns (the vocabulary padded for the GEMM) that no loss reads.
+  // losses[n] = CE(logits[n, :V], targets[n]); with dlogits (may alias logits) also
+  // dlogits[n, :V] = (softmax - onehot) * dloss and dlogits[n, V:ld] = 0 (N * ld elements: the
+  // last row's padding too), so the padding gives the GEMMs behind it no gradient.
+  virtual void crossentropy(float* losses, View dlogits, ConstView logits, const int32_t* targets, int N, int V,
+                            int ld, float dloss) = 0;
   // Vocab-parallel cross-entropy (each tensor-parallel rank holds V of the vocabulary's logits,
   // starting at vocab_start): the row maxima, then (after an all-reduce max) each row's sum of
   // exp(z - max) and the target's logit (0 when the target is not in this rank's range), then
-  // (after an all-reduce sum) dlogits = (softmax - onehot) * dloss, in place allowed.
-  virtual void vocab_row_max(float* row_max, const float* logits, int N, int V) = 0;
-  virtual void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
-                            const int32_t* targets, int vocab_start, int N, int V) = 0;
-  virtual void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
-                                       const int32_t* targets, int vocab_start, int N, int V, float dloss) = 0;
+  // (after an all-reduce sum) dlogits = (softmax - onehot) * dloss (padding 0), in place allowed.
+  virtual void vocab_row_max(float* row_max, ConstView logits, int N, int V, int ld) = 0;
+  virtual void vocab_sumexp(float* sumexp, float* target_logit, ConstView logits, const float* row_max,
+                            const int32_t* targets, int vocab_start, int N, int V, int ld) = 0;
+  virtual void vocab_crossentropy_grad(View dlogits, ConstView logits, const float* row_max, const float* sumexp,
+                                       const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss) = 0;
   // AdamW on n elements (kernels/math/adamw.h); with w16.p also the updated p rounded to nearest
   // even into w16.p (bf16, or fp16), in the same pass: a mixed run's kept weights.
   virtual void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,

@@ -4,8 +4,8 @@
 //
 // bf16 storage, fp32 math: an op widens what it reads, computes in fp32 (its statistics and sums
 // too) and rounds what it writes to nearest even, once. An op that accumulates into a bf16 buffer
-// (dx +=) widens it, adds and rounds. Norm statistics, attention's log-sum-exps, logits and
-// losses stay fp32 whatever the activations are.
+// (dx +=) widens it, adds and rounds. Norm statistics, attention's log-sum-exps and the losses
+// stay fp32 whatever the activations are; the logits are activations like the others.
 //
 // A bare `float*` converts to a view of unknown extent (the fp32 callers: tests, the engine);
 // views made with an extent are checked against what an op reads and writes.

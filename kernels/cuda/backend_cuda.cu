@@ -312,67 +312,89 @@ __global__ void layernorm_backward_input_kernel(S* dx, const S* dy, const S* x, 
   }
 }
 
+// The cross-entropy kernels take logits as N rows of stride ld >= V (S: the logits' storage type,
+// widened on load): columns [0, V) the vocabulary, [V, ld) padding that none of them reads; a
+// gradient's padding columns are written as 0. Row offsets are size_t (N * ld may pass 2^31).
 // The row's max and sum of exp(z - max): the two reductions every cross-entropy kernel starts with.
-__device__ float row_max_of(const float* z, int V) {
+template <typename S>
+__device__ float row_max_of(const S* z, int V) {
   float m = -INFINITY;
-  Z3D_COL_LOOP(i, V) m = MaxOp{}(m, z[i]);
+  Z3D_COL_LOOP(i, V) m = MaxOp{}(m, load(z + i));
   return block_all_reduce(m, MaxOp{});
 }
-__device__ float row_sumexp_of(const float* z, int V, float m) {
+template <typename S>
+__device__ float row_sumexp_of(const S* z, int V, float m) {
   float sum = 0.0f;
-  Z3D_COL_LOOP(i, V) sum += expf(z[i] - m);
+  Z3D_COL_LOOP(i, V) sum += expf(load(z + i) - m);
   return block_all_reduce(sum, SumOp{});
 }
+// A gradient row's padding columns [V, ld): no gradient.
+template <typename S>
+__device__ void zero_padding(S* dz, int V, int ld) {
+  for (int i = V + static_cast<int>(threadIdx.x); i < ld; i += static_cast<int>(blockDim.x)) store(dz + i, 0.0f);
+}
 
-// dlogits may alias logits: every element is read and written by one thread, and the only values
-// read across threads (the target's logit) are read before the first reduction's barrier.
-__global__ void vocab_row_max_kernel(float* row_max, const float* logits, size_t N, int V) {
+// dlogits may alias logits (same storage type, fp32 or bf16): a row is read whole into its
+// reductions, which end in barriers, before any of it is written; after them every element is read
+// and written by one thread (a bf16 element is a whole 16-bit store, so no thread writes another's
+// bytes); the only value read across threads (the target's logit) is read before the first
+// reduction's barrier; the padding no thread reads.
+template <typename S>
+__global__ void vocab_row_max_kernel(float* row_max, const S* logits, size_t N, int V, int ld) {
   Z3D_ROW_LOOP(n, N) {
-    const float m = row_max_of(logits + n * V, V);
+    const float m = row_max_of(logits + n * static_cast<size_t>(ld), V);
     if (threadIdx.x == 0) row_max[n] = m;
   }
 }
-__global__ void vocab_sumexp_kernel(float* sumexp, float* target_logit, const float* logits, const float* row_max,
-                                    const int32_t* targets, int vocab_start, size_t N, int V) {
+template <typename S>
+__global__ void vocab_sumexp_kernel(float* sumexp, float* target_logit, const S* logits, const float* row_max,
+                                    const int32_t* targets, int vocab_start, size_t N, int V, int ld) {
   Z3D_ROW_LOOP(n, N) {
-    const float* z = logits + n * V;
+    const S* z = logits + n * static_cast<size_t>(ld);
     const float sum = row_sumexp_of(z, V, row_max[n]);
     if (threadIdx.x == 0) {
       const int t = targets[n] - vocab_start;
       sumexp[n] = sum;
-      target_logit[n] = t >= 0 && t < V ? z[t] : 0.0f;
+      target_logit[n] = t >= 0 && t < V ? load(z + t) : 0.0f;
     }
   }
 }
-__global__ void vocab_crossentropy_grad_kernel(float* dlogits, const float* logits, const float* row_max,
+template <typename S>
+__global__ void vocab_crossentropy_grad_kernel(S* dlogits, const S* logits, const float* row_max,
                                                const float* sumexp, const int32_t* targets, int vocab_start, size_t N,
-                                               int V, float dloss) {
+                                               int V, int ld, float dloss) {
   Z3D_ROW_LOOP(n, N) {
+    const S* z = logits + n * static_cast<size_t>(ld);
+    S* dz = dlogits + n * static_cast<size_t>(ld);
     const int t = targets[n] - vocab_start;
     const float m = row_max[n], scale = dloss / sumexp[n];
     Z3D_COL_LOOP(i, V) {
-      float g = expf(logits[n * V + i] - m) * scale;
+      float g = expf(load(z + i) - m) * scale;
       if (i == t) g -= dloss;
-      dlogits[n * V + i] = g;
+      store(dz + i, g);
     }
+    zero_padding(dz, V, ld);
   }
 }
 
-__global__ void crossentropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                                    size_t N, int V, float dloss) {
+template <typename S>
+__global__ void crossentropy_kernel(float* losses, S* dlogits, const S* logits, const int32_t* targets, size_t N,
+                                    int V, int ld, float dloss) {
   Z3D_ROW_LOOP(n, N) {
-    const float* z = logits + n * V;
+    const S* z = logits + n * static_cast<size_t>(ld);
     const int t = targets[n];
-    const float z_target = z[t];
+    const float z_target = load(z + t);
     const float m = row_max_of(z, V), sum = row_sumexp_of(z, V, m);
     if (threadIdx.x == 0) losses[n] = logf(sum) + (m - z_target);
     if (!dlogits) continue;
+    S* dz = dlogits + n * static_cast<size_t>(ld);
     const float scale = dloss / sum;
     Z3D_COL_LOOP(i, V) {
-      float g = expf(z[i] - m) * scale;
+      float g = expf(load(z + i) - m) * scale;
       if (i == t) g -= dloss;
-      dlogits[n * V + i] = g;
+      store(dz + i, g);
     }
+    zero_padding(dz, V, ld);
   }
 }
 
@@ -1159,22 +1181,36 @@ class CudaBackend final : public Backend, public DeviceMemory {
       launch(stream(), n, swiglu_backward_kernel<S>, ptr<S>(dh), ptr<S>(h), ptr<S>(dout), rows(N), F);
     });
   }
-  void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
-    launch_rows(stream(), rows(N), vocab_row_max_kernel, row_max, logits, rows(N), V);
+  // The cross-entropy ops: logits and dlogits (which may alias them) N rows of stride ld in one
+  // storage type, the kernels instantiated for it. The reads span extent(N, V, ld) of logits; a
+  // gradient's writes include every row's padding, the last row's too: N * ld of dlogits.
+  void vocab_row_max(float* row_max, ConstView logits, int N, int V, int ld) override {
+    with_storage(storage("vocab_row_max", {{logits, logits_extent("vocab_row_max", N, V, ld)}}), [&]<typename S>() {
+      launch_rows(stream(), rows(N), vocab_row_max_kernel<S>, row_max, ptr<S>(logits), rows(N), V, ld);
+    });
   }
-  void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
-                    const int32_t* targets, int vocab_start, int N, int V) override {
-    launch_rows(stream(), rows(N), vocab_sumexp_kernel, sumexp, target_logit, logits, row_max, targets, vocab_start, rows(N),
-           V);
+  void vocab_sumexp(float* sumexp, float* target_logit, ConstView logits, const float* row_max,
+                    const int32_t* targets, int vocab_start, int N, int V, int ld) override {
+    with_storage(storage("vocab_sumexp", {{logits, logits_extent("vocab_sumexp", N, V, ld)}}), [&]<typename S>() {
+      launch_rows(stream(), rows(N), vocab_sumexp_kernel<S>, sumexp, target_logit, ptr<S>(logits), row_max, targets,
+                  vocab_start, rows(N), V, ld);
+    });
   }
-  void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
-                               const int32_t* targets, int vocab_start, int N, int V, float dloss) override {
-    launch_rows(stream(), rows(N), vocab_crossentropy_grad_kernel, dlogits, logits, row_max, sumexp, targets, vocab_start,
-           rows(N), V, dloss);
+  void vocab_crossentropy_grad(View dlogits, ConstView logits, const float* row_max, const float* sumexp,
+                               const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss) override {
+    const size_t n = logits_extent("vocab_crossentropy_grad", N, V, ld);
+    with_storage(storage("vocab_crossentropy_grad", {{logits, n}, {dlogits, rows(N) * rows(ld)}}), [&]<typename S>() {
+      launch_rows(stream(), rows(N), vocab_crossentropy_grad_kernel<S>, ptr<S>(dlogits), ptr<S>(logits), row_max,
+                  sumexp, targets, vocab_start, rows(N), V, ld, dloss);
+    });
   }
-  void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+  void crossentropy(float* losses, View dlogits, ConstView logits, const int32_t* targets, int N, int V, int ld,
                     float dloss) override {
-    launch_rows(stream(), rows(N), crossentropy_kernel, losses, dlogits, logits, targets, rows(N), V, dloss);
+    const size_t n = logits_extent("crossentropy", N, V, ld);
+    with_storage(storage("crossentropy", {{logits, n}, {dlogits, rows(N) * rows(ld)}}), [&]<typename S>() {
+      launch_rows(stream(), rows(N), crossentropy_kernel<S>, losses, ptr<S>(dlogits), ptr<S>(logits), targets, rows(N),
+                  V, ld, dloss);
+    });
   }
   void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
                  Weights16 w16) override {
@@ -1207,10 +1243,15 @@ class CudaBackend final : public Backend, public DeviceMemory {
  private:
   cudaStream_t stream() const { return stream_.get(); }
   cublasHandle_t cublas() const { return cublas_.get(); }
-  // Interface dimensions are int; index arithmetic is size_t so N*V (logits) cannot overflow.
+  // Interface dimensions are int; index arithmetic is size_t so N*ld (logits) cannot overflow.
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
   // Elements a row-major operand of r rows of c at stride ld spans.
   static size_t extent(int r, int c, long ld) { return r > 0 && c > 0 ? (rows(r) - 1) * ld + rows(c) : 0; }
+  // The logits' extent in a cross-entropy op, its stride checked: ld >= V.
+  static size_t logits_extent(const char* name, int N, int V, int ld) {
+    Z3D_ASSERT(ld >= V, strprintf("%s: row stride %d below the %d vocabulary columns", name, ld, V));
+    return extent(N, V, ld);
+  }
 
   // Device memory grown to the largest asked for (in the first step), then reused. One op at a time
   // uses it, in stream order, so the next op's kernels run after the last one's are done with it.

@@ -240,24 +240,33 @@ class HostBackend final : public Backend {
     s.store();
   }
 
-  void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+  void crossentropy(float* losses, View dlogits, ConstView logits, const int32_t* targets, int N, int V, int ld,
                     float dloss) override {
     OpProfile::Scope op(&prof_, "crossentropy", (dlogits ? 8.0 : 4.0) * N * V, 0);
-    k_.crossentropy(losses, dlogits, logits, targets, N, V, dloss);
+    Staging s(*this);
+    const float* z = s.in(logits, extent(N, V, ld));  // staged before dlogits, which may alias it
+    k_.crossentropy(losses, dlogits ? s.out(dlogits, rows(N) * rows(ld), false) : nullptr, z, targets, N, V, ld, dloss);
+    s.store();
   }
-  void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
+  void vocab_row_max(float* row_max, ConstView logits, int N, int V, int ld) override {
     OpProfile::Scope op(&prof_, "vocab_row_max", 4.0 * N * V, 0);
-    k_.vocab_row_max(row_max, logits, N, V);
+    Staging s(*this);
+    k_.vocab_row_max(row_max, s.in(logits, extent(N, V, ld)), N, V, ld);
   }
-  void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
-                    const int32_t* targets, int vocab_start, int N, int V) override {
+  void vocab_sumexp(float* sumexp, float* target_logit, ConstView logits, const float* row_max,
+                    const int32_t* targets, int vocab_start, int N, int V, int ld) override {
     OpProfile::Scope op(&prof_, "vocab_sumexp", 4.0 * N * V, 0);
-    k_.vocab_sumexp(sumexp, target_logit, logits, row_max, targets, vocab_start, N, V);
+    Staging s(*this);
+    k_.vocab_sumexp(sumexp, target_logit, s.in(logits, extent(N, V, ld)), row_max, targets, vocab_start, N, V, ld);
   }
-  void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
-                               const int32_t* targets, int vocab_start, int N, int V, float dloss) override {
+  void vocab_crossentropy_grad(View dlogits, ConstView logits, const float* row_max, const float* sumexp,
+                               const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss) override {
     OpProfile::Scope op(&prof_, "vocab_crossentropy_grad", 8.0 * N * V, 0);
-    k_.vocab_crossentropy_grad(dlogits, logits, row_max, sumexp, targets, vocab_start, N, V, dloss);
+    Staging s(*this);
+    const float* z = s.in(logits, extent(N, V, ld));
+    k_.vocab_crossentropy_grad(s.out(dlogits, rows(N) * rows(ld), false), z, row_max, sumexp, targets, vocab_start, N,
+                               V, ld, dloss);
+    s.store();
   }
   void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
                  Weights16 w16) override {

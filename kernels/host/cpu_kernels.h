@@ -49,13 +49,14 @@ struct Kernels {
   void (*swiglu_forward)(float* out, const float* h, int N, int F);
   void (*swiglu_backward)(float* dh, const float* h, const float* dout, int N, int F);
 
-  void (*crossentropy)(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+  // Logits rows of stride ld >= V; dlogits' padding columns [V, ld) are zeroed.
+  void (*crossentropy)(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V, int ld,
                        float dloss);
-  void (*vocab_row_max)(float* row_max, const float* logits, int N, int V);
+  void (*vocab_row_max)(float* row_max, const float* logits, int N, int V, int ld);
   void (*vocab_sumexp)(float* sumexp, float* target_logit, const float* logits, const float* row_max,
-                       const int32_t* targets, int vocab_start, int N, int V);
+                       const int32_t* targets, int vocab_start, int N, int V, int ld);
   void (*vocab_crossentropy_grad)(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
-                                  const int32_t* targets, int vocab_start, int N, int V, float dloss);
+                                  const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss);
 
   // with p16: the updated p also rounded to nearest even into p16 (fp16 or bf16), block by block
   void (*adam_step)(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a, uint16_t* p16,

@@ -899,30 +899,31 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
 
 // ---- cross-entropy ----
 
-void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V, int ld,
                   float dloss) {
   for_rows(N, V, [=](int n) {
-    const float* z = logits + static_cast<size_t>(n) * V;
+    const float* z = logits + static_cast<size_t>(n) * ld;
     const float mx = row_max(z, V), zt = z[targets[n]];  // read before dz (may alias z) is written
-    float* dz = dlogits ? dlogits + static_cast<size_t>(n) * V : nullptr;
+    float* dz = dlogits ? dlogits + static_cast<size_t>(n) * ld : nullptr;
     const float sum = row_sumexp(dz, z, V, mx);
     if (dz) {
       const float s = dloss / sum;
       for (int i = 0; i < V; ++i) dz[i] *= s;
       dz[targets[n]] -= dloss;
+      std::fill(dz + V, dz + ld, 0.0f);  // the padding: no gradient
     }
     losses[n] = std::log(sum) + (mx - zt);
   });
 }
 
-void vocab_row_max(float* rmax, const float* logits, int N, int V) {
-  for_rows(N, V, [=](int n) { rmax[n] = row_max(logits + static_cast<size_t>(n) * V, V); });
+void vocab_row_max(float* rmax, const float* logits, int N, int V, int ld) {
+  for_rows(N, V, [=](int n) { rmax[n] = row_max(logits + static_cast<size_t>(n) * ld, V); });
 }
 
 void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* rmax, const int32_t* targets,
-                  int vocab_start, int N, int V) {
+                  int vocab_start, int N, int V, int ld) {
   for_rows(N, V, [=](int n) {
-    const float* z = logits + static_cast<size_t>(n) * V;
+    const float* z = logits + static_cast<size_t>(n) * ld;
     sumexp[n] = row_sumexp(nullptr, z, V, rmax[n]);
     const int t = targets[n] - vocab_start;
     target_logit[n] = t >= 0 && t < V ? z[t] : 0.0f;
@@ -930,15 +931,16 @@ void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const
 }
 
 void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* rmax, const float* sumexp,
-                             const int32_t* targets, int vocab_start, int N, int V, float dloss) {
+                             const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss) {
   for_rows(N, V, [=](int n) {
-    const size_t o = static_cast<size_t>(n) * V;
+    const size_t o = static_cast<size_t>(n) * ld;
     const float s = dloss / sumexp[n], mx = rmax[n];
     map_vf<kWide>(0, V, [=](size_t i, int k) {
       store_wide(dlogits + o + i, vexp(load_wide(logits + o + i, k) - mx) * s, k);
     });
     const int t = targets[n] - vocab_start;
     if (t >= 0 && t < V) dlogits[o + t] -= dloss;
+    std::fill(dlogits + o + V, dlogits + o + ld, 0.0f);  // the padding: no gradient
   });
 }
 

@@ -163,21 +163,22 @@ class WalledBackend final : public Backend, public DeviceMemory {
   void swiglu_backward(View dh, ConstView h, ConstView dout, int N, int F) override {
     run([&] { inner_->swiglu_backward(dh, h, dout, N, F); });
   }
-  void crossentropy(float* losses, float* dlogits, const float* logits, const int32_t* targets, int N, int V,
+  void crossentropy(float* losses, View dlogits, ConstView logits, const int32_t* targets, int N, int V, int ld,
                     float dloss) override {
-    run([&] { inner_->crossentropy(losses, dlogits, logits, targets, N, V, dloss); });
+    run([&] { inner_->crossentropy(losses, dlogits, logits, targets, N, V, ld, dloss); });
   }
-  void vocab_row_max(float* row_max, const float* logits, int N, int V) override {
-    run([&] { inner_->vocab_row_max(row_max, logits, N, V); });
+  void vocab_row_max(float* row_max, ConstView logits, int N, int V, int ld) override {
+    run([&] { inner_->vocab_row_max(row_max, logits, N, V, ld); });
   }
-  void vocab_sumexp(float* sumexp, float* target_logit, const float* logits, const float* row_max,
-                    const int32_t* targets, int vocab_start, int N, int V) override {
-    run([&] { inner_->vocab_sumexp(sumexp, target_logit, logits, row_max, targets, vocab_start, N, V); });
+  void vocab_sumexp(float* sumexp, float* target_logit, ConstView logits, const float* row_max,
+                    const int32_t* targets, int vocab_start, int N, int V, int ld) override {
+    run([&] { inner_->vocab_sumexp(sumexp, target_logit, logits, row_max, targets, vocab_start, N, V, ld); });
   }
-  void vocab_crossentropy_grad(float* dlogits, const float* logits, const float* row_max, const float* sumexp,
-                               const int32_t* targets, int vocab_start, int N, int V, float dloss) override {
-    run([&] { inner_->vocab_crossentropy_grad(dlogits, logits, row_max, sumexp, targets, vocab_start, N, V, dloss); });
+  void vocab_crossentropy_grad(View dlogits, ConstView logits, const float* row_max, const float* sumexp,
+                               const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss) override {
+    run([&] { inner_->vocab_crossentropy_grad(dlogits, logits, row_max, sumexp, targets, vocab_start, N, V, ld, dloss); });
   }
+
   void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
                  Weights16 w16) override {
     run([&] { inner_->adam_step(p, m, v, g, n, a, w16); });

@@ -108,8 +108,8 @@ struct KernelOperands : MicroBatch {
     be->copy_from_host(rope_cs.data(), cs.data(), rope_cs.bytes());
     be->attention_forward(att.data(), lse.data(), qkv.data(), B, T, H, H, C);  // backward reads its lse
     be->gelu_forward(hy.data(), h.data(), NF);                                   // and GELU's its output
-    be->vocab_row_max(rmax.data(), logits.data(), N, V);
-    be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
+    be->vocab_row_max(rmax.data(), logits.data(), N, V, V);
+    be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V, V);
   }
   KernelOperands(const KernelOperands&) = delete;
   KernelOperands& operator=(const KernelOperands&) = delete;
@@ -147,13 +147,13 @@ struct KernelOperands : MicroBatch {
         {"embedding_backward",
          [this] { be->embedding_backward(wte.data(), wpe.data(), dy.data(), tokens.data(), N, T, C, 0, V); }},
         {"crossentropy",
-         [this] { be->crossentropy(losses.data(), dlogits.data(), logits.data(), tokens.data(), N, V, 1e-3f); }, NV},
+         [this] { be->crossentropy(losses.data(), dlogits.data(), logits.data(), tokens.data(), N, V, V, 1e-3f); }, NV},
         {"vocab_sumexp", [this] {
-           be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V);
+           be->vocab_sumexp(sumexp.data(), target_logit.data(), logits.data(), rmax.data(), tokens.data(), 0, N, V, V);
          }, NV},
         {"vocab_crossentropy_grad", [this] {
            be->vocab_crossentropy_grad(dlogits.data(), logits.data(), rmax.data(), sumexp.data(), tokens.data(), 0, N,
-                                       V, 1e-3f);
+                                       V, V, 1e-3f);
          }, NV},
         {"adam_step", [this] { be->adam_step(p.data(), mo.data(), vo.data(), g.data(), block, adam, {}); }},
         // with the bf16 weights out in the same pass (a mixed run's update)

@@ -313,12 +313,12 @@ void GPT::locate_units_and_modules() {
 // fch (N*F2) and fch_gelu (N*F), 4 N norm statistics and the attention's B*H*T row
 // log-sum-exps (this rank's heads; the T x T probabilities are recomputed in backward, never
 // stored); one set per layer, or a single shared set with activation checkpointing. Plus the
-// residual stream x_0..x_L, the final LayerNorm, one row block of this rank's logits (the LM
-// head runs in blocks of at most 2^25 logits, 128 MiB) and the losses.
+// residual stream x_0..x_L, the final LayerNorm, one row block of this rank's logits (in the
+// activations' type: the LM head runs in blocks of at most 128 MiB of them) and the losses.
 void GPT::plan_activations() {
   const size_t N = static_cast<size_t>(B_) * T_, C = C_, lse = static_cast<size_t>(B_) * H_ * T_;
   const size_t sets = opt_.checkpoint_activations ? 1 : static_cast<size_t>(L_);
-  head_rows_ = static_cast<int>(std::min<size_t>(N, std::max<size_t>(256, (size_t{1} << 25) / V_)));
+  head_rows_ = static_cast<int>(std::min<size_t>(N, std::max<size_t>(256, (size_t{128} << 20) / dtype_bytes(act_) / V_)));
   auto carve = [&](Carver& c) {
     enc_ = c.act(N * C);
     layers_.clear();
@@ -348,7 +348,7 @@ void GPT::plan_activations() {
     lnf_ = c.act(N * C);
     lnf_mean_ = c.f32(N);
     lnf_rstd_ = c.f32(N);
-    logits_ = c.f32(static_cast<size_t>(head_rows_) * V_);
+    logits_ = c.act(static_cast<size_t>(head_rows_) * V_);
     losses_ = c.f32(N);
   };
   Carver sizing(nullptr, act_);
@@ -492,19 +492,20 @@ void GPT::norm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x
 void GPT::crossentropy(int r0, int rows, float dloss) {
   const bool grad = dloss > 0.0f;
   const int32_t* targets = targets_.data() + r0;
+  const View z = logits_.at(0, static_cast<size_t>(rows) * V_);
   if (tp_size_ == 1) {
-    be_.crossentropy(losses_ + r0, grad ? logits_ : nullptr, logits_, targets, rows, logit_cols_, dloss);
+    be_.crossentropy(losses_ + r0, grad ? z : View{}, z, targets, rows, logit_cols_, V_, dloss);
     return;
   }
   // The block's statistics at 3 r0 of ce_: [row max | sum of exp | target logit], rows each.
   float *row_max = ce_.data() + 3 * static_cast<size_t>(r0), *sumexp = row_max + rows, *target = sumexp + rows;
-  be_.vocab_row_max(row_max, logits_, rows, logit_cols_);
+  be_.vocab_row_max(row_max, z, rows, logit_cols_, V_);
   be_.synchronize();
   tp_->all_reduce_max(be_.mem(row_max), rows);
-  be_.vocab_sumexp(sumexp, target, logits_, row_max, targets, vocab_start_, rows, logit_cols_);
+  be_.vocab_sumexp(sumexp, target, z, row_max, targets, vocab_start_, rows, logit_cols_, V_);
   be_.synchronize();
   tp_->all_reduce_sum(be_.mem(sumexp), 2 * static_cast<size_t>(rows));  // sums and target logits together
-  if (grad) be_.vocab_crossentropy_grad(logits_, logits_, row_max, sumexp, targets, vocab_start_, rows, logit_cols_, dloss);
+  if (grad) be_.vocab_crossentropy_grad(z, z, row_max, sumexp, targets, vocab_start_, rows, logit_cols_, V_, dloss);
 }
 
 // Every row's loss into host_losses_, in one copy from the device after the head's last block
@@ -523,6 +524,9 @@ void GPT::read_losses() {
 // The tied LM head and the loss, in row blocks of head_rows_ so that at most one block of logits
 // (or probabilities) exists at a time. With dloss > 0 each block's gradient goes through the head
 // at once: dlnf (into dbuf_c_, for backward's final LayerNorm) and dwte. Returns the mean loss.
+// The GEMMs run over this rank's V_ embedding rows, the vocabulary padded
+// (model.make_vocab_size_divisible_by: aligned shapes for the tensor cores); the loss reads the
+// logit_cols_ real ones and gives the padding a zero gradient, so it reaches no loss or gradient.
 float GPT::lm_head(GemmWeight wte, float* dwte, float dloss) {
   const int N = B_ * T_, C = C_;
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
@@ -530,15 +534,15 @@ float GPT::lm_head(GemmWeight wte, float* dwte, float dloss) {
     const ConstView x = lnf_.at(static_cast<size_t>(r0) * C, static_cast<size_t>(rows) * C);
     {
       auto t = timed(head_module_);
-      be_.gemm(false, true, rows, logit_cols_, C, 1.0f, x, C, wte, C, 0.0f, logits_, logit_cols_);  // logits = x wte^T
+      be_.gemm(false, true, rows, V_, C, 1.0f, x, C, wte, C, 0.0f, logits_, V_);  // logits = x wte^T
       crossentropy(r0, rows, dloss);
     }
     if (dloss <= 0.0f) continue;
     in_backward_ = true;  // the head's backward, run here block by block
     auto t = timed(head_module_);
-    be_.gemm(false, false, rows, C, logit_cols_, 1.0f, logits_, logit_cols_, wte, C, 0.0f,
+    be_.gemm(false, false, rows, C, V_, 1.0f, logits_, V_, wte, C, 0.0f,
              dbuf_c_.at(static_cast<size_t>(r0) * C, static_cast<size_t>(rows) * C), C);
-    be_.gemm(true, false, logit_cols_, C, rows, 1.0f, logits_, logit_cols_, GemmWeight(x), C, 1.0f, dwte, C);  // dwte += dlogits^T x
+    be_.gemm(true, false, V_, C, rows, 1.0f, logits_, V_, GemmWeight(x), C, 1.0f, dwte, C);  // dwte += dlogits^T x
     in_backward_ = false;
   }
   if (dloss > 0.0f) {

@@ -12,7 +12,7 @@
 // what backward() needs. backward() accumulates (+=) into the gradient buffer.
 // Activations and their gradients are stored in one element type, chosen at construction
 // (GPTOptions::activations): fp32, or bf16 with fp32 math (kernels/tensor.h); the norms'
-// statistics, attention's log-sum-exps, the logits and the losses are fp32 either way.
+// statistics, attention's log-sum-exps and the losses are fp32 either way.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -192,7 +192,8 @@ class GPT {
   int head_rows_ = 0;       // rows per LM-head block (logits_ holds one block)
   std::vector<LayerActs> layers_;
   View enc_, lnf_, xfinal_;
-  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *logits_ = nullptr, *losses_ = nullptr;
+  View logits_;  // one row block of the LM head's, rows of V_ (the padded vocabulary share)
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *losses_ = nullptr;
   View dres_, dbuf_c_, dqkv_, dfch_, dact_;  // backward's, in the activations' type
   size_t activation_bytes_ = 0;
   std::vector<float> host_losses_, host_ce_;

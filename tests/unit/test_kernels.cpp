@@ -1026,7 +1026,7 @@ TEST_P(Kernels, VocabParallelCrossEntropyMatchesFused) {
   auto dz = to_device(*be, z);
   auto dt = to_device(*be, targets);
   auto loss = to_device(*be, std::vector<float>(N)), grad = to_device(*be, std::vector<float>(N * V));
-  be->crossentropy(loss.data(), grad.data(), dz.data(), dt.data(), N, V, 0.25f);
+  be->crossentropy(loss.data(), grad.data(), dz.data(), dt.data(), N, V, V, 0.25f);
   const auto want_loss = to_host(*be, loss), want_grad = to_host(*be, grad);
   std::vector<std::vector<float>> slices(P);
   std::vector<float> gmax(N, -INFINITY), gsum(N, 0.0f), gtarget(N, 0.0f);
@@ -1034,7 +1034,7 @@ TEST_P(Kernels, VocabParallelCrossEntropyMatchesFused) {
     for (int n = 0; n < N; ++n) slices[p].insert(slices[p].end(), z.begin() + n * V + p * Vl, z.begin() + n * V + (p + 1) * Vl);
     auto ds = to_device(*be, slices[p]);
     auto m = to_device(*be, std::vector<float>(N));
-    be->vocab_row_max(m.data(), ds.data(), N, Vl);
+    be->vocab_row_max(m.data(), ds.data(), N, Vl, Vl);
     const auto mh = to_host(*be, m);
     for (int n = 0; n < N; ++n) gmax[n] = std::max(gmax[n], mh[n]);
   }
@@ -1045,12 +1045,12 @@ TEST_P(Kernels, VocabParallelCrossEntropyMatchesFused) {
       auto m = to_device(*be, gmax);
       if (pass == 0) {
         auto s = to_device(*be, std::vector<float>(N)), t = to_device(*be, std::vector<float>(N));
-        be->vocab_sumexp(s.data(), t.data(), ds.data(), m.data(), dt.data(), p * Vl, N, Vl);
+        be->vocab_sumexp(s.data(), t.data(), ds.data(), m.data(), dt.data(), p * Vl, N, Vl, Vl);
         const auto sh = to_host(*be, s), th = to_host(*be, t);
         for (int n = 0; n < N; ++n) gsum[n] += sh[n], gtarget[n] += th[n];
       } else {
         auto s = to_device(*be, gsum);
-        be->vocab_crossentropy_grad(ds.data(), ds.data(), m.data(), s.data(), dt.data(), p * Vl, N, Vl, 0.25f);
+        be->vocab_crossentropy_grad(ds.data(), ds.data(), m.data(), s.data(), dt.data(), p * Vl, N, Vl, Vl, 0.25f);
         grads[p] = to_host(*be, ds);
       }
     }
@@ -1102,7 +1102,7 @@ TEST_P(Kernels, WideAndManyRowsMatchReferences) {
     const std::vector<int32_t> targets = random_ints(rng, N, C);
     auto dt = to_device(*be, targets);
     auto loss = to_device(*be, std::vector<float>(N, kNaN)), grad = to_device(*be, std::vector<float>(NC, kNaN));
-    be->crossentropy(loss.data(), grad.data(), dx_.data(), dt.data(), N, C, dloss);
+    be->crossentropy(loss.data(), grad.data(), dx_.data(), dt.data(), N, C, C, dloss);
     expect_close(to_host(*be, loss), ref_crossentropy(xd, targets, N, C), kFwdRtol, kFwdAtol, ("loss" + tag).c_str());
     Vec g_ref(NC);
     for (int n = 0; n < N; ++n) {
@@ -1125,7 +1125,7 @@ TEST_P(Kernels, CrossEntropyLossAndGradient) {
   auto losses_of = [&](const std::vector<float>& logits) {
     auto dz = to_device(*be, logits);
     auto loss = to_device(*be, std::vector<float>(N, kNaN));
-    be->crossentropy(loss.data(), nullptr, dz.data(), dtargets.data(), N, V, dloss);
+    be->crossentropy(loss.data(), nullptr, dz.data(), dtargets.data(), N, V, V, dloss);
     return to_host(*be, loss);
   };
   const Vec loss_ref = ref_crossentropy(to_double(z), targets, N, V);
@@ -1135,7 +1135,7 @@ TEST_P(Kernels, CrossEntropyLossAndGradient) {
   // with the gradient: dlogits pre-filled with NaN is overwritten; same losses as without
   auto dz = to_device(*be, z), dl = to_device(*be, std::vector<float>(N * V, kNaN));
   auto loss = to_device(*be, std::vector<float>(N, kNaN));
-  be->crossentropy(loss.data(), dl.data(), dz.data(), dtargets.data(), N, V, dloss);
+  be->crossentropy(loss.data(), dl.data(), dz.data(), dtargets.data(), N, V, V, dloss);
   expect_bits_equal(to_host(*be, loss), loss_only, "loss (with gradient)");
   const std::vector<float> g = to_host(*be, dl);
 
@@ -1155,7 +1155,7 @@ TEST_P(Kernels, CrossEntropyLossAndGradient) {
   expect_close(g, finite_diff(zd, kStepDouble, L_ref), kFdRefRtol, kFdRefAtol, "dlogits vs fd(ref)");
 
   // dlogits may alias logits
-  be->crossentropy(loss.data(), dz.data(), dz.data(), dtargets.data(), N, V, dloss);
+  be->crossentropy(loss.data(), dz.data(), dz.data(), dtargets.data(), N, V, V, dloss);
   expect_bits_equal(to_host(*be, dz), g, "dlogits aliasing logits");
   expect_bits_equal(to_host(*be, loss), loss_only, "loss with aliasing");
 }
@@ -1174,9 +1174,9 @@ TEST_P(Kernels, CrossEntropyLargeLogitsStayFinite) {
   auto dz = to_device(*be, z);
   auto dt = to_device(*be, targets);
   auto loss = to_device(*be, std::vector<float>(N, kNaN)), dl = to_device(*be, std::vector<float>(N * V, kNaN));
-  be->crossentropy(loss.data(), dl.data(), dz.data(), dt.data(), N, V, 1.0f);
+  be->crossentropy(loss.data(), dl.data(), dz.data(), dt.data(), N, V, V, 1.0f);
   const std::vector<float> got = to_host(*be, loss), g = to_host(*be, dl);
-  be->crossentropy(loss.data(), nullptr, dz.data(), dt.data(), N, V, 1.0f);  // the loss-only path
+  be->crossentropy(loss.data(), nullptr, dz.data(), dt.data(), N, V, V, 1.0f);  // the loss-only path
   expect_bits_equal(to_host(*be, loss), got, "large-logit loss without gradient");
 
   for (float l : got) EXPECT_TRUE(std::isfinite(l));
@@ -1188,6 +1188,50 @@ TEST_P(Kernels, CrossEntropyLargeLogitsStayFinite) {
     double s = 0.0;
     for (int i = 0; i < V; ++i) s += g[n * V + i];
     EXPECT_NEAR(s, 0.0, 1e-6) << "row " << n;
+  }
+}
+
+// Logits with padding columns (the vocabulary padded for the GEMM, rows of stride ld > V): the
+// losses and the gradient's vocabulary columns are those of the unpadded logits, bit for bit; the
+// padding (NaN here) is never read and its gradient is 0. Fused and vocab-parallel alike.
+TEST_P(Kernels, CrossEntropySkipsThePaddingAndZeroesItsGradient) {
+  const int N = 5, V = 12, ld = 16, P = 3, Vl = V / P, ldl = Vl + 3;
+  const std::vector<float> z = uniform(rng, N * V, -4, 4);
+  const std::vector<int32_t> targets = random_ints(rng, N, V);
+  auto dt = to_device(*be, targets);
+  auto padded = [](const std::vector<float>& x, int rows, int cols, int stride, int c0, int total) {
+    std::vector<float> out(static_cast<size_t>(rows) * stride, kNaN);
+    for (int n = 0; n < rows; ++n)
+      for (int c = 0; c < cols; ++c) out[n * stride + c] = x[n * total + c0 + c];
+    return out;
+  };
+  auto dense = to_device(*be, z), loss = to_device(*be, std::vector<float>(N));
+  be->crossentropy(loss.data(), dense.data(), dense.data(), dt.data(), N, V, V, 0.25f);
+  const std::vector<float> want_loss = to_host(*be, loss), want_grad = to_host(*be, dense);
+  auto dz = to_device(*be, padded(z, N, V, ld, 0, V)), loss2 = to_device(*be, std::vector<float>(N));
+  be->crossentropy(loss2.data(), dz.data(), dz.data(), dt.data(), N, V, ld, 0.25f);
+  expect_bits_equal(to_host(*be, loss2), want_loss, "losses over padded rows");
+  std::vector<float> want = padded(want_grad, N, V, ld, 0, V);
+  for (int n = 0; n < N; ++n) std::fill(want.begin() + n * ld + V, want.begin() + (n + 1) * ld, 0.0f);
+  expect_bits_equal(to_host(*be, dz), want, "gradient over padded rows");
+  // vocab-parallel: slice p's rows padded to ldl; its gradient's padding 0
+  for (int p = 0; p < P; ++p) {
+    auto ds = to_device(*be, padded(z, N, Vl, ldl, p * Vl, V)), plain = to_device(*be, padded(z, N, Vl, Vl, p * Vl, V));
+    auto m = to_device(*be, std::vector<float>(N)), m1 = to_device(*be, std::vector<float>(N));
+    be->vocab_row_max(m.data(), ds.data(), N, Vl, ldl);
+    be->vocab_row_max(m1.data(), plain.data(), N, Vl, Vl);
+    expect_bits_equal(to_host(*be, m), to_host(*be, m1), "row max over padded rows");
+    auto s = to_device(*be, std::vector<float>(N)), t = to_device(*be, std::vector<float>(N));
+    auto s1 = to_device(*be, std::vector<float>(N)), t1 = to_device(*be, std::vector<float>(N));
+    be->vocab_sumexp(s.data(), t.data(), ds.data(), m.data(), dt.data(), p * Vl, N, Vl, ldl);
+    be->vocab_sumexp(s1.data(), t1.data(), plain.data(), m.data(), dt.data(), p * Vl, N, Vl, Vl);
+    expect_bits_equal(to_host(*be, s), to_host(*be, s1), "sum of exp over padded rows");
+    expect_bits_equal(to_host(*be, t), to_host(*be, t1), "target logit over padded rows");
+    be->vocab_crossentropy_grad(ds.data(), ds.data(), m.data(), s.data(), dt.data(), p * Vl, N, Vl, ldl, 0.25f);
+    be->vocab_crossentropy_grad(plain.data(), plain.data(), m.data(), s.data(), dt.data(), p * Vl, N, Vl, Vl, 0.25f);
+    std::vector<float> w = padded(to_host(*be, plain), N, Vl, ldl, 0, Vl);
+    for (int n = 0; n < N; ++n) std::fill(w.begin() + n * ldl + Vl, w.begin() + (n + 1) * ldl, 0.0f);
+    expect_bits_equal(to_host(*be, ds), w, "vocab-parallel gradient over padded rows");
   }
 }
 
@@ -1834,6 +1878,14 @@ TEST_P(Kernels, Bf16ViewsAreFp32MathRoundedOnce) {
   check("embedding_forward", {&out}, [&](bool h) { be->embedding_forward(out.view(h), tokens.data(), wte.data(), wpe.data(), N, T, C, 0, V); });
   check("linear_forward, bias and residual", {&outF}, [&](bool h) { be->linear_forward(outF.view(h), x.view(h), W.data(), bF.data(), dF.view(h), N, C, F); });
   check("linear_gelu_forward", {&outF, &preF}, [&](bool h) { be->linear_gelu_forward(outF.view(h), preF.view(h), x.view(h), W.data(), bF.data(), N, C, F); });
+  auto logits = twin(*be, u(N * (V + 5), 4.0f));  // rows of V + 5: the padding's gradient is 0
+  auto ce = stats(N);
+  check("crossentropy in place, padded rows", {&logits}, [&](bool h) { be->crossentropy(ce.data(), logits.view(h), logits.view(h), tokens.data(), N, V, V + 5, 0.5f); });
+  check("vocab_crossentropy_grad in place, padded rows", {&logits}, [&](bool h) {
+    be->vocab_row_max(m.data(), logits.view(h), N, V, V + 5);
+    be->vocab_sumexp(r.data(), lse.data(), logits.view(h), m.data(), tokens.data(), 0, N, V, V + 5);
+    be->vocab_crossentropy_grad(logits.view(h), logits.view(h), m.data(), r.data(), tokens.data(), 0, N, V, V + 5, 0.5f);
+  });
   out.host = u(N * C);
   check("gemm, bf16 A and C, beta 1", {&out}, [&](bool h) { be->gemm(false, false, N, C, F, 1.0f, dF.view(h), F, W.data(), C, 1.0f, out.view(h), C); });
   // Reductions over bf16 views into fp32: the same as over the widened values (close on a GPU).
