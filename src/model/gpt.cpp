@@ -255,13 +255,14 @@ std::vector<ModuleStat> gpt_modules(const ModelConfig& m, int micro_batch, int t
   return mods;
 }
 
-GPTOptions gpt_options(const Config& c, bool gpu) {
+GPTOptions gpt_options(const Config& c, bool gpu, int slots) {
   const std::string& a = c.compute.activations;
   if (a == "bf16" && c.precision != Precision::bf16)
     throw UserError("compute.activations=\"bf16\" needs bf16.enabled=true (bf16 mixed precision); use \"fp32\" or "
                     "\"auto\"");
   const bool bf16 = c.precision == Precision::bf16 && (a == "bf16" || (a == "auto" && gpu));
-  return GPTOptions{c.activation_checkpointing, bf16 ? DType::bf16 : DType::f32};
+  return GPTOptions{c.activation_checkpointing, bf16 ? DType::bf16 : DType::f32,
+                    std::max(1, (c.gradient_accumulation_steps + slots - 1) / slots)};
 }
 
 GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options,
@@ -349,7 +350,7 @@ void GPT::plan_activations() {
     lnf_mean_ = c.f32(N);
     lnf_rstd_ = c.f32(N);
     logits_ = c.act(static_cast<size_t>(head_rows_) * V_);
-    losses_ = c.f32(N);
+    losses_ = c.f32(N * static_cast<size_t>(opt_.losses_kept));
   };
   Carver sizing(nullptr, act_);
   carve(sizing);
@@ -379,9 +380,10 @@ void GPT::plan_backward_scratch() {
 
   inputs_ = DeviceBuffer<int32_t>(be_, N);
   targets_ = DeviceBuffer<int32_t>(be_, N);
-  ce_ = DeviceBuffer<float>(be_, 3 * N);
-  host_losses_.resize(N);
-  host_ce_.resize(3 * N);
+  const size_t kept = static_cast<size_t>(opt_.losses_kept);
+  ce_ = DeviceBuffer<float>(be_, 3 * N * kept);
+  host_losses_.resize(N * kept);
+  host_ce_.resize(3 * N * kept);
 }
 
 template <typename F>
@@ -486,19 +488,20 @@ void GPT::norm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x
 }
 
 // Cross-entropy of the logits of rows [r0, r0 + rows) (in logits_), their losses (or, with tensor
-// parallelism, their statistics) left on the device for read_losses, and with dloss > 0 dlogits in
+// parallelism, their statistics) left on the device for take_losses, and with dloss > 0 dlogits in
 // place. With tensor parallelism each rank holds V/tp of the logits: the row maxima, the sums of
 // exponentials and the target logits are all-reduced; the whole logits never exist on one rank.
-void GPT::crossentropy(int r0, int rows, float dloss) {
+void GPT::crossentropy(int k, int r0, int rows, float dloss) {
   const bool grad = dloss > 0.0f;
+  const size_t N = static_cast<size_t>(B_) * T_;
   const int32_t* targets = targets_.data() + r0;
   const View z = logits_.at(0, static_cast<size_t>(rows) * V_);
   if (tp_size_ == 1) {
-    be_.crossentropy(losses_ + r0, grad ? z : View{}, z, targets, rows, logit_cols_, V_, dloss);
+    be_.crossentropy(losses_ + k * N + r0, grad ? z : View{}, z, targets, rows, logit_cols_, V_, dloss);
     return;
   }
-  // The block's statistics at 3 r0 of ce_: [row max | sum of exp | target logit], rows each.
-  float *row_max = ce_.data() + 3 * static_cast<size_t>(r0), *sumexp = row_max + rows, *target = sumexp + rows;
+  // The block's statistics at 3 (k N + r0) of ce_: [row max | sum of exp | target logit], rows each.
+  float *row_max = ce_.data() + 3 * (k * N + r0), *sumexp = row_max + rows, *target = sumexp + rows;
   be_.vocab_row_max(row_max, z, rows, logit_cols_, V_);
   be_.synchronize();
   tp_->all_reduce_max(be_.mem(row_max), rows);
@@ -508,34 +511,49 @@ void GPT::crossentropy(int r0, int rows, float dloss) {
   if (grad) be_.vocab_crossentropy_grad(z, z, row_max, sumexp, targets, vocab_start_, rows, logit_cols_, V_, dloss);
 }
 
-// Every row's loss into host_losses_, in one copy from the device after the head's last block
-// (one wait per micro-batch, not one per block).
-void GPT::read_losses() {
-  const int N = B_ * T_;
-  if (tp_size_ == 1) return be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * N);
-  be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * N);
-  for (int r0 = 0; r0 < N; r0 += head_rows_) {
-    const int rows = std::min(head_rows_, N - r0);
-    const float* ce = host_ce_.data() + 3 * static_cast<size_t>(r0);
-    for (int n = 0; n < rows; ++n) host_losses_[r0 + n] = std::log(ce[rows + n]) + (ce[n] - ce[2 * rows + n]);
+double GPT::take_losses() {
+  const int N = B_ * T_, k = pending_;
+  pending_ = 0;
+  if (!stage_.last() || k == 0) return 0.0;
+  const size_t n = static_cast<size_t>(N) * k;
+  if (tp_size_ == 1) {
+    be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * n);
+  } else {  // each row's loss from its statistics, block by block as crossentropy() left them
+    be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * n);
+    for (size_t b = 0; b < n; b += N)
+      for (int r0 = 0; r0 < N; r0 += head_rows_) {
+        const int rows = std::min(head_rows_, N - r0);
+        const float* ce = host_ce_.data() + 3 * (b + r0);
+        for (int i = 0; i < rows; ++i) host_losses_[b + r0 + i] = std::log(ce[rows + i]) + (ce[i] - ce[2 * rows + i]);
+      }
   }
+  double sum = 0.0;
+  for (size_t b = 0; b < n; b += N) {  // each forward's mean, as its own sum over its rows
+    double s = 0.0;
+    for (int i = 0; i < N; ++i) s += host_losses_[b + i];
+    sum += static_cast<float>(s / N);
+  }
+  return sum;
 }
 
 // The tied LM head and the loss, in row blocks of head_rows_ so that at most one block of logits
 // (or probabilities) exists at a time. With dloss > 0 each block's gradient goes through the head
-// at once: dlnf (into dbuf_c_, for backward's final LayerNorm) and dwte. Returns the mean loss.
+// at once: dlnf (into dbuf_c_, for backward's final LayerNorm) and dwte. The losses wait on the
+// device, as forward pending_ (take_losses).
 // The GEMMs run over this rank's V_ embedding rows, the vocabulary padded
 // (model.make_vocab_size_divisible_by: aligned shapes for the tensor cores); the loss reads the
 // logit_cols_ real ones and gives the padding a zero gradient, so it reaches no loss or gradient.
-float GPT::lm_head(GemmWeight wte, float* dwte, float dloss) {
+void GPT::lm_head(GemmWeight wte, float* dwte, float dloss) {
   const int N = B_ * T_, C = C_;
+  Z3D_ASSERT(pending_ < opt_.losses_kept, strprintf("GPT: a forward beyond the %d whose losses may wait (take_losses)",
+                                                    opt_.losses_kept));
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
     const ConstView x = lnf_.at(static_cast<size_t>(r0) * C, static_cast<size_t>(rows) * C);
     {
       auto t = timed(head_module_);
       be_.gemm(false, true, rows, V_, C, 1.0f, x, C, wte, C, 0.0f, logits_, V_);  // logits = x wte^T
-      crossentropy(r0, rows, dloss);
+      crossentropy(pending_, r0, rows, dloss);
     }
     if (dloss <= 0.0f) continue;
     in_backward_ = true;  // the head's backward, run here block by block
@@ -551,13 +569,16 @@ float GPT::lm_head(GemmWeight wte, float* dwte, float dloss) {
     tp_all_reduce(dbuf_c_);  // dlnf: summed over the vocab slices
     in_backward_ = false;
   }
-  read_losses();
-  double sum = 0.0;
-  for (float v : host_losses_) sum += v;
-  return static_cast<float>(sum / N);
+  ++pending_;
 }
 
 float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
+  Z3D_ASSERT(pending_ == 0, "GPT::forward: losses of earlier forwards not taken");
+  run_forward(inputs, targets, dloss);
+  return static_cast<float>(take_losses());
+}
+
+void GPT::run_forward(const int32_t* inputs, const int32_t* targets, float dloss) {
   const int N = B_ * T_, C = C_;
   be_.copy_from_host(inputs_.data(), inputs, sizeof(int32_t) * N);
   be_.copy_from_host(targets_.data(), targets, sizeof(int32_t) * N);
@@ -576,7 +597,7 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
     block_forward(l, layers_[l], acquire_block(l), l + 1 < L_ ? layers_[l + 1].x : xfinal_);
     store_.release_params(unit);
   }
-  if (!stage_.last()) return 0.0f;
+  if (!stage_.last()) return;
   const float* fin = store_.acquire_params(final_unit_);
   const GemmWeight wte = gemm_weight(head_unit_ == emb_unit_ ? emb : fin, store_.acquired_bf16(head_unit_), head_wte_index_);
   {
@@ -594,10 +615,9 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, float dloss) {
     if (stage_.first()) demb_ = store_.acquire_grads(emb_unit_);
     dwte = tensor(head_unit_ == emb_unit_ ? demb_ : dfinal_, head_wte_index_);
   }
-  const float loss = lm_head(wte, dwte, dloss);
+  lm_head(wte, dwte, dloss);
   store_.release_params(final_unit_);
   if (stage_.first()) store_.release_params(emb_unit_);
-  return loss;
 }
 
 void GPT::set_module_profile(ModuleProfile* p) {

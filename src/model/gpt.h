@@ -83,12 +83,16 @@ struct GPTOptions {
   // The element type of the activations and their gradients (bf16: mixed precision as DeepSpeed's
   // bf16 and llm.c run it; the backend's GEMMs then read them as they are).
   DType activations = DType::f32;
+  // How many forwards' losses may wait on the device for take_losses() (a step's micro-batches
+  // per model: the step reads them once, at its end, not once per micro-batch).
+  int losses_kept = 1;
 };
 
 // The model options a run's config asks for (activation_checkpointing.enabled,
-// compute.activations), for a model on a GPU (`gpu`) or on the host. UserError for bf16
-// activations without bf16.enabled.
-GPTOptions gpt_options(const Config& c, bool gpu);
+// compute.activations), for a model on a GPU (`gpu`) or on the host, one of `slots` models that
+// run a step's micro-batches in turn (1F1B's in flight; each keeps its share of the losses).
+// UserError for bf16 activations without bf16.enabled.
+GPTOptions gpt_options(const Config& c, bool gpu, int slots = 1);
 
 class GPT {
  public:
@@ -106,10 +110,16 @@ class GPT {
     return s;
   }
 
-  // Forward on B x T tokens (host arrays). Returns the mean cross-entropy over the B*T tokens
-  // (on the last pipeline stage; 0 elsewhere). With dloss > 0 the logits' gradient (scaled by
-  // dloss per token) is prepared for backward(). A stage after the first reads its input from
-  // input_activation(), where the pipeline put the previous stage's output_activation().
+  // Forward on B x T tokens (host arrays). With dloss > 0 the logits' gradient (scaled by dloss
+  // per token) is prepared for backward(). A stage after the first reads its input from
+  // input_activation(), where the pipeline put the previous stage's output_activation(). The
+  // losses stay on the device (nothing waits for the GPU) until take_losses(), which at most
+  // GPTOptions::losses_kept forwards may precede.
+  void run_forward(const int32_t* inputs, const int32_t* targets, float dloss);
+  // The mean cross-entropy over the B*T tokens of each forward since the last call, summed: one
+  // copy from the device (on the last pipeline stage; 0 elsewhere).
+  double take_losses();
+  // run_forward, then its mean loss (no other forward's pending).
   float forward(const int32_t* inputs, const int32_t* targets, float dloss);
   // A stage before the last expects d(output) in output_gradient() first; a stage after the first
   // leaves d(input) in input_gradient() (the same buffer) for the previous stage.
@@ -158,9 +168,9 @@ class GPT {
   void norm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x, const float* w, const float* mean,
                      const float* rstd);
   void tp_all_reduce(View x);  // sum over the tensor-parallel group (no-op without)
-  void crossentropy(int r0, int rows, float dloss);  // of one row block of (vocab-parallel) logits
-  void read_losses();                                // every row's loss into host_losses_
-  float lm_head(GemmWeight wte, float* dwte, float dloss);  // returns the mean loss
+  // Of one row block of (vocab-parallel) logits: the losses (statistics) of forward k in its place.
+  void crossentropy(int k, int r0, int rows, float dloss);
+  void lm_head(GemmWeight wte, float* dwte, float dloss);
   // Times the enclosing scope as module `index` (see gpt_modules' order); backward while in backward().
   ModuleProfile::Scope timed(size_t index) { return ModuleProfile::Scope(mprof_, be_, index, in_backward_); }
   size_t block_module(int l, int part) const { return block_module0_ + 4 * static_cast<size_t>(l) + part; }
@@ -187,13 +197,14 @@ class GPT {
   DeviceBuffer<char> acts_;      // all activations and statistics, one allocation
   DeviceBuffer<char> scratch_;   // backward scratch, one allocation
   DeviceBuffer<int32_t> inputs_, targets_;
-  DeviceBuffer<float> ce_;  // vocab-parallel cross-entropy: row max, sum of exp, target logit
+  DeviceBuffer<float> ce_;  // vocab-parallel cross-entropy: row max, sum of exp, target logit (3 N per forward kept)
   DeviceBuffer<float> rope_cs_;  // RoPE's (cos, sin) table, math::rope_table
   int head_rows_ = 0;       // rows per LM-head block (logits_ holds one block)
   std::vector<LayerActs> layers_;
   View enc_, lnf_, xfinal_;
   View logits_;  // one row block of the LM head's, rows of V_ (the padded vocabulary share)
-  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *losses_ = nullptr;
+  float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr, *losses_ = nullptr;  // losses_: N per forward kept
+  int pending_ = 0;  // forwards whose losses wait in losses_ / ce_
   View dres_, dbuf_c_, dqkv_, dfch_, dact_;  // backward's, in the activations' type
   size_t activation_bytes_ = 0;
   std::vector<float> host_losses_, host_ce_;

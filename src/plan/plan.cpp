@@ -73,9 +73,10 @@ RankMemory size_rank(const Config& c, int dp, int pp_rank, MemKind kind) {
                       sizing_swap(c));
     const PipelineStage stage = pipeline_stage(c.model, c.pp_size, pp_rank);
     std::vector<std::unique_ptr<GPT>> models;  // as StepRunner holds them
-    for (int k = 0; k < one_f_one_b_in_flight(pp_rank, c.pp_size, c.gradient_accumulation_steps); ++k)
+    const int slots = one_f_one_b_in_flight(pp_rank, c.pp_size, c.gradient_accumulation_steps);
+    for (int k = 0; k < slots; ++k)
       models.push_back(std::make_unique<GPT>(*be, c.model, c.train_micro_batch_size_per_gpu, engine,
-                                             gpt_options(c, kind == MemKind::device), &tp_group, stage));
+                                             gpt_options(c, kind == MemKind::device, slots), &tp_group, stage));
     const MemoryAccount m = engine.memory();
     r.params = m.params, r.grads = m.grads, r.optimizer = m.optimizer, r.buffers = m.buffers;
     for (const auto& g : models) r.activations += g->activation_bytes();

@@ -11,9 +11,8 @@ StepRunner::StepRunner(const Config& c, Backend& be, ProcessGroups& g, ZeroEngin
       dp_rank_(g.coord.dp), stage_(pipeline_stage(c.model, g.topo.pp, g.coord.pp)),
       train_data_(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true) {
   const int slots = one_f_one_b_in_flight(g.coord.pp, g.topo.pp, c.gradient_accumulation_steps);
-  for (int k = 0; k < slots; ++k)
-    models_.push_back(std::make_unique<GPT>(be, c.model, micro_, engine, gpt_options(c, be.kind() == BackendKind::cuda),
-                                            g.tp.get(), stage_));
+  const GPTOptions o = gpt_options(c, be.kind() == BackendKind::cuda, slots);
+  for (int k = 0; k < slots; ++k) models_.push_back(std::make_unique<GPT>(be, c.model, micro_, engine, o, g.tp.get(), stage_));
   sends_.resize(slots);
   if (c.flops_profiler.enabled) {
     module_profile_.modules = gpt_modules(c.model, micro_, g.topo.tp, g.coord.tp, g.topo.pp, g.coord.pp);
@@ -83,7 +82,7 @@ double StepRunner::forward_backward(uint64_t cursor, float dloss, double& t_fwd,
       case PipeOp::forward: {
         train_data_.load(sample(op.micro_batch), micro_, inputs_.data(), targets_.data());
         const auto t0 = Clock::now();
-        loss_sum += model.forward(inputs_.data(), targets_.data(), dloss);
+        model.run_forward(inputs_.data(), targets_.data(), dloss);  // its loss read at the step's end
         t_fwd += seconds_since(t0);
         break;
       }
@@ -109,6 +108,7 @@ double StepRunner::forward_backward(uint64_t cursor, float dloss, double& t_fwd,
     for (auto& s : slot_sends) s.wait();
     slot_sends.clear();
   }
+  for (auto& m : models_) loss_sum += m->take_losses();  // one copy from the device per model, per step
   return loss_sum;
 }
 

@@ -188,6 +188,27 @@ TEST(Model, PaddedLayoutGivesTheSameLossAndGradient) {
 
 // Activation checkpointing recomputes each block's forward in backward: the same loss and
 // gradient bit for bit, and fewer activation bytes.
+// A step's losses wait on the device and are read once, at its end: three forwards kept, then
+// take_losses() gives the sum of the three means that forward() returns one by one, bit for bit
+// (the last forward with a gradient, as the step's micro-batches have).
+TEST(Model, LossesWaitOnTheDeviceUntilTheStepTakesThem) {
+  Fixture one;
+  const ModelConfig cfg = tiny();
+  auto be = make_host_backend();
+  FlatParamStore store(*be, make_flat_layout(gpt_param_table(cfg), 1, size_t(1) << 30));
+  be->copy_from_host(store.params(), one.store.params(), one.n() * 4);
+  GPT kept(*be, cfg, one.B, store, GPTOptions{false, zero3d::DType::f32, 3});
+  std::vector<int32_t> in2(one.in.rbegin(), one.in.rend());  // three different batches
+  const std::vector<int32_t>* batches[3] = {&one.in, &in2, &one.tg};
+  double want = 0.0;
+  for (const auto* b : batches) want += one.model.forward(b->data(), one.tg.data(), 0.0f);
+  for (const auto* b : batches) kept.run_forward(b->data(), one.tg.data(), 0.0f);
+  EXPECT_EQ(kept.take_losses(), want);
+  EXPECT_EQ(kept.take_losses(), 0.0);  // taken: nothing waits
+  kept.run_forward(one.in.data(), one.tg.data(), 0.0f);
+  EXPECT_EQ(kept.take_losses(), static_cast<double>(one.model.forward(one.in.data(), one.tg.data(), 0.0f)));
+}
+
 TEST(Model, ActivationCheckpointingIsBitwiseIdenticalAndSmaller) {
   Fixture plain, ckpt(1, size_t(1) << 30, true);
   EXPECT_EQ(plain.loss(), ckpt.loss());
