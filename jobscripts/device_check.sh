@@ -19,7 +19,7 @@
 #      the same card, PyTorch training the same model from the same arguments
 #      (jobscripts/bench_peer.py: bf16 autocast, scaled_dot_product_attention on cuDNN or flash,
 #      fused AdamW), eager and, while time is left, under torch.compile: tokens/s, MFU by zero3d's
-#      FLOP count and peak, PyTorch's peak GPU memory (zero3d records none) and zero3d's ratio;
+#      FLOP count and peak, peak GPU memory (PyTorch's and zero3d's) and zero3d's ratios;
 #      and `zero3d bench kernels --backend cuda` at that shape: every kernel's and GEMM's rate
 #      against the GPU's bf16 peak or its copy bandwidth;
 #   6. gpt-tiny on 2 ranks sharing the GPU with ZeRO-2 (its gradients reduce-scattered by NCCL)
@@ -299,8 +299,8 @@ if [[ -n $gpu ]]; then
   # The stand-in: 6 steps; PyTorch 1 + 2 (the CPU's torch takes 10-20 s a step there)
   [[ $dev == host ]] && steps=6 big+=(--set model.n_layer=2 --set model.seq_len=256) peer_steps=(--warmup 1 --steps 2)
   big+=(--set train_steps=$steps --set steps_per_print=$steps)
-  # zero3d's median tokens/s, peak FLOP/s and FLOPs per token, for the PyTorch rows below
-  z_tps="" z_peak="" z_fpt=""
+  # zero3d's median tokens/s, peak FLOP/s, FLOPs per token and peak GPU memory, for the PyTorch rows below
+  z_tps="" z_peak="" z_fpt="" z_mem=""
   if train gpt350m_cuda_bf16 "$dev" 180 "${big[@]}" "${fallback[@]}"; then
     res=$(python3 - "$out/gpt350m_cuda_bf16/metrics.jsonl" "$steps" 2>>"$log" <<'PY'
 import statistics, sys
@@ -314,13 +314,16 @@ if not train or any(r[k] is None for r in train for k in ("tokens_per_s", "mfu",
 tps = statistics.median(r["tokens_per_s"] for r in train)
 mfu = statistics.median(r["mfu"] for r in train)
 attention = run.get("backend", "").partition("attention: ")[2] or "not named by the backend"
-print(tps, run.get("peak_flops") or 0, run.get("flops_per_token") or 0)  # first line: for the next rows
+mem = train[-1].get("device_mem_peak_bytes") or 0  # 0: the host stand-in, whose memory is the OS's
+print(tps, run.get("peak_flops") or 0, run.get("flops_per_token") or 0, mem)  # first line: for the next rows
 print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.2f}% of {run.get('peak_flops', 0) / 1e12:.3g} TFLOP/s "
       f"({run.get('num_params', 0) / 1e6:.0f}M parameters; median of steps {first}-{train[-1]['step']}; "
-      f"loss {train[-1]['loss']:.3f}; {train[-1].get('launches', '?')} launches a step; attention: {attention})")
+      f"loss {train[-1]['loss']:.3f}; {train[-1].get('launches', '?')} launches a step; "
+      f"{'peak GPU memory %.2f GiB (its buffers); ' % (mem / 2**30) if mem else ''}attention: {attention}; "
+      f"activations {run.get('activations', '?')})")
 PY
 )
-    read -r z_tps z_peak z_fpt <<<"$res"
+    read -r z_tps z_peak z_fpt z_mem <<<"$res"
     res=${res#*$'\n'}
     refused=$(grep -m1 'cuDNN attention:' "$out/gpt350m_cuda_bf16.log" | cut -c1-200)
     res+=${refused:+; $refused}
@@ -379,8 +382,8 @@ fi
 # scaled_dot_product_attention pinned to cuDNN's or flash's backend where this torch has them,
 # fused AdamW), then under torch.compile while time is left. Its MFU uses zero3d's FLOP count and
 # zero3d's peak; "zero3d x" is zero3d's median tokens/s over PyTorch's. Peak memory is PyTorch's
-# (torch.cuda.max_memory_allocated): zero3d records no peak device memory. On the stand-in it
-# runs on the CPU's torch.
+# (torch.cuda.max_memory_allocated) beside zero3d's (device_mem_peak_bytes: its buffers, the
+# same kind of count), as zero3d's over PyTorch's. On the stand-in it runs on the CPU's torch.
 peer_py=${PEER_PYTHON:-}
 for py in python3 /usr/bin/python3; do
   [[ -z $peer_py ]] && "$py" -c 'import torch' 2>/dev/null && peer_py=$py
@@ -397,11 +400,11 @@ peer() {  # peer NAME LABEL SECONDS KEEP ARGS...: a row from bench_peer.py's JSO
   timeout "$seconds" "$peer_py" jobscripts/bench_peer.py "${big[@]}" "${on[@]}" "${peer_steps[@]}" \
     ${z_peak:+--peak-flops "$z_peak"} "$@" >"$out/$name.json" 2>"$out/$name.log"
   rc=$?
-  res=$(python3 - "$out/$name.json" "$rc" "$z_tps" "$z_fpt" 2>>"$log" <<'PY'
+  res=$(python3 - "$out/$name.json" "$rc" "$z_tps" "$z_fpt" "$z_mem" 2>>"$log" <<'PY'
 import json, sys
 lines = [l for l in open(sys.argv[1]) if l.startswith("{")]
 p = json.loads(lines[-1]) if lines else {}
-rc, z_tps, z_fpt = int(sys.argv[2]), float(sys.argv[3] or 0), float(sys.argv[4] or 0)
+rc, z_tps, z_fpt, z_mem = int(sys.argv[2]), float(sys.argv[3] or 0), float(sys.argv[4] or 0), float(sys.argv[5] or 0)
 if rc == 3 and "error" in p:  # what this torch lacks (torch.compile)
     print(f"skipped {p['error']}"); sys.exit()
 if rc != 0 or "tokens_per_s" not in p:
@@ -412,6 +415,9 @@ ratio = f"zero3d {z_tps / tps:.2f}x" if z_tps else "zero3d ? (its row failed)"
 gib = p["peak_memory_bytes"] / 2**30
 memory = (f"peak memory {gib:.2f} GiB (max_memory_allocated)" if p["peak_memory"].startswith("torch.cuda")
           else f"max RSS {gib:.2f} GiB (a CPU process: no GPU memory)")
+if z_mem and p["peak_memory"].startswith("torch.cuda"):
+    memory += f", zero3d's {z_mem / p['peak_memory_bytes']:.2f}x"
+
 detail = (f"{tps:,.0f} tokens/s, {mfu}, {memory}; {ratio}; {p['attention']}, {p['optimizer']}, "
           f"torch {p['torch']}, median of {len(p['step_s'])} steps")
 if z_fpt and abs(p["flops_per_token"] - z_fpt) > 1e-9 * z_fpt:  # the same count, or not the same model

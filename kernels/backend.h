@@ -80,6 +80,10 @@ class Backend {
   // alloc_bytes. Freed by free_bytes like any other.
   virtual void* alloc_comm_bytes(size_t bytes) { return alloc_bytes(bytes); }
   virtual size_t alloc_count() const = 0;
+  // The most device memory this backend's buffers and scratch held at once (what it asked the
+  // device for: as torch.cuda.max_memory_allocated counts a PyTorch run's tensors; library
+  // workspaces and the context aside). 0 on the host, whose memory the OS measures.
+  virtual uint64_t device_peak_bytes() const { return 0; }
   // Kernels and library calls (a GEMM, a cuDNN graph) issued so far: on a GPU each costs a launch
   // (microseconds of CPU and of queue), so a step's count says what fusing would save. The host
   // counts its ops.

@@ -44,6 +44,7 @@
 #include <initializer_list>
 #include <memory>
 #include <set>
+#include <unordered_map>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -885,10 +886,16 @@ class CudaBackend final : public Backend, public DeviceMemory {
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream()));
     CUDA_CHECK(cudaStreamSynchronize(stream()));
     ++allocs_;
+    held_[p] = bytes;
+    tally_.add(bytes);
     return p;
   }
   // cudaFree waits for the device, so kernels still queued on the pointer finish first.
-  void free_bytes(void* p) override { CUDA_CHECK(cudaFree(p)); }
+  void free_bytes(void* p) override {
+    CUDA_CHECK(cudaFree(p));
+    if (auto it = held_.find(p); it != held_.end()) tally_.live -= it->second, held_.erase(it);
+  }
+  uint64_t device_peak_bytes() const override { return tally_.peak; }
 
   // Synchronous: the caller may reuse or free `src` as soon as this returns, and with pinned memory
   // an async copy would still be reading it.
@@ -1265,6 +1272,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
       void* p = nullptr;
       CUDA_CHECK(cudaMalloc(&p, bytes));
       s.p.reset(p);
+      tally_.live -= s.bytes;
+      tally_.add(bytes);
       s.bytes = bytes;
     }
     return s.p.get();
@@ -1372,6 +1381,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   StreamPtr stream_;
   CublasPtr cublas_;
   Scratch scratch_, acc_scratch_;
+  std::unordered_map<void*, size_t> held_;  // alloc_bytes' buffers and their sizes
+  MemoryTally tally_;                       // their bytes and the scratch's: device_peak_bytes
   LtLinear lt_;  // linear_forward's fused matmuls
 };
 

@@ -211,7 +211,8 @@ void RunRecords::step(int step, const StepResult& r, StepRunner& runner, double 
         .add("model_flops_per_s", model_flops).add("mfu", mfu)
         .add("mem_model_states_bytes", mem_bytes_).add("comm_bytes", r.comm_bytes)
         .add("backend_allocs", static_cast<int64_t>(be_.alloc_count())).add("page_faults", r.faults)
-        .add("launches", static_cast<int64_t>(launches_));
+        .add("launches", static_cast<int64_t>(launches_))
+        .add("device_mem_peak_bytes", static_cast<int64_t>(be_.device_peak_bytes()));
     if (c.wall_clock_breakdown)
       m.add("forward_s", r.t_fwd).add("backward_s", r.t_bwd).add("reduce_s", r.t_reduce).add("optimizer_s", r.t_opt)
           .add("allgather_s", r.t_gather).add("recompute_s", r.recompute)

@@ -283,6 +283,10 @@ TEST_P(Kernels, MemoryAllocIsZeroedAndCopiesRoundTrip) {
   std::fill(want.begin() + 5, want.begin() + 15, 0.0f);
   expect_bits_equal(to_host(*be, b), want, "zero slice");
 
+  // The peak of device memory held: the buffers above on a GPU; nothing on the host (the OS's).
+  if (be->kind() == zero3d::BackendKind::cuda) EXPECT_GE(be->device_peak_bytes(), a.bytes() + b.bytes());
+  else EXPECT_EQ(be->device_peak_bytes(), 0u);
+
   DeviceBuffer<float> moved = std::move(a);  // move-only buffer: the source gives up its memory
   EXPECT_EQ(a.data(), nullptr);
   EXPECT_EQ(a.size(), 0u);
