@@ -42,6 +42,18 @@ struct Weights16 {
   bool fp16 = false;  // fp16, else bf16
 };
 
+// One contiguous run of n parameters for adam_steps: the parameters, their moments and gradients,
+// where the updated ones also go rounded to 16 bits (nullptr: nowhere), and the run's weight decay.
+struct AdamRun {
+  float* p = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  const float* g = nullptr;
+  size_t n = 0;
+  float weight_decay = 0.0f;
+  uint16_t* p16 = nullptr;
+};
+
 class Backend;
 // The host backend is always available; the CUDA backend only in builds with ZERO3D_HAVE_CUDA.
 struct HostOptions {
@@ -183,10 +195,17 @@ class Backend {
                             const int32_t* targets, int vocab_start, int N, int V, int ld) = 0;
   virtual void vocab_crossentropy_grad(View dlogits, ConstView logits, const float* row_max, const float* sumexp,
                                        const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss) = 0;
-  // AdamW on n elements (kernels/math/adamw.h); with w16.p also the updated p rounded to nearest
-  // even into w16.p (bf16, or fp16), in the same pass: a mixed run's kept weights.
-  virtual void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
-                         Weights16 w16) = 0;
+  // AdamW (kernels/math/adamw.h) on every run of `runs` (a host array of `count`), one step with
+  // the hyperparameters of `a` but each run's own weight decay; a run's p16 also gets its updated p
+  // rounded to nearest even (fp16, else bf16), in the same pass: a mixed run's kept weights. As few
+  // launches as the backend can: the host one op, CUDA one kernel per kAdamRunsPerLaunch runs
+  // (their table passed as the kernel's argument), not one per run.
+  virtual void adam_steps(const AdamRun* runs, size_t count, const math::AdamParams& a, bool fp16) = 0;
+  // One run, its weight decay a's.
+  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a, Weights16 w16) {
+    const AdamRun run{p, m, v, g, n, a.weight_decay, w16.p};
+    adam_steps(&run, 1, a, w16.fp16);
+  }
   virtual void scale(float* x, float s, size_t n) = 0;
   virtual void cast_to_bf16(uint16_t* out, const float* x, size_t n) = 0;
   virtual void cast_from_bf16(float* out, const uint16_t* x, size_t n) = 0;

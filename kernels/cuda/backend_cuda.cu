@@ -23,10 +23,10 @@
 // Performance: LayerNorm and the cross-entropy kernels run one block per row (coalesced loads, the
 // row's reductions across the block); attention one warp per (batch, head, row), its vectors in
 // the lanes' registers; column sums in chunks of rows; a linear layer's bias and residual in its
-// cuBLASLt matmul's epilogue. In bf16 runs attention goes to cuDNN's fused flash attention where
-// cuDNN is there and takes the shape (kernels/cuda/cudnn_attention.h): bf16 views as they are, fp32
-// ones rounded to bf16 and the output widened again around the call; elsewhere, and in fp32 runs,
-// the warp kernels below.
+// cuBLASLt matmul's epilogue; AdamW one launch per kAdamRunsPerLaunch parameter runs. In bf16 runs
+// attention goes to cuDNN's fused flash attention where cuDNN is there and takes the shape
+// (kernels/cuda/cudnn_attention.h): bf16 views as they are, fp32 ones rounded to bf16 and the
+// output widened again around the call; elsewhere, and in fp32 runs, the warp kernels below.
 //
 // Precision: activations are views (kernels/tensor.h), fp32 or bf16 storage, fp32 math. The
 // elementwise, per-row and attention kernels are templates on the storage type: they read through
@@ -196,13 +196,41 @@ __global__ void scale_kernel(float* x, float s, size_t n) {
   Z3D_GRID_LOOP(i, n) x[i] *= s;
 }
 
-// AdamParams travels by value in the kernel's parameter space: no device copy to manage.
-// With p16, the updated weight rounded to 16 bits in the same pass (a mixed run's kept weights).
-__global__ void adam_step_kernel(float* p, float* m, float* v, const float* g, size_t n, math::AdamParams a,
-                                 uint16_t* p16, bool fp16) {
-  Z3D_GRID_LOOP(i, n) {
-    math::adam_element(p + i, m + i, v + i, g[i], a);
-    if (p16) p16[i] = fp16 ? math::fp16_from_float(p[i]) : math::bf16_from_float(p[i]);
+// AdamW on many runs in one launch (multi-tensor, as apex's multi_tensor_apply): a table of up to
+// kAdamRunsPerLaunch runs travels by value in the kernel's parameter space, as AdamParams does (no
+// device copy to manage), each run cut into chunks of kAdamChunk elements. Block b takes
+// chunks b, b + gridDim.x, ... of the launch; a chunk lies within one run, found by binary search
+// of first_chunk. Each element gets math::adam_element with the run's weight decay in a copy of a,
+// and with p16 its updated weight rounded to 16 bits in the same pass (a mixed run's kept
+// weights): per element the same computation, so the same bits, as one launch per run.
+constexpr size_t kAdamRunsPerLaunch = 48;
+constexpr size_t kAdamChunk = 8 * kThreads;  // elements per chunk: 8 per thread
+
+struct AdamTable {
+  AdamRun run[kAdamRunsPerLaunch];                // the first `count` are set, none empty
+  size_t first_chunk[kAdamRunsPerLaunch + 1] = {};  // run r's chunks: [first_chunk[r], first_chunk[r + 1])
+  int count = 0;
+};
+// CUDA's portable limit on a kernel's parameters is 4 KB: the table and its two companions fit.
+static_assert(sizeof(AdamTable) + sizeof(math::AdamParams) + sizeof(bool) <= 4096,
+              "adam_steps_kernel's parameters exceed 4 KB");
+
+__global__ void adam_steps_kernel(AdamTable t, math::AdamParams a, bool fp16) {
+  for (size_t c = blockIdx.x; c < t.first_chunk[t.count]; c += gridDim.x) {
+    int lo = 0, hi = t.count - 1;  // the last run whose first chunk is <= c
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (t.first_chunk[mid] <= c) lo = mid;
+      else hi = mid - 1;
+    }
+    const AdamRun& r = t.run[lo];
+    math::AdamParams ar = a;
+    ar.weight_decay = r.weight_decay;
+    const size_t begin = (c - t.first_chunk[lo]) * kAdamChunk, end = std::min(begin + kAdamChunk, r.n);
+    for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+      math::adam_element(r.p + i, r.m + i, r.v + i, r.g[i], ar);
+      if (r.p16) r.p16[i] = fp16 ? math::fp16_from_float(r.p[i]) : math::bf16_from_float(r.p[i]);
+    }
   }
 }
 
@@ -1219,9 +1247,21 @@ class CudaBackend final : public Backend, public DeviceMemory {
                   V, ld, dloss);
     });
   }
-  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
-                 Weights16 w16) override {
-    launch(stream(), n, adam_step_kernel, p, m, v, g, n, a, w16.p, w16.fp16);
+  // One launch per kAdamRunsPerLaunch non-empty runs (empty ones skipped), one block per chunk
+  // (at most kMaxBlocks, grid-strided).
+  void adam_steps(const AdamRun* runs, size_t count, const math::AdamParams& a, bool fp16) override {
+    AdamTable t;
+    const auto flush = [&] {
+      launch(stream(), t.first_chunk[t.count] * kThreads, adam_steps_kernel, t, a, fp16);
+      t.count = 0;
+    };
+    for (size_t i = 0; i < count; ++i) {
+      if (runs[i].n == 0) continue;
+      t.run[t.count] = runs[i];
+      t.first_chunk[t.count + 1] = t.first_chunk[t.count] + (runs[i].n + kAdamChunk - 1) / kAdamChunk;
+      if (++t.count == static_cast<int>(kAdamRunsPerLaunch)) flush();
+    }
+    if (t.count > 0) flush();
   }
   void scale(float* x, float s, size_t n) override { launch(stream(), n, scale_kernel, x, s, n); }
   void cast_to_bf16(uint16_t* out, const float* x, size_t n) override {

@@ -268,10 +268,16 @@ class HostBackend final : public Backend {
                                V, ld, dloss);
     s.store();
   }
-  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
-                 Weights16 w16) override {
-    OpProfile::Scope op(&prof_, "adam_step", (math::kAdamBytesPerElement + (w16.p ? 2 : 0)) * n, 0);
-    k_.adam_step(p, m, v, g, n, a, w16.p, w16.fp16);
+  void adam_steps(const AdamRun* runs, size_t count, const math::AdamParams& a, bool fp16) override {
+    double bytes = 0;
+    for (size_t i = 0; i < count; ++i) bytes += (math::kAdamBytesPerElement + (runs[i].p16 ? 2 : 0)) * double(runs[i].n);
+    OpProfile::Scope op(&prof_, "adam_step", bytes, 0);
+    for (size_t i = 0; i < count; ++i) {
+      const AdamRun& r = runs[i];
+      math::AdamParams ar = a;
+      ar.weight_decay = r.weight_decay;
+      k_.adam_step(r.p, r.m, r.v, r.g, r.n, ar, r.p16, fp16);
+    }
   }
   void scale(float* x, float s, size_t n) override {
     OpProfile::Scope op(&prof_, "scale", 8.0 * n, 0);

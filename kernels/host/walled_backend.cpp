@@ -179,9 +179,8 @@ class WalledBackend final : public Backend, public DeviceMemory {
     run([&] { inner_->vocab_crossentropy_grad(dlogits, logits, row_max, sumexp, targets, vocab_start, N, V, ld, dloss); });
   }
 
-  void adam_step(float* p, float* m, float* v, const float* g, size_t n, const math::AdamParams& a,
-                 Weights16 w16) override {
-    run([&] { inner_->adam_step(p, m, v, g, n, a, w16); });
+  void adam_steps(const AdamRun* runs, size_t count, const math::AdamParams& a, bool fp16) override {
+    run([&] { inner_->adam_steps(runs, count, a, fp16); });
   }
   void scale(float* x, float s, size_t n) override { run([&] { inner_->scale(x, s, n); }); }
   void cast_to_bf16(uint16_t* out, const float* x, size_t n) override { run([&] { inner_->cast_to_bf16(out, x, n); }); }

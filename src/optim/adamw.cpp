@@ -1,5 +1,6 @@
 // optim/adamw.cpp: the host side of FusedAdam (deepspeed/ops/adam/fused_adam.py and
-// csrc/adam/multi_tensor_adam.cu): step count, bias corrections, one kernel launch per segment.
+// csrc/adam/multi_tensor_adam.cu): step count, bias corrections, the runs of a step handed to the
+// backend together (Backend::adam_steps: not one launch per run).
 #include "optim/adamw.h"
 
 #include <algorithm>
@@ -31,8 +32,11 @@ void AdamW::step(float* params, const float* grads, double lr, const std::vector
   Z3D_ASSERT(tiles(segments, m_.size()),
              strprintf("AdamW::step: decay segments do not tile the %zu parameters", m_.size()));
   begin_step(lr);
+  std::vector<AdamRun> runs;
   for (const DecaySegment& d : segments)
-    update(params + d.offset, m_.data() + d.offset, v_.data() + d.offset, grads + d.offset, d.size, d.decay);
+    runs.push_back({params + d.offset, m_.data() + d.offset, v_.data() + d.offset, grads + d.offset, d.size,
+                    decay(d.decay), nullptr});
+  update(runs, false);
 }
 
 void AdamW::begin_step(double lr) {
@@ -40,11 +44,8 @@ void AdamW::begin_step(double lr) {
   a_ = math::adam_params(lr, cfg_.betas[0], cfg_.betas[1], cfg_.eps, 0.0, step_, cfg_.bias_correction, decoupled());
 }
 
-void AdamW::update(float* params, float* m, float* v, const float* grads, size_t n, bool decay, Weights16 w16) const {
-  if (n == 0) return;
-  math::AdamParams a = a_;
-  a.weight_decay = decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-  be_.adam_step(params, m, v, grads, n, a, w16);
+void AdamW::update(const std::vector<AdamRun>& runs, bool fp16) const {
+  if (!runs.empty()) be_.adam_steps(runs.data(), runs.size(), a_, fp16);
 }
 
 }  // namespace zero3d

@@ -28,10 +28,13 @@ class AdamW {
   AdamW(Backend& backend, const OptimizerConfig& config, size_t num_params = 0);  // num_params: the flat form's state
 
   // A step in parts: begin_step counts it and fixes lr and the bias corrections, then update()
-  // runs once on every piece of the state (in any order and any split: each element is independent).
+  // runs on every piece of the state (in any order and any split: each element is independent).
   void begin_step(double lr);
-  // w16: the updated params also rounded to 16 bits there, in the same pass (none: {}).
-  void update(float* params, float* m, float* v, const float* grads, size_t n, bool decay, Weights16 w16 = {}) const;
+  // Pieces of the state in one backend op (Backend::adam_steps: one launch for many runs), each
+  // run's weight decay from decay(); p16 (the updated params rounded to 16 bits in the same pass)
+  // fp16 when `fp16`, else bf16.
+  void update(const std::vector<AdamRun>& runs, bool fp16) const;
+  float decay(bool decays) const { return decays ? static_cast<float>(cfg_.weight_decay) : 0.0f; }
 
   // The flat form: one update of params[0..n) from grads with the state kept here; `segments`
   // covers [0, n) and says where weight decay applies.

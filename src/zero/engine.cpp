@@ -164,15 +164,18 @@ void ZeroEngine::update(const OptimizerState::Span& s) {
   const float* host_grads = link_ ? link_->next_grads() : nullptr;
   auto seg = std::lower_bound(segments_.begin(), segments_.end(), s.begin,
                               [](const Segment& g, size_t at) { return g.state_offset + g.size <= at; });
+  runs_.clear();  // the span's segments, updated together (one backend op)
   for (; seg != segments_.end() && seg->state_offset < s.begin + s.n; ++seg) {
     const size_t lo = std::max(seg->state_offset, s.begin), hi = std::min(seg->state_offset + seg->size, s.begin + s.n);
     float* p = s.field[OptimizerState::master] ? s.field[OptimizerState::master] + (lo - s.begin)
                                                : seg->params + (lo - seg->state_offset);
-    const Weights16 w16{fused16_ ? seg->weights16 + (lo - seg->state_offset) : nullptr, dt_ == Dtype16::fp16};
-    adam_->update(p, s.field[OptimizerState::exp_avg] + (lo - s.begin), s.field[OptimizerState::exp_avg_sq] + (lo - s.begin),
-                  host_grads ? host_grads + (lo - s.begin) : seg->grads + (lo - seg->state_offset), hi - lo,
-                  seg->decay, w16);
+    if (hi > lo)
+      runs_.push_back({p, s.field[OptimizerState::exp_avg] + (lo - s.begin),
+                       s.field[OptimizerState::exp_avg_sq] + (lo - s.begin),
+                       host_grads ? host_grads + (lo - s.begin) : seg->grads + (lo - seg->state_offset), hi - lo,
+                       adam_->decay(seg->decay), fused16_ ? seg->weights16 + (lo - seg->state_offset) : nullptr});
   }
+  adam_->update(runs_, dt_ == Dtype16::fp16);
   if (s.field[OptimizerState::master] && !fused16_) params_->take_updated(s.begin, s.n, s.field[OptimizerState::master]);
 }
 

@@ -193,6 +193,7 @@ class ZeroEngine final : public ParamStore {
   std::unique_ptr<GradSync> sync_;        // the gradients: accumulation and reduction (zero/grad_sync.h)
   std::unique_ptr<AdamW> adam_;
   std::vector<Segment> segments_;  // in state order
+  std::vector<AdamRun> runs_;      // update()'s, kept to reuse its memory
   std::vector<std::pair<const float*, size_t>> norm_segments_;  // what this rank counts in the norm
   MemoryAccount mem_;
 };

@@ -1306,6 +1306,37 @@ TEST_P(Kernels, AdamStepWritesTheRoundedWeights) {
   }
 }
 
+// adam_steps: 101 runs of one state in one call (more than one CUDA launch's table; lengths from
+// 0 to a few chunks, none a multiple of a vector; decay on some, 16-bit weights out on some) give
+// the bits of adam_step run by run.
+TEST_P(Kernels, AdamStepsOnManyRunsEqualsRunByRun) {
+  std::vector<size_t> sizes;
+  for (size_t r = 0; r < 101; ++r) sizes.push_back(r % 17 == 3 ? 0 : (r * 389) % 5003 + 1);
+  size_t n = 0;
+  for (size_t s : sizes) n += s;
+  const std::vector<float> p = uniform(rng, n, -1, 1), g = uniform(rng, n, -2, 2);
+  const zero3d::math::AdamParams a = zero3d::math::adam_params(5e-2, 0.9, 0.95, 1e-3, 0.0, 3, true, true);
+  auto one = to_device(*be, p), all = to_device(*be, p), dg = to_device(*be, g);
+  DeviceBuffer<float> m1(*be, n), v1(*be, n), m2(*be, n), v2(*be, n);
+  auto w1 = to_device(*be, std::vector<uint16_t>(n, 0xffff)), w2 = to_device(*be, std::vector<uint16_t>(n, 0xffff));
+  std::vector<zero3d::AdamRun> runs;
+  size_t at = 0;
+  for (size_t r = 0; r < sizes.size(); at += sizes[r++]) {
+    zero3d::math::AdamParams ar = a;
+    ar.weight_decay = r % 3 ? 0.1f : 0.0f;
+    const bool out16 = r % 4 == 1;
+    be->adam_step(one.data() + at, m1.data() + at, v1.data() + at, dg.data() + at, sizes[r], ar,
+                  {out16 ? w1.data() + at : nullptr, false});
+    runs.push_back({all.data() + at, m2.data() + at, v2.data() + at, dg.data() + at, sizes[r], ar.weight_decay,
+                    out16 ? w2.data() + at : nullptr});
+  }
+  be->adam_steps(runs.data(), runs.size(), a, false);
+  expect_bits_equal(to_host(*be, all), to_host(*be, one), "adam_steps p");
+  expect_bits_equal(to_host(*be, m2), to_host(*be, m1), "adam_steps m");
+  expect_bits_equal(to_host(*be, v2), to_host(*be, v1), "adam_steps v");
+  EXPECT_EQ(to_host(*be, w2), to_host(*be, w1)) << "adam_steps 16-bit weights";
+}
+
 // One IEEE operation per element, correctly rounded on any backend: the results are exact.
 TEST_P(Kernels, ScaleAccumulateAreExact) {
   const size_t n = 1001;
