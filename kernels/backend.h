@@ -144,13 +144,10 @@ class Backend {
   virtual void bias_backward(float* dbias, ConstView dout, int N, int C) = 0;  // dbias += sum_n dout[n,:]
   virtual void gelu_forward(View out, ConstView x, size_t n) = 0;
   // The MLP's first layer and its activation: pre = x W^T + bias (kept for backward), out =
-  // gelu(pre). Here linear_forward then gelu_forward; the CUDA backend runs one cuBLASLt matmul
-  // with the GELU in its epilogue.
-  virtual void linear_gelu_forward(View out, View pre, ConstView x, GemmWeight w, const float* bias, int N,
-                                   int in, int F) {
-    linear_forward(pre, x, w, bias, nullptr, N, in, F);
-    gelu_forward(out, pre, static_cast<size_t>(N > 0 ? N : 0) * static_cast<size_t>(F > 0 ? F : 0));
-  }
+  // gelu(pre) of the fp32 pre-activation, each rounded once in bf16 (the CUDA backend runs one
+  // cuBLASLt matmul with the GELU in its epilogue; the host its GEMM, then the GELU on its fp32 out).
+  virtual void linear_gelu_forward(View out, View pre, ConstView x, GemmWeight w, const float* bias, int N, int in,
+                                   int F) = 0;
   // dx = gelu'(x) * dout over N rows of C (dx may alias dout), y = gelu(x) as gelu_forward wrote it
   // (the host derives the sigmoid from it: no exp); with dbias != nullptr also dbias[c] += sum_n
   // dx[n, c] (the bias gradient of the layer that produced x, in the same pass).

@@ -53,7 +53,7 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& m) {
 }
 
 // Carves one allocation into 64-byte aligned pieces: activations in the model's element type,
-// statistics in fp32. Run once with no base to size the allocation, then on it.
+// statistics in fp32. With no base it only counts the bytes.
 class Carver {
  public:
   Carver(char* base, DType act) : base_(base), act_(act) {}
@@ -71,6 +71,17 @@ class Carver {
   DType act_;
   size_t used_ = 0;
 };
+
+// One allocation for what `carve(Carver&)` takes: sized by a first pass, then carved for real.
+template <typename F>
+DeviceBuffer<char> carved(Backend& be, DType act, F&& carve) {
+  Carver sizing(nullptr, act);
+  carve(sizing);
+  DeviceBuffer<char> buf(be, sizing.bytes());
+  Carver on(buf.data(), act);
+  carve(on);
+  return buf;
+}
 
 // Local row r of a TpSplit::blocks tensor: its block's first local and logical rows, and its rows per rank.
 struct BlockRow {
@@ -352,11 +363,7 @@ void GPT::plan_activations() {
     logits_ = c.act(static_cast<size_t>(head_rows_) * V_);
     losses_ = c.f32(N * static_cast<size_t>(opt_.losses_kept));
   };
-  Carver sizing(nullptr, act_);
-  carve(sizing);
-  acts_ = DeviceBuffer<char>(be_, sizing.bytes());
-  Carver on(acts_.data(), act_);
-  carve(on);
+  acts_ = carved(be_, act_, carve);
   activation_bytes_ = acts_.bytes();
 }
 
@@ -371,11 +378,7 @@ void GPT::plan_backward_scratch() {
     dfch_ = c.act(N * F2_);
     dact_ = cfg_.swiglu() ? c.act(N * F_) : dfch_.at(0, N * F_);  // SwiGLU: the activation's gradient beside its input's
   };
-  Carver sizing(nullptr, act_);
-  carve(sizing);
-  scratch_ = DeviceBuffer<char>(be_, sizing.bytes());
-  Carver on(scratch_.data(), act_);
-  carve(on);
+  scratch_ = carved(be_, act_, carve);
   activation_bytes_ += scratch_.bytes();
 
   inputs_ = DeviceBuffer<int32_t>(be_, N);
