@@ -398,8 +398,8 @@ std::vector<Key> build() {
              "and faster than fp32: AMX, or AMD's avx512_bf16)"),
       choice("compute.activations", at(&Config::compute, &XC::activations), {"auto", "fp32", "bf16"},
              "ours: with bf16.enabled, the element type the activations and their gradients are stored in: bf16 "
-             "(half the memory and bytes moved; fp32 math, norm statistics and logits, as DeepSpeed's bf16 and "
-             "llm.c), fp32, or auto (bf16 on a GPU, fp32 on the host, whose loops are fp32)"),
+             "(half the memory and bytes moved, the logits too; fp32 math and norm statistics, as DeepSpeed's bf16 "
+             "and llm.c), fp32, or auto (bf16 on a GPU, fp32 on the host, whose loops are fp32)"),
       choice("compute.isa", at(&Config::compute, &XC::isa), {"auto", "avx512", "avx2", "sse2", "generic"},
              "ours: the ISA level the host loops run at, and the most oneDNN's GEMMs use: auto (the ZERO3D_ISA "
              "environment variable when set, else the best level this CPU runs), or a level at or below it, to "
