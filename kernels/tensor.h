@@ -20,6 +20,12 @@ enum class DType : uint8_t { f32, bf16 };
 constexpr size_t dtype_bytes(DType t) { return t == DType::bf16 ? 2 : 4; }
 constexpr const char* dtype_name(DType t) { return t == DType::bf16 ? "bf16" : "fp32"; }
 
+// Elements a row-major operand of `rows` rows of `cols` at row stride `ld` spans (0 when empty):
+// what an op on a strided view reads or writes, for its extent check.
+constexpr size_t strided_extent(long rows, long cols, long ld) {
+  return rows > 0 && cols > 0 ? static_cast<size_t>(rows - 1) * static_cast<size_t>(ld) + static_cast<size_t>(cols) : 0;
+}
+
 template <bool Const>
 struct BasicView {
   using Ptr = std::conditional_t<Const, const void*, void*>;

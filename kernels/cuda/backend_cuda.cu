@@ -981,8 +981,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
   // rounded once.
   void gemm(bool ta, bool tb, int m, int n, int k, float alpha, ConstView A, int lda, GemmWeight B, int ldb,
             float beta, View C, int ldc) override {
-    const size_t na = extent(ta ? k : m, ta ? m : k, lda), nb = extent(tb ? n : k, tb ? k : n, ldb);
-    const size_t nc = extent(m, n, ldc);
+    const size_t na = strided_extent(ta ? k : m, ta ? m : k, lda), nb = strided_extent(tb ? n : k, tb ? k : n, ldb);
+    const size_t nc = strided_extent(m, n, ldc);
     storage("gemm", {{A, na}});  // A and C each of either type
     storage("gemm", {{C, nc}});
     if (m <= 0 || n <= 0) return;
@@ -1200,7 +1200,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     launch(stream(), rows(C), column_finish_kernel, dw, static_cast<const float*>(pw), C);
   }
   void rope(View x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
-    with_storage(storage("rope", {{x, extent(N, heads * hd, ld)}}), [&]<typename S>() {
+    with_storage(storage("rope", {{x, strided_extent(N, heads * hd, ld)}}), [&]<typename S>() {
       launch(stream(), rows(N) * heads * (hd / 2), rope_kernel<S>, ptr<S>(x), cs, rows(N), T, heads, hd, ld, backward);
     });
   }
@@ -1217,7 +1217,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     });
   }
   // The cross-entropy ops: logits and dlogits (which may alias them) N rows of stride ld in one
-  // storage type, the kernels instantiated for it. The reads span extent(N, V, ld) of logits; a
+  // storage type, the kernels instantiated for it. The reads span strided_extent(N, V, ld) of logits; a
   // gradient's writes include every row's padding, the last row's too: N * ld of dlogits.
   void vocab_row_max(float* row_max, ConstView logits, int N, int V, int ld) override {
     with_storage(storage("vocab_row_max", {{logits, logits_extent("vocab_row_max", N, V, ld)}}), [&]<typename S>() {
@@ -1292,12 +1292,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   cublasHandle_t cublas() const { return cublas_.get(); }
   // Interface dimensions are int; index arithmetic is size_t so N*ld (logits) cannot overflow.
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
-  // Elements a row-major operand of r rows of c at stride ld spans.
-  static size_t extent(int r, int c, long ld) { return r > 0 && c > 0 ? (rows(r) - 1) * ld + rows(c) : 0; }
   // The logits' extent in a cross-entropy op, its stride checked: ld >= V.
   static size_t logits_extent(const char* name, int N, int V, int ld) {
     Z3D_ASSERT(ld >= V, strprintf("%s: row stride %d below the %d vocabulary columns", name, ld, V));
-    return extent(N, V, ld);
+    return strided_extent(N, V, ld);
   }
 
   // Device memory grown to the largest asked for (in the first step), then reused. One op at a time

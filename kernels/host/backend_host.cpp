@@ -101,11 +101,11 @@ class HostBackend final : public Backend {
     if (count_) return;
     Staging s(*this);
     if (!B.f32 && !bf16_gemm()) {
-      const size_t nb = extent(tb ? n : k, tb ? k : n, ldb);
+      const size_t nb = strided_extent(tb ? n : k, tb ? k : n, ldb);
       B.f32 = s.in(ConstView(B.bf16, nb), nb);
     }
-    gemm_.gemm(ta, tb, m, n, k, alpha, s.in(A, extent(ta ? k : m, ta ? m : k, lda)), lda, B, ldb, beta,
-               s.out(C, extent(m, n, ldc), beta != 0.0f), ldc);
+    gemm_.gemm(ta, tb, m, n, k, alpha, s.in(A, strided_extent(ta ? k : m, ta ? m : k, lda)), lda, B, ldb, beta,
+               s.out(C, strided_extent(m, n, ldc), beta != 0.0f), ldc);
     s.store();
   }
   void linear_forward(View y, ConstView x, GemmWeight w, const float* bias, ConstView residual, int N, int in,
@@ -221,7 +221,7 @@ class HostBackend final : public Backend {
   void rope(View x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
     OpProfile::Scope op(&prof_, backward ? "rope_backward" : "rope_forward", 8.0 * N * heads * hd, 0);
     Staging s(*this);
-    k_.rope(s.out(x, extent(N, heads * hd, static_cast<int>(ld)), true), cs, N, T, heads, hd, ld, backward);
+    k_.rope(s.out(x, strided_extent(N, heads * hd, ld), true), cs, N, T, heads, hd, ld, backward);
     s.store();
   }
   void swiglu_forward(View out, ConstView h, int N, int F) override {
@@ -244,33 +244,35 @@ class HostBackend final : public Backend {
                     float dloss) override {
     OpProfile::Scope op(&prof_, "crossentropy", (dlogits ? 8.0 : 4.0) * N * V, 0);
     Staging s(*this);
-    const float* z = s.in(logits, extent(N, V, ld));  // staged before dlogits, which may alias it
+    const float* z = s.in(logits, strided_extent(N, V, ld));  // staged before dlogits, which may alias it
     k_.crossentropy(losses, dlogits ? s.out(dlogits, rows(N) * rows(ld), false) : nullptr, z, targets, N, V, ld, dloss);
     s.store();
   }
   void vocab_row_max(float* row_max, ConstView logits, int N, int V, int ld) override {
     OpProfile::Scope op(&prof_, "vocab_row_max", 4.0 * N * V, 0);
     Staging s(*this);
-    k_.vocab_row_max(row_max, s.in(logits, extent(N, V, ld)), N, V, ld);
+    k_.vocab_row_max(row_max, s.in(logits, strided_extent(N, V, ld)), N, V, ld);
   }
   void vocab_sumexp(float* sumexp, float* target_logit, ConstView logits, const float* row_max,
                     const int32_t* targets, int vocab_start, int N, int V, int ld) override {
     OpProfile::Scope op(&prof_, "vocab_sumexp", 4.0 * N * V, 0);
     Staging s(*this);
-    k_.vocab_sumexp(sumexp, target_logit, s.in(logits, extent(N, V, ld)), row_max, targets, vocab_start, N, V, ld);
+    k_.vocab_sumexp(sumexp, target_logit, s.in(logits, strided_extent(N, V, ld)), row_max, targets, vocab_start, N, V,
+                    ld);
   }
   void vocab_crossentropy_grad(View dlogits, ConstView logits, const float* row_max, const float* sumexp,
                                const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss) override {
     OpProfile::Scope op(&prof_, "vocab_crossentropy_grad", 8.0 * N * V, 0);
     Staging s(*this);
-    const float* z = s.in(logits, extent(N, V, ld));
+    const float* z = s.in(logits, strided_extent(N, V, ld));
     k_.vocab_crossentropy_grad(s.out(dlogits, rows(N) * rows(ld), false), z, row_max, sumexp, targets, vocab_start, N,
                                V, ld, dloss);
     s.store();
   }
   void adam_steps(const AdamRun* runs, size_t count, const math::AdamParams& a, bool fp16) override {
     double bytes = 0;
-    for (size_t i = 0; i < count; ++i) bytes += (math::kAdamBytesPerElement + (runs[i].p16 ? 2 : 0)) * double(runs[i].n);
+    for (size_t i = 0; i < count; ++i)
+      bytes += (math::kAdamBytesPerElement + (runs[i].p16 ? 2 : 0)) * static_cast<double>(runs[i].n);
     OpProfile::Scope op(&prof_, "adam_step", bytes, 0);
     for (size_t i = 0; i < count; ++i) {
       const AdamRun& r = runs[i];
@@ -324,8 +326,6 @@ class HostBackend final : public Backend {
 
  private:
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
-  // Elements a row-major operand of `r` rows of `c` at stride ld spans.
-  static size_t extent(int r, int c, int ld) { return r > 0 && c > 0 ? (rows(r) - 1) * rows(ld) + rows(c) : 0; }
   static size_t qkv_width(int H, int Hkv, int A) { return rows(A) + 2 * rows(Hkv) * rows(A / H); }
 
   // Attention's per-thread panels: one buffer, grown to the largest shape seen (the first step's).
@@ -350,7 +350,7 @@ Staging::Staging(HostBackend& be) : be_(be) {}
 float* Staging::slot(size_t n) { return be_.staging(next_++, n); }
 
 const float* Staging::in(ConstView v, size_t n) {
-  Z3D_ASSERT(v.size >= n || v.size == ConstView::kUnbounded || !v,
+  Z3D_ASSERT(!v || v.size >= n,  // an unbounded view's size is the largest there is
              strprintf("host op reads %zu elements of a %zu-element view", n, v.size));
   if (!v.bf16() || be_.counting()) return static_cast<const float*>(v.data);
   float* f = slot(n);
@@ -359,7 +359,7 @@ const float* Staging::in(ConstView v, size_t n) {
 }
 
 float* Staging::out(View v, size_t n, bool reads) {
-  Z3D_ASSERT(v.size >= n || v.size == View::kUnbounded,
+  Z3D_ASSERT(v.size >= n,
              strprintf("host op writes %zu elements of a %zu-element view", n, v.size));
   if (!v.bf16() || be_.counting()) return static_cast<float*>(v.data);
   float* f = slot(n);
