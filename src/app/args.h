@@ -2,6 +2,7 @@
 // name; bad input is a UserError naming the option and what would be valid (main turns it into one
 // line and exit code 2 on every rank).
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +10,9 @@
 namespace zero3d {
 
 using Args = std::vector<std::string>;
+
+// The most ranks --ranks takes (plan, train --dry-run): 2^24, beyond any machine built.
+constexpr int64_t kMaxRanks = int64_t{1} << 24;
 
 // The value of option a[i] (advances i). A UserError with `usage` when it is missing: the next
 // argument is another option (`--set --deepspeed x.json` must not set a key named "--deepspeed").
@@ -23,5 +27,11 @@ std::optional<int> usage_exit(const Args& a, const char* usage);
 // s as a number (finite), or as a number above 0; a UserError naming `what` otherwise.
 double parse_number(const std::string& s, const char* what);
 double parse_positive(const std::string& s, const char* what);
+// s as a whole number from lo to hi (decimal digits, optional sign; no wrapping, no exponent); a
+// UserError naming `what` and the range otherwise. Every count on a command line goes through it.
+int64_t parse_whole(const std::string& s, const char* what, int64_t lo, int64_t hi);
+// s as a byte count: a number with an optional K, M, G, T (or KiB...TiB, powers of 1024), from 1 to
+// 2^60; a UserError naming `what` otherwise.
+uint64_t parse_bytes(const std::string& s, const char* what);
 
 }  // namespace zero3d

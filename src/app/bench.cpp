@@ -68,16 +68,16 @@ const char* kBenchUsage =
 // zero3d bench io [--dir DIR] [--bytes N]
 int bench_io_command(const Args& a) {
   std::string dir = ".";
-  double bytes = 1 << 30;
+  uint64_t bytes = uint64_t{1} << 30;
   for (size_t i = 1; i < a.size(); ++i) {
     if (a[i] == "--dir") dir = option_value(a, i, kBenchUsage);
-    else if (a[i] == "--bytes") bytes = parse_positive(option_value(a, i, kBenchUsage), "--bytes");
+    else if (a[i] == "--bytes") bytes = parse_bytes(option_value(a, i, kBenchUsage), "--bytes");
     else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
   auto world = ProcessGroup::world();
-  const double t = measure_collective_write(world->comm(), dir, static_cast<uint64_t>(bytes));
-  log_info("# collective MPI-IO write + sync, %d ranks, %s\n%.0f bytes in %.3f s: %.1f MB/s", world->size(),
-           dir.c_str(), bytes, t, bytes / t / 1e6);
+  const double t = measure_collective_write(world->comm(), dir, bytes);
+  log_info("# collective MPI-IO write + sync, %d ranks, %s\n%llu bytes in %.3f s: %.1f MB/s", world->size(),
+           dir.c_str(), (unsigned long long)bytes, t, static_cast<double>(bytes) / t / 1e6);
   return 0;
 }
 
@@ -85,11 +85,11 @@ int bench_io_command(const Args& a) {
 int bench_comm_command(const Args& a) {
   CommBenchOptions o;
   for (size_t i = 1; i < a.size(); ++i) {
-    if (a[i] == "--min-bytes") o.min_bytes = static_cast<size_t>(parse_positive(option_value(a, i, kBenchUsage), "--min-bytes"));
-    else if (a[i] == "--max-bytes") o.max_bytes = static_cast<size_t>(parse_positive(option_value(a, i, kBenchUsage), "--max-bytes"));
+    if (a[i] == "--min-bytes") o.min_bytes = parse_bytes(option_value(a, i, kBenchUsage), "--min-bytes");
+    else if (a[i] == "--max-bytes") o.max_bytes = parse_bytes(option_value(a, i, kBenchUsage), "--max-bytes");
     else if (a[i] == "--factor") o.factor = parse_positive(option_value(a, i, kBenchUsage), "--factor");
-    else if (a[i] == "--chunk-bytes") o.chunk_bytes = static_cast<size_t>(parse_positive(option_value(a, i, kBenchUsage), "--chunk-bytes"));
-    else if (a[i] == "--group") o.group_size = static_cast<int>(parse_positive(option_value(a, i, kBenchUsage), "--group"));
+    else if (a[i] == "--chunk-bytes") o.chunk_bytes = parse_bytes(option_value(a, i, kBenchUsage), "--chunk-bytes");
+    else if (a[i] == "--group") o.group_size = static_cast<int>(parse_whole(option_value(a, i, kBenchUsage), "--group", 1, kMaxRanks));
     else if (a[i] == "--ops") o.ops = split_commas(option_value(a, i, kBenchUsage));
     else if (a[i] == "--types") o.types = split_commas(option_value(a, i, kBenchUsage));
     else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
@@ -145,7 +145,7 @@ int bench_gemm_command(const Args& a) {
     else if (a[i] == "--sizes") {
       sizes.clear();
       for (const std::string& item : split_commas(option_value(a, i, kBenchUsage)))
-        sizes.push_back(static_cast<int>(parse_positive(item, "--sizes entry")));
+        sizes.push_back(static_cast<int>(parse_whole(item, "each of --sizes", 1, 1 << 16)));
     } else throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kBenchUsage));
   }
   auto world = ProcessGroup::world();

@@ -5,6 +5,7 @@
 #include "ckpt/tools.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/stop_signal.h"
 #include "parallel/comm.h"
 
 namespace zero3d {
@@ -22,7 +23,9 @@ const char* kCkptUsage =
     "           --weights master (default) the fp32 master weights, F32; model: the weights computed with,\n"
     "           as stored (F32, BF16 or F16)\n"
     "           --format hf: --out names a directory; config.json and model.safetensors as Hugging Face\n"
-    "           transformers loads them (GPT2LMHeadModel or LlamaForCausalLM)\n"
+    "           transformers loads them (GPT2LMHeadModel or LlamaForCausalLM). It appears whole or not at\n"
+    "           all: an earlier export there is replaced only when the new one is complete; a directory\n"
+    "           holding other files is refused. No output replaces what is not a regular file.\n"
     "  Runs on rank 0 alone; one process is enough.\n";
 
 }  // namespace
@@ -48,6 +51,7 @@ int cmd_ckpt(const Args& a) {
   if (tool == "export" && out.empty())
     throw UserError(strprintf("zero3d ckpt export needs --out FILE\n%s", kCkptUsage));
   // One reader is enough: the other ranks return 0 and wait in main, which agrees on rank 0's code.
+  catch_interrupts();
   if (ProcessGroup::world()->rank() != 0) return 0;
   if (tool == "inspect") return ckpt_inspect(path);
   if (tool == "verify") return ckpt_verify(path);

@@ -5,6 +5,7 @@
 #include "app/commands.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/stop_signal.h"
 #include "data/loader.h"
 #include "parallel/comm.h"
 
@@ -34,6 +35,7 @@ int cmd_data(const Args& a) {
     if (std::filesystem::equivalent(t, out, ec))
       throw UserError(strprintf("data prepare: --out '%s' is also an input text: give another output file", out.c_str()));
   }
+  catch_interrupts();
   if (ProcessGroup::world()->rank() == 0) {
     uint64_t n = prepare_token_file(texts, out);
     log_info("wrote %llu tokens to %s", static_cast<unsigned long long>(n), out.c_str());

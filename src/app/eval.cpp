@@ -7,6 +7,7 @@
 #include "ckpt/tools.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/stop_signal.h"
 #include "data/loader.h"
 #include "kernels/backend.h"
 #include "model/flat_layout.h"
@@ -27,24 +28,24 @@ const char* kEvalUsage =
 
 int cmd_eval(const Args& a) {
   std::string path, file;
-  double batches = 0, micro = 8;
+  int64_t batches = 0;
+  int micro = 8;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kEvalUsage), 0;
     if (a[i] == "--tokens") file = option_value(a, i, kEvalUsage);
-    else if (a[i] == "--batches") batches = parse_number(option_value(a, i, kEvalUsage), "--batches");
-    else if (a[i] == "--micro-batch") micro = parse_number(option_value(a, i, kEvalUsage), "--micro-batch");
+    else if (a[i] == "--batches") batches = parse_whole(option_value(a, i, kEvalUsage), "--batches", 0, INT64_MAX);
+    else if (a[i] == "--micro-batch") micro = static_cast<int>(parse_whole(option_value(a, i, kEvalUsage), "--micro-batch", 1, 1 << 20));
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kEvalUsage));
     else if (path.empty()) path = a[i];
     else throw UserError(strprintf("zero3d eval takes one checkpoint, got a second: '%s'", a[i].c_str()));
   }
   if (path.empty() || file.empty()) throw UserError(strprintf("zero3d eval needs a checkpoint and --tokens FILE\n%s", kEvalUsage));
-  if (micro < 1 || batches < 0 || micro != std::floor(micro) || batches != std::floor(batches))
-    throw UserError("--micro-batch must be a whole number >= 1, --batches >= 0");
+  catch_interrupts();
   if (ProcessGroup::world()->rank() != 0) return 0;
   const CheckpointModel cm = read_checkpoint_model(path);
   const ModelConfig& m = cm.model;
   DataLoader data(file, m.seq_len, m.vocab_size, 0, false);
-  const int B = static_cast<int>(micro);
+  const int B = micro;
   const uint64_t whole = data.num_sequences() / static_cast<uint64_t>(B);
   if (whole == 0)
     throw UserError(strprintf("'%s' holds %llu sequences of %d tokens, fewer than one batch of %d (--micro-batch)",
@@ -60,6 +61,7 @@ int cmd_eval(const Args& a) {
   std::vector<int32_t> in(static_cast<size_t>(B) * m.seq_len), tgt(in.size());
   double sum = 0;
   for (uint64_t k = 0; k < n; ++k) {
+    throw_if_interrupted("eval");
     data.load(k * B, B, in.data(), tgt.data());
     sum += model.forward(in.data(), tgt.data(), 0.0f);
   }

@@ -8,6 +8,7 @@
 #include "ckpt/tools.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/stop_signal.h"
 #include "kernels/backend.h"
 #include "model/decode.h"
 #include "parallel/comm.h"
@@ -31,31 +32,41 @@ const char* kGenerateUsage =
 }  // namespace
 
 int cmd_generate(const Args& a) {
-  std::string path, prompt, ids_text;
-  double max_tokens = 64, temperature = 1.0, top_k = 0, seed = 1234;
-  bool print_ids = false, have_prompt = false;
+  std::string path, prompt, ids_text, prompt_option;  // prompt_option: --prompt or --prompt-ids, whichever came
+  double temperature = 1.0;
+  int max_tokens = 64, top_k = 0;
+  uint64_t seed = 1234;
+  bool print_ids = false;
+  auto take_prompt = [&](size_t& i, std::string& into) {
+    if (!prompt_option.empty())
+      throw UserError(strprintf("zero3d generate takes one prompt: %s or %s, not both (or twice)", prompt_option.c_str(),
+                                a[i].c_str()));
+    prompt_option = a[i];
+    into = option_value(a, i, kGenerateUsage);
+  };
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kGenerateUsage), 0;
-    if (a[i] == "--prompt") prompt = option_value(a, i, kGenerateUsage), have_prompt = true;
-    else if (a[i] == "--prompt-ids") ids_text = option_value(a, i, kGenerateUsage), have_prompt = true;
-    else if (a[i] == "--max-tokens") max_tokens = parse_number(option_value(a, i, kGenerateUsage), "--max-tokens");
+    if (a[i] == "--prompt") take_prompt(i, prompt);
+    else if (a[i] == "--prompt-ids") take_prompt(i, ids_text);
+    else if (a[i] == "--max-tokens") max_tokens = static_cast<int>(parse_whole(option_value(a, i, kGenerateUsage), "--max-tokens", 0, INT32_MAX));
     else if (a[i] == "--temperature") temperature = parse_number(option_value(a, i, kGenerateUsage), "--temperature");
-    else if (a[i] == "--top-k") top_k = parse_number(option_value(a, i, kGenerateUsage), "--top-k");
-    else if (a[i] == "--seed") seed = parse_number(option_value(a, i, kGenerateUsage), "--seed");
+    else if (a[i] == "--top-k") top_k = static_cast<int>(parse_whole(option_value(a, i, kGenerateUsage), "--top-k", 0, INT32_MAX));
+    else if (a[i] == "--seed") seed = static_cast<uint64_t>(parse_whole(option_value(a, i, kGenerateUsage), "--seed", 0, INT64_MAX));
     else if (a[i] == "--ids") print_ids = true;
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kGenerateUsage));
     else if (path.empty()) path = a[i];
     else throw UserError(strprintf("zero3d generate takes one checkpoint, got a second: '%s'", a[i].c_str()));
   }
   if (path.empty()) throw UserError(strprintf("zero3d generate needs a checkpoint\n%s", kGenerateUsage));
-  if (!have_prompt) throw UserError(strprintf("zero3d generate needs --prompt or --prompt-ids\n%s", kGenerateUsage));
-  if (max_tokens < 0 || temperature < 0 || top_k < 0 || max_tokens != std::floor(max_tokens) || top_k != std::floor(top_k))
-    throw UserError("--max-tokens and --top-k must be whole numbers >= 0, --temperature >= 0");
+  if (prompt_option.empty()) throw UserError(strprintf("zero3d generate needs --prompt or --prompt-ids\n%s", kGenerateUsage));
+  if (temperature < 0) throw UserError(strprintf("--temperature must be >= 0, got %g", temperature));
+  catch_interrupts();
   if (ProcessGroup::world()->rank() != 0) return 0;  // one process is enough
   const CheckpointModel cm = read_checkpoint_model(path);
   std::vector<int32_t> tokens;
   if (!ids_text.empty()) {
-    for (const std::string& item : split_commas(ids_text)) tokens.push_back(static_cast<int32_t>(parse_number(item, "--prompt-ids")));
+    for (const std::string& item : split_commas(ids_text))
+      tokens.push_back(static_cast<int32_t>(parse_whole(item, "each of --prompt-ids", 0, cm.model.vocab_size - 1)));
   } else {
     if (cm.model.vocab_size < 256)
       throw UserError(strprintf("--prompt is byte-level text, but the model's vocabulary has %d tokens (fewer than 256): "
@@ -70,11 +81,12 @@ int cmd_generate(const Args& a) {
   Decoder dec(*be, cm.model, cm.tensors);
   const std::vector<float>* logits = nullptr;
   for (int32_t t : tokens) logits = &dec.step(t);
-  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   const size_t prompt_len = tokens.size();
-  for (int n = 0; n < static_cast<int>(max_tokens); ++n) {
-    tokens.push_back(sample_token(*logits, temperature, static_cast<int>(top_k), u(rng)));
+  for (int n = 0; n < max_tokens; ++n) {
+    throw_if_interrupted("generate");
+    tokens.push_back(sample_token(*logits, temperature, top_k, u(rng)));
     if (dec.position() == cm.model.seq_len) break;  // the context is full: no logits for another
     logits = &dec.step(tokens.back());
   }
@@ -89,7 +101,7 @@ int cmd_generate(const Args& a) {
   std::fflush(stdout);
   std::fprintf(stderr, "zero3d: %zu prompt tokens + %zu generated (step %lld of '%s', %s, temperature %g, top-k %d%s)\n",
            prompt_len, tokens.size() - prompt_len, (long long)cm.step, path.c_str(), cm.model.arch.c_str(), temperature,
-           static_cast<int>(top_k),
+           top_k,
            static_cast<int>(tokens.size()) - 1 >= cm.model.seq_len ? "; stopped at the end of the context" : "");
   return 0;
 }

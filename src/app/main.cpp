@@ -11,7 +11,7 @@
 #include "core/log.h"
 #include "kernels/host/cpu_kernels.h"
 #include "parallel/job.h"
-#include "train/stop_signal.h"
+#include "core/stop_signal.h"
 
 using namespace zero3d;
 

@@ -45,23 +45,6 @@ const char* kPlanUsage =
     "  a run whose node would need more than its available memory stops before it allocates and prints\n"
     "  the same.\n";
 
-uint64_t parse_bytes(const std::string& s) {
-  size_t used = 0;
-  double v = -1;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-  }
-  const std::string unit = s.substr(std::min(used, s.size()));
-  const std::map<std::string, double> scale = {{"", 1}, {"K", 1024.0}, {"M", 1048576.0}, {"G", 1073741824.0},
-                                               {"T", 1099511627776.0}, {"KiB", 1024.0}, {"MiB", 1048576.0},
-                                               {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
-  if (v <= 0 || !std::isfinite(v) || !scale.count(unit))
-    throw UserError(strprintf("--mem-per-rank must be a positive number of bytes with an optional K, M, G or T, got "
-                              "'%s'", s.c_str()));
-  return static_cast<uint64_t>(v * scale.at(unit));
-}
-
 // Bytes in the table's unit: GB, or MB when every layout is under 1 GB.
 double g_unit = 1e9;
 std::string gb(uint64_t b) { return strprintf(g_unit == 1e9 ? "%.3f" : "%.2f", b / g_unit); }
@@ -76,12 +59,10 @@ int cmd_plan(const Args& a) {
   MemKind kind = MemKind::host;
   int sweep = 0, per_node = 0;  // --sweep K: sweep.sh's LAYOUTS lines; their nodes of --ranks-per-node
   std::optional<MachineRates> machine;  // --machine FILE: price each layout's step
-  // Option a[i]'s value as a whole number of at least `least` (advances i).
+  // Option a[i]'s value as a whole number from `least` to kMaxRanks (advances i).
   auto whole = [&](size_t& i, int least) {
-    const std::string opt = a[i], v = option_value(a, i, kPlanUsage);
-    const int n = !v.empty() && v.size() < 7 && v.find_first_not_of("0123456789") == std::string::npos ? std::stoi(v) : -1;
-    if (n < least) throw UserError(strprintf("%s must be a whole number >= %d, got '%s'", opt.c_str(), least, v.c_str()));
-    return n;
+    const std::string opt = a[i];
+    return static_cast<int>(parse_whole(option_value(a, i, kPlanUsage), opt.c_str(), least, kMaxRanks));
   };
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kPlanUsage), 0;
@@ -89,7 +70,7 @@ int cmd_plan(const Args& a) {
     else if (a[i] == "--top") top = whole(i, 0);
     else if (a[i] == "--sweep") sweep = whole(i, 1);
     else if (a[i] == "--ranks-per-node") per_node = whole(i, 1);
-    else if (a[i] == "--mem-per-rank") mem = parse_bytes(option_value(a, i, kPlanUsage));
+    else if (a[i] == "--mem-per-rank") mem = parse_bytes(option_value(a, i, kPlanUsage), "--mem-per-rank");
     else if (a[i] == "--json") json = true;
     else if (a[i] == "--explain") explain = true;
     else if (a[i] == "--device") kind = MemKind::device;
@@ -102,6 +83,10 @@ int cmd_plan(const Args& a) {
   }
   if (src.config_file.empty() || ranks == 0)
     throw UserError(strprintf("zero3d plan needs a config and --ranks N\n%s", kPlanUsage));
+  if (machine && ranks > 1 && machine->collectives.empty() && machine->inter_node.collectives.empty())
+    throw UserError(strprintf("--machine: the machine file has no collective rates (it was measured on one rank), and "
+                              "%d ranks communicate: measure it with zero3d bench machine on the ranks a node runs",
+                              ranks));
   if (ProcessGroup::world()->rank() != 0) return 0;
   if (explain) {
     log_info("%s", explain_layout(src, ranks, mem, kind, machine ? &*machine : nullptr).c_str());

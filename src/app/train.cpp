@@ -20,7 +20,7 @@
 #include "parallel/watchdog.h"
 #include "plan/dry_run.h"
 #include "plan/plan.h"
-#include "train/stop_signal.h"
+#include "core/stop_signal.h"
 #include "train/trainer.h"
 
 namespace zero3d {
@@ -138,10 +138,7 @@ TrainArgs parse_train_args(const Args& a) {
       t.dry_run = true;
       t.json = a[i] == "--dry-run=json";
     } else if (a[i] == "--ranks") {
-      const double n = parse_positive(option_value(a, i, kTrainUsage), "--ranks");
-      if (n != std::floor(n) || n > 1e6)
-        throw UserError(strprintf("--ranks must be a whole number of ranks, got '%s'", a[i].c_str()));
-      t.ranks = static_cast<int>(n);
+      t.ranks = static_cast<int>(parse_whole(option_value(a, i, kTrainUsage), "--ranks", 1, kMaxRanks));
     } else if (a[i] == "--set") t.src.overrides.push_back(option_value(a, i, kTrainUsage));
     else if (a[i] == "--deepspeed") t.src.deepspeed_file = option_value(a, i, kTrainUsage);
     else if (a[i] == "--run-dir") t.opt.run_dir = option_value(a, i, kTrainUsage);

@@ -5,9 +5,10 @@
 #include <algorithm>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
+#include <climits>
 #include <functional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -226,20 +227,42 @@ const std::vector<std::string> kOtherKeys = {"name", "ranks_per_node", "device",
 
 // An object's keys against the valid ones: the first unknown one named, with the nearest valid key.
 void known_keys(const nlohmann::json& j, const std::vector<std::string>& valid, const std::string& where) {
-  if (!j.is_object()) throw UserError(where + " is not an object");
+  if (!j.is_object()) throw UserError((where.empty() ? "the top level" : where) + " is not an object");
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(valid.begin(), valid.end(), it.key()) == valid.end()) {
       const std::string best = config_json::nearest(it.key(), valid);
-      throw UserError(strprintf("unknown key '%s%s'%s", where.empty() ? "" : (where + ".").c_str(), it.key().c_str(),
+      throw UserError(strprintf("unknown key '%s%s'%s", where.empty() ? "" : (where + ".").c_str(),
+                                config_json::show_key(it.key()).c_str(),
                                 best.empty() ? "" : (" (did you mean '" + best + "'?)").c_str()));
     }
+}
+
+// j[key] (at `where`) as a T when it is there (else `otherwise`); a UserError naming it when it is
+// not a T (a number given as a string, a name as a number).
+template <class T>
+T typed(const nlohmann::json& j, const std::string& key, T otherwise, const std::string& where = "") {
+  if (!j.contains(key)) return otherwise;
+  const nlohmann::json& v = j.at(key);
+  bool ok = false;
+  if constexpr (std::is_same_v<T, std::string>) ok = v.is_string();
+  else if constexpr (std::is_same_v<T, bool>) ok = v.is_boolean();
+  else if constexpr (std::is_integral_v<T>) ok = v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+  else if constexpr (std::is_floating_point_v<T>) ok = v.is_number();
+  else ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const nlohmann::json& e) { return e.is_string(); });
+  if (!ok)
+    throw UserError(strprintf("%s is %s: it must be %s", (where.empty() ? key : where + "." + key).c_str(),
+                              config_json::show(v).c_str(),
+                              std::is_same_v<T, std::string> ? "a string" : std::is_same_v<T, bool> ? "true or false"
+                              : std::is_integral_v<T> ? "a whole number" : std::is_floating_point_v<T> ? "a number"
+                                                                                                        : "a list of strings"));
+  return v.get<T>();
 }
 
 // j[key] (at `where`), which must be there and positive.
 double positive(const nlohmann::json& j, const std::string& key, const std::string& where = "") {
   const std::string at = where.empty() ? key : where + "." + key;
   if (!j.contains(key)) throw UserError("missing " + at);
-  const double v = j.at(key).get<double>();
+  const double v = typed(j, key, 0.0, where);
   if (!(v > 0)) throw UserError(strprintf("%s is %g: it must be positive", at.c_str(), v));
   return v;
 }
@@ -250,13 +273,15 @@ nlohmann::ordered_json links_json(const std::map<std::string, MachineRates::Link
   return j;
 }
 
+const std::vector<std::string> kCollectives = {"all_reduce", "reduce_scatter", "all_gather"};
+
 std::map<std::string, MachineRates::Link> links_from(const nlohmann::json& j, const std::string& where) {
-  known_keys(j, {"all_reduce", "reduce_scatter", "all_gather"}, where);
+  known_keys(j, kCollectives, where);
   std::map<std::string, MachineRates::Link> links;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string at = where + "." + it.key();
     known_keys(*it, {"latency_s", "busbw_bytes_per_s"}, at);
-    const double latency = it->value("latency_s", -1.0);
+    const double latency = typed(*it, "latency_s", -1.0, at);
     if (latency < 0) throw UserError(at + ".latency_s is missing or negative");
     links[it.key()] = {latency, positive(*it, "busbw_bytes_per_s", at)};
   }
@@ -279,34 +304,38 @@ void save_machine(const MachineRates& m, const std::string& path) {
 }
 
 MachineRates load_machine(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw UserError(strprintf("cannot read the machine file '%s' (make one with zero3d bench machine)", path.c_str()));
+  const nlohmann::json j = config_json::read_file(path, "machine file");
   std::vector<std::string> valid = kOtherKeys;
   for (const RateKey& r : kRates) valid.push_back(r.key);
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
     known_keys(j, valid, "");
     MachineRates m;
-    m.name = j.value("name", "");
-    m.ranks_per_node = j.value("ranks_per_node", 1);
+    m.name = typed(j, "name", std::string());
+    m.ranks_per_node = typed(j, "ranks_per_node", 1);
     if (m.ranks_per_node < 1) throw UserError("ranks_per_node must be at least 1");
-    m.device = j.value("device", false);
+    m.device = typed(j, "device", false);
     for (const RateKey& r : kRates)
       if (r.required || j.contains(r.key)) m.*r.rate = positive(j, r.key);
     if (m.adam_bytes == 0) m.adam_bytes = m.copy_bytes;
-    m.collectives = links_from(j.value("collectives", nlohmann::json::object()), "collectives");
+    m.collectives = links_from(j.contains("collectives") ? j.at("collectives") : nlohmann::json::object(), "collectives");
+    // A node of several ranks communicates: without its rates every collective would cost nothing.
+    for (const std::string& op : kCollectives)
+      if (m.ranks_per_node > 1 && !m.collectives.count(op))
+        throw UserError(strprintf("missing collectives.%s (a node of %d ranks communicates)", op.c_str(), m.ranks_per_node));
     if (j.contains("inter_node")) {
       const nlohmann::json& net = j.at("inter_node");
       known_keys(net, {"p2p_bytes_per_s", "collectives"}, "inter_node");
       if (net.contains("p2p_bytes_per_s")) m.inter_node.p2p_bytes = positive(net, "p2p_bytes_per_s", "inter_node");
-      m.inter_node.collectives = links_from(net.value("collectives", nlohmann::json::object()), "inter_node.collectives");
+      m.inter_node.collectives = links_from(net.contains("collectives") ? net.at("collectives") : nlohmann::json::object(),
+                                            "inter_node.collectives");
     }
-    m.measured = j.value("measured", "");
-    m.sources = j.value("sources", std::vector<std::string>{});
+    m.measured = typed(j, "measured", std::string());
+    m.sources = typed(j, "sources", std::vector<std::string>{});
     return m;
-  } catch (const std::exception& e) {
+  } catch (const UserError& e) {
     throw UserError(strprintf("machine file '%s': %s (required: %s)", path.c_str(), e.what(),
-                              "gemm_flops_per_s, attention_flops_per_s, copy_bytes_per_s; see src/plan/README.md"));
+                              "gemm_flops_per_s, attention_flops_per_s, copy_bytes_per_s, and collectives where a node "
+                              "has more than one rank; see src/plan/README.md"));
   }
 }
 

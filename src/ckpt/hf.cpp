@@ -1,11 +1,14 @@
 #include "ckpt/hf.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
+#include "config/json_tree.h"
 #include "core/check.h"
+#include "core/posix_io.h"
 #include "kernels/math/dtype.h"
 #include "model/gpt.h"
 
@@ -87,24 +90,46 @@ nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_
            {"tie_word_embeddings", m.tie_word_embeddings}, {"torch_dtype", torch_dtype}};
 }
 
+namespace {
+
+// One tensor's header entry, checked: its dtype (F32, BF16 or F16: 4 or 2 bytes), shape and byte range.
+struct StEntry {
+  std::string dtype;
+  size_t elem = 0;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+StEntry st_entry(const nlohmann::json& header, const std::string& name, const std::string& where, uint64_t data_bytes) {
+  if (!header.contains(name)) throw UserError(strprintf("%s has no tensor '%s'", where.c_str(), name.c_str()));
+  const nlohmann::json& h = header[name];
+  StEntry e;
+  const nlohmann::json* dtype = h.is_object() && h.contains("dtype") ? &h["dtype"] : nullptr;
+  const nlohmann::json* shape = h.is_object() && h.contains("shape") ? &h["shape"] : nullptr;
+  const nlohmann::json* off = h.is_object() && h.contains("data_offsets") ? &h["data_offsets"] : nullptr;
+  auto whole = [](const nlohmann::json& v) { return v.is_number_unsigned(); };
+  if (!dtype || !dtype->is_string() || !shape || !shape->is_array() || !std::all_of(shape->begin(), shape->end(), whole) ||
+      !off || !off->is_array() || off->size() != 2 || !whole((*off)[0]) || !whole((*off)[1]))
+    throw UserError(strprintf("%s: tensor '%s' has no valid header entry (a dtype, a shape and two data_offsets): %s",
+                              where.c_str(), name.c_str(), config_json::show(h).c_str()));
+  e.dtype = dtype->get<std::string>();
+  e.elem = e.dtype == "F32" ? 4 : e.dtype == "BF16" || e.dtype == "F16" ? 2 : 0;
+  e.shape = shape->get<std::vector<int64_t>>();
+  e.begin = (*off)[0].get<uint64_t>(), e.end = (*off)[1].get<uint64_t>();
+  if (e.begin > e.end || e.end > data_bytes)
+    throw UserError(strprintf("%s: tensor '%s' lies at bytes [%llu, %llu) of the data, which holds %llu: the file is "
+                              "truncated or corrupt",
+                              where.c_str(), name.c_str(), (unsigned long long)e.begin, (unsigned long long)e.end,
+                              (unsigned long long)data_bytes));
+  return e;
+}
+
+}  // namespace
+
 std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const ModelConfig& m) {
-  auto slurp = [&](const std::string& path) {
-    errno = 0;
-    std::ifstream f(path, std::ios::binary);
-    std::string text(std::istreambuf_iterator<char>(f), {});
-    if (!f && !f.eof())
-      throw UserError(strprintf("checkpoint.init_from: cannot read '%s': %s", path.c_str(),
-                                errno ? std::strerror(errno) : "read error"));
-    return text;
-  };
   // config.json must describe this run's model: every key hf_config writes (but torch_dtype).
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors";
-  nlohmann::json have;
-  try {
-    have = nlohmann::json::parse(slurp(cfg_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(strprintf("checkpoint.init_from: '%s' is not JSON (%s)", cfg_path.c_str(), e.what()));
-  }
+  const nlohmann::json have = config_json::read_file(cfg_path, "checkpoint.init_from's config");
   const nlohmann::ordered_json expected = hf_config(m, "float32");
   for (const auto& [key, want] : expected.items()) {
     if (key == "torch_dtype" || key == "n_inner" || key == "resid_pdrop" || key == "embd_pdrop" || key == "attn_pdrop")
@@ -114,36 +139,35 @@ std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const Mo
     if (!same)
       throw UserError(strprintf("checkpoint.init_from: '%s' has %s = %s, but this run's model needs %s (set the "
                                 "model keys to the checkpoint's)",
-                                cfg_path.c_str(), key.c_str(), got.dump().c_str(), want.dump().c_str()));
+                                cfg_path.c_str(), key.c_str(), config_json::show(got).c_str(), want.dump().c_str()));
   }
-  const std::string file = slurp(st_path);
+  const std::string file = read_text_file(st_path, "checkpoint.init_from's weights"), where = "checkpoint.init_from: '" + st_path + "'";
   uint64_t n = 0;
-  if (file.size() < 8 || (std::memcpy(&n, file.data(), 8), file.size() < 8 + n))
-    throw UserError(strprintf("checkpoint.init_from: '%s' is not a safetensors file", st_path.c_str()));
-  const nlohmann::json header = nlohmann::json::parse(file.substr(8, n), nullptr, false);
-  if (header.is_discarded())
-    throw UserError(strprintf("checkpoint.init_from: '%s' has no valid safetensors header", st_path.c_str()));
+  if (file.size() >= 8) std::memcpy(&n, file.data(), 8);
+  if (file.size() < 8 || n > file.size() - 8)
+    throw UserError(strprintf("%s is not a safetensors file, or a truncated one: %zu bytes, its first 8 give a header "
+                              "of %llu", where.c_str(), file.size(), (unsigned long long)n));
+  const nlohmann::json header = config_json::parse_text(file.substr(8, n), where + ": the header");
+  if (!header.is_object()) throw UserError(where + ": the header is not a JSON object");
   const char* data = file.data() + 8 + n;
   const size_t data_bytes = file.size() - 8 - n;
   auto w = std::make_shared<InitialWeights>();
   for (const ParamInfo& p : gpt_param_table(m))
     if (!p.tied_copy) w->tensors[p.name].assign(p.size, 0.0f);
   for (const HfTensor& t : hf_tensors(m)) {
-    if (!header.contains(t.name))
-      throw UserError(strprintf("checkpoint.init_from: '%s' has no tensor '%s'", st_path.c_str(), t.name.c_str()));
-    const nlohmann::json& h = header[t.name];
-    const std::string dtype = h.value("dtype", "");
-    const size_t es = dtype == "F32" ? 4 : dtype == "BF16" || dtype == "F16" ? 2 : 0;
-    const auto shape = h.value("shape", std::vector<int64_t>{});
-    const auto off = h.value("data_offsets", std::vector<uint64_t>{});
-    const size_t count = static_cast<size_t>(t.rows * t.cols);
-    if (es == 0 || shape != t.shape() || off.size() != 2 || off[1] > data_bytes || off[1] - off[0] != count * es)
-      throw UserError(strprintf("checkpoint.init_from: '%s': tensor '%s' is %s %s; this model needs F32, BF16 or F16 "
-                                "of shape %s",
-                                st_path.c_str(), t.name.c_str(), dtype.c_str(), nlohmann::json(shape).dump().c_str(),
+    const StEntry e = st_entry(header, t.name, where, data_bytes);
+    const size_t count = static_cast<size_t>(t.rows * t.cols), es = e.elem;
+    if (es == 0 || e.shape != t.shape())
+      throw UserError(strprintf("%s: tensor '%s' is %s %s; this model needs F32, BF16 or F16 of shape %s", where.c_str(),
+                                t.name.c_str(), e.dtype.c_str(), nlohmann::json(e.shape).dump().c_str(),
                                 nlohmann::json(t.shape()).dump().c_str()));
+    if (e.end - e.begin != count * es)
+      throw UserError(strprintf("%s: tensor '%s' (%s %s) spans %llu bytes, where its shape needs %zu: the header is "
+                                "corrupt",
+                                where.c_str(), t.name.c_str(), e.dtype.c_str(), nlohmann::json(e.shape).dump().c_str(),
+                                (unsigned long long)(e.end - e.begin), count * es));
     auto value = [&](size_t i) {
-      const char* q = data + off[0] + i * es;
+      const char* q = data + e.begin + i * es;
       if (es == 4) {
         float f;
         std::memcpy(&f, q, 4);
@@ -151,12 +175,18 @@ std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const Mo
       }
       uint16_t u;
       std::memcpy(&u, q, 2);
-      return dtype == "BF16" ? math::float_from_bf16(u) : math::float_from_fp16(u);
+      return e.dtype == "BF16" ? math::float_from_bf16(u) : math::float_from_fp16(u);
     };
     float* dst = w->tensors.at(t.source).data() + static_cast<size_t>(t.row0 * t.cols);
     for (int64_t r = 0; r < t.rows; ++r)
-      for (int64_t c = 0; c < t.cols; ++c)
-        dst[r * t.cols + c] = value(t.transpose ? static_cast<size_t>(c * t.rows + r) : static_cast<size_t>(r * t.cols + c));
+      for (int64_t c = 0; c < t.cols; ++c) {
+        const size_t i = t.transpose ? static_cast<size_t>(c * t.rows + r) : static_cast<size_t>(r * t.cols + c);
+        const float v = value(i);
+        if (!std::isfinite(v))  // a weight that is NaN or infinite trains nothing: say so now, not as a divergence
+          throw UserError(strprintf("%s: tensor '%s' holds %g at element %zu: initial weights must be finite",
+                                    where.c_str(), t.name.c_str(), v, i));
+        dst[r * t.cols + c] = v;
+      }
   }
   return w;
 }

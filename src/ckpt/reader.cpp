@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ckpt/transfer.h"
+#include "config/json_tree.h"
 #include "core/check.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -70,7 +71,8 @@ void check_model(const CheckpointHeader& h, const ModelConfig& m, const std::str
   // The checkpoint's architecture keys on this run's shape; ModelConfig's defaults are GPT-2's, what
   // a checkpoint from before the keys holds (as ckpt/tools.cpp's model_of reads one).
   ModelConfig saved{m.vocab_size, m.seq_len, m.n_layer, m.n_head, m.d_model};
-  if (!h.architecture.empty()) set_architecture(saved, nlohmann::json::parse(h.architecture));
+  if (!h.architecture.empty())
+    set_architecture(saved, config_json::parse_text(h.architecture, "checkpoint '" + path + "': attribute architecture"));
   const nlohmann::json have = architecture_of(saved), want = architecture_of(m);
   for (const auto& [key, v] : want.items())
     if (have[key] != v)

@@ -20,9 +20,11 @@
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/stop_signal.h"
 #include "ckpt/dir.h"
 #include "ckpt/format.h"
 #include "ckpt/hf.h"
+#include "config/json_tree.h"
 #include "storage/hdf5_posix.h"
 #include "model/gpt.h"
 
@@ -78,8 +80,8 @@ std::optional<ModelConfig> model_of(hid_t f) {
   std::string arch;  // absent before the Llama family: GPT-2, ModelConfig's defaults
   if (read_attr(f, "architecture", arch)) {
     try {
-      set_architecture(m, nlohmann::json::parse(arch));
-    } catch (const nlohmann::json::exception&) {
+      set_architecture(m, config_json::parse_text(arch, "attribute architecture"));
+    } catch (const UserError&) {
       return std::nullopt;
     }
   }
@@ -263,6 +265,7 @@ int ckpt_verify(const std::string& dir_or_file) {
   }
   uint64_t bytes = 0;
   for (const std::string& p : paths) {
+    throw_if_interrupted("ckpt verify");
     Hid ds(H5Dopen2(c.file.get(), p.c_str(), H5P_DEFAULT));
     if (!ds.valid()) {
       failures.push_back({p, "cannot be opened (corrupt file)"});
@@ -390,18 +393,17 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
 
+  // --format hf: a directory as transformers' from_pretrained reads it, appearing whole (a failed
+  // export leaves the one that was there, or nothing); else one file. Neither leaves a partial .tmp.
+  std::optional<AtomicDir> dir;
   std::string file = out;
-  if (format == "hf") {  // a directory as transformers' from_pretrained reads it
-    std::error_code ec;
-    std::filesystem::create_directories(out, ec);
-    if (ec) throw UserError(strprintf("cannot create the export directory '%s': %s", out.c_str(), ec.message().c_str()));
+  if (format == "hf") {
+    dir.emplace(out, "Hugging Face export", std::vector<std::string>{"config.json", "model.safetensors"});
     const std::string torch_dtype = *dtypes.begin() == "F32" ? "float32" : *dtypes.begin() == "BF16" ? "bfloat16" : "float16";
-    AtomicFile cfg(out + "/config.json", "Hugging Face config");
-    cfg.write(hf_config(*m, torch_dtype).dump(2) + "\n");
-    cfg.commit();
-    file = out + "/model.safetensors";
+    write_file_atomic(dir->file("config.json"), hf_config(*m, torch_dtype).dump(2) + "\n", false, "Hugging Face config");
+    file = dir->file("model.safetensors");
   }
-  AtomicFile o(file, "safetensors file");  // a failed export leaves no partial OUT.tmp behind
+  AtomicFile o(file, "safetensors file");
   const uint64_t n = text.size();
   o.write(&n, sizeof n);
   o.write(text);
@@ -410,6 +412,7 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
   std::string loaded;  // the source tensor in f32 / u16
   std::vector<char> moved;
   for (const HfTensor& t : pieces) {
+    throw_if_interrupted("ckpt export");
     const DatasetInfo& d = sources.at(t.source);
     if (loaded != t.source) {
       Hid ds = open_checkpoint_dataset(c.file.get(), c.path, d.path);
@@ -442,6 +445,7 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
     o.write(moved.data(), moved.size());
   }
   o.commit();
+  if (dir) dir->commit();
   std::string dtype_list;
   for (const std::string& t : dtypes) dtype_list += (dtype_list.empty() ? "" : "+") + t;
   log_info("exported %zu tensors (%s weights from %s, %s, %llu bytes of data%s) of step %lld from '%s' to '%s'",

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/posix_io.h"
 
 namespace zero3d::config_json {
 namespace {
@@ -62,13 +63,17 @@ std::string reason_of(const std::string& what) {
   return bracket == std::string::npos ? what : what.substr(bracket + 2);
 }
 
+struct TooDeep {};
+
 // Parses `text`, refusing a key repeated in one object (Python's json keeps the last one;
 // DeepSpeed passes an object_pairs_hook that refuses it, and so do we). A number beyond a double
 // is nlohmann's out_of_range 406.
 json parse_strict(const std::string& text, std::string& duplicate) {
   std::vector<std::pair<std::string, std::set<std::string>>> objects;  // (path, keys seen) per open object
   std::string pending_key;
-  auto cb = [&](int, json::parse_event_t ev, json& parsed) {
+  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if ((ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) && depth >= kMaxJsonDepth)
+      throw TooDeep();
     switch (ev) {
       case json::parse_event_t::object_start:
         objects.push_back({objects.empty() ? "" : join(objects.back().first, pending_key), {}});
@@ -94,34 +99,33 @@ json parse_strict(const std::string& text, std::string& duplicate) {
 
 }  // namespace
 
-json read_file(const std::string& path, const char* what) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw UserError(strprintf("cannot read %s '%s': %s", what, path.c_str(), std::strerror(errno)));
-  std::string text;
-  char buf[65536];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
-  int err = std::ferror(f) ? errno : 0;
-  std::fclose(f);
-  if (err) throw UserError(strprintf("cannot read %s '%s': %s", what, path.c_str(), std::strerror(err)));
-
+json parse_text(const std::string& text, const std::string& what) {
   json j;
   std::string duplicate;
   try {
     j = parse_strict(text, duplicate);
+  } catch (const TooDeep&) {
+    throw UserError(strprintf("%s: invalid JSON: objects and arrays nested deeper than %d levels", what.c_str(),
+                              kMaxJsonDepth));
   } catch (const json::parse_error& e) {
     // e.byte counts the characters read, the offending one included: its 0-based index is byte-1.
     auto [line, column] = position(text, e.byte > 0 ? e.byte - 1 : 0);
-    throw UserError(one_line(strprintf("%s: invalid JSON at line %zu, column %zu: %s", path.c_str(), line, column,
+    throw UserError(one_line(strprintf("%s: invalid JSON at line %zu, column %zu: %s", what.c_str(), line, column,
                                        reason_of(e.what()).c_str())));
   } catch (const json::exception& e) {  // out_of_range 406: a number beyond a double
-    throw UserError(one_line(strprintf("%s: invalid JSON: %s (numbers must fit a 64-bit double)", path.c_str(),
+    throw UserError(one_line(strprintf("%s: invalid JSON: %s (numbers must fit a 64-bit double)", what.c_str(),
                                        reason_of(e.what()).c_str())));
   }
   if (!duplicate.empty())
     throw UserError(strprintf("%s: key '%s' appears twice in one object (JSON keys must be unique; DeepSpeed "
                               "refuses this too)",
-                              path.c_str(), duplicate.c_str()));
+                              what.c_str(), show_key(duplicate).c_str()));
+  return j;
+}
+
+json read_file(const std::string& path, const char* what) {
+  const std::string text = read_text_file(path, what);
+  json j = parse_text(text, path);
   if (!j.is_object())
     throw UserError(strprintf("%s: the top level must be a JSON object {...}, got %s", path.c_str(), j.type_name()));
   return j;
@@ -132,10 +136,12 @@ json parse_value(const std::string& text, const std::string& label) {
     std::string duplicate;
     json v = parse_strict(text, duplicate);
     if (!duplicate.empty())
-      throw UserError(one_line(label + ": key '" + duplicate + "' appears twice in one object"));
+      throw UserError(one_line(label + ": key '" + show_key(duplicate) + "' appears twice in one object"));
     return v;
   } catch (const json::parse_error&) {
     return text;  // not JSON: a raw string
+  } catch (const TooDeep&) {
+    throw UserError(strprintf("%s: objects and arrays nested deeper than %d levels", label.c_str(), kMaxJsonDepth));
   } catch (const json::out_of_range& e) {
     throw UserError(one_line(label + ": " + reason_of(e.what()) + " (numbers must fit a 64-bit double)"));
   }
@@ -213,10 +219,16 @@ std::string nearest(const std::string& path, const std::vector<std::string>& can
   std::string best;
   size_t best_score = SIZE_MAX, best_full = SIZE_MAX;
   for (const std::string& c : candidates) {
-    size_t full = levenshtein(path, c), by_leaf = levenshtein(leaf, leaf_of(c));
+    // An edit distance is at least the difference in length: a name far longer than every candidate
+    // (a 5 MB key) costs no quadratic comparison.
+    const std::string c_leaf = leaf_of(c);
+    const size_t by_len = std::min(std::max(path.size(), c.size()) - std::min(path.size(), c.size()),
+                                   std::max(leaf.size(), c_leaf.size()) - std::min(leaf.size(), c_leaf.size()));
+    const size_t words = extra_words(leaf, c_leaf);
+    const bool near = by_len <= limit || words <= 2;
+    const size_t full = near ? levenshtein(path, c) : SIZE_MAX, by_leaf = near ? levenshtein(leaf, c_leaf) : SIZE_MAX;
     size_t score = std::min(full, by_leaf);
     if (score > limit) score = SIZE_MAX;
-    size_t words = extra_words(leaf, leaf_of(c));
     if (words <= 2) score = std::min(score, words);
     if (score == SIZE_MAX) continue;
     if (score < best_score || (score == best_score && full < best_full)) best = c, best_score = score, best_full = full;
@@ -228,6 +240,11 @@ std::string show(const json& v) {
   std::string s = v.dump();
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
+}
+
+std::string show_key(const std::string& key) {
+  if (key.size() <= 80) return key;
+  return key.substr(0, 60) + strprintf("... (%zu characters)", key.size());
 }
 
 std::string one_line(std::string s) {

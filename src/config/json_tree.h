@@ -12,8 +12,16 @@ namespace zero3d::config_json {
 
 using json = nlohmann::json;
 
-// The object in `path`; throws UserError naming the file with line and column, a duplicate key's
-// dotted path, or a non-object top level. `what` names the file's role ("config file").
+// JSON is nested at most this deep (objects and arrays): deeper input is refused while it is read,
+// before a tree is built (a config or a header nests 4 levels; 100000 crashed the reader).
+constexpr int kMaxJsonDepth = 64;
+
+// `text` as JSON; throws UserError starting with `what` and saying why in zero3d's words (line and
+// column of a syntax error, a duplicate key's dotted path, too deep, a number beyond a double).
+json parse_text(const std::string& text, const std::string& what);
+
+// The object in `path` (parse_text's checks, and a non-object top level is an error). `what` names
+// the file's role ("config file").
 json read_file(const std::string& path, const char* what);
 
 // `text` as JSON for --set; a text that is not JSON is a string (paths, names like WarmupLR).
@@ -40,6 +48,8 @@ std::string nearest(const std::string& path, const std::vector<std::string>& can
 
 // A value for an error message: compact, one line, at most 60 characters.
 std::string show(const json& v);
+// A key or path for an error message: as is up to 80 characters, else cut and its length said.
+std::string show_key(const std::string& key);
 std::string one_line(std::string s);
 std::string quoted_list(const std::vector<std::string>& v);
 std::string fmt_num(double x);

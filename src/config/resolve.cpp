@@ -134,11 +134,11 @@ class Resolver {
   }
 
   void apply_override(const std::string& o) {
-    std::string label = "--set " + o;
+    std::string label = "--set " + show_key(o);
     size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0)
       throw UserError(one_line(strprintf(
-          "malformed override '--set %s': expected KEY=VALUE, e.g. --set optimizer.params.lr=3e-4", o.c_str())));
+          "malformed override '%s': expected KEY=VALUE, e.g. --set optimizer.params.lr=3e-4", label.c_str())));
     std::string key = o.substr(0, eq);
     if (!settable(key)) throw UserError(one_line(label + ": " + unknown_key_message(key)));
     json value = parse_value(o.substr(eq + 1), label);
@@ -213,7 +213,7 @@ class Resolver {
 
   // "unknown config key 'x' (did you mean 'y'?)", or the keys valid in the nearest section.
   static std::string unknown_key_message(const std::string& path) {
-    std::string msg = "unknown config key '" + path + "'";
+    std::string msg = "unknown config key '" + show_key(path) + "'";
     if (std::string best = nearest(path, all_names()); !best.empty()) return msg + " (did you mean '" + best + "'?)";
     std::string parent = parent_of(path);
     while (!parent.empty() && !sections().count(parent)) {
@@ -236,7 +236,7 @@ class Resolver {
       if (find_key(path)) continue;
       if (sections().count(path)) {
         if (!it->is_object())
-          fail(path, strprintf("'%s' must be an object {...}, got %s", path.c_str(), show(*it).c_str()));
+          fail(path, strprintf("'%s' must be an object {...}, got %s", show_key(path).c_str(), show(*it).c_str()));
         check_tree(*it, path);
         continue;
       }

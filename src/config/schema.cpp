@@ -48,8 +48,16 @@ nlohmann::json architecture_of(const ModelConfig& m) {
 }
 
 void set_architecture(ModelConfig& m, const nlohmann::json& a) {
+  if (!a.is_object())
+    throw UserError("the model's architecture record is not a JSON object: " + config_json::show(a));
   auto get = [&](const char* k, auto& v) {
-    if (a.contains(k)) v = a.at(k).get<std::remove_reference_t<decltype(v)>>();
+    if (!a.contains(k)) return;
+    try {
+      v = a.at(k).get<std::remove_reference_t<decltype(v)>>();
+    } catch (const nlohmann::json::exception&) {
+      throw UserError(strprintf("the model's architecture record has %s = %s, a value of the wrong type", k,
+                                config_json::show(a.at(k)).c_str()));
+    }
   };
   get("arch", m.arch), get("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by), get("norm", m.norm), get("rms_norm_eps", m.rms_norm_eps), get("position", m.position);
   get("rope_theta", m.rope_theta), get("mlp", m.mlp), get("intermediate_size", m.intermediate_size);

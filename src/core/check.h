@@ -22,6 +22,8 @@ constexpr int kExitDiverged = 9;      // max_nonfinite_steps steps in a row with
                                       // norm (or the last step's loss): no checkpoint of that state is written
 constexpr int kExitReadFailed = 10;   // a checkpoint could not be read: an I/O error (after retries), not a bad
                                       // file; no older one is tried; run again when the storage reads
+constexpr int kExitInterrupted = 130;  // a command other than train stopped by SIGINT/SIGTERM (the shell's
+                                       // 128 + SIGINT): what it was writing is removed; run it again
 
 [[noreturn]] void fatal(const char* library, const std::string& message, const char* statement,
                         const char* file, int line);

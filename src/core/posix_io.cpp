@@ -3,9 +3,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <thread>
+
+#include "core/check.h"
 
 namespace zero3d {
 
@@ -49,6 +52,19 @@ std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int res
     if (n > 0 && rest_fd >= 0) fd = rest_fd, rest_fd = -1;  // a short direct write: the rest is unaligned
   }
   return "";
+}
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw UserError(strprintf("cannot read %s '%s': %s", what.c_str(), path.c_str(), std::strerror(errno)));
+  std::string text;
+  char buf[65536];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const int err = std::ferror(f) ? errno : 0;
+  std::fclose(f);
+  if (err) throw UserError(strprintf("cannot read %s '%s': %s", what.c_str(), path.c_str(), std::strerror(err)));
+  return text;
 }
 
 }  // namespace zero3d

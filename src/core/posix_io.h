@@ -18,4 +18,8 @@ std::string pread_fully(int fd, void* dst, size_t n, uint64_t at, bool zeros_pas
 // there (a short write on an O_DIRECT descriptor leaves the rest unaligned for it).
 std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int rest_fd = -1);
 
+// The whole of a (small) file, read as a stream (a FIFO too); a UserError "cannot read WHAT 'PATH':
+// <strerror>" when it cannot be opened or read (a directory: "Is a directory").
+std::string read_text_file(const std::string& path, const std::string& what);
+
 }  // namespace zero3d

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "config/json_tree.h"
 #include "core/check.h"
 
 namespace zero3d {
@@ -68,8 +69,8 @@ std::vector<MetricsLine> read_metrics(const std::string& path) {
   for (int n = 1; std::getline(in, line); ++n) {
     if (line.empty()) continue;
     try {
-      out.push_back({line, nlohmann::json::parse(line)});
-    } catch (const nlohmann::json::exception&) {
+      out.push_back({line, config_json::parse_text(line, path)});
+    } catch (const UserError&) {
       throw UserError(strprintf("%s:%d: not a JSON record; cannot continue this run's metrics", path.c_str(), n));
     }
   }

@@ -21,7 +21,7 @@
 #include "train/fault.h"
 #include "train/records.h"
 #include "train/step_runner.h"
-#include "train/stop_signal.h"  // the flag; app/train.cpp installs the handlers
+#include "core/stop_signal.h"  // the flag; app/train.cpp installs the handlers
 #include "zero/engine.h"
 #include "zero/grad_finish.h"
 #include "zero/loss_scaler.h"

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "config/json_tree.h"
 #include "core/check.h"
 
 namespace zero3d {
@@ -93,13 +94,15 @@ struct Saved {
   LossScaler::State state;
 };
 Saved parse_saved(const std::string& text) {
+  const auto j = config_json::parse_text(text, "the checkpoint's loss scaler record");
   try {
-    const auto j = nlohmann::json::parse(text);
     return {j.at("dynamic").get<bool>(),
             {j.at("scale").get<double>(), j.at("cur_iter").get<int64_t>(), j.at("last_overflow_iter").get<int64_t>(),
              j.at("cur_hysteresis").get<int>()}};
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(e.what());
+  } catch (const nlohmann::json::exception&) {
+    throw UserError("the checkpoint's loss scaler record " + config_json::show(j) +
+                    " lacks one of dynamic, scale, cur_iter, last_overflow_iter, cur_hysteresis or has a value of the "
+                    "wrong type");
   }
 }
 }  // namespace

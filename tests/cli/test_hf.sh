@@ -81,7 +81,7 @@ PY
     fail "init_from round trip of $model"
 done
 # A directory that is not there: the system's words, before anything runs.
-expect_exit 2 init_from_missing "init_from: cannot read '.*/nowhere/config.json': No such file or directory" \
+expect_exit 2 init_from_missing "cannot read checkpoint.init_from's config '.*/nowhere/config.json': No such file or directory" \
   $MPIRUN -np 1 "$z3d" train input/llama-tiny.json --run-dir "$tmp/missing" --set checkpoint.init_from="$tmp/nowhere"
 # init_from checks the directory against the run's model before anything runs.
 expect_exit 2 init_from_mismatch "init_from: .*num_key_value_heads = 2, but this run's model needs 4" \

@@ -422,8 +422,8 @@ while read -r line; do
 done < "$tmp/sbatch.log"
 grep -q "activation_checkpointing.enabled=true" "$tmp/sbatch.log" || fail "no job carries the plan's activation checkpointing"
 echo "ok plan --sweep: 3 jobs through sweep.sh, each accepted by the dry run"
-expect_exit 2 plan-ranks "--ranks must be a whole number >= 1" "$z3d" plan $tiny --ranks 0
-expect_exit 2 plan-ranks-empty "--ranks must be a whole number >= 1, got ''" "$z3d" plan $tiny --ranks ""
-expect_exit 2 plan-sweep "--sweep must be a whole number >= 1, got 'two'" "$z3d" plan $tiny --ranks 2 --sweep two
-expect_exit 2 plan-mem "--mem-per-rank must be a positive number of bytes" "$z3d" plan $tiny --ranks 2 --mem-per-rank 3X
+expect_exit 2 plan-ranks "--ranks must be a whole number from 1 to 16777216, got '0'" "$z3d" plan $tiny --ranks 0
+expect_exit 2 plan-ranks-empty "--ranks must be a whole number from 1 to 16777216, got ''" "$z3d" plan $tiny --ranks ""
+expect_exit 2 plan-sweep "--sweep must be a whole number from 1 to 16777216, got 'two'" "$z3d" plan $tiny --ranks 2 --sweep two
+expect_exit 2 plan-mem "--mem-per-rank must be a number of bytes from 1 to 1024T" "$z3d" plan $tiny --ranks 2 --mem-per-rank 3X
 echo "plan: ok"

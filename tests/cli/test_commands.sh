@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Every command as careful as train (issue #52): the defects a hostile run found outside train, each
+# reproduced here (each case failed on main e7e3933, before its fix):
+# - outputs never destroy: --out onto a FIFO or a symlink to a device node is refused by name and the
+#   node is untouched; a failed --format hf export leaves the export that was there (or nothing), and
+#   an export never replaces a directory holding files it did not write;
+# - numbers on the command line are range-checked, never wrapped; one prompt option at a time;
+# - inputs never crash and errors speak zero3d's words: JSON nested 100000 deep is refused at once, a
+#   5 MB unknown key quickly and in a short line; a machine file that is a directory, has a rate as a
+#   string or lacks the collectives a plan needs; init_from weights that are NaN, cut short or whose
+#   offsets run past the data, and a cut config.json;
+# - data prepare reads a FIFO (each input opened once); SIGINT/SIGTERM stop data prepare and eval at
+#   once with exit 130 and nothing half-written (the shell starts these background runs with SIGINT
+#   ignored, as the hostile run's were: zero3d takes it anyway).
+# usage: test_commands.sh ZERO3D_BINARY SOURCE_DIR
+set -eu
+source "$(dirname "$0")/common.sh" "$@"
+ckpt() {  # ckpt NAME CONFIG [ARGS...]: a 2-step run of CONFIG on one rank, its checkpoint in $tmp/NAME/checkpoints
+  local name=$1 config=$2
+  shift 2
+  timeout 120 "$z3d" train "$config" --run-dir "$tmp/$name" --peak-flops 1e11 --set data.val= --set train_steps=2 \
+    --set checkpoint.save_interval=2 "$@" > "$tmp/$name.log" 2>&1 || { cat "$tmp/$name.log"; fail "training $name"; }
+}
+ckpt gpt input/gpt-tiny.json
+ckpt llama input/llama-tiny.json --set model.d_model=512 --set model.n_layer=2 --set model.intermediate_size=1024
+G=$tmp/gpt/checkpoints
+L=$tmp/llama/checkpoints
+printf 'some text\n' > "$tmp/a.txt"
+
+# 1. --out onto what is not a regular file: refused by name, the node untouched.
+mkfifo "$tmp/fifo"
+ln -s /dev/null "$tmp/null"
+expect_exit 2 out-fifo "token file '$tmp/fifo' exists and is a FIFO" "$z3d" data prepare "$tmp/a.txt" --out "$tmp/fifo"
+[[ -p $tmp/fifo ]] || fail "data prepare replaced the FIFO"
+expect_exit 2 out-device "'$tmp/null' exists and is a character device" "$z3d" data prepare "$tmp/a.txt" --out "$tmp/null"
+expect_exit 2 export-device "'$tmp/null' exists and is a character device" "$z3d" ckpt export "$G" --out "$tmp/null"
+[[ -L $tmp/null && -c /dev/null ]] || fail "the link to /dev/null or /dev/null itself was replaced"
+expect_exit 2 export-dir "'$tmp' exists and is a directory" "$z3d" ckpt export "$G" --out "$tmp"
+ln -s tokens.bin "$tmp/link"  # a link to a file: the file it names is written, the link kept
+expect_exit 0 out-link "wrote 10 tokens" "$z3d" data prepare "$tmp/a.txt" --out "$tmp/link"
+[[ -L $tmp/link && -f $tmp/tokens.bin ]] || fail "data prepare through a symlink: the link was replaced"
+
+# 2. an hf export appears whole or not at all: a failed one (a file size limit of half the Llama
+# export's weights: its writes past it fail with EFBIG) leaves the GPT-2 export that was there, or
+# nothing in an empty directory; a directory with files an export does not write is refused.
+expect_exit 0 hf-gpt "exported" "$z3d" ckpt export "$G" --format hf --out "$tmp/m"
+cp -r "$tmp/m" "$tmp/m.before"
+mkdir "$tmp/empty"
+expect_exit 0 hf-llama-size "exported" "$z3d" ckpt export "$L" --format hf --out "$tmp/llama_hf"
+half_kib=$(( $(stat -c %s "$tmp/llama_hf/model.safetensors") / 2048 ))
+small_disk=(bash -c "trap '' XFSZ; ulimit -f $half_kib; exec \"\$@\"" small_disk)
+expect_exit 2 hf-fails "File too large" "${small_disk[@]}" "$z3d" ckpt export "$L" --format hf --out "$tmp/m"
+diff -r "$tmp/m" "$tmp/m.before" > /dev/null || fail "a failed export changed the export that was there"
+expect_exit 2 hf-fails-empty "File too large" "${small_disk[@]}" "$z3d" ckpt export "$L" --format hf --out "$tmp/empty"
+[[ -z $(ls -A "$tmp/empty") ]] || fail "a failed export into an empty directory left: $(ls -A "$tmp/empty")"
+[[ ! -e $tmp/m.tmp && ! -e $tmp/empty.tmp ]] || fail "a failed export left its .tmp directory"
+expect_exit 0 hf-llama "exported" "$z3d" ckpt export "$L" --format hf --out "$tmp/m"
+grep -q LlamaForCausalLM "$tmp/m/config.json" || fail "the llama export did not replace the GPT-2 one"
+touch "$tmp/m/README.md"
+expect_exit 2 hf-foreign "holds 'README.md', which zero3d does not write there" "$z3d" ckpt export "$G" --format hf --out "$tmp/m"
+[[ -f $tmp/m/README.md ]] || fail "the refused export removed README.md"
+
+# 13, 18. numbers are range-checked, never wrapped; one prompt option.
+for bad in "--max-tokens 1e30" "--max-tokens 4294967297" "--top-k 1000000000000" "--max-tokens -1"; do
+  expect_exit 2 "gen${bad// /}" "${bad%% *} must be a whole number from 0 to 2147483647" \
+    "$z3d" generate "$G" --prompt a $bad
+done
+expect_exit 2 eval-micro "--micro-batch must be a whole number from 1 to 1048576, got '4294967297'" \
+  "$z3d" eval "$G" --tokens "$tmp/tokens.bin" --micro-batch 4294967297
+expect_exit 2 plan-mem "--mem-per-rank must be a number of bytes from 1 to 1024T" \
+  "$z3d" plan input/gpt-tiny.json --ranks 8 --mem-per-rank 99999999999T
+expect_exit 0 plan-ranks "layouts" "$z3d" plan input/gpt-tiny.json --ranks 1000000 --top 1
+expect_exit 2 plan-ranks-max "--ranks must be a whole number from 1 to 16777216" \
+  "$z3d" plan input/gpt-tiny.json --ranks 99999999999
+expect_exit 2 gen-ids "each of --prompt-ids must be a whole number from 0 to 255, got '256'" \
+  "$z3d" generate "$G" --prompt-ids 1,256
+expect_exit 2 gen-two-prompts "takes one prompt: --prompt or --prompt-ids, not both" \
+  "$z3d" generate "$G" --prompt a --prompt-ids 1
+# 3, 16. JSON: nesting and a huge unknown key (each in a few seconds; the crash took 28 s, the key 59 s).
+/usr/bin/python3 - "$tmp" <<'PY'
+import sys
+t = sys.argv[1]
+open(f"{t}/deep_obj.json", "w").write('{"a":' * 100000 + "1" + "}" * 100000)
+open(f"{t}/deep_arr.json", "w").write('{"train_micro_batch_size_per_gpu": ' + "[" * 200000 + "]" * 200000 + "}")
+open(f"{t}/long_key.json", "w").write('{"' + "x" * 5000000 + '": 1}')
+PY
+deep="nested deeper than 64 levels"
+expect_exit 2 deep-obj "deep_obj.json: invalid JSON: objects and arrays $deep" \
+  "$z3d" train input/gpt-tiny.json --dry-run --deepspeed "$tmp/deep_obj.json"
+expect_exit 2 deep-arr "deep_arr.json: invalid JSON: objects and arrays $deep" \
+  "$z3d" plan input/gpt-tiny.json --ranks 2 --deepspeed "$tmp/deep_arr.json"
+expect_exit 2 deep-set "$deep" "$z3d" train input/gpt-tiny.json --dry-run --set "model=$(printf '[%.0s' {1..30000})"
+SECONDS=0
+expect_exit 2 long-key "unknown config key 'x{60}\.\.\. \(5000000 characters\)'" \
+  "$z3d" train input/gpt-tiny.json --dry-run --deepspeed "$tmp/long_key.json"
+(( SECONDS < 10 )) || fail "the 5 MB key took $SECONDS s to refuse"
+(( $(wc -c < "$tmp/long-key.log") < 4000 )) || fail "the 5 MB key's error is $(wc -c < "$tmp/long-key.log") bytes long"
+
+# 14, 15. machine files: a directory, a rate as a string, no collectives for a plan that communicates.
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, sys
+t = sys.argv[1]
+m = json.load(open("input/machines/h100-sxm.json"))
+json.dump(dict(m, gemm_flops_per_s="fast"), open(f"{t}/m_string.json", "w"))
+del m["collectives"]
+json.dump(m, open(f"{t}/m_node.json", "w"))
+del m["inter_node"]
+json.dump(dict(m, ranks_per_node=1), open(f"{t}/m_one.json", "w"))
+PY
+mkdir "$tmp/m_dir"
+plan2=("$z3d" plan input/gpt-tiny.json --ranks 2 --machine)
+expect_exit 2 machine-dir "cannot read machine file '$tmp/m_dir': Is a directory" "${plan2[@]}" "$tmp/m_dir"
+expect_exit 2 machine-string 'gemm_flops_per_s is "fast": it must be a number' "${plan2[@]}" "$tmp/m_string.json"
+expect_exit 2 machine-node "missing collectives.all_reduce \(a node of 8 ranks communicates\)" "${plan2[@]}" "$tmp/m_node.json"
+expect_exit 2 machine-one "the machine file has no collective rates" "${plan2[@]}" "$tmp/m_one.json"
+expect_exit 0 machine-one-rank "layouts" "$z3d" plan input/gpt-tiny.json --ranks 1 --machine "$tmp/m_one.json"
+! grep -qE "json\.exception|basic_filebuf" "$tmp"/machine-*.log || fail "a library's words in a machine file's error"
+
+# 9, 10, 14. checkpoint.init_from: NaN weights, a cut file, offsets past the data, a cut config.json.
+cp -r "$tmp/m.before" "$tmp/hf_ok"
+/usr/bin/python3 - "$tmp" <<'PY'
+import json, math, os, shutil, struct, sys
+t = sys.argv[1]
+src = f"{t}/hf_ok/model.safetensors"
+blob = open(src, "rb").read()
+n = struct.unpack("<Q", blob[:8])[0]
+header = json.loads(blob[8:8 + n])
+def variant(name, data, config=None):
+    os.makedirs(f"{t}/{name}")
+    open(f"{t}/{name}/model.safetensors", "wb").write(data)
+    cfg = open(f"{t}/hf_ok/config.json").read()
+    open(f"{t}/{name}/config.json", "w").write(cfg if config is None else config)
+begin = 8 + n + header["transformer.h.1.attn.c_attn.weight"]["data_offsets"][0]
+nan = bytearray(blob)
+nan[begin + 4 * 7:begin + 4 * 8] = struct.pack("<f", math.nan)
+variant("hf_nan", bytes(nan))
+variant("hf_cut", blob[:len(blob) // 2])
+moved = dict(header)
+moved["transformer.wte.weight"] = dict(header["transformer.wte.weight"], data_offsets=[len(blob), len(blob) + 4 * 256 * 128])
+text = json.dumps(moved).encode()
+variant("hf_past", struct.pack("<Q", len(text)) + text + blob[8 + n:])
+variant("hf_cutcfg", blob, config=open(f"{t}/hf_ok/config.json").read()[:40])
+PY
+init() { init=("$z3d" train input/gpt-tiny.json --run-dir "$tmp/run_$1" --set train_steps=1 --set data.val=
+              --set checkpoint.init_from="\"$tmp/$1\""); }
+init hf_nan
+expect_exit 2 init-nan "tensor 'transformer.h.1.attn.c_attn.weight' holds nan at element 7: initial weights must be finite" "${init[@]}"
+init hf_cut
+expect_exit 2 init-cut "lies at bytes \[[0-9]+, [0-9]+\) of the data, which holds [0-9]+: the file is truncated" "${init[@]}"
+init hf_past
+expect_exit 2 init-past "tensor 'transformer.wte.weight' lies at bytes .* the file is truncated or corrupt" "${init[@]}"
+init hf_cutcfg
+expect_exit 2 init-cutcfg "config.json: invalid JSON at line [0-9]+, column [0-9]+" "${init[@]}"
+! grep -q "json\.exception" "$tmp"/init-*.log || fail "a library's words in an init_from error"
+
+# 5. a FIFO is read, not hung on.
+mkfifo "$tmp/text_fifo"
+(sleep 1; printf 'through a fifo' > "$tmp/text_fifo") &
+expect_exit 0 fifo-in "wrote 14 tokens" "$z3d" data prepare "$tmp/text_fifo" --out "$tmp/fifo.bin"
+
+# 6. SIGINT and SIGTERM stop a long command at once: exit 130, nothing half-written.
+interrupt() {  # interrupt NAME SIGNAL CMD...: CMD gets SIGNAL after 2 s and must end within 10 s
+  local name=$1 sig=$2 rc=0
+  shift 2
+  "$@" > "$tmp/$name.log" 2>&1 &
+  local pid=$!
+  sleep 2
+  kill -"$sig" $pid
+  SECONDS=0
+  wait $pid || rc=$?
+  [[ $rc == 130 && $SECONDS -lt 10 ]] && grep -q "stopped by SIG$sig" "$tmp/$name.log" ||
+    fail "$name: exit $rc after $SECONDS s, want 130 at once: $(cat "$tmp/$name.log")"
+  echo "ok $name"
+}
+interrupt prepare-int INT "$z3d" data prepare /dev/zero --out "$tmp/zero.bin"
+[[ ! -e $tmp/zero.bin && ! -e $tmp/zero.bin.tmp ]] || fail "an interrupted data prepare left $(ls "$tmp"/zero.bin*)"
+interrupt eval-int INT "$z3d" eval "$G" --tokens input/data/train.bin
+interrupt eval-term TERM "$z3d" eval "$G" --tokens input/data/train.bin
+
+echo "all command checks passed"
