@@ -40,7 +40,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
   WalledBackend(MemKind kind, std::shared_ptr<MemoryTally> tally)
       : inner_(make_host_backend(counting())), kind_(kind), tally_(std::move(tally)) {}
   ~WalledBackend() override {
-    for (auto& [p, len] : regions_) munmap(p, len);
+    for (auto& [p, len] : regions_) release(p, len);
   }
 
   BackendKind kind() const override { return BackendKind::host; }
@@ -67,7 +67,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     auto it = regions_.find(static_cast<char*>(p));
     Z3D_ASSERT(it != regions_.end(), "walled backend: free of memory it did not allocate");
-    munmap(it->first, it->second);
+    release(it->first, it->second);
     regions_.erase(it);
     if (tally_) tally_->live -= sizes_.at(static_cast<char*>(p)), sizes_.erase(static_cast<char*>(p));
   }
@@ -92,7 +92,7 @@ class WalledBackend final : public Backend, public DeviceMemory {
   void free_pinned(void* p) override {
     if (!tally_) return ::operator delete(p);
     std::lock_guard<std::recursive_mutex> lock(mu_);
-    munmap(p, regions_.at(static_cast<char*>(p)));
+    release(static_cast<char*>(p), regions_.at(static_cast<char*>(p)));
     regions_.erase(static_cast<char*>(p));
   }
   std::unique_ptr<DeviceCollectives> make_collectives(int, int, const std::string&, bool,
@@ -209,10 +209,22 @@ class WalledBackend final : public Backend, public DeviceMemory {
     std::lock_guard<std::recursive_mutex> lock(mu_);
     const size_t len = round_up(bytes ? bytes : 1);
     void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED && tally_) {
+      // Sizing a layout larger than the address space (a micro-batch of 10^9): nothing reads a
+      // sizing buffer, so it gets an address range past the user address space (never mapped, never
+      // unmapped), and the plan goes on to say how much the layout needs.
+      p = reinterpret_cast<void*>(next_unmapped_);
+      next_unmapped_ += len;
+    }
     Z3D_ASSERT(p != MAP_FAILED, "walled backend: mmap failed");
     regions_[static_cast<char*>(p)] = len;
     return p;
   }
+  void release(char* p, size_t len) {
+    if (reinterpret_cast<uintptr_t>(p) < kUnmappedBase) munmap(p, len);
+  }
+  static constexpr uintptr_t kUnmappedBase = uintptr_t{1} << 56;  // above x86-64's and AArch64's user space
+  uintptr_t next_unmapped_ = kUnmappedBase;
   static size_t round_up(size_t n) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     return (n + page - 1) / page * page;

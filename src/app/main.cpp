@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "app/commands.h"
 #include "core/check.h"
@@ -83,6 +84,9 @@ int main(int argc, char** argv) {
     } catch (const RunError& e) {
       error = e.what();
       rc = e.code;
+    } catch (const std::bad_alloc&) {  // a host allocation the memory plan did not foresee
+      error = "out of host memory (an allocation failed); zero3d plan CONFIG --ranks N --explain sizes the layout";
+      rc = kExitUserError;
     }
     // Agree: the lowest rank that failed reports; every rank exits with the same code.
     int first_failed = error.empty() ? world : rank, reporter = world, code = rc;

@@ -97,6 +97,22 @@ std::string commit_checkpoint(const std::string& dir, const std::string& tmp, co
   return "";
 }
 
+int64_t set_aside_diverged(const std::string& dir, int64_t from) {
+  int64_t kept = 0;
+  for (const std::string& c : list_checkpoints(dir)) {  // newest first
+    if (step_of(c) < from) {
+      kept = step_of(c);
+      write_file_atomic(dir + "/latest", fs::path(c).filename().string() + "\n", /*durable=*/true, "checkpoint pointer");
+      return kept;
+    }
+    if (std::rename(c.c_str(), (c + ".diverged").c_str()) != 0)
+      throw UserError(strprintf("cannot rename '%s' to '%s.diverged': %s", c.c_str(), c.c_str(), strerror(errno)));
+  }
+  std::error_code ec;
+  fs::remove(dir + "/latest", ec);
+  return kept;
+}
+
 void remove_partial_saves(const std::string& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))

@@ -29,6 +29,11 @@ std::string checkpoint_file(const std::string& dir_or_file);
 // what failed (then `tmp` is removed and `latest` still names the previous checkpoint).
 std::string commit_checkpoint(const std::string& dir, const std::string& tmp, const std::string& final_path,
                               int keep_last);
+// Rank 0, when a run diverged: the committed checkpoints of step `from` on hold states whose next
+// loss was not finite, so each is renamed NAME.diverged (kept for a look, never loaded again) and
+// `latest` names the newest one before them, or is removed when there is none. Returns the step
+// `latest` then names (0: none); throws UserError when a rename fails.
+int64_t set_aside_diverged(const std::string& dir, int64_t from);
 // Removes the DIR/*.h5.tmp files of saves that died (a run that holds the run dir's lock owns them).
 void remove_partial_saves(const std::string& dir);
 

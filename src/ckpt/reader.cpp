@@ -308,12 +308,25 @@ std::optional<LoadedCheckpoint> load_checkpoint(const CheckpointRun& run, LoadMo
     if (candidates.empty()) return std::nullopt;
     bool pruned = false;
     for (const std::string& c : candidates) {
+      std::error_code ec;
+      if (world.all_reduce_max(static_cast<int64_t>(fs::exists(c, ec))) == 0) {
+        // Not there before it was read: pruned after `latest` was read (latest has moved on: read
+        // it again), or a `latest` that names a file nobody wrote (a stale or hand-edited one).
+        if (c == candidates.front() && newest != INT64_MAX && read_latest(dir) != fs::path(c).filename().string() &&
+            attempt < kPrunedTries) {
+          pruned = true;
+          break;
+        }
+        if (root) log_warn("checkpoint: '%s' is not there%s; trying an older one", c.c_str(),
+                           c == candidates.front() && newest != INT64_MAX ? " (its name is in 'latest')" : "");
+        errors += "\n  " + c + " is not there";
+        continue;
+      }
       auto loaded = try_load(run, c, timeout_s, error);
       if (loaded) {
         if (!errors.empty() && root) log_warn("checkpoint: fell back to '%s'", c.c_str());
         return loaded;
       }
-      std::error_code ec;
       pruned = world.all_reduce_max(static_cast<int64_t>(!fs::exists(c, ec))) != 0;
       if (pruned && attempt < kPrunedTries) {
         if (root) log_warn("checkpoint: '%s' was removed while it was read (another run prunes '%s'); reading 'latest' again",

@@ -478,6 +478,13 @@ class Resolver {
                      (long long)tb, (long long)mb, (long long)ga, (long long)dp, (long long)product, dp_why.c_str()));
     if (tb > INT_MAX)
       fail({kTB, kMB, kGA}, strprintf("train_batch_size %lld is too large (max %d)", (long long)tb, INT_MAX));
+    // A rank's activations are indexed by token: a micro-batch holds at most 2^31 - 1 of them.
+    const int64_t T = value("model.seq_len").get<int64_t>(), tokens = mul_sat(mb, T);
+    if (tokens > INT_MAX)
+      fail({kMB, "model.seq_len"},
+           strprintf("a micro-batch of %lld sequences of model.seq_len %lld tokens is %lld tokens, more than the %d a "
+                     "rank can index: use a smaller train_micro_batch_size_per_gpu (more gradient_accumulation_steps)",
+                     (long long)mb, (long long)T, (long long)tokens, INT_MAX));
     for (const char* k : kBatchKeys)
       if (!present(k)) derived_[k] = "derived: train_batch_size = micro * gradient_accumulation_steps * dp (" + dp_why + ")";
     value_[kTB] = tb, value_[kMB] = mb, value_[kGA] = ga;

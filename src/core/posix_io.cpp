@@ -46,6 +46,10 @@ std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int res
   while (n > 0) {
     const ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(at));
     if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EINVAL && rest_fd >= 0) {  // a direct write the file system refuses: the rest buffered
+      fd = rest_fd, rest_fd = -1;
+      continue;
+    }
     if (w < 0) return strerror(errno);
     if (w == 0) return "the system wrote nothing (no error given)";
     p += w, at += static_cast<uint64_t>(w), n -= static_cast<size_t>(w);

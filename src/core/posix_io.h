@@ -15,7 +15,8 @@ namespace zero3d {
 // with a short back-off; the end of the file is "truncated", or zeros with zeros_past_end.
 std::string pread_fully(int fd, void* dst, size_t n, uint64_t at, bool zeros_past_end = false);
 // n bytes to `at` of fd, short writes completed. rest_fd >= 0: after a short write the rest goes
-// there (a short write on an O_DIRECT descriptor leaves the rest unaligned for it).
+// there (a short write on an O_DIRECT descriptor leaves the rest unaligned for it), and so does a
+// write fd refuses with EINVAL (a direct write of a size or offset the file system will not take).
 std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int rest_fd = -1);
 
 // The whole of a (small) file, read as a stream (a FIFO too); a UserError "cannot read WHAT 'PATH':

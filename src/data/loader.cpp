@@ -47,8 +47,11 @@ TokenFile::TokenFile(const std::string& path, int vocab_size) : path_(path), voc
                               path.c_str(), static_cast<unsigned long long>(file_bytes),
                               static_cast<unsigned long long>(kHeaderBytes)));
   int32_t header[kTokenFileHeaderInts];
-  if (::pread(fd.fd, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header))
-    throw UserError(strprintf("cannot read the header of token file '%s': %s", path.c_str(), strerror(errno)));
+  // An I/O error is the storage's, not a verdict on the file (the README's exit code 10); a file
+  // shorter than its header was refused above.
+  if (const std::string e = pread_fully(fd.fd, header, sizeof header, 0); !e.empty())
+    throw RunError(strprintf("cannot read the header of token file '%s': %s (after retries); run again when the "
+                             "storage reads", path.c_str(), e.c_str()), kExitReadFailed);
   if (header[0] != kTokenFileMagic)
     throw UserError(strprintf("'%s' is not an llm.c token file (magic %d, expected %d)", path.c_str(), header[0],
                               kTokenFileMagic));
@@ -70,7 +73,8 @@ TokenFile::TokenFile(const std::string& path, int vocab_size) : path_(path), voc
   for (uint64_t at = 0; at < count && vocab_size <= 65535; at += block.size()) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), count - at));
     if (const std::string e = read_tokens(fd.fd, at, n, block.data()); !e.empty())
-      throw UserError(strprintf("cannot read token file '%s': %s", path.c_str(), e.c_str()));
+      throw RunError(strprintf("cannot read token file '%s': %s (after retries); run again when the storage reads",
+                               path.c_str(), e.c_str()), kExitReadFailed);
     if (*std::max_element(block.begin(), block.begin() + n) < vocab_size) continue;
     const auto bad = std::find_if(block.begin(), block.end(), [&](uint16_t t) { return t >= vocab_size; });
     throw UserError(strprintf("'%s' holds token id %d at position %llu, but model.vocab_size is %d", path.c_str(),

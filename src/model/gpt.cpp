@@ -384,9 +384,7 @@ void GPT::plan_backward_scratch() {
   inputs_ = DeviceBuffer<int32_t>(be_, N);
   targets_ = DeviceBuffer<int32_t>(be_, N);
   const size_t kept = static_cast<size_t>(opt_.losses_kept);
-  ce_ = DeviceBuffer<float>(be_, 3 * N * kept);
-  host_losses_.resize(N * kept);
-  host_ce_.resize(3 * N * kept);
+  ce_ = DeviceBuffer<float>(be_, 3 * N * kept);  // the host's copies grow at the first take_losses()
 }
 
 template <typename F>
@@ -519,9 +517,11 @@ double GPT::take_losses() {
   pending_ = 0;
   if (!stage_.last() || k == 0) return 0.0;
   const size_t n = static_cast<size_t>(N) * k;
+  host_losses_.resize(std::max(host_losses_.size(), n));
   if (tp_size_ == 1) {
     be_.copy_to_host(host_losses_.data(), losses_, sizeof(float) * n);
   } else {  // each row's loss from its statistics, block by block as crossentropy() left them
+    host_ce_.resize(std::max(host_ce_.size(), 3 * n));
     be_.copy_to_host(host_ce_.data(), ce_.data(), sizeof(float) * 3 * n);
     for (size_t b = 0; b < n; b += N)
       for (int r0 = 0; r0 < N; r0 += head_rows_) {

@@ -355,15 +355,21 @@ std::string ProcessGroup::broadcast_string(const std::string& s, int root) {
 void ProcessGroup::agree(const std::function<void()>& f) {
   std::string error;
   bool failed = false;
+  int64_t code = kExitUserError;
   try {
     f();
   } catch (const UserError& e) {
     error = e.what(), failed = true;
+  } catch (const RunError& e) {  // an I/O error's own code (a read that failed: kExitReadFailed)
+    error = e.what(), failed = true, code = e.code;
   }
   constexpr int64_t kNone = INT64_MAX;
   const int64_t first = -all_reduce_max(-(failed ? static_cast<int64_t>(rank_) : kNone));
   if (first == kNone) return;
-  throw UserError(broadcast_string(error, static_cast<int>(first)));
+  code = all_reduce_max(rank_ == first ? code : int64_t{0});
+  error = broadcast_string(error, static_cast<int>(first));
+  if (code == kExitUserError) throw UserError(error);
+  throw RunError(error, static_cast<int>(code));
 }
 
 }  // namespace zero3d

@@ -247,8 +247,9 @@ class ProcessGroup {
   void all_gather_u64(const std::vector<uint64_t>& mine, std::vector<uint64_t>& all);
   void barrier();  // under the watchdog
   std::string broadcast_string(const std::string& s, int root);  // root's s on every rank, any length
-  // Runs f on every rank; when it throws UserError on any rank, every rank throws the error of the
-  // lowest such rank, so no rank goes on into a collective that the others will never join.
+  // Runs f on every rank; when it throws UserError or RunError on any rank, every rank throws the
+  // error (and exit code) of the lowest such rank, so no rank goes on into a collective that the
+  // others will never join.
   void agree(const std::function<void()>& f);
 
   // The MPI communicator under the group: control traffic, MPI-IO, splits.

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/posix_io.h"
 
 namespace zero3d {
 
@@ -57,11 +58,11 @@ DirLock::DirLock(const std::string& dir, const std::string& what, const std::str
   char when[64];
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", std::localtime(&now));
   const std::string me = strprintf("host %s pid %d since %s\n", host_name().c_str(), static_cast<int>(getpid()), when);
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
-    const int err = errno;
+  std::string e = ::ftruncate(fd_, 0) != 0 ? strerror(errno) : pwrite_fully(fd_, me.data(), me.size(), 0);
+  if (!e.empty()) {
     ::close(fd_);
     fd_ = -1;
-    throw UserError(strprintf("cannot write the lock '%s' of the %s: %s", path_.c_str(), what.c_str(), strerror(err)));
+    throw UserError(strprintf("cannot write the lock '%s' of the %s: %s", path_.c_str(), what.c_str(), e.c_str()));
   }
 }
 
@@ -86,8 +87,8 @@ std::string probe_writable(const std::string& dir, int rank) {
   char block[4096];
   std::memset(block, 'z', sizeof block);
   std::string error;
-  if (::write(fd, block, sizeof block) != static_cast<ssize_t>(sizeof block))
-    error = strprintf("cannot write to '%s': %s", path.c_str(), strerror(errno));
+  if (const std::string e = pwrite_fully(fd, block, sizeof block, 0); !e.empty())
+    error = strprintf("cannot write to '%s': %s", path.c_str(), e.c_str());
   else if (::fsync(fd) != 0)
     error = strprintf("cannot fsync '%s': %s", path.c_str(), strerror(errno));
   ::close(fd);

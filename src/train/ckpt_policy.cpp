@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "ckpt/dir.h"
 #include "ckpt/reader.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -64,6 +65,7 @@ void CheckpointPolicy::prepare(int64_t start_step) {
       throw;
     }
   });
+  if (cfg_.checkpoint.save_interval <= 0) hold_or_move_stop_saves();
   writer_ = std::make_unique<CheckpointWriter>(CheckpointRun{cfg_, groups_, engine_}, dir_, cfg_.checkpoint,
                                                opt_.run_dir + "/hdf5_errors.log");
   if (cfg_.checkpoint.save_interval <= 0) return;
@@ -79,6 +81,34 @@ void CheckpointPolicy::prepare(int64_t start_step) {
     }
     throw;
   }
+}
+
+// A run without save_interval still saves on a stop (a signal, the time budget). It holds
+// checkpoint.dir's lock for that, or, when another run holds it (this run only loads from there),
+// its stop checkpoint goes to <run dir>/checkpoints instead, as it says now: never into a
+// directory another run writes and prunes.
+void CheckpointPolicy::hold_or_move_stop_saves() {
+  ProcessGroup& world = *groups_.world;
+  int64_t moved = 0;
+  if (is_root()) {
+    std::error_code ec;
+    if (fs::is_directory(dir_, ec) && !fs::equivalent(dir_, opt_.run_dir, ec)) {
+      try {
+        std::string warning;
+        ckpt_lock_ = std::make_unique<DirLock>(dir_, "checkpoint directory (checkpoint.dir)", "", warning);
+        if (!warning.empty()) log_warn("%s", warning.c_str());
+      } catch (const UserError&) {
+        moved = 1;
+      }
+    }
+  }
+  if (world.all_reduce_max(moved) == 0) return;
+  const std::string held = dir_;
+  dir_ = opt_.run_dir + "/checkpoints";
+  if (is_root())
+    log_warn("checkpoint.dir '%s' is held by another run, which saves and prunes there: this run only loads from it, "
+             "and a checkpoint it saves when stopped (a signal, the time budget) goes to '%s'",
+             held.c_str(), dir_.c_str());
 }
 
 // The checkpoint directory, before training: writable from every rank's node (a probe file each),
@@ -166,6 +196,26 @@ void CheckpointPolicy::finish(const SaveResult& r) {
   committed_step_ = r.step;
   log_info("step %6lld | checkpoint %s: %.1f MB in %.2f s (%.1f MB/s), training waited %.2f s", (long long)r.step,
            r.io.file.c_str(), r.io.bytes / 1e6, r.io.seconds, r.io.bytes / 1e6 / r.io.seconds, r.stall_s);
+}
+
+std::string CheckpointPolicy::set_aside_diverged(int64_t first_bad) {
+  std::string error;
+  int64_t kept = -1;
+  if (is_root()) {
+    try {
+      const std::vector<std::string> before = list_checkpoints(dir_);
+      if (!before.empty() && step_of(before.front()) >= first_bad - 1) kept = zero3d::set_aside_diverged(dir_, first_bad - 1);
+    } catch (const UserError& e) {
+      error = e.what();
+    }
+  }
+  kept = groups_.world->all_reduce_max(kept);  // -1: nothing to set aside
+  if (kept < 0) return error.empty() ? "" : "; " + error;
+  committed_step_ = kept;
+  return strprintf("; the checkpoints from step %lld on (the states that gave non-finite values) are renamed "
+                   "*.h5.diverged in '%s'",
+                   static_cast<long long>(first_bad - 1), dir_.c_str()) +
+         (error.empty() ? "" : " (" + error + ")");
 }
 
 std::string CheckpointPolicy::latest_text() const {

@@ -50,8 +50,14 @@ class CheckpointPolicy {
   void set_stopping(bool stopping) { stopping_ = stopping; }  // a stop signal or the budget: no save after this
   void save(const TrainingState& st);
   void finish_pending();
-  // What `latest` holds, for the lines that end a run.
+  // What `latest` holds, for the lines that end a run; where it is.
   std::string latest_text() const;
+  const std::string& dir() const { return dir_; }
+  // The run diverged at `first_bad` (the first of the steps in a row whose loss or gradient was not
+  // finite): the checkpoints of the states that led there (from step first_bad - 1 on) are set
+  // aside (ckpt/dir.h), so `latest` holds the last state whose next loss was finite. Collective;
+  // returns what was done, for the run's last line.
+  std::string set_aside_diverged(int64_t first_bad);
   // The run's last step: its state must be in a committed checkpoint when one was due (RunError 7),
   // and a non-finite loss is never saved (RunError 9).
   void check_final_state(int step, bool save_due, bool loss_nonfinite) const;
@@ -62,6 +68,7 @@ class CheckpointPolicy {
   bool run_dir_held() const { return !lock_ || lock_->still_held(); }
 
  private:
+  void hold_or_move_stop_saves();
   void check_storage(int64_t start_step);
   void finish(const SaveResult& r);
   bool is_root() const { return groups_.world_rank == 0; }

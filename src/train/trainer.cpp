@@ -287,15 +287,17 @@ int Trainer::State::step_boundary(int step, const StepResult& r) {
   ckpt.check_final_state(step, save_due, loss_nonfinite);
   if (stop == 1) {
     log_info("stopping after step %d: another step (%.1f s) and a checkpoint (%.1f s) would overrun the time budget "
-             "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed; run again with "
-             "checkpoint.load=auto to continue (exit code %d)",
-             step, ckpt.max_step_s(), ckpt.last_save_s(), ckpt.time_budget_s(), kExitStopped);
+             "(%.1f s: run.max_minutes or the Slurm job's end time); the checkpoint is committed in '%s' (%s); run again "
+             "with checkpoint.load=auto to continue (exit code %d)",
+             step, ckpt.max_step_s(), ckpt.last_save_s(), ckpt.time_budget_s(), ckpt.dir().c_str(),
+             ckpt.latest_text().c_str(), kExitStopped);
     return kExitStopped;
   }
   if (stop != 0) {
-    log_warn("stopping after step %d on %s: the checkpoint is committed; run again with checkpoint.load=auto to "
-             "continue (exit code %d)",
-             step, stop == SIGTERM ? "SIGTERM" : "SIGUSR1", kExitStopped);
+    log_warn("stopping after step %d on %s: the checkpoint is committed in '%s' (%s); run again with "
+             "checkpoint.load=auto to continue (exit code %d)",
+             step, stop == SIGTERM ? "SIGTERM" : "SIGUSR1", ckpt.dir().c_str(), ckpt.latest_text().c_str(),
+             kExitStopped);
     return kExitStopped;
   }
   return -1;
@@ -314,11 +316,13 @@ void Trainer::State::check_divergence(int step, const StepResult& r) {
   const int limit = cfg.max_nonfinite_steps;
   if (limit == 0 || nonfinite_steps < limit) return;
   ckpt.finish_pending();
+  const int first_bad = step - nonfinite_steps + 1;
+  const std::string set_aside = ckpt.set_aside_diverged(first_bad);
   throw RunError(strprintf("the run diverged: the loss or gradient norm was not finite in %d steps in a row (steps "
-                           "%d-%d; step %d: loss %g, gradient norm %g; max_nonfinite_steps = %d): stopping; %s; "
+                           "%d-%d; step %d: loss %g, gradient norm %g; max_nonfinite_steps = %d): stopping%s; %s; "
                            "lower optimizer.params.lr or set gradient_clipping, then resume with "
                            "checkpoint.load=auto",
-                           nonfinite_steps, step - nonfinite_steps + 1, step, step, r.loss, r.grad_norm, limit,
+                           nonfinite_steps, first_bad, step, step, r.loss, r.grad_norm, limit, set_aside.c_str(),
                            ckpt.latest_text().c_str()),
                  kExitDiverged);
 }

@@ -11,7 +11,11 @@
 #   offsets run past the data, and a cut config.json;
 # - data prepare reads a FIFO (each input opened once); SIGINT/SIGTERM stop data prepare and eval at
 #   once with exit 130 and nothing half-written (the shell starts these background runs with SIGINT
-#   ignored, as the hostile run's were: zero3d takes it anyway).
+#   ignored, as the hostile run's were: zero3d takes it anyway);
+# - absurd sizes end with one line and exit 2, not an internal assertion; a token file the storage
+#   cannot read is exit 10; a `latest` naming a missing file is said once, not blamed on pruning;
+# - random short writes still commit every checkpoint; a divergence stop leaves `latest` on a state
+#   that resumes; a load-only run never saves into a checkpoint dir another run holds.
 # usage: test_commands.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
@@ -176,5 +180,69 @@ interrupt prepare-int INT "$z3d" data prepare /dev/zero --out "$tmp/zero.bin"
 [[ ! -e $tmp/zero.bin && ! -e $tmp/zero.bin.tmp ]] || fail "an interrupted data prepare left $(ls "$tmp"/zero.bin*)"
 interrupt eval-int INT "$z3d" eval "$G" --tokens input/data/train.bin
 interrupt eval-term TERM "$z3d" eval "$G" --tokens input/data/train.bin
+
+# 4. absurd sizes: one line and exit 2 (a micro-batch past 2^31 tokens, or the memory it needs).
+for set in train_micro_batch_size_per_gpu=1000000000 model.seq_len=1000000000; do
+  expect_exit 2 "absurd-${set%%=*}" "is [0-9]+ tokens, more than the 2147483647 a rank can index" \
+    "$z3d" train input/gpt-tiny.json --run-dir "$tmp/absurd" --set "$set"
+done
+expect_exit 2 absurd-d_model "this layout needs [0-9.]+ GB on this node" \
+  "$z3d" train input/gpt-tiny.json --run-dir "$tmp/absurd" --set model.d_model=1048576
+
+# 12. a token file the storage cannot read is exit 10 (the README's table), on one rank and on two.
+fiu_lib=/usr/lib/fiu
+eio=(env FIU_ENABLE='enable name=posix/io/rw/pread,failinfo=5'
+     LD_PRELOAD="${ZERO3D_FIU_SHIM:?the CLI tests set it}:$fiu_lib/fiu_run_preload.so:$fiu_lib/fiu_posix_preload.so")
+expect_exit 10 token-eio "cannot read the header of token file 'input/data/train.bin': Input/output error" \
+  "${eio[@]}" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/eio1" --set checkpoint.load=auto
+expect_exit 10 token-eio-np2 "cannot read the header of token file 'input/data/train.bin': Input/output error" \
+  $MPIRUN -np 2 "${eio[@]}" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/eio2" --set checkpoint.load=auto
+
+# 11. random short writes (one pwrite in ten cut short, several a save, O_DIRECT's included) still
+# commit every checkpoint, and each verifies.
+short=(env FIU_ENABLE='enable_random name=posix/io/rw/pwrite/reduce,probability=0.1'
+       LD_PRELOAD="$ZERO3D_FIU_SHIM:$fiu_lib/fiu_run_preload.so:$fiu_lib/fiu_posix_preload.so")
+for i in 1 2; do
+  expect_exit 0 "short-writes-$i" "step +15 \| checkpoint" $MPIRUN -np 2 "${short[@]}" "$z3d" train input/gpt-tiny.json \
+    --run-dir "$tmp/short$i" --set data.val= --set checkpoint.save_interval=5 --set train_steps=15
+  expect_exit 0 "short-writes-verify-$i" "all 156 datasets match their checksums" "$z3d" ckpt verify "$tmp/short$i/checkpoints"
+done
+
+# 17. a `latest` naming a file that is not there: one warning, no "another run prunes".
+echo step_00000099.h5 > "$G/latest"
+expect_exit 0 latest-missing "is not there \(its name is in 'latest'\); trying an older one" \
+  "$z3d" train input/gpt-tiny.json --run-dir "$tmp/gpt" --set train_steps=3 --set data.val= --set checkpoint.load=auto
+! grep -q "another run prunes" "$tmp/latest-missing.log" || fail "a missing step_99 was blamed on another run"
+
+# 8. a divergence stop leaves `latest` on the last state whose next loss was finite: resuming it
+# with a sane learning rate trains on.
+Z2=($MPIRUN -np 2 "$z3d" train input/gpt-tiny.json --set data.val= --set checkpoint.save_interval=1)
+expect_exit 9 diverged "renamed \*.h5.diverged .*'latest' holds step [0-9]+" \
+  "${Z2[@]}" --run-dir "$tmp/div" --set optimizer.params.lr=1e6 --set gradient_clipping=0 --set train_steps=20
+kept=$(sed -nE "s/.*'latest' holds step ([0-9]+).*/\1/p" "$tmp/diverged.log" | head -1)
+expect_exit 0 diverged-resume "resumed from .*step_0*$kept.h5" \
+  "${Z2[@]}" --run-dir "$tmp/div" --set train_steps=$((kept + 3)) --set checkpoint.load=auto
+
+# 7. a run that only loads from a checkpoint.dir another run holds saves its stop elsewhere, and says so.
+D=$tmp/shared
+timeout 120 "${Z2[@]}" --run-dir "$tmp/writer" --set checkpoint.dir="\"$D\"" --set checkpoint.save_interval=5 \
+  --set checkpoint.keep_last=2 --set train_steps=100000 > "$tmp/writer.log" 2>&1 &
+writer=$!
+for _ in $(seq 100); do [[ -f $D/latest ]] && break; sleep 0.2; done
+[[ -f $D/latest ]] || fail "the writer committed no checkpoint: $(tail -5 "$tmp/writer.log")"
+"$z3d" train input/gpt-tiny.json --run-dir "$tmp/reader" --set data.val= --set checkpoint.dir="\"$D\"" \
+  --set checkpoint.load=auto --set seed=99 --set train_steps=100000 > "$tmp/reader.log" 2>&1 &
+reader=$!
+for _ in $(seq 100); do grep -q "^step" "$tmp/reader.log" && break; sleep 0.2; done
+kill -USR1 $reader
+rc=0
+wait $reader || rc=$?
+pkill -9 -P $writer || true
+wait $writer 2>/dev/null || true
+[[ $rc == 6 ]] && grep -q "is held by another run, which saves and prunes there" "$tmp/reader.log" &&
+  grep -qE "checkpoint is committed in '$tmp/reader/checkpoints' \('latest' holds step [0-9]+\)" "$tmp/reader.log" ||
+  fail "the reader: exit $rc: $(cat "$tmp/reader.log")"
+[[ -f $tmp/reader/checkpoints/latest ]] || fail "the reader's stop checkpoint is not in its run dir"
+echo "ok reader-stop"
 
 echo "all command checks passed"
