@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/stop_signal.h"
 #include "parallel/comm.h"
 #include "plan/plan.h"
 
@@ -87,6 +88,7 @@ int cmd_plan(const Args& a) {
     throw UserError(strprintf("--machine: the machine file has no collective rates (it was measured on one rank), and "
                               "%d ranks communicate: measure it with zero3d bench machine on the ranks a node runs",
                               ranks));
+  catch_interrupts();
   if (ProcessGroup::world()->rank() != 0) return 0;
   if (explain) {
     log_info("%s", explain_layout(src, ranks, mem, kind, machine ? &*machine : nullptr).c_str());

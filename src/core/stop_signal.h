@@ -4,7 +4,8 @@
 //   checkpoint and exits with kExitStopped, so a Slurm job can use --signal=B:USR1@120 and
 //   --requeue and lose nothing. A second signal changes nothing: the stop is already under way.
 //   SIGINT keeps its default effect there (the process ends; the last committed checkpoint stays).
-// - every other command that runs long (catch_interrupts: data prepare, ckpt, eval, generate):
+// - every other command that runs long (catch_interrupts: data prepare, ckpt, eval, generate, plan;
+//   bench keeps the default effect: its ranks measure collectives in lockstep for seconds):
 //   SIGINT/SIGTERM set the flag; the command calls throw_if_interrupted() between units of work,
 //   which throws a RunError with kExitInterrupted, so what it was writing is removed as the stack
 //   unwinds (AtomicFile, AtomicDir) and the job ends with one line and the documented code. A

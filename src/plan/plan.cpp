@@ -11,6 +11,7 @@
 #include "bench/machine.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/stop_signal.h"
 #include "kernels/backend.h"
 #include "kernels/math/adamw.h"
 #include "model/gpt.h"
@@ -330,6 +331,7 @@ std::vector<PlanLayout> plan_layouts(const ConfigSources& sources, int ranks, ui
               s.overrides.push_back("zero_optimization.offload_optimizer.device=" + offload_device_name(offload));
               if (offload == OffloadDevice::nvme)
                 s.overrides.push_back("zero_optimization.offload_optimizer.nvme_path=" + nvme_path);
+              throw_if_interrupted("plan");
               try {
                 const Config c = load_config(s, ranks);
                 l.stages = size_stages(c, dp, kind, l.worst);
