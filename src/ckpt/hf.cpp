@@ -1,11 +1,10 @@
 #include "ckpt/hf.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 
+#include "ckpt/safetensors.h"
 #include "config/json_tree.h"
 #include "core/check.h"
 #include "core/posix_io.h"
@@ -90,42 +89,6 @@ nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_
            {"tie_word_embeddings", m.tie_word_embeddings}, {"torch_dtype", torch_dtype}};
 }
 
-namespace {
-
-// One tensor's header entry, checked: its dtype (F32, BF16 or F16: 4 or 2 bytes), shape and byte range.
-struct StEntry {
-  std::string dtype;
-  size_t elem = 0;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;
-};
-
-StEntry st_entry(const nlohmann::json& header, const std::string& name, const std::string& where, uint64_t data_bytes) {
-  if (!header.contains(name)) throw UserError(strprintf("%s has no tensor '%s'", where.c_str(), name.c_str()));
-  const nlohmann::json& h = header[name];
-  StEntry e;
-  const nlohmann::json* dtype = h.is_object() && h.contains("dtype") ? &h["dtype"] : nullptr;
-  const nlohmann::json* shape = h.is_object() && h.contains("shape") ? &h["shape"] : nullptr;
-  const nlohmann::json* off = h.is_object() && h.contains("data_offsets") ? &h["data_offsets"] : nullptr;
-  auto whole = [](const nlohmann::json& v) { return v.is_number_unsigned(); };
-  if (!dtype || !dtype->is_string() || !shape || !shape->is_array() || !std::all_of(shape->begin(), shape->end(), whole) ||
-      !off || !off->is_array() || off->size() != 2 || !whole((*off)[0]) || !whole((*off)[1]))
-    throw UserError(strprintf("%s: tensor '%s' has no valid header entry (a dtype, a shape and two data_offsets): %s",
-                              where.c_str(), name.c_str(), config_json::show(h).c_str()));
-  e.dtype = dtype->get<std::string>();
-  e.elem = e.dtype == "F32" ? 4 : e.dtype == "BF16" || e.dtype == "F16" ? 2 : 0;
-  e.shape = shape->get<std::vector<int64_t>>();
-  e.begin = (*off)[0].get<uint64_t>(), e.end = (*off)[1].get<uint64_t>();
-  if (e.begin > e.end || e.end > data_bytes)
-    throw UserError(strprintf("%s: tensor '%s' lies at bytes [%llu, %llu) of the data, which holds %llu: the file is "
-                              "truncated or corrupt",
-                              where.c_str(), name.c_str(), (unsigned long long)e.begin, (unsigned long long)e.end,
-                              (unsigned long long)data_bytes));
-  return e;
-}
-
-}  // namespace
-
 std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const ModelConfig& m) {
   // config.json must describe this run's model: every key hf_config writes (but torch_dtype).
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors";
@@ -142,15 +105,10 @@ std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const Mo
                                 cfg_path.c_str(), key.c_str(), config_json::show(got).c_str(), want.dump().c_str()));
   }
   const std::string file = read_text_file(st_path, "checkpoint.init_from's weights"), where = "checkpoint.init_from: '" + st_path + "'";
-  uint64_t n = 0;
-  if (file.size() >= 8) std::memcpy(&n, file.data(), 8);
-  if (file.size() < 8 || n > file.size() - 8)
-    throw UserError(strprintf("%s is not a safetensors file, or a truncated one: %zu bytes, its first 8 give a header "
-                              "of %llu", where.c_str(), file.size(), (unsigned long long)n));
-  const nlohmann::json header = config_json::parse_text(file.substr(8, n), where + ": the header");
-  if (!header.is_object()) throw UserError(where + ": the header is not a JSON object");
-  const char* data = file.data() + 8 + n;
-  const size_t data_bytes = file.size() - 8 - n;
+  const Safetensors st = parse_safetensors(file, where);
+  const nlohmann::json& header = st.header;
+  const char* data = st.data;
+  const size_t data_bytes = st.data_bytes;
   auto w = std::make_shared<InitialWeights>();
   for (const ParamInfo& p : gpt_param_table(m))
     if (!p.tied_copy) w->tensors[p.name].assign(p.size, 0.0f);

@@ -177,7 +177,7 @@ echo "ok work: the plan's swap traffic is the run's"
 timeout 120 $MPIRUN -np 2 "$z3d" bench machine --seconds 0.2 --out "$tmp/machine.json" --nvme-path "$tmp/nvme" \
   > "$tmp/machine.log" 2>&1 || { cat "$tmp/machine.log"; fail "bench machine"; }
 [[ -z $(ls -A "$tmp/nvme") ]] || fail "bench machine left swap files: $(ls -A "$tmp/nvme")"
-# Bad paths end every rank with one line (exit 2): --out before any measuring, --nvme-path after the others.
+# Bad paths end every rank with one line (exit 2), before any measuring.
 expect_exit 2 machine-out "bench machine --out '$tmp/none/m.json': cannot write in '$tmp/none'" \
   $MPIRUN -np 2 "$z3d" bench machine --out "$tmp/none/m.json"
 expect_exit 2 machine-nvme "bench machine --nvme-path '$tmp/none' is not a directory" \
