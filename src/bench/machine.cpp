@@ -125,8 +125,6 @@ std::pair<double, double> measure_swap(ProcessGroup& g, const std::string& nvme_
   std::unique_ptr<SwapFile> f;
   g.agree([&] {
     std::error_code ec;
-    if (!std::filesystem::is_directory(nvme_path, ec))
-      throw UserError(strprintf("bench machine --nvme-path '%s' is not a directory", nvme_path.c_str()));
     const std::string dir = swap_dir(nvme_path, "bench-machine");
     std::filesystem::create_directories(dir, ec);
     const AioConfig aio;
@@ -164,6 +162,11 @@ MachineRates measure_machine(Backend& be, double seconds, const std::string& nvm
   const double here = node->size();
   if (world->all_reduce_max(here) != -world->all_reduce_max(-here))
     throw UserError("zero3d bench machine: every node needs the same number of ranks");
+  world->agree([&] {  // before the measurements, not after them
+    std::error_code ec;
+    if (!nvme_path.empty() && !std::filesystem::is_directory(nvme_path, ec))
+      throw UserError(strprintf("bench machine --nvme-path '%s' is not a directory", nvme_path.c_str()));
+  });
   MachineRates m;
   m.name = be.describe();
   m.ranks_per_node = node->size();

@@ -98,19 +98,19 @@ std::string commit_checkpoint(const std::string& dir, const std::string& tmp, co
 }
 
 int64_t set_aside_diverged(const std::string& dir, int64_t from) {
-  int64_t kept = 0;
-  for (const std::string& c : list_checkpoints(dir)) {  // newest first
+  const std::vector<std::string> all = list_checkpoints(dir);  // newest first
+  if (all.empty() || step_of(all.front()) < from) return -1;
+  for (const std::string& c : all) {
     if (step_of(c) < from) {
-      kept = step_of(c);
       write_file_atomic(dir + "/latest", fs::path(c).filename().string() + "\n", /*durable=*/true, "checkpoint pointer");
-      return kept;
+      return step_of(c);
     }
     if (std::rename(c.c_str(), (c + ".diverged").c_str()) != 0)
       throw UserError(strprintf("cannot rename '%s' to '%s.diverged': %s", c.c_str(), c.c_str(), strerror(errno)));
   }
   std::error_code ec;
   fs::remove(dir + "/latest", ec);
-  return kept;
+  return 0;
 }
 
 void remove_partial_saves(const std::string& dir) {

@@ -32,7 +32,8 @@ std::string commit_checkpoint(const std::string& dir, const std::string& tmp, co
 // Rank 0, when a run diverged: the committed checkpoints of step `from` on hold states whose next
 // loss was not finite, so each is renamed NAME.diverged (kept for a look, never loaded again) and
 // `latest` names the newest one before them, or is removed when there is none. Returns the step
-// `latest` then names (0: none); throws UserError when a rename fails.
+// `latest` then names (0: none), or -1 (nothing touched) when no checkpoint is of step `from` or
+// later; throws UserError when a rename fails.
 int64_t set_aside_diverged(const std::string& dir, int64_t from);
 // Removes the DIR/*.h5.tmp files of saves that died (a run that holds the run dir's lock owns them).
 void remove_partial_saves(const std::string& dir);

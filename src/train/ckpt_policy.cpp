@@ -203,8 +203,7 @@ std::string CheckpointPolicy::set_aside_diverged(int64_t first_bad) {
   int64_t kept = -1;
   if (is_root()) {
     try {
-      const std::vector<std::string> before = list_checkpoints(dir_);
-      if (!before.empty() && step_of(before.front()) >= first_bad - 1) kept = zero3d::set_aside_diverged(dir_, first_bad - 1);
+      kept = zero3d::set_aside_diverged(dir_, first_bad - 1);
     } catch (const UserError& e) {
       error = e.what();
     }
