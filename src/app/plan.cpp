@@ -11,6 +11,7 @@
 #include "app/commands.h"
 #include "bench/machine.h"
 #include "config/config.h"
+#include "config/json_tree.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/stop_signal.h"
@@ -164,7 +165,7 @@ int cmd_plan(const Args& a) {
         j["stages"] = nlohmann::ordered_json::array();
         for (const RankMemory& r : l.stages) j["stages"].push_back(bytes(r));
       }
-      std::printf("%s\n", j.dump().c_str());
+      std::printf("%s\n", config_json::to_text(j).c_str());
     }
     return 0;
   }

@@ -114,7 +114,7 @@ void save_machine(const MachineRates& m, const std::string& path) {
     j["inter_node"] = {{"p2p_bytes_per_s", m.inter_node.p2p_bytes}, {"collectives", links_json(m.inter_node.collectives)}};
   j["measured"] = m.measured;
   if (!m.sources.empty()) j["sources"] = m.sources;
-  write_file_atomic(path, j.dump(2) + "\n");
+  write_file_atomic(path, config_json::to_text(j, 2) + "\n");
 }
 
 MachineRates load_machine(const std::string& path) {

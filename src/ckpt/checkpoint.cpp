@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "config/json_tree.h"
 #include "core/check.h"
 
 namespace zero3d {
@@ -39,7 +40,7 @@ CheckpointHeader checkpoint_header(const CheckpointRun& run, const TrainingState
   h.n_layer = c.model.n_layer, h.n_head = c.model.n_head, h.d_model = c.model.d_model;
   h.vocab_size = c.model.vocab_size, h.seq_len = c.model.seq_len;
   h.architecture = architecture_of(c.model).dump();
-  h.config = c.resolved.dump();
+  h.config = config_json::to_text(c.resolved);
   h.loss_scaler = st.loss_scaler;  // each owner describes its own state
   h.lr_scheduler = st.lr_scheduler;
   h.rng = strprintf("counter-based splitmix64 keyed by seed %llu: the seed is the whole state",

@@ -1,7 +1,9 @@
 #include "ckpt/format.h"
 
+#include <climits>
 #include <cstring>
 
+#include "config/json_tree.h"
 #include "core/check.h"
 #include "core/rng.h"
 #include "model/gpt.h"
@@ -159,6 +161,55 @@ Hid open_checkpoint_dataset(hid_t file, const std::string& file_path, const std:
     throw UserError(strprintf("checkpoint '%s': dataset '%s' cannot be opened (corrupt file)", file_path.c_str(),
                               dataset.c_str()));
   return ds;
+}
+
+void check_saved_model(const CheckpointHeader& h, const ModelConfig& m, const std::string& path) {
+  const std::pair<const char*, std::pair<int64_t, int>> shape[] = {{"n_layer", {h.n_layer, m.n_layer}},
+                                                                   {"n_head", {h.n_head, m.n_head}},
+                                                                   {"d_model", {h.d_model, m.d_model}},
+                                                                   {"vocab_size", {h.vocab_size, m.vocab_size}},
+                                                                   {"seq_len", {h.seq_len, m.seq_len}}};
+  for (auto [key, v] : shape)
+    if (v.first != v.second)
+      throw UserError(strprintf("checkpoint '%s' holds a model with %s = %lld, but this run's model.%s is %d: the "
+                                "model shapes must match",
+                                path.c_str(), key, (long long)v.first, key, v.second));
+  // The checkpoint's architecture keys on this run's shape; ModelConfig's defaults are GPT-2's, what
+  // a checkpoint from before the keys holds (as model_of below reads one).
+  ModelConfig saved{m.vocab_size, m.seq_len, m.n_layer, m.n_head, m.d_model};
+  if (!h.architecture.empty())
+    set_architecture(saved, config_json::parse_text(h.architecture, "checkpoint '" + path + "': attribute architecture"));
+  const nlohmann::json have = architecture_of(saved), want = architecture_of(m);
+  for (const auto& [key, v] : want.items())
+    if (have[key] != v)
+      throw UserError(strprintf("checkpoint '%s' holds a model with %s = %s, but this run's model.%s is %s: the "
+                                "architectures must match",
+                                path.c_str(), key.c_str(), have[key].dump().c_str(), key.c_str(), v.dump().c_str()));
+}
+
+std::optional<ModelConfig> model_of(hid_t f) {
+  int64_t v[5];
+  const char* keys[5] = {"vocab_size", "seq_len", "n_layer", "n_head", "d_model"};
+  for (int i = 0; i < 5; ++i)
+    if (!read_attr(f, keys[i], v[i]) || v[i] <= 0 || v[i] > INT_MAX) return std::nullopt;
+  ModelConfig m;
+  m.vocab_size = int(v[0]), m.seq_len = int(v[1]), m.n_layer = int(v[2]), m.n_head = int(v[3]), m.d_model = int(v[4]);
+  std::string arch;  // absent before the Llama family: GPT-2, ModelConfig's defaults
+  if (read_attr(f, "architecture", arch)) {
+    try {
+      set_architecture(m, config_json::parse_text(arch, "attribute architecture"));
+    } catch (const UserError&) {
+      return std::nullopt;
+    }
+  }
+  // A shape no config resolves to (a damaged file) has no tensor table: whole heads, whole key/value
+  // groups, and a file that can hold the datasets of n_layer layers (each in /model and three
+  // optimizer groups, every dataset an HDF5 object header of more than 64 bytes).
+  hsize_t file_bytes = 0;
+  if (m.d_model % m.n_head != 0 || m.n_head % m.kv_heads() != 0 || H5Fget_filesize(f, &file_bytes) < 0 ||
+      static_cast<double>(m.n_layer) * 4 * 64 > static_cast<double>(file_bytes))
+    return std::nullopt;
+  return m;
 }
 
 }  // namespace zero3d

@@ -17,6 +17,7 @@
 // a load verifies every dataset it reads without reading anything twice.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -66,6 +67,15 @@ void write_header(hid_t file, const CheckpointHeader& h);  // collective in a pa
 CheckpointHeader read_header(hid_t file, const std::string& path);
 // Each field's value as text, "(missing)" where it is absent (inspect shows what is there).
 std::vector<std::pair<const HeaderField*, std::string>> header_text(hid_t file);
+// The model the header holds against this run's: its shape, then its architecture keys (GPT-2's when
+// the attribute is absent, as in checkpoints from before the Llama family). UserError naming `path`
+// and the first key that differs, or an architecture attribute that does not parse.
+void check_saved_model(const CheckpointHeader& h, const ModelConfig& m, const std::string& path);
+// The model the root attributes describe, for `zero3d ckpt` (which shows what it can of a damaged
+// file): nullopt when a shape attribute is missing or not a positive int, the architecture
+// attribute does not parse, or the shape is not one a config resolves to (heads that do not divide
+// d_model, more layers than the file could hold).
+std::optional<ModelConfig> model_of(hid_t file);
 
 // ---- datasets ----
 

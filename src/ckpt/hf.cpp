@@ -98,7 +98,7 @@ std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const Mo
     if (key == "torch_dtype" || key == "n_inner" || key == "resid_pdrop" || key == "embd_pdrop" || key == "attn_pdrop")
       continue;  // not part of the weights' meaning
     const nlohmann::json got = have.contains(key) ? have[key] : nlohmann::json();
-    const bool same = got.is_number() && want.is_number() ? got.get<double>() == want.get<double>() : got == want;
+    const bool same = got.is_number() && want.is_number() ? got.get<double>() == want.get<double>() : got == nlohmann::json(want);
     if (!same)
       throw UserError(strprintf("checkpoint.init_from: '%s' has %s = %s, but this run's model needs %s (set the "
                                 "model keys to the checkpoint's)",

@@ -56,31 +56,6 @@ std::string show_dims(const std::vector<hsize_t>& d) {
   return s;
 }
 
-// The model shape the file holds against this run's.
-void check_model(const CheckpointHeader& h, const ModelConfig& m, const std::string& path) {
-  const std::pair<const char*, std::pair<int64_t, int>> shape[] = {{"n_layer", {h.n_layer, m.n_layer}},
-                                                                   {"n_head", {h.n_head, m.n_head}},
-                                                                   {"d_model", {h.d_model, m.d_model}},
-                                                                   {"vocab_size", {h.vocab_size, m.vocab_size}},
-                                                                   {"seq_len", {h.seq_len, m.seq_len}}};
-  for (auto [key, v] : shape)
-    if (v.first != v.second)
-      throw UserError(strprintf("checkpoint '%s' holds a model with %s = %lld, but this run's model.%s is %d: the "
-                                "model shapes must match",
-                                path.c_str(), key, (long long)v.first, key, v.second));
-  // The checkpoint's architecture keys on this run's shape; ModelConfig's defaults are GPT-2's, what
-  // a checkpoint from before the keys holds (as ckpt/tools.cpp's model_of reads one).
-  ModelConfig saved{m.vocab_size, m.seq_len, m.n_layer, m.n_head, m.d_model};
-  if (!h.architecture.empty())
-    set_architecture(saved, config_json::parse_text(h.architecture, "checkpoint '" + path + "': attribute architecture"));
-  const nlohmann::json have = architecture_of(saved), want = architecture_of(m);
-  for (const auto& [key, v] : want.items())
-    if (have[key] != v)
-      throw UserError(strprintf("checkpoint '%s' holds a model with %s = %s, but this run's model.%s is %s: the "
-                                "architectures must match",
-                                path.c_str(), key.c_str(), have[key].dump().c_str(), key.c_str(), v.dump().c_str()));
-}
-
 }  // namespace
 
 CheckpointReader::CheckpointReader(const CheckpointRun& run, std::string path, double timeout_s)
@@ -135,7 +110,7 @@ void CheckpointReader::read_metadata() {
     throw UserError(strprintf("checkpoint '%s' is not a readable HDF5 file (truncated or corrupt?)", path_.c_str()));
   const hid_t f = file_.get();
   const CheckpointHeader h = read_header(f, path_);
-  check_model(h, run_.config.model, path_);
+  check_saved_model(h, run_.config.model, path_);
   out_.state = state_of(h, path_);
   out_.saved_layout = h.layout();
   specs_ = optimizer_datasets(run_.config.model, h.mixed());

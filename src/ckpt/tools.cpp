@@ -69,25 +69,6 @@ CheckpointFile open_checkpoint(const std::string& dir_or_file, bool verifying = 
   return c;
 }
 
-// The model shape the root attributes describe; nullopt when they are missing or not positive.
-std::optional<ModelConfig> model_of(hid_t f) {
-  int64_t v[5];
-  const char* keys[5] = {"vocab_size", "seq_len", "n_layer", "n_head", "d_model"};
-  for (int i = 0; i < 5; ++i)
-    if (!read_attr(f, keys[i], v[i]) || v[i] <= 0 || v[i] > INT_MAX) return std::nullopt;
-  ModelConfig m;
-  m.vocab_size = int(v[0]), m.seq_len = int(v[1]), m.n_layer = int(v[2]), m.n_head = int(v[3]), m.d_model = int(v[4]);
-  std::string arch;  // absent before the Llama family: GPT-2, ModelConfig's defaults
-  if (read_attr(f, "architecture", arch)) {
-    try {
-      set_architecture(m, config_json::parse_text(arch, "attribute architecture"));
-    } catch (const UserError&) {
-      return std::nullopt;
-    }
-  }
-  return m;
-}
-
 enum class Elem { f32, u16, other };
 
 struct DatasetInfo {
@@ -390,7 +371,7 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
     dtypes.insert(dtype);
   }
   header["__metadata__"] = {{"format", "pt"}, {"source", c.path}, {"step", std::to_string(step)}};
-  std::string text = header.dump();
+  std::string text = config_json::to_text(header);
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
 
   // --format hf: a directory as transformers' from_pretrained reads it, appearing whole (a failed

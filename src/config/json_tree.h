@@ -46,7 +46,16 @@ std::string join(const std::string& prefix, const std::string& key);
 // or the smallest edit distance within a third of the name; "" when none is close.
 std::string nearest(const std::string& path, const std::vector<std::string>& candidates);
 
-// A value for an error message: compact, one line, at most 60 characters.
+// JSON as zero3d writes it (files, checkpoint attributes, --json lines): a path's bytes that are not
+// UTF-8 (a Linux file name is bytes) written as U+FFFD, where the JSON writer would throw.
+template <class J>
+std::string to_text(const J& j, int indent = -1) {
+  return j.dump(indent, ' ', false, J::error_handler_t::replace);
+}
+// Whether s is UTF-8 text (as a JSON string must be).
+bool valid_utf8(const std::string& s);
+// A value for an error message: compact, one line, at most 60 characters (bytes that are not
+// UTF-8 shown as U+FFFD).
 std::string show(const json& v);
 // A key or path for an error message: as is up to 80 characters, else cut and its length said.
 std::string show_key(const std::string& key);

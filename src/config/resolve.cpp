@@ -135,6 +135,8 @@ class Resolver {
 
   void apply_override(const std::string& o) {
     std::string label = "--set " + show_key(o);
+    if (!valid_utf8(o))  // it becomes JSON (the resolved config, the checkpoint's), which is UTF-8
+      throw UserError(one_line(label + ": not UTF-8 text (a config is JSON, whose text is UTF-8)"));
     size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0)
       throw UserError(one_line(strprintf(

@@ -50,14 +50,16 @@ nlohmann::json architecture_of(const ModelConfig& m) {
 void set_architecture(ModelConfig& m, const nlohmann::json& a) {
   if (!a.is_object())
     throw UserError("the model's architecture record is not a JSON object: " + config_json::show(a));
+  // Each value as the config key model.<k> takes it (a checkpoint's record is read like a config).
   auto get = [&](const char* k, auto& v) {
     if (!a.contains(k)) return;
-    try {
-      v = a.at(k).get<std::remove_reference_t<decltype(v)>>();
-    } catch (const nlohmann::json::exception&) {
-      throw UserError(strprintf("the model's architecture record has %s = %s, a value of the wrong type", k,
-                                config_json::show(a.at(k)).c_str()));
-    }
+    const config_schema::Key* key = config_schema::find_key(std::string("model.") + k);
+    Z3D_ASSERT(key, std::string("no config key model.") + k);
+    const nlohmann::json value = config_schema::normalise(*key, a.at(k));
+    if (value.is_null())
+      throw UserError(strprintf("the model's architecture record has %s = %s, where model.%s takes %s", k,
+                                config_json::show(a.at(k)).c_str(), k, config_schema::valid_text(*key).c_str()));
+    v = value.get<std::remove_reference_t<decltype(v)>>();
   };
   get("arch", m.arch), get("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by), get("norm", m.norm), get("rms_norm_eps", m.rms_norm_eps), get("position", m.position);
   get("rope_theta", m.rope_theta), get("mlp", m.mlp), get("intermediate_size", m.intermediate_size);

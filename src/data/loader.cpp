@@ -69,7 +69,7 @@ TokenFile::TokenFile(const std::string& path, int vocab_size) : path_(path), voc
   // Bytes past the promised tokens are ignored, as llm.c does.
   num_tokens_ = count;
   // Every token id in range, a block at a time (one pass for the maximum; a second names the first bad one).
-  std::vector<uint16_t> block(uint64_t(1) << 20);
+  std::vector<uint16_t> block(std::max<uint64_t>(1, std::min<uint64_t>(count, uint64_t(1) << 20)));
   for (uint64_t at = 0; at < count && vocab_size <= 65535; at += block.size()) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), count - at));
     if (const std::string e = read_tokens(fd.fd, at, n, block.data()); !e.empty())

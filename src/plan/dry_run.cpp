@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ckpt/dir.h"
+#include "config/json_tree.h"
 #include "core/check.h"
 #include "data/loader.h"
 #include "model/gpt.h"
@@ -214,7 +215,7 @@ std::string plan_json(const RunPlan& p) {
   j["seconds_left"] = p.seconds_left();
   j["job_seconds_left"] = number_or_null(p.job_seconds_left);
   j["notices"] = p.notices;
-  return j.dump();
+  return config_json::to_text(j);
 }
 
 }  // namespace zero3d

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/atomic_file.h"
+#include "config/json_tree.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "kernels/host/cpu_kernels.h"
@@ -57,7 +58,7 @@ void RunRecords::open(int64_t resumed_step, uint64_t cursor) {
     if (groups_.world_rank != 0) return;
     nlohmann::json written = cfg_.resolved;  // every value, and where it came from (read back: ignored)
     written["provenance"] = cfg_.provenance;
-    write_file_atomic(opt_.run_dir + "/config.json", written.dump(2) + "\n");
+    write_file_atomic(opt_.run_dir + "/config.json", config_json::to_text(written, 2) + "\n");
     // A fresh start into a run dir that has metrics (a run that died before its first
     // checkpoint) starts its steps over too.
     drop_metrics_after(opt_.run_dir + "/metrics.jsonl", resumed_step);

@@ -94,6 +94,8 @@ expect_exit 2 deep-obj "deep_obj.json: invalid JSON: objects and arrays $deep" \
 expect_exit 2 deep-arr "deep_arr.json: invalid JSON: objects and arrays $deep" \
   "$z3d" plan input/gpt-tiny.json --ranks 2 --deepspeed "$tmp/deep_arr.json"
 expect_exit 2 deep-set "$deep" "$z3d" train input/gpt-tiny.json --dry-run --set "model=$(printf '[%.0s' {1..30000})"
+# Found by tests/fuzz (fuzz_config): a --set value that is not UTF-8 reached the JSON writer, which threw.
+expect_exit 2 set-utf8 "not UTF-8 text" "$z3d" train input/gpt-tiny.json --dry-run --set $'bf16.enabled=t\xc1ue'
 SECONDS=0
 expect_exit 2 long-key "unknown config key 'x{60}\.\.\. \(5000000 characters\)'" \
   "$z3d" train input/gpt-tiny.json --dry-run --deepspeed "$tmp/long_key.json"
@@ -244,5 +246,26 @@ wait $writer 2>/dev/null || true
   fail "the reader: exit $rc: $(cat "$tmp/reader.log")"
 [[ -f $tmp/reader/checkpoints/latest ]] || fail "the reader's stop checkpoint is not in its run dir"
 echo "ok reader-stop"
+
+# Found by tests/fuzz (fuzz_ckpt_header): a checkpoint whose attributes claim 2^31-1 layers made
+# `ckpt inspect` build the tensor table of that model (killed for memory), and an architecture
+# record with make_vocab_size_divisible_by 0 divided by it (SIGFPE). Inspect shows what is there.
+cp "$G/step_00000002.h5" "$tmp/layers.h5"
+cp "$G/step_00000002.h5" "$tmp/div0.h5"
+/usr/bin/python3 - "$tmp/layers.h5" "$tmp/div0.h5" <<'PY'
+import json, sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    f.attrs.modify("n_layer", np.int64(2**31 - 1))
+with h5py.File(sys.argv[2], "r+") as f:
+    a = json.loads(f.attrs["architecture"].decode() if isinstance(f.attrs["architecture"], bytes) else f.attrs["architecture"])
+    a["make_vocab_size_divisible_by"] = 0
+    del f.attrs["architecture"]
+    f.attrs.create("architecture", np.bytes_(json.dumps(a).encode()))
+PY
+expect_exit 0 inspect-layers "total: [0-9]+ datasets" "$z3d" ckpt inspect "$tmp/layers.h5"
+expect_exit 0 inspect-div0 "total: [0-9]+ datasets" "$z3d" ckpt inspect "$tmp/div0.h5"
+expect_exit 2 load-div0 "make_vocab_size_divisible_by = 0" \
+  "$z3d" train input/gpt-tiny.json --run-dir "$tmp/div0_run" --set data.val= --set train_steps=3 \
+  --set checkpoint.load="\"$tmp/div0.h5\""
 
 echo "all command checks passed"

@@ -401,6 +401,33 @@ TEST(Config, HostileInputsAreOneLineErrors) {
   EXPECT_THAT(load_error(dir.write("dup.json", minimal(R"("train_steps": 3)"))),
               HasSubstr("key 'train_steps' appears twice"));
   EXPECT_THAT(load_error(run, {R"(optimizer={"type": "Adam", "type": "AdamW"})"}), HasSubstr("appears twice"));
+  // Found by tests/fuzz: a --set that is not UTF-8 reached the JSON writer, which threw.
+  EXPECT_THAT(load_error(run, {"data.train=caf\xe9.bin"}), HasSubstr("not UTF-8 text"));
+}
+
+// A checkpoint's architecture record is read as the config reads the model keys (found by
+// tests/fuzz: make_vocab_size_divisible_by 0 was taken, and padded_vocab() divided by it).
+TEST(Config, ArchitectureRecordTakesWhatTheModelKeysTake) {
+  ModelConfig m;
+  m.arch = "llama", m.norm = "rmsnorm", m.position = "rope", m.mlp = "swiglu", m.intermediate_size = 96;
+  m.num_key_value_heads = 2, m.bias = false, m.tie_word_embeddings = false, m.make_vocab_size_divisible_by = 64;
+  ModelConfig back;
+  set_architecture(back, architecture_of(m));
+  EXPECT_EQ(architecture_of(back), architecture_of(m));
+  auto refused = [](const char* record) {
+    ModelConfig x;
+    try {
+      set_architecture(x, nlohmann::json::parse(record));
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_THAT(refused(R"({"make_vocab_size_divisible_by": 0})"), HasSubstr("make_vocab_size_divisible_by = 0"));
+  EXPECT_THAT(refused(R"({"arch": "bert"})"), HasSubstr("arch = \"bert\""));
+  EXPECT_THAT(refused(R"({"rope_theta": -1})"), HasSubstr("rope_theta = -1"));
+  EXPECT_THAT(refused(R"({"num_key_value_heads": 1.5})"), HasSubstr("num_key_value_heads = 1.5"));
+  EXPECT_THAT(refused(R"({"bias": "yes"})"), HasSubstr("bias = \"yes\""));
 }
 
 TEST(Config, UnknownKeySuggestsNearest) {
