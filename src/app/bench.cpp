@@ -27,7 +27,8 @@ const char* kBenchUsage =
     "usage: zero3d bench gemm [--sizes N,N,...] [--seconds S] [--config FILE] [--backend NAME]\n"
     "       zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST | --backend NAME]\n"
     "       zero3d bench io [--dir DIR] [--bytes N]\n"
-    "       zero3d bench comm [--min-bytes N] [--max-bytes N] [--factor F] [--ops LIST] [--types LIST] [--group N]\n"
+    "       zero3d bench comm [--min-bytes N] [--max-bytes N] [--factor F] [--iters N] [--ops LIST] [--types LIST]\n"
+    "                         [--group N]\n"
     "       zero3d bench machine [--out FILE] [--seconds S] [--nvme-path DIR]\n"
     "  gemm: the GEMM rates a training run gets. Names the CPU, the ISA level of the host loops, the\n"
     "        GEMM libraries and the ISA they run, measures one thread's FMA peak, then GFLOP/s per\n"
@@ -58,7 +59,8 @@ const char* kBenchUsage =
     "        ranks read in place, one copy, as training's), with the memcpy rate of the same run and the\n"
     "        size from which shared memory (comm buffers) wins (set\n"
     "        comm.shm_min_bytes to it). --group N: groups of N consecutive ranks at once. --chunk-bytes:\n"
-    "        the shared-memory pipelining grain (comm.shm_chunk_bytes). Exit 1 on any wrong element.\n"
+    "        the shared-memory pipelining grain (comm.shm_chunk_bytes). --iters N: N calls a size (default:\n"
+    "        as many as move 2 GB, 3 to 1000). Exit 1 on any wrong element.\n"
     "  machine: the rates zero3d plan --machine prices a layout with, every rank measuring at once (run\n"
     "        it with the ranks per node a job will use, on one node or more): GEMM FLOP/s at GPT-2 block\n"
     "        shapes, the fused attention's FLOP/s, copy bandwidth, AdamW's bytes/s, each collective's\n"
@@ -90,6 +92,7 @@ int bench_comm_command(const Args& a) {
     else if (a[i] == "--max-bytes") o.max_bytes = parse_bytes(option_value(a, i, kBenchUsage), "--max-bytes");
     else if (a[i] == "--factor") o.factor = parse_positive(option_value(a, i, kBenchUsage), "--factor");
     else if (a[i] == "--chunk-bytes") o.chunk_bytes = parse_bytes(option_value(a, i, kBenchUsage), "--chunk-bytes");
+    else if (a[i] == "--iters") o.iters = static_cast<int>(parse_whole(option_value(a, i, kBenchUsage), "--iters", 1, 1000000));
     else if (a[i] == "--group") o.group_size = static_cast<int>(parse_whole(option_value(a, i, kBenchUsage), "--group", 1, kMaxRanks));
     else if (a[i] == "--ops") o.ops = split_commas(option_value(a, i, kBenchUsage));
     else if (a[i] == "--types") o.types = split_commas(option_value(a, i, kBenchUsage));

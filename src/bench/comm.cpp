@@ -157,14 +157,19 @@ std::vector<E> by_name(const std::vector<std::string>& names, const std::vector<
 
 }  // namespace
 
-double time_collective(ProcessGroup& g, const std::string& name, size_t bytes) {
+double time_collective(ProcessGroup& g, const std::string& name, size_t bytes, double seconds) {
   const Op op = by_name<Op>({name}, {{"all_reduce", Op::all_reduce}, {"reduce_scatter", Op::reduce_scatter},
                                      {"all_gather", Op::all_gather}}, "collective")[0];
   const int p = g.size();
   const size_t whole = std::max<size_t>(bytes / (sizeof(float) * p), 1) * p;
   Buffers shared(whole * sizeof(float), true);
-  const int iters = static_cast<int>(std::clamp<double>(2e9 / static_cast<double>(whole * sizeof(float)), 3, 1000));
-  return measure(g, op, CommType::f32, shared, op == Op::all_reduce ? whole : whole / p, iters).seconds;
+  const size_t count = op == Op::all_reduce ? whole : whole / p;
+  // Three calls say what one costs (every rank the slowest's, so all agree on the count); the
+  // budget's calls, at most 2 GB moved and 1000 calls, make the measurement.
+  const double first = measure(g, op, CommType::f32, shared, count, 3).seconds;
+  const double most = std::clamp<double>(2e9 / static_cast<double>(whole * sizeof(float)), 3, 1000);
+  const int iters = static_cast<int>(std::clamp<double>(seconds / std::max(first, 1e-9), 3, most));
+  return iters <= 3 ? first : measure(g, op, CommType::f32, shared, count, iters).seconds;
 }
 
 int64_t bench_comm(const CommBenchOptions& o) {
@@ -209,7 +214,8 @@ int64_t bench_comm(const CommBenchOptions& o) {
            size = std::max(size + 1, static_cast<size_t>(static_cast<double>(size) * o.factor))) {
         const size_t whole = size / (e * group) * group;  // elements of the whole buffer, a multiple of p
         const size_t count = op == Op::all_reduce ? whole : whole / group;
-        const int iters = static_cast<int>(std::clamp<double>(o.bytes_per_point / static_cast<double>(size), 3, 1000));
+        const int iters = o.iters > 0 ? o.iters
+                                      : static_cast<int>(std::clamp<double>(o.bytes_per_point / static_cast<double>(size), 3, 1000));
         const Result m = measure(*mpi, op, t, priv, count, iters);
         const Result s = measure(*shm, op, t, priv, count, iters);
         const Result s1 = measure(*shm, op, t, shared, count, iters);

@@ -95,15 +95,15 @@ double measure_adam(Backend& be, double seconds) {
 namespace {
 
 // Each collective's latency and bus bandwidth over g, fit from 64 KiB and 32 MiB, the best of three
-// (a rank descheduled once is not the link's rate). Collective over g.
-std::map<std::string, MachineRates::Link> fit_links(ProcessGroup& g) {
+// (a rank descheduled once is not the link's rate), in about `seconds` in all. Collective over g.
+std::map<std::string, MachineRates::Link> fit_links(ProcessGroup& g, double seconds) {
   std::map<std::string, MachineRates::Link> links;
   for (const char* op : {"all_reduce", "reduce_scatter", "all_gather"}) {
     const double small = 64 << 10, large = 32 << 20;
     double t1 = 1e30, t2 = 1e30;
     for (int k = 0; k < 3; ++k) {
-      t1 = std::min(t1, time_collective(g, op, static_cast<size_t>(small)));
-      t2 = std::min(t2, time_collective(g, op, static_cast<size_t>(large)));
+      t1 = std::min(t1, time_collective(g, op, static_cast<size_t>(small), seconds / 18));
+      t2 = std::min(t2, time_collective(g, op, static_cast<size_t>(large), seconds / 18));
     }
     const double share = bus_share(op, g.size());
     MachineRates::Link l;
@@ -185,10 +185,10 @@ MachineRates measure_machine(Backend& be, double seconds, const std::string& nvm
   // Within a node, every node's ranks at once; between nodes, the whole world (every rank of each
   // node: what inter_node's rates mean), a pipeline neighbour's rate taken as the all-gather ring's
   // per-link bus bandwidth.
-  if (node->size() > 1) m.collectives = fit_links(*node);
+  if (node->size() > 1) m.collectives = fit_links(*node, seconds);
   const int nodes = world->size() / node->size();
   if (nodes > 1) {
-    m.inter_node.collectives = fit_links(*world);
+    m.inter_node.collectives = fit_links(*world, seconds);
     m.inter_node.p2p_bytes = m.inter_node.collectives.at("all_gather").busbw;
   }
   if (!nvme_path.empty()) std::tie(m.nvme_read_bytes, m.nvme_write_bytes) = measure_swap(*world, nvme_path, swap_bytes);

@@ -120,11 +120,12 @@ echo "ok   pipeline sends on the send thread (with and without CMA) bitwise equa
 
 # ---- bench comm ----
 for np in 2 3; do
-  timeout 300 $MPIRUN -np $np "$z3d" bench comm --max-bytes 1048576 --factor 32 --types float,bf16,half \
+  timeout 300 $MPIRUN -np $np "$z3d" bench comm --max-bytes 1048576 --factor 32 --iters 5 --types float,bf16,half \
     > "$tmp/bench$np.log" 2>&1 || { cat "$tmp/bench$np.log"; fail "bench comm on $np ranks failed"; }
   grep -q "wrong elements in all: 0" "$tmp/bench$np.log" || { cat "$tmp/bench$np.log"; fail "bench comm $np: wrong"; }
   [[ $(grep -c "reduce_scatter |" "$tmp/bench$np.log") -ge 3 ]] || { cat "$tmp/bench$np.log"; fail "bench comm rows"; }
 done
 echo "ok   bench comm on 2 and 3 ranks: every result exact"
 expect_exit 2 bench_bad "unknown collective 'all_to_all'" $MPIRUN -np 2 "$z3d" bench comm --ops all_to_all
+expect_exit 2 bench_iters "--iters" $MPIRUN -np 2 "$z3d" bench comm --iters 0
 echo "ok   bench comm refuses an unknown collective"
