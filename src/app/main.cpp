@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -64,6 +65,10 @@ static int dispatch(const Args& args) {
 int main(int argc, char** argv) {
   die_with_launcher();   // a rank whose mpirun/srun is gone must not train on alone
   block_stop_signals();  // before any thread exists: SIGUSR1/SIGTERM go to one waiting thread only
+  // Started without a launcher (zero3d plan, ckpt inspect, ...), Open MPI's singleton would start a
+  // daemon (orted) first, 0.2 s of every such command; zero3d never spawns ranks, so it needs none.
+  // A launcher's ranks never read this; a value the user set wins.
+  setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
   int provided = 0;
   // MULTIPLE: the watchdog thread and the checkpoint writer call MPI beside the training thread
   // (without it both are off: parallel/watchdog.h, ckpt/writer.h).

@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
+
 int main(int argc, char** argv) {
+  setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);  // as zero3d's main: no daemon for one process
   MPI_Init(&argc, &argv);
   int rc = 0;
   ::testing::InitGoogleTest(&argc, argv);
