@@ -294,6 +294,37 @@ TEST_P(Kernels, MemoryAllocIsZeroedAndCopiesRoundTrip) {
   expect_bits_equal(to_host(*be, moved), x, "moved buffer");
 }
 
+// The walled backend (ZERO3D_DEVICE_WALLS, the device-walls tests): its memory faults when the
+// host touches it outside the backend's ops and copies, ops and copies see it, and memory freed
+// and allocated again is zero, as new memory is. Buffers of several huge pages and of a few bytes.
+TEST(WalledBackend, DeviceMemoryIsClosedToTheHostOutsideItsOps) {
+  auto be = zero3d::make_walled_backend();
+  const size_t big = (size_t{5} << 20) / sizeof(float) + 3;
+  DeviceBuffer<float> a(*be, 1000), b(*be, big);
+  std::vector<float> x(big);
+  for (size_t i = 0; i < big; ++i) x[i] = static_cast<float>(i % 1000) - 500.0f;
+  be->copy_from_host(a.data(), x.data(), a.bytes());
+  be->copy_from_host(b.data(), x.data(), b.bytes());
+  be->scale(b.data(), 2.0f, big);
+  std::vector<float> got = to_host(*be, b);
+  int wrong = 0;
+  for (size_t i = 0; i < big; ++i) wrong += got[i] != 2 * x[i];
+  EXPECT_EQ(wrong, 0);
+  float* pa = a.data();
+  float* pb = b.data();
+  EXPECT_DEATH({ std::printf("%f\n", static_cast<double>(*static_cast<volatile float*>(pa))); }, "");
+  EXPECT_DEATH({ *static_cast<volatile float*>(pb + big - 1) = 1.0f; }, "");
+  for (int round = 0; round < 2; ++round) {  // freed, allocated again (in the hole, then at the top): zero
+    a = DeviceBuffer<float>();
+    if (round == 1) b = DeviceBuffer<float>();
+    DeviceBuffer<float> c(*be, 1000), d(*be, big);
+    for (const std::vector<float>& h : {to_host(*be, c), to_host(*be, d)})
+      EXPECT_TRUE(std::all_of(h.begin(), h.end(), [](float v) { return v == 0.0f; })) << "round " << round;
+    a = std::move(c);
+    if (round == 1) b = std::move(d);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // GEMM
 // ---------------------------------------------------------------------------------------------
