@@ -35,8 +35,6 @@ set(ENV{PKG_CONFIG_LIBDIR} "${ZERO3D_ARM64_SYSROOT}/usr/lib/aarch64-linux-gnu/pk
 # would name its own (x86) libraries, and the sysroot's are arm64 programs. No wrappers: MPI
 # through pkg-config, HDF5 under Debian's directory for the Open MPI build.
 set(MPI_C_COMPILER "" CACHE FILEPATH "no wrapper: MPI through pkg-config")
-set(MPI_CXX_COMPILER "" CACHE FILEPATH "no wrapper: MPI through pkg-config")
-set(MPI_CXX_SKIP_MPICXX ON CACHE BOOL "zero3d calls MPI's C API only")
 set(HDF5_C_COMPILER_EXECUTABLE "" CACHE FILEPATH "no wrapper: HDF5_ROOT below")
 set(HDF5_NO_FIND_PACKAGE_CONFIG_FILE ON CACHE BOOL "")
 set(HDF5_ROOT /usr/lib/aarch64-linux-gnu/hdf5/openmpi)
