@@ -195,10 +195,10 @@ void bench_level(const cpu::Kernels& k, const ModelConfig& m, int micro, double 
   HostOptions o;
   o.isa = k.isa;
   std::unique_ptr<Backend> be = make_host_backend(o);
-  if (t.copy_bw == 0) t.copy_bw = measure_copy_bandwidth(*be, std::max(0.2, seconds));
-  const double peak = best_fma_peak(std::max(0.2, seconds), 0.002, &k);
+  if (t.copy_bw == 0) t.copy_bw = measure_copy_bandwidth(*be, seconds);
+  const double peak = best_fma_peak(seconds, 0.002, &k);
   t.peaks.push_back(peak);
-  const double exp_rate = best_exp_rate(k, std::max(0.2, seconds));
+  const double exp_rate = best_exp_rate(k, seconds);
   t.exp_rates.push_back(exp_rate);
   t.header.push_back(k.isa);
 
@@ -260,7 +260,7 @@ void bench_backend_kernels(Backend& be, const PeakFlops& peak, const ModelConfig
   const std::unique_ptr<Backend> counter = make_host_backend(counting);
   KernelOperands counted(*counter, m, micro), ops(be, m, micro);
   const std::vector<Case> count_cases = counted.cases(), cases = ops.cases();
-  const double copy_bw = measure_copy_bandwidth(be, std::max(0.2, seconds));
+  const double copy_bw = measure_copy_bandwidth(be, seconds);
   const MicroBatch& mb = ops;
   log_info("# kernels on %s, one micro-batch of %s: %d x %d tokens, d_model %d, %d heads, vocab %d; Adam and the "
            "casts over one block's %zu parameters",

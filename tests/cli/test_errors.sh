@@ -89,7 +89,7 @@ rate='([0-9.]+|-)'
 # level picks them, unless OPENBLAS_CORETYPE says otherwise.
 declare -A blas_core=([avx512]="SkylakeX|Cooperlake|SapphireRapids" [avx2]="Zen|Haswell" [sse2]="Prescott")
 for level in $levels; do
-  if out=$(env -u OPENBLAS_CORETYPE ZERO3D_ISA=$level timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config $tiny 2>&1) &&
+  if out=$(env -u OPENBLAS_CORETYPE ZERO3D_ISA=$level timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.02 --config $tiny 2>&1) &&
      grep -qE "^# CPU: .*host loops: $level;" <<< "$out" &&
      grep -qE "^# GEMM libraries: oneDNN [0-9.]+ \([a-z0-9_]+\); CBLAS: OpenBLAS [0-9.]+ (${blas_core[$level]})$" <<< "$out" &&
      grep -qE "^# zero3d's plan \(compute.gemm=auto\): .*; why: auto: " <<< "$out" &&
@@ -99,13 +99,13 @@ for level in $levels; do
      grep -qE "^attention fwd +[0-9.]+ " <<< "$out" && grep -qE "^attention bwd +[0-9.]+ " <<< "$out"; then
     passes=$((passes+1)); else echo "FAIL bench gemm at $level:"; echo "$out"; fails=$((fails+1)); fi
 done
-if out=$(OPENBLAS_CORETYPE=Prescott ZERO3D_ISA=avx2 timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config $tiny 2>&1) &&
+if out=$(OPENBLAS_CORETYPE=Prescott ZERO3D_ISA=avx2 timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.02 --config $tiny 2>&1) &&
    grep -qE "CBLAS: OpenBLAS [0-9.]+ Prescott$" <<< "$out" && grep -q "not level avx2's" <<< "$out" &&
    grep -q "^# note: OpenBLAS .*OPENBLAS_CORETYPE=Prescott is set; unset it" <<< "$out" || ! grep -qw avx2 /proc/cpuinfo; then
   passes=$((passes+1)); else echo "FAIL bench gemm keeps OPENBLAS_CORETYPE:"; echo "$out"; fails=$((fails+1)); fi
 # a Llama model's own GEMM shapes (512 tokens a micro-batch): grouped key/value heads narrow qkv
 # (4 + 2 x 2 heads of 32), SwiGLU's fc is the gate and the up projection (2 x 384)
-if out=$(timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.05 --config input/llama-tiny.json 2>&1) &&
+if out=$(timeout 120 "$z3d" bench gemm --sizes 64 --seconds 0.02 --config input/llama-tiny.json 2>&1) &&
    grep -qE "^qkv fwd +512 +256 +128 " <<< "$out" && grep -qE "^attn proj fwd +512 +128 +128 " <<< "$out" &&
    grep -qE "^mlp fc fwd +512 +768 +128 " <<< "$out" && grep -qE "^mlp proj fwd +512 +128 +384 " <<< "$out" &&
    grep -qE "^attention bwd +[0-9.]+ " <<< "$out"; then
