@@ -163,6 +163,20 @@ Hid open_checkpoint_dataset(hid_t file, const std::string& file_path, const std:
   return ds;
 }
 
+namespace {
+
+// The model of a checkpoint's shape and architecture record (`arch`; null where the file has none:
+// GPT-2's keys, ModelConfig's defaults, as checkpoints from before the Llama family hold). UserError
+// naming `where` when the record does not parse or holds a value no config takes.
+ModelConfig saved_model(int vocab_size, int seq_len, int n_layer, int n_head, int d_model, const std::string* arch,
+                        const std::string& where) {
+  ModelConfig m{vocab_size, seq_len, n_layer, n_head, d_model};
+  if (arch) set_architecture(m, config_json::parse_text(*arch, where + "attribute architecture"));
+  return m;
+}
+
+}  // namespace
+
 void check_saved_model(const CheckpointHeader& h, const ModelConfig& m, const std::string& path) {
   const std::pair<const char*, std::pair<int64_t, int>> shape[] = {{"n_layer", {h.n_layer, m.n_layer}},
                                                                    {"n_head", {h.n_head, m.n_head}},
@@ -174,11 +188,9 @@ void check_saved_model(const CheckpointHeader& h, const ModelConfig& m, const st
       throw UserError(strprintf("checkpoint '%s' holds a model with %s = %lld, but this run's model.%s is %d: the "
                                 "model shapes must match",
                                 path.c_str(), key, (long long)v.first, key, v.second));
-  // The checkpoint's architecture keys on this run's shape; ModelConfig's defaults are GPT-2's, what
-  // a checkpoint from before the keys holds (as model_of below reads one).
-  ModelConfig saved{m.vocab_size, m.seq_len, m.n_layer, m.n_head, m.d_model};
-  if (!h.architecture.empty())
-    set_architecture(saved, config_json::parse_text(h.architecture, "checkpoint '" + path + "': attribute architecture"));
+  // The checkpoint's architecture keys on this run's shape (read_header leaves an absent record empty).
+  const ModelConfig saved = saved_model(m.vocab_size, m.seq_len, m.n_layer, m.n_head, m.d_model,
+                                        h.architecture.empty() ? nullptr : &h.architecture, "checkpoint '" + path + "': ");
   const nlohmann::json have = architecture_of(saved), want = architecture_of(m);
   for (const auto& [key, v] : want.items())
     if (have[key] != v)
@@ -192,15 +204,13 @@ std::optional<ModelConfig> model_of(hid_t f) {
   const char* keys[5] = {"vocab_size", "seq_len", "n_layer", "n_head", "d_model"};
   for (int i = 0; i < 5; ++i)
     if (!read_attr(f, keys[i], v[i]) || v[i] <= 0 || v[i] > INT_MAX) return std::nullopt;
+  std::string arch;
+  const bool has_arch = read_attr(f, "architecture", arch);
   ModelConfig m;
-  m.vocab_size = int(v[0]), m.seq_len = int(v[1]), m.n_layer = int(v[2]), m.n_head = int(v[3]), m.d_model = int(v[4]);
-  std::string arch;  // absent before the Llama family: GPT-2, ModelConfig's defaults
-  if (read_attr(f, "architecture", arch)) {
-    try {
-      set_architecture(m, config_json::parse_text(arch, "attribute architecture"));
-    } catch (const UserError&) {
-      return std::nullopt;
-    }
+  try {
+    m = saved_model(int(v[0]), int(v[1]), int(v[2]), int(v[3]), int(v[4]), has_arch ? &arch : nullptr, "");
+  } catch (const UserError&) {
+    return std::nullopt;
   }
   // A shape no config resolves to (a damaged file) has no tensor table: whole heads, whole key/value
   // groups, and a file that can hold the datasets of n_layer layers (each in /model and three

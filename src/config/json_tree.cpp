@@ -246,7 +246,7 @@ bool valid_utf8(const std::string& s) {
 }
 
 std::string show(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string s = to_text(v);
   if (s.size() > 60) s = s.substr(0, 57) + "...";
   return s;
 }
