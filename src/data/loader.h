@@ -69,9 +69,12 @@ class DataLoader {
   std::vector<uint16_t> seq_;  // one sequence and its last target, as read
 };
 
-// Header constants of the llm.c token format.
+// Header constants of the llm.c token format: uint16 tokens (GPT-2's scripts), or uint32 tokens for
+// vocabularies above 65,536 (llm.c's Llama 3 scripts: their own magic and version).
 constexpr int32_t kTokenFileMagic = 20240520;
 constexpr int32_t kTokenFileVersion = 1;
+constexpr int32_t kTokenFileMagicU32 = 20240801;
+constexpr int32_t kTokenFileVersionU32 = 7;
 constexpr int kTokenFileHeaderInts = 256;
 
 // Byte-level tokenizer (vocabulary 256): concatenates the files' bytes, writes one token file
