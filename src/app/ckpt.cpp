@@ -16,6 +16,7 @@ const char* kCkptUsage =
     "usage: zero3d ckpt inspect CKPT\n"
     "       zero3d ckpt verify CKPT\n"
     "       zero3d ckpt export CKPT --out MODEL.safetensors [--weights master|model] [--format safetensors|hf]\n"
+    "                               [--tokenizer FILE|byte]\n"
     "  CKPT: a checkpoint file (step_XXXXXXXX.h5), or a checkpoint directory meaning the one its 'latest' names.\n"
     "  inspect  print the step, the layout at save, the model shape, the optimizer state and every dataset\n"
     "  verify   recompute every dataset's checksum; exit code 4 when any differs, is missing or unreadable\n"
@@ -23,7 +24,9 @@ const char* kCkptUsage =
     "           --weights master (default) the fp32 master weights, F32; model: the weights computed with,\n"
     "           as stored (F32, BF16 or F16)\n"
     "           --format hf: --out names a directory; config.json and model.safetensors as Hugging Face\n"
-    "           transformers loads them (GPT2LMHeadModel or LlamaForCausalLM). It appears whole or not at\n"
+    "           transformers loads them (GPT2LMHeadModel or LlamaForCausalLM), with the run's tokenizer\n"
+    "           (tokenizer.json or tokenizer.model, tokenizer_config.json, generation_config.json; --tokenizer\n"
+    "           names it for a checkpoint that records none) for AutoTokenizer and pipeline(). It appears whole or not at\n"
     "           all: an earlier export there is replaced only when the new one is complete; a directory\n"
     "           holding other files is refused. No output replaces what is not a regular file.\n"
     "  Runs on rank 0 alone; one process is enough.\n";
@@ -35,11 +38,12 @@ int cmd_ckpt(const Args& a) {
   const std::string& tool = a[0];
   if (tool != "inspect" && tool != "verify" && tool != "export")
     throw UserError(strprintf("unknown ckpt command '%s' (inspect, verify or export)\n%s", tool.c_str(), kCkptUsage));
-  std::string path, out, weights = "master", format = "safetensors";
+  std::string path, out, weights = "master", format = "safetensors", tokenizer;
   for (size_t i = 1; i < a.size(); ++i) {
     if (tool == "export" && a[i] == "--out") out = option_value(a, i, kCkptUsage);
     else if (tool == "export" && a[i] == "--weights") weights = option_value(a, i, kCkptUsage);
     else if (tool == "export" && a[i] == "--format") format = option_value(a, i, kCkptUsage);
+    else if (tool == "export" && a[i] == "--tokenizer") tokenizer = option_value(a, i, kCkptUsage);
     else if (a[i].starts_with("-"))
       throw UserError(strprintf("unknown option '%s' for zero3d ckpt %s\n%s", a[i].c_str(), tool.c_str(), kCkptUsage));
     else if (path.empty()) path = a[i];
@@ -55,7 +59,9 @@ int cmd_ckpt(const Args& a) {
   if (ProcessGroup::world()->rank() != 0) return 0;
   if (tool == "inspect") return ckpt_inspect(path);
   if (tool == "verify") return ckpt_verify(path);
-  return ckpt_export(path, out, weights, format);
+  if (!tokenizer.empty() && format != "hf")
+    throw UserError("--tokenizer goes with --format hf (a safetensors file holds weights only)");
+  return ckpt_export(path, out, weights, format, tokenizer);
 }
 
 }  // namespace zero3d

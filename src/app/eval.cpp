@@ -1,12 +1,15 @@
-// app/eval.cpp: zero3d eval, the loss and perplexity of a checkpoint's model on a token file, on
-// one process and the host backend.
+// app/eval.cpp: zero3d eval, the loss and perplexity of a checkpoint's model on a token file or on
+// text through the run's tokenizer, on one process and the host backend.
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "app/commands.h"
+#include "ckpt/tokenizer_record.h"
 #include "ckpt/tools.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/posix_io.h"
 #include "core/stop_signal.h"
 #include "data/loader.h"
 #include "kernels/backend.h"
@@ -20,36 +23,76 @@ namespace zero3d {
 namespace {
 
 const char* kEvalUsage =
-    "usage: zero3d eval CKPT --tokens FILE [--batches N] [--micro-batch B]\n"
+    "usage: zero3d eval CKPT (--tokens FILE | --text FILE...) [--tokenizer FILE|byte] [--batches N] [--micro-batch B]\n"
     "  The loss and perplexity of the checkpoint's model on an llm.c token file, its sequences in file order,\n"
-    "  on one process (the host backend): N batches of B sequences (default: every whole batch; B 8).\n";
+    "  on one process (the host backend): N batches of B sequences (default: every whole batch; B 8).\n"
+    "  --text FILE...   text files instead, each one document, tokenized as data prepare does with the run's\n"
+    "                   tokenizer (recorded in the checkpoint; --tokenizer names another)\n";
+
+// The text files' tokens as data prepare writes them: each document after the separator.
+std::vector<int32_t> text_tokens(const std::vector<std::string>& files, const Tokenizer& t) {
+  std::vector<int32_t> out;
+  for (const std::string& f : files) {
+    if (t.document_separator() >= 0) out.push_back(t.document_separator());
+    t.encode(read_text_file(f, "text file"), out);
+  }
+  return out;
+}
 
 }  // namespace
 
 int cmd_eval(const Args& a) {
-  std::string path, file;
+  std::string path, file, tokenizer_spec;
+  std::vector<std::string> texts;
   int64_t batches = 0;
   int micro = 8;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == "--help" || a[i] == "-h") return log_info("%s", kEvalUsage), 0;
     if (a[i] == "--tokens") file = option_value(a, i, kEvalUsage);
+    else if (a[i] == "--text") {
+      texts.push_back(option_value(a, i, kEvalUsage));
+      while (i + 1 < a.size() && !a[i + 1].starts_with("-")) texts.push_back(a[++i]);
+    } else if (a[i] == "--tokenizer") tokenizer_spec = option_value(a, i, kEvalUsage);
     else if (a[i] == "--batches") batches = parse_whole(option_value(a, i, kEvalUsage), "--batches", 0, INT64_MAX);
     else if (a[i] == "--micro-batch") micro = static_cast<int>(parse_whole(option_value(a, i, kEvalUsage), "--micro-batch", 1, 1 << 20));
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kEvalUsage));
     else if (path.empty()) path = a[i];
     else throw UserError(strprintf("zero3d eval takes one checkpoint, got a second: '%s'", a[i].c_str()));
   }
-  if (path.empty() || file.empty()) throw UserError(strprintf("zero3d eval needs a checkpoint and --tokens FILE\n%s", kEvalUsage));
+  if (path.empty() || file.empty() == texts.empty())
+    throw UserError(strprintf("zero3d eval needs a checkpoint and one of --tokens FILE or --text FILE...\n%s", kEvalUsage));
   catch_interrupts();
   if (ProcessGroup::world()->rank() != 0) return 0;
   const CheckpointModel cm = read_checkpoint_model(path);
   const ModelConfig& m = cm.model;
-  DataLoader data(file, m.seq_len, m.vocab_size, 0, false);
+  // The sequences: from the token file (DataLoader, file order), or cut from the text's tokens the same way.
+  const size_t T = static_cast<size_t>(m.seq_len);
+  std::optional<DataLoader> data;
+  std::vector<int32_t> text;
+  uint64_t sequences = 0;
+  std::string source = file;
+  if (!file.empty()) {
+    data.emplace(file, m.seq_len, m.vocab_size, 0, false);
+    sequences = data->num_sequences();
+  } else {
+    const CheckpointTokenizer tok = checkpoint_tokenizer(cm.file, cm.tokenizer, m.vocab_size, tokenizer_spec);
+    text = text_tokens(texts, *tok.tokenizer);
+    sequences = text.empty() ? 0 : (text.size() - 1) / T;
+    source = texts.size() == 1 ? texts[0] : strprintf("%zu text files", texts.size());
+  }
+  auto load = [&](uint64_t first, int count, int32_t* in, int32_t* tgt) {
+    if (data) return data->load(first, count, in, tgt);
+    for (size_t k = 0; k < static_cast<size_t>(count); ++k)
+      for (size_t t = 0; t < T; ++t) {
+        in[k * T + t] = text[(first + k) * T + t];
+        tgt[k * T + t] = text[(first + k) * T + t + 1];
+      }
+  };
   const int B = micro;
-  const uint64_t whole = data.num_sequences() / static_cast<uint64_t>(B);
+  const uint64_t whole = sequences / static_cast<uint64_t>(B);
   if (whole == 0)
     throw UserError(strprintf("'%s' holds %llu sequences of %d tokens, fewer than one batch of %d (--micro-batch)",
-                              file.c_str(), (unsigned long long)data.num_sequences(), m.seq_len, B));
+                              source.c_str(), (unsigned long long)sequences, m.seq_len, B));
   const uint64_t n = batches > 0 ? std::min<uint64_t>(whole, static_cast<uint64_t>(batches)) : whole;
   auto be = make_host_backend();
   const std::vector<ParamInfo> table = gpt_param_table(m);
@@ -62,18 +105,18 @@ int cmd_eval(const Args& a) {
   double sum = 0;
   for (uint64_t k = 0; k < n; ++k) {
     throw_if_interrupted("eval");
-    data.load(k * B, B, in.data(), tgt.data());
+    load(k * B, B, in.data(), tgt.data());
     sum += model.forward(in.data(), tgt.data(), 0.0f);
   }
   const double loss = sum / static_cast<double>(n);
-  std::printf("{\"kind\": \"eval\", \"checkpoint\": \"%s\", \"step\": %lld, \"tokens_file\": \"%s\", \"sequences\": %llu, "
+  std::printf("{\"kind\": \"eval\", \"checkpoint\": \"%s\", \"step\": %lld, \"%s\": \"%s\", \"sequences\": %llu, "
               "\"tokens\": %llu, \"loss\": %.9g, \"perplexity\": %.9g}\n",
-              path.c_str(), (long long)cm.step, file.c_str(), (unsigned long long)(n * B),
+              path.c_str(), (long long)cm.step, data ? "tokens_file" : "text", source.c_str(), (unsigned long long)(n * B),
               (unsigned long long)(n * B * m.seq_len), loss, std::exp(loss));
   std::fflush(stdout);
   log_info("zero3d: eval of step %lld on %llu sequences of '%s': loss %.6f, perplexity %.4f%s", (long long)cm.step,
-           (unsigned long long)(n * B), file.c_str(), loss, std::exp(loss),
-           n < whole || data.num_sequences() % B ? " (whole batches only)" : "");
+           (unsigned long long)(n * B), source.c_str(), loss, std::exp(loss),
+           n < whole || sequences % B ? " (whole batches only)" : "");
   return 0;
 }
 

@@ -46,6 +46,7 @@ CheckpointHeader checkpoint_header(const CheckpointRun& run, const TrainingState
   h.rng = strprintf("counter-based splitmix64 keyed by seed %llu: the seed is the whole state",
                     static_cast<unsigned long long>(c.seed));
   h.checksum_algorithm = kChecksumAlgorithm;
+  h.tokenizer = run.tokenizer;
   return h;
 }
 

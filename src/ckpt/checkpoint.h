@@ -58,6 +58,7 @@ struct CheckpointRun {
   const Config& config;
   ProcessGroups& groups;
   ZeroEngine& engine;
+  std::string tokenizer = {};  // the "tokenizer" attribute: ckpt/tokenizer_record.h
 };
 
 // Saves: ckpt/writer.h. What a save writes, shared with it:

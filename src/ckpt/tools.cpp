@@ -24,6 +24,7 @@
 #include "ckpt/dir.h"
 #include "ckpt/format.h"
 #include "ckpt/hf.h"
+#include "ckpt/tokenizer_record.h"
 #include "config/json_tree.h"
 #include "storage/hdf5_posix.h"
 #include "model/gpt.h"
@@ -298,6 +299,8 @@ CheckpointModel read_checkpoint_model(const std::string& dir_or_file) {
     throw UserError(strprintf("checkpoint '%s' lacks its precision, step or model shape attributes (corrupt file)",
                               c.path.c_str()));
   out.model = *m;
+  out.file = c.path;
+  read_attr(c.file.get(), "tokenizer", out.tokenizer);  // absent in checkpoints before it: unknown
   const std::string group = precision != "fp32" ? "/optimizer/master" : "/model";
   for (const ParamInfo& p : gpt_param_table(*m)) {
     const std::string path = group + "/" + p.name;
@@ -317,7 +320,7 @@ CheckpointModel read_checkpoint_model(const std::string& dir_or_file) {
 }
 
 int ckpt_export(const std::string& dir_or_file, const std::string& out, const std::string& weights,
-                const std::string& format) {
+                const std::string& format, const std::string& tokenizer) {
   if (weights != "master" && weights != "model")
     throw UserError(strprintf("--weights must be master or model, got '%s'", weights.c_str()));
   if (format != "safetensors" && format != "hf")
@@ -377,11 +380,28 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
   // --format hf: a directory as transformers' from_pretrained reads it, appearing whole (a failed
   // export leaves the one that was there, or nothing); else one file. Neither leaves a partial .tmp.
   std::optional<AtomicDir> dir;
-  std::string file = out;
+  std::string file = out, tokenizer_note;
   if (format == "hf") {
-    dir.emplace(out, "Hugging Face export", std::vector<std::string>{"config.json", "model.safetensors"});
+    std::vector<std::string> names{"config.json", "model.safetensors"};
+    names.insert(names.end(), kHfTokenizerFileNames.begin(), kHfTokenizerFileNames.end());
+    dir.emplace(out, "Hugging Face export", names);
     const std::string torch_dtype = *dtypes.begin() == "F32" ? "float32" : *dtypes.begin() == "BF16" ? "bfloat16" : "float16";
-    write_file_atomic(dir->file("config.json"), hf_config(*m, torch_dtype).dump(2) + "\n", false, "Hugging Face config");
+    nlohmann::ordered_json config = hf_config(*m, torch_dtype);
+    // The tokenizer files beside the weights, so AutoTokenizer and pipeline() read the export as it is.
+    std::string record;
+    read_attr(f, "tokenizer", record);
+    if (record.empty() && tokenizer.empty()) {
+      log_warn("checkpoint '%s' records no tokenizer (its run did not set data.tokenizer): the export has no tokenizer "
+               "files; give --tokenizer FILE (or byte) to add them",
+               c.path.c_str());
+      tokenizer_note = ", no tokenizer";
+    } else {
+      const CheckpointTokenizer t = checkpoint_tokenizer(c.path, record, m->vocab_size, tokenizer);
+      for (const HfFile& hf : hf_tokenizer_files(t, m->seq_len, config))
+        write_file_atomic(dir->file(hf.name), hf.content, false, "Hugging Face " + hf.name);
+      tokenizer_note = ", the " + t.kind + " tokenizer";
+    }
+    write_file_atomic(dir->file("config.json"), config.dump(2) + "\n", false, "Hugging Face config");
     file = dir->file("model.safetensors");
   }
   AtomicFile o(file, "safetensors file");
@@ -431,7 +451,8 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
   for (const std::string& t : dtypes) dtype_list += (dtype_list.empty() ? "" : "+") + t;
   log_info("exported %zu tensors (%s weights from %s, %s, %llu bytes of data%s) of step %lld from '%s' to '%s'",
            pieces.size(), weights.c_str(), group.c_str(), dtype_list.c_str(), (unsigned long long)offset,
-           format == "hf" ? ", Hugging Face names and config.json" : "", (long long)step, c.path.c_str(), out.c_str());
+           format == "hf" ? (", Hugging Face names and config.json" + tokenizer_note).c_str() : "", (long long)step,
+           c.path.c_str(), out.c_str());
   return 0;
 }
 

@@ -29,10 +29,11 @@ int ckpt_verify(const std::string& dir_or_file);
 // Writes the model weights in the safetensors format: weights "master" (fp32 master weights, F32)
 // or "model" (the computing weights as stored: F32, BF16 or F16). Format "safetensors": the file
 // `out`, zero3d's names in model order (wte, wpe, h.0..., ln_f); "hf": the directory `out` with
-// config.json and model.safetensors as transformers loads them (ckpt/hf.h). Each file is written as
+// config.json and model.safetensors as transformers loads them (ckpt/hf.h), and the tokenizer's files
+// (ckpt/tokenizer_record.h: the one recorded, or `tokenizer` when given). Each file is written as
 // .tmp, then renamed. Returns 0.
 int ckpt_export(const std::string& dir_or_file, const std::string& out, const std::string& weights,
-                const std::string& format = "safetensors");
+                const std::string& format = "safetensors", const std::string& tokenizer = "");
 
 // A checkpoint's model for inference on one process: its model config (shape and architecture)
 // and every tensor of gpt_param_table(model) (tp 1, pp 1) as fp32, in table order: the fp32
@@ -40,6 +41,8 @@ int ckpt_export(const std::string& dir_or_file, const std::string& out, const st
 struct CheckpointModel {
   ModelConfig model;
   int64_t step = 0;
+  std::string file;       // the checkpoint file read
+  std::string tokenizer;  // its "tokenizer" record (ckpt/tokenizer_record.h), "" when unknown
   std::vector<std::vector<float>> tensors;
 };
 CheckpointModel read_checkpoint_model(const std::string& dir_or_file);

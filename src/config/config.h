@@ -61,6 +61,7 @@ struct DataConfig {
   std::string val;        // optional ("" = no validation)
   int val_interval = 0;   // steps between validation passes; 0 = only at step 0 and the last step
   int val_batches = 8;    // micro-batches per validation pass
+  std::string tokenizer;  // "byte", a tokenizer file, or "" (unknown): recorded with checkpoints
 };
 
 enum class Precision { fp32, fp16, bf16 };

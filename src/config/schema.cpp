@@ -357,6 +357,10 @@ std::vector<Key> build() {
             "steps between validation passes; 0 = only at step 0 and at the last step").range(0, kIntMax),
       field("data.val_batches", at(&Config::data, &DC::val_batches), "micro-batches per validation pass")
           .range(1, kIntMax),
+      field("data.tokenizer", at(&Config::data, &DC::tokenizer),
+            "the tokenizer that made the token files: \"byte\", a Hugging Face tokenizer.json or a SentencePiece "
+            "tokenizer.model; recorded in every checkpoint (the file copied beside it) for generate, eval and "
+            "export; \"\" = unknown (generate then takes only --prompt-ids)"),
       field("run.max_minutes", at(&Config::max_minutes),
             "wall-time budget from start: checkpoint and exit 6 at the last step boundary where another step and "
             "a checkpoint still fit; 0 = none (under Slurm the job's end time is a budget too)").range(0, kInf),

@@ -5,6 +5,7 @@
 
 #include "ckpt/dir.h"
 #include "ckpt/reader.h"
+#include "ckpt/tokenizer_record.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "model/gpt.h"
@@ -24,7 +25,8 @@ void create_directory(const std::string& dir, const char* what) {
 CheckpointPolicy::CheckpointPolicy(const Config& c, const RunOptions& o, ProcessGroups& g, ZeroEngine& engine,
                                    const FaultInjector& faults, RunRecords& records)
     : cfg_(c), opt_(o), groups_(g), engine_(engine), faults_(faults), records_(records),
-      dir_(c.checkpoint.dir.empty() ? o.run_dir + "/checkpoints" : c.checkpoint.dir) {
+      dir_(c.checkpoint.dir.empty() ? o.run_dir + "/checkpoints" : c.checkpoint.dir),
+      tokenizer_(tokenizer_record(c.data.tokenizer, c.model.vocab_size)) {
   if (c.max_minutes > 0) time_budget_s_ = c.max_minutes * 60;
   time_budget_s_ = std::min(time_budget_s_, o.job.seconds_left);
   // Before the first save, a checkpoint is estimated at 100 MB/s (fp32 weights, m and v; plus a
@@ -66,7 +68,7 @@ void CheckpointPolicy::prepare(int64_t start_step) {
     }
   });
   if (cfg_.checkpoint.save_interval <= 0) hold_or_move_stop_saves();
-  writer_ = std::make_unique<CheckpointWriter>(CheckpointRun{cfg_, groups_, engine_}, dir_, cfg_.checkpoint,
+  writer_ = std::make_unique<CheckpointWriter>(CheckpointRun{cfg_, groups_, engine_, tokenizer_}, dir_, cfg_.checkpoint,
                                                opt_.run_dir + "/hdf5_errors.log");
   if (cfg_.checkpoint.save_interval <= 0) return;
   try {
@@ -169,6 +171,10 @@ void CheckpointPolicy::save(const TrainingState& st) {
   if (is_root()) {  // it may be a stop before any interval checkpoint (checkpoint.save_interval = 0)
     std::error_code ec;
     fs::create_directories(dir_, ec);  // a failure here fails the save, cleanly (the writer reports it)
+    if (const std::string e = copy_recorded_tokenizer(tokenizer_, dir_); !e.empty() && !tokenizer_copy_warned_) {
+      log_warn("%s (generate and export read it from its source path while that holds the same file)", e.c_str());
+      tokenizer_copy_warned_ = true;
+    }
   }
   const SaveFaults faults = faults_.before_save(static_cast<int>(st.step), dir_);
   groups_.world->barrier();  // the directory exists before anyone opens the file

@@ -80,6 +80,8 @@ class CheckpointPolicy {
   const FaultInjector& faults_;
   RunRecords& records_;
   std::string dir_;                          // checkpoint.dir, or <run dir>/checkpoints
+  std::string tokenizer_;                    // data.tokenizer's record (ckpt/tokenizer_record.h), in every save
+  bool tokenizer_copy_warned_ = false;
   std::unique_ptr<DirLock> lock_;            // rank 0: this run owns the run dir
   std::unique_ptr<DirLock> ckpt_lock_;       // rank 0: and is the one writer of the checkpoint dir
   std::unique_ptr<CheckpointWriter> writer_;
