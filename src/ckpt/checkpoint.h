@@ -75,6 +75,7 @@ struct LoadedCheckpoint {
   TrainingState state;
   CheckpointIO io;
   std::string saved_layout;  // "world 8 = tp 1 x pp 1 x dp 8, ZeRO-3, fp32"
+  std::string tokenizer;     // its tokenizer record (ckpt/tokenizer_record.h), "" when unknown
 };
 
 }  // namespace zero3d

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "ckpt/tokenizer_record.h"
 #include "ckpt/transfer.h"
 #include "config/json_tree.h"
 #include "core/check.h"
@@ -111,8 +112,10 @@ void CheckpointReader::read_metadata() {
   const hid_t f = file_.get();
   const CheckpointHeader h = read_header(f, path_);
   check_saved_model(h, run_.config.model, path_);
+  check_same_tokenizer(run_.tokenizer, h.tokenizer, path_);
   out_.state = state_of(h, path_);
   out_.saved_layout = h.layout();
+  out_.tokenizer = h.tokenizer;
   specs_ = optimizer_datasets(run_.config.model, h.mixed());
   stored_.assign(specs_.size(), 0);
   offsets_.assign(specs_.size(), kNoOffset);

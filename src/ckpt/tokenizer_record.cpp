@@ -52,6 +52,25 @@ std::string tokenizer_record(const std::string& spec, int model_vocab) {
   return r.dump();
 }
 
+void check_same_tokenizer(const std::string& run_record, const std::string& saved_record, const std::string& path) {
+  if (run_record.empty() || saved_record.empty()) return;
+  const nlohmann::json run = nlohmann::json::parse(run_record, nullptr, false),
+                       saved = nlohmann::json::parse(saved_record, nullptr, false);
+  auto show = [](const nlohmann::json& r) {
+    if (!r.is_object()) return std::string("(unreadable record)");
+    const std::string kind = r.value("kind", std::string("?"));
+    return r.contains("source") ? kind + " '" + r.value("source", std::string()) + "' (hash " + r.value("hash", std::string()) + ")"
+                                : kind;
+  };
+  if (run.is_object() && saved.is_object() && run.value("kind", "") == saved.value("kind", "") &&
+      run.value("hash", "") == saved.value("hash", ""))
+    return;
+  throw UserError(strprintf("checkpoint '%s' was trained with tokenizer %s, this run's data.tokenizer is %s: its ids "
+                            "would mean other text. Set data.tokenizer to the checkpoint's (or start a new run from "
+                            "its weights)",
+                            path.c_str(), show(saved).c_str(), show(run).c_str()));
+}
+
 std::string copy_recorded_tokenizer(const std::string& record, const std::string& dir) {
   if (record.empty()) return "";
   const nlohmann::json r = nlohmann::json::parse(record);

@@ -24,6 +24,10 @@ namespace zero3d {
 // UserError naming the key and file when it does not load or has more ids than the model.
 std::string tokenizer_record(const std::string& spec, int model_vocab);
 
+// A resume continues the same ids: UserError naming `path` when this run's record and the saved one
+// both name a tokenizer and differ (kind or hash). Either unknown: nothing to compare.
+void check_same_tokenizer(const std::string& run_record, const std::string& saved_record, const std::string& path);
+
 // Rank 0, before a save into `dir`: the recorded file copied there unless already present. Returns
 // "" or what failed (the save goes on: the source path still serves while it holds the same file).
 std::string copy_recorded_tokenizer(const std::string& record, const std::string& dir);

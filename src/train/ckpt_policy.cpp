@@ -40,9 +40,11 @@ CheckpointPolicy::~CheckpointPolicy() = default;
 
 std::optional<LoadedCheckpoint> CheckpointPolicy::load() {
   faults_.before_load();
-  std::optional<LoadedCheckpoint> r = load_checkpoint({cfg_, groups_, engine_}, cfg_.checkpoint.load,
+  std::optional<LoadedCheckpoint> r = load_checkpoint({cfg_, groups_, engine_, tokenizer_}, cfg_.checkpoint.load,
                                                       cfg_.checkpoint.load_path, dir_, cfg_.checkpoint.timeout_s);
   if (r) committed_step_ = r->state.step;
+  // A resume that does not name the tokenizer keeps the checkpoint's: later saves record it too.
+  if (r && tokenizer_.empty()) tokenizer_ = r->tokenizer;
   return r;
 }
 

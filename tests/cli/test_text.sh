@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Text in and out of a run through its tokenizer (data.tokenizer, ckpt/tokenizer_record.h):
 # the record in the checkpoint and the copy beside it; generate encodes the prompt and decodes with
-# it; a checkpoint that records none refuses text by name and takes --tokenizer; eval --text equals
+# it; a checkpoint that records none refuses text by name and takes --tokenizer; a resume with another
+# tokenizer is refused, one that names none keeps the checkpoint's; eval --text equals
 # eval --tokens on the token file data prepare makes of the same text; the recorded file is read
 # only with its hash (copy gone: the source; both changed: an error); ckpt export --format hf
 # writes the tokenizer's files, read by the npm reference @huggingface/tokenizers where installed.
@@ -57,6 +58,13 @@ if "$z3d" data prepare "$tmp/a.txt" --tokenizer "$tmp/tok.json" --out "$tmp/b.bi
   copy=$(ls "$tmp/file/checkpoints"/tokenizer-*.json) || fail "no tokenizer copy beside the checkpoints"
   cmp -s "$copy" "$tmp/tok.json" || fail "the copy beside the checkpoints differs from the tokenizer"
   expect_exit 0 gen-copy 'bpe tokenizer recorded' "$z3d" generate "$tmp/file/checkpoints" --prompt "The " --max-tokens 4
+  # a resume keeps the ids' meaning: another tokenizer is refused, an unset key keeps the checkpoint's
+  expect_exit 2 resume-other "was trained with tokenizer bpe '$tmp/tok.json' .*data.tokenizer is byte" \
+    "$z3d" train input/gpt-tiny.json --run-dir "$tmp/file" --set data.val= --set train_steps=4 \
+    --set checkpoint.save_interval=2 --set checkpoint.load=auto
+  expect_exit 0 resume-unset 'resumed from' "$z3d" train input/gpt-tiny.json --run-dir "$tmp/file" --set data.val= \
+    --set train_steps=4 --set checkpoint.save_interval=2 --set checkpoint.load=auto --set data.tokenizer=
+  "$z3d" ckpt inspect "$tmp/file/checkpoints" | grep -qF '"kind":"bpe"' || fail "the resumed run's checkpoint lost the record"
   rm "$copy"
   expect_exit 0 gen-source 'bpe tokenizer recorded' "$z3d" generate "$tmp/file/checkpoints" --prompt "The " --max-tokens 4
   echo ' ' >> "$tmp/tok.json"
