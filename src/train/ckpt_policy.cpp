@@ -26,7 +26,8 @@ CheckpointPolicy::CheckpointPolicy(const Config& c, const RunOptions& o, Process
                                    const FaultInjector& faults, RunRecords& records)
     : cfg_(c), opt_(o), groups_(g), engine_(engine), faults_(faults), records_(records),
       dir_(c.checkpoint.dir.empty() ? o.run_dir + "/checkpoints" : c.checkpoint.dir),
-      tokenizer_(tokenizer_record(c.data.tokenizer, c.model.vocab_size)) {
+      // Rank 0 reads the tokenizer (a Llama 3 tokenizer.json is 9 MB); load() gives every rank its record.
+      tokenizer_(g.world->rank() == 0 ? tokenizer_record(c.data.tokenizer, c.model.vocab_size) : std::string()) {
   if (c.max_minutes > 0) time_budget_s_ = c.max_minutes * 60;
   time_budget_s_ = std::min(time_budget_s_, o.job.seconds_left);
   // Before the first save, a checkpoint is estimated at 100 MB/s (fp32 weights, m and v; plus a
@@ -39,6 +40,7 @@ CheckpointPolicy::CheckpointPolicy(const Config& c, const RunOptions& o, Process
 CheckpointPolicy::~CheckpointPolicy() = default;
 
 std::optional<LoadedCheckpoint> CheckpointPolicy::load() {
+  tokenizer_ = groups_.world->broadcast_string(tokenizer_, 0);  // the attribute every rank writes
   faults_.before_load();
   std::optional<LoadedCheckpoint> r = load_checkpoint({cfg_, groups_, engine_, tokenizer_}, cfg_.checkpoint.load,
                                                       cfg_.checkpoint.load_path, dir_, cfg_.checkpoint.timeout_s);
