@@ -20,8 +20,9 @@ namespace zero3d {
 namespace {
 
 const char* kEvalUsage =
-    "usage: zero3d eval CKPT --tokens FILE [--batches N] [--micro-batch B]\n"
-    "  The loss and perplexity of the checkpoint's model on an llm.c token file, its sequences in file order,\n"
+    "usage: zero3d eval CKPT --tokens FILES [--batches N] [--micro-batch B]\n"
+    "  The loss and perplexity of the checkpoint's model on llm.c token files (a file, a glob or a comma-separated\n"
+    "  list, as data.val), their sequences in file order,\n"
     "  on one process (the host backend): N batches of B sequences (default: every whole batch; B 8).\n";
 
 }  // namespace
@@ -39,12 +40,12 @@ int cmd_eval(const Args& a) {
     else if (path.empty()) path = a[i];
     else throw UserError(strprintf("zero3d eval takes one checkpoint, got a second: '%s'", a[i].c_str()));
   }
-  if (path.empty() || file.empty()) throw UserError(strprintf("zero3d eval needs a checkpoint and --tokens FILE\n%s", kEvalUsage));
+  if (path.empty() || file.empty()) throw UserError(strprintf("zero3d eval needs a checkpoint and --tokens FILES\n%s", kEvalUsage));
   catch_interrupts();
   if (ProcessGroup::world()->rank() != 0) return 0;
   const CheckpointModel cm = read_checkpoint_model(path);
   const ModelConfig& m = cm.model;
-  DataLoader data(file, m.seq_len, m.vocab_size, 0, false);
+  DataLoader data(file, m.seq_len, m.vocab_size, 0, false, "--tokens");
   const int B = micro;
   const uint64_t whole = data.num_sequences() / static_cast<uint64_t>(B);
   if (whole == 0)
