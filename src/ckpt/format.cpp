@@ -58,6 +58,8 @@ const std::vector<HeaderField> kHeaderFields = {
     {"lr_scheduler", &H::lr_scheduler, "the LR schedule's position (JSON)"},
     {"rng", &H::rng, "the RNG's state"},
     {"checksum_algorithm", &H::checksum_algorithm, "how each dataset's checksum attribute is computed"},
+    {"data", &H::data, "the training data's shards and sequences, which the data cursor counts in (JSON); absent "
+                       "before zero3d read shards"},
 };
 
 std::string CheckpointHeader::layout() const {
@@ -68,6 +70,11 @@ std::string CheckpointHeader::layout() const {
 void write_header(hid_t file, const CheckpointHeader& h) {
   for (const HeaderField& f : kHeaderFields)
     std::visit([&](auto member) { write_attr(file, f.name, h.*member); }, f.member);
+}
+
+// Attributes that older checkpoints lack.
+static bool optional_field(const HeaderField& f) {
+  return std::string(f.name) == "architecture" || std::string(f.name) == "data";
 }
 
 CheckpointHeader read_header(hid_t file, const std::string& path) {
@@ -90,8 +97,9 @@ CheckpointHeader read_header(hid_t file, const std::string& path) {
     throw UserError(strprintf("checkpoint '%s' has format version %lld; this zero3d reads up to %d (upgrade zero3d)",
                               path.c_str(), (long long)h.format_version, kCheckpointFormatVersion));
   for (size_t i = 2; i < kHeaderFields.size(); ++i)
-    if (std::string(kHeaderFields[i].name) != "architecture") need(kHeaderFields[i]);
+    if (!optional_field(kHeaderFields[i])) need(kHeaderFields[i]);
   read_attr(file, "architecture", h.architecture);  // optional
+  read_attr(file, "data", h.data);                  // optional
   return h;
 }
 

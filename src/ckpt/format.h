@@ -48,6 +48,7 @@ struct CheckpointHeader {
   int64_t n_layer = 0, n_head = 0, d_model = 0, vocab_size = 0, seq_len = 0;
   std::string architecture;  // config/config.h's architecture_of, JSON; "" in checkpoints before it (GPT-2)
   std::string config, loss_scaler, lr_scheduler, rng, checksum_algorithm;
+  std::string data;  // the training data's order (data/loader.h DataOrder, JSON); "" in checkpoints before it
 
   bool mixed() const { return precision != "fp32"; }  // 16-bit /model and an fp32 /optimizer/master
   std::string layout() const;  // "world 8 = tp 1 x pp 1 x dp 8, ZeRO-3, fp32"
@@ -63,7 +64,7 @@ extern const std::vector<HeaderField> kHeaderFields;
 
 void write_header(hid_t file, const CheckpointHeader& h);  // collective in a parallel file
 // Every field; UserError naming `path` and the first attribute that is missing or of another type
-// (but "architecture", which checkpoints from before the Llama family lack: "" then).
+// (but "architecture" and "data", which older checkpoints lack: "" then).
 CheckpointHeader read_header(hid_t file, const std::string& path);
 // Each field's value as text, "(missing)" where it is absent (inspect shows what is there).
 std::vector<std::pair<const HeaderField*, std::string>> header_text(hid_t file);
