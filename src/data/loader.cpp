@@ -200,8 +200,8 @@ SequenceIndex locate_sequence(const std::vector<uint64_t>& first, uint64_t g) {
 }
 
 std::string DataOrder::to_json() const {
-  return nlohmann::json{{"shards", shards}, {"sequences", sequences}, {"sizes", strprintf("%016llx", (unsigned long long)sizes)}}
-      .dump();
+  const std::string hex = strprintf("%016llx", static_cast<unsigned long long>(sizes));
+  return nlohmann::json{{"shards", shards}, {"sequences", sequences}, {"sizes", hex}}.dump();
 }
 
 DataOrder DataOrder::from_json(const std::string& text) {

@@ -3,15 +3,18 @@
 // A token file is 256 int32 header words (magic, version, token count) followed by that many
 // tokens: uint16 (magic 20240520, version 1: GPT-2's scripts) or uint32 (magic 20240801,
 // version 7: llm.c's Llama 3 scripts); both come out as int32.
-// A data set is one or more such files (data.train: a file, a glob or a comma-separated list).
+// A data set is one or more such files (data.train: a file, a glob or a comma-separated list);
+// it may mix the two formats, whose ids are those of one vocabulary.
 // Shard j of count_j tokens is cut into S_j = (count_j - 1) / T sequences of T inputs and the T
 // targets shifted by one; a sequence never spans two shards (llm.c's loader neither). The set's
 // sequences are numbered shard after shard: global sequence g is sequence g - P_j of shard j,
-// where P_j = S_0 + ... + S_{j-1} <= g < P_{j+1}. With one file that is today's numbering.
+// where P_j = S_0 + ... + S_{j-1} <= g < P_{j+1}. With one file, g is the file's sequence g, as
+// it was before sets: one-file runs and their checkpoints keep their order.
 // Global sample i (counting from the start of training) is sequence perm_e[i mod S] of epoch
 // e = i / S, S = sum of the S_j, where perm_e is a permutation seeded only by (seed, e).
 // So the global batch of a step is the same set of sequences whatever the layout or the
-// micro-batch split; each dp rank takes its slice. The cursor is the number of samples consumed.
+// micro-batch split; each dp rank takes its slice. The cursor is the number of samples consumed,
+// in the order of one set: a checkpoint records its DataOrder.
 #pragma once
 #include <cstdint>
 #include <ctime>

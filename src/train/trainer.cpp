@@ -91,7 +91,8 @@ void check_resumed_data(const std::string& saved, const DataOrder& now, const st
   throw UserError(strprintf(
       "checkpoint '%s' was saved over data.train of %s; this run's data.train is %s%s. Its data cursor (%llu "
       "samples) would point into another order. Resume over the shards it was saved with (`zero3d ckpt inspect` "
-      "shows its config), or export it (`zero3d ckpt export`) and start a new run from it (checkpoint.init_from)",
+      "shows its config), or export its weights (`zero3d ckpt export --format hf`) and start a new run from them "
+      "(checkpoint.init_from)",
       file.c_str(), set(was).c_str(), set(now).c_str(), differs.c_str(), (unsigned long long)cursor));
 }
 
