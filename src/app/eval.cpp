@@ -23,8 +23,9 @@ namespace zero3d {
 namespace {
 
 const char* kEvalUsage =
-    "usage: zero3d eval CKPT (--tokens FILE | --text FILE...) [--tokenizer FILE|byte] [--batches N] [--micro-batch B]\n"
-    "  The loss and perplexity of the checkpoint's model on an llm.c token file, its sequences in file order,\n"
+    "usage: zero3d eval CKPT (--tokens FILES | --text FILE...) [--tokenizer FILE|byte] [--batches N] [--micro-batch B]\n"
+    "  The loss and perplexity of the checkpoint's model on llm.c token files (a file, a glob or a comma-separated\n"
+    "  list, as data.val), their sequences in file order,\n"
     "  on one process (the host backend): N batches of B sequences (default: every whole batch; B 8).\n"
     "  --text FILE...   text files instead, each one document, tokenized as data prepare does with the run's\n"
     "                   tokenizer (recorded in the checkpoint; --tokenizer names another)\n";
@@ -72,7 +73,7 @@ int cmd_eval(const Args& a) {
   uint64_t sequences = 0;
   std::string source = file;
   if (!file.empty()) {
-    data.emplace(file, m.seq_len, m.vocab_size, 0, false);
+    data.emplace(file, m.seq_len, m.vocab_size, 0, false, "--tokens");
     sequences = data->num_sequences();
   } else {
     const CheckpointTokenizer tok = checkpoint_tokenizer(cm.file, cm.tokenizer, m.vocab_size, tokenizer_spec);

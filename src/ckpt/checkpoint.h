@@ -39,6 +39,7 @@ struct TrainingState {
   uint64_t data_cursor = 0;     // global samples consumed
   std::string loss_scaler;      // LossScaler::save_state(): the scaler's own description
   std::string lr_scheduler;     // optim/lr_schedule.h schedule_state(): the schedule's position (JSON)
+  std::string data_order;       // data/loader.h DataOrder: what the cursor counts in ("" before it was saved)
 };
 
 // What one save or load moved and cost.

@@ -58,6 +58,8 @@ const std::vector<HeaderField> kHeaderFields = {
     {"lr_scheduler", &H::lr_scheduler, "the LR schedule's position (JSON)"},
     {"rng", &H::rng, "the RNG's state"},
     {"checksum_algorithm", &H::checksum_algorithm, "how each dataset's checksum attribute is computed"},
+    {"data", &H::data, "the training data's shards and sequences, which the data cursor counts in (JSON); absent "
+                       "before zero3d read shards"},
     {"tokenizer", &H::tokenizer, "the run's tokenizer (JSON: kind, the file beside the checkpoint, its hash); \"\" = unknown"},
 };
 
@@ -71,9 +73,10 @@ void write_header(hid_t file, const CheckpointHeader& h) {
     std::visit([&](auto member) { write_attr(file, f.name, h.*member); }, f.member);
 }
 
-// Attributes that checkpoints from before them lack: read when there, "" when not.
+// Attributes that older checkpoints lack: read when there, "" when not.
 static bool optional_field(const HeaderField& f) {
-  return std::string(f.name) == "architecture" || std::string(f.name) == "tokenizer";
+  const std::string n = f.name;
+  return n == "architecture" || n == "data" || n == "tokenizer";
 }
 
 CheckpointHeader read_header(hid_t file, const std::string& path) {
@@ -98,6 +101,7 @@ CheckpointHeader read_header(hid_t file, const std::string& path) {
   for (size_t i = 2; i < kHeaderFields.size(); ++i)
     if (!optional_field(kHeaderFields[i])) need(kHeaderFields[i]);
   read_attr(file, "architecture", h.architecture);  // optional
+  read_attr(file, "data", h.data);                  // optional
   read_attr(file, "tokenizer", h.tokenizer);
   return h;
 }

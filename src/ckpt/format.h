@@ -49,6 +49,7 @@ struct CheckpointHeader {
   std::string architecture;  // config/config.h's architecture_of, JSON; "" in checkpoints before it (GPT-2)
   std::string config, loss_scaler, lr_scheduler, rng, checksum_algorithm;
   std::string tokenizer;  // ckpt/tokenizer_record.h's record; "" when unknown or before the attribute
+  std::string data;  // the training data's order (data/loader.h DataOrder, JSON); "" in checkpoints before it
 
   bool mixed() const { return precision != "fp32"; }  // 16-bit /model and an fp32 /optimizer/master
   std::string layout() const;  // "world 8 = tp 1 x pp 1 x dp 8, ZeRO-3, fp32"
@@ -64,7 +65,7 @@ extern const std::vector<HeaderField> kHeaderFields;
 
 void write_header(hid_t file, const CheckpointHeader& h);  // collective in a parallel file
 // Every field; UserError naming `path` and the first attribute that is missing or of another type
-// (but "architecture" and "tokenizer", which older checkpoints lack: "" then).
+// (but "architecture", "data" and "tokenizer", which older checkpoints lack: "" then).
 CheckpointHeader read_header(hid_t file, const std::string& path);
 // Each field's value as text, "(missing)" where it is absent (inspect shows what is there).
 std::vector<std::pair<const HeaderField*, std::string>> header_text(hid_t file);

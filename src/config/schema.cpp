@@ -351,8 +351,11 @@ std::vector<Key> build() {
       field("model.tie_word_embeddings", at(&Config::model, &MC::tie_word_embeddings),
             "the LM head is the token embedding (else a matrix of its own, lm_head.weight)")
           .derived_default([](const Lookup& get) { return json(get("model.arch") == "gpt2"); }),
-      field("data.train", at(&Config::data, &DC::train), "llm.c token file for training").non_empty().no_default().need(),
-      field("data.val", at(&Config::data, &DC::val), "llm.c token file for validation; \"\" = none"),
+      field("data.train", at(&Config::data, &DC::train),
+            "llm.c token files for training (uint16 or uint32 tokens): a file, a glob (\"data/train_*.bin\": its matches "
+            "sorted) or a comma-separated list of files and globs, read as one set of sequences in that order")
+          .non_empty().no_default().need(),
+      field("data.val", at(&Config::data, &DC::val), "llm.c token files for validation, given as data.train; \"\" = none"),
       field("data.val_interval", at(&Config::data, &DC::val_interval),
             "steps between validation passes; 0 = only at step 0 and at the last step").range(0, kIntMax),
       field("data.val_batches", at(&Config::data, &DC::val_batches), "micro-batches per validation pass")

@@ -94,8 +94,8 @@ RunPlan plan_run(const Config& c, const DryRunInputs& in) {
   p.seq_len = c.model.seq_len;
   p.train_steps = c.train_steps;
   // The data files, checked as the trainer opens them.
-  p.train_sequences = DataLoader(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, true).num_sequences();
-  if (!c.data.val.empty()) DataLoader(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false);
+  p.train_sequences = DataLoader(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, true, "data.train").num_sequences();
+  if (!c.data.val.empty()) DataLoader(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false, "data.val");
 
   p.peak_flops = in.peak_flops;
   p.peak_source = in.peak_source;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/check.h"
 #include "core/clock.h"
 
 namespace zero3d {
@@ -9,7 +10,7 @@ namespace zero3d {
 StepRunner::StepRunner(const Config& c, Backend& be, ProcessGroups& g, ZeroEngine& engine)
     : cfg_(c), be_(be), groups_(g), micro_(c.train_micro_batch_size_per_gpu), T_(c.model.seq_len), dp_(g.topo.dp),
       dp_rank_(g.coord.dp), stage_(pipeline_stage(c.model, g.topo.pp, g.coord.pp)),
-      train_data_(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true) {
+      train_data_(c.data.train, c.model.seq_len, c.model.vocab_size, c.seed, /*shuffle=*/true, "data.train") {
   const int slots = one_f_one_b_in_flight(g.coord.pp, g.topo.pp, c.gradient_accumulation_steps);
   const GPTOptions o = gpt_options(c, be.kind() == BackendKind::cuda, slots);
   for (int k = 0; k < slots; ++k) models_.push_back(std::make_unique<GPT>(be, c.model, micro_, engine, o, g.tp.get(), stage_));
@@ -20,13 +21,26 @@ StepRunner::StepRunner(const Config& c, Backend& be, ProcessGroups& g, ZeroEngin
   }
   schedule_ = one_f_one_b(g.coord.pp, g.topo.pp, c.gradient_accumulation_steps);
   if (!c.data.val.empty())
-    val_data_ = std::make_unique<DataLoader>(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false);
+    val_data_ = std::make_unique<DataLoader>(c.data.val, c.model.seq_len, c.model.vocab_size, c.seed, false, "data.val");
   inputs_.resize(static_cast<size_t>(micro_) * T_);
   targets_.resize(inputs_.size());
 }
 
 PendingOp StepRunner::send(ConstView buf, int peer, int tag) {
   return groups_.pp->isend_bytes(be_.mem(buf.data), buf.bytes(), peer, tag);
+}
+
+// A token file that fails under the run (changed, an id out of range, the storage) is known to
+// this rank only, in the middle of the step's collectives: the job ends here with one line, not
+// through main's agreement, which the other ranks would never reach.
+void StepRunner::load(DataLoader& data, uint64_t first_sample) {
+  try {
+    data.load(first_sample, micro_, inputs_.data(), targets_.data());
+  } catch (const UserError& e) {
+    abort_job(e.what(), kExitUserError);
+  } catch (const RunError& e) {
+    abort_job(e.what(), e.code);
+  }
 }
 
 double StepRunner::take_recompute_s() {
@@ -51,7 +65,7 @@ double StepRunner::validate() {
   GPT& model = *models_[0];
   double sum = 0;
   for (int k = 0; k < batches; ++k) {  // a forward-only pipeline: each stage waits for the previous
-    val_data_->load((static_cast<uint64_t>(k) * dp_ + dp_rank_) * micro_, micro_, inputs_.data(), targets_.data());
+    load(*val_data_, (static_cast<uint64_t>(k) * dp_ + dp_rank_) * micro_);
     if (!stage_.first()) receive(model.input_activation(), pp.rank() - 1, 0);
     sum += model.forward(inputs_.data(), targets_.data(), 0.0f);
     if (!stage_.last()) send(model.output_activation(), pp.rank() + 1, 0).wait();
@@ -80,7 +94,7 @@ double StepRunner::forward_backward(uint64_t cursor, float dloss, double& t_fwd,
         receive(model.input_activation(), op.peer_stage, 2 * op.micro_batch);
         break;
       case PipeOp::forward: {
-        train_data_.load(sample(op.micro_batch), micro_, inputs_.data(), targets_.data());
+        load(train_data_, sample(op.micro_batch));
         const auto t0 = Clock::now();
         model.run_forward(inputs_.data(), targets_.data(), dloss);  // its loss read at the step's end
         t_fwd += seconds_since(t0);

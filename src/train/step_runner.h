@@ -40,11 +40,13 @@ class StepRunner {
   double take_recompute_s();                           // activation checkpointing's re-forwards
   uint64_t activation_bytes() const;                   // all replicas
   ModuleProfile& module_profile() { return module_profile_; }
+  DataOrder data_order() const { return train_data_.order(); }  // what the cursor counts in
 
  private:
   // The pipeline's activations and gradients, as bytes (their type is the model's): a receive waits.
   void receive(View buf, int peer, int tag);
   PendingOp send(ConstView buf, int peer, int tag);
+  void load(DataLoader& data, uint64_t first_sample);  // one micro-batch into inputs_/targets_
 
   const Config& cfg_;
   Backend& be_;

@@ -74,6 +74,28 @@ SwapFiles prepare_swap(const Config& c, const RunOptions& o, ProcessGroups& g) {
   return files;
 }
 
+// The data cursor counts samples of one order: that of the shards the checkpoint was saved over.
+// Over shards of other sizes the same cursor is other data (samples seen again, others never), so
+// a resume over them is refused, naming the difference. Checkpoints from before the record: not checked.
+void check_resumed_data(const std::string& saved, const DataOrder& now, const std::string& file, uint64_t cursor) {
+  if (saved.empty()) return;
+  const DataOrder was = DataOrder::from_json(saved);
+  if (was == now) return;
+  auto set = [](const DataOrder& o) {
+    return strprintf("%llu shard%s of %llu sequences", (unsigned long long)o.shards, o.shards == 1 ? "" : "s",
+                     (unsigned long long)o.sequences);
+  };
+  const std::string differs = was.shards == now.shards && was.sequences == now.sequences
+                                  ? " (the same counts, but the shards' sizes differ: reordered or re-cut)"
+                                  : "";
+  throw UserError(strprintf(
+      "checkpoint '%s' was saved over data.train of %s; this run's data.train is %s%s. Its data cursor (%llu "
+      "samples) would point into another order. Resume over the shards it was saved with (`zero3d ckpt inspect` "
+      "shows its config), or export its weights (`zero3d ckpt export --format hf`) and start a new run from them "
+      "(checkpoint.init_from)",
+      file.c_str(), set(was).c_str(), set(now).c_str(), differs.c_str(), (unsigned long long)cursor));
+}
+
 }  // namespace
 
 struct Trainer::State {
@@ -132,6 +154,7 @@ Trainer::Trainer(const Config& config, const RunOptions& options, Backend& backe
     const TrainingState& st = resumed->state;
     s.start_step = st.step;
     s.cursor = st.data_cursor;
+    check_resumed_data(st.data_order, s.runner.data_order(), resumed->io.file, st.data_cursor);
     s.scaler.load_state(st.loss_scaler);
   }
   s.ckpt.prepare(s.start_step);
@@ -249,6 +272,7 @@ TrainingState Trainer::State::training_state(int step) const {
   st.data_cursor = cursor;
   st.loss_scaler = scaler.save_state();
   st.lr_scheduler = schedule_state(cfg.scheduler, cfg.optimizer.lr, st.optimizer_steps);
+  st.data_order = runner.data_order().to_json();
   return st;
 }
 

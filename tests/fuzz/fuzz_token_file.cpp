@@ -1,7 +1,8 @@
-// The llm.c token-file reader (data/loader.cpp) as training and eval open a file: the header, the
-// size it promises, every token id against the vocabulary, then the first batches of the shuffled
-// and the file-order loader. Input: the file. The vocabulary is GPT-2's unless the low bit of header
-// word 3 (unused by the format) is set: then 256, the byte tokenizer's, so both range checks are reached.
+// The llm.c token-file reader (data/loader.cpp) as training and eval open a file: the header (uint16
+// or uint32 tokens), the size it promises, then the first batches of the shuffled and the file-order
+// loader, every token id read checked against the vocabulary. Input: the file. The vocabulary is
+// GPT-2's unless the low bit of header word 3 (unused by the format) is set: then 256, the byte
+// tokenizer's, so both range checks are reached.
 #include <fstream>
 #include <iterator>
 #include <vector>
@@ -17,6 +18,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     prepare_token_file({text}, fuzz::scratch_dir() + "/bytes.bin");
     std::ifstream in(fuzz::scratch_dir() + "/bytes.bin", std::ios::binary);
     fuzz::write_seed(dir, "prepared.bin", std::string(std::istreambuf_iterator<char>(in), {}));
+    // llm.c's uint32 format (its Llama 3 scripts).
+    std::vector<int32_t> u32(kTokenFileHeaderInts + 40);
+    u32[0] = kTokenFileMagicU32, u32[1] = kTokenFileVersionU32, u32[2] = 40;
+    for (int i = 0; i < 40; ++i) u32[kTokenFileHeaderInts + i] = (i * 7919) % 50257;
+    fuzz::write_seed(dir, "uint32.bin", std::string(reinterpret_cast<const char*>(u32.data()), u32.size() * 4));
     std::exit(0);
   }
   return 0;

@@ -1,6 +1,7 @@
-// Token files and the data loader: prepare -> TokenFile -> DataLoader round trip, every user error
-// the loader reports, the seeded permutation, and that the set of sequences in a global batch
-// does not depend on how it is split into loads.
+// Token files and the data loader: prepare -> TokenFile -> DataLoader round trip, uint16 and uint32
+// files, every user error the loader reports, the seeded permutation, sets of shards (the sequence
+// index, globs and lists, the order over the whole set against one file's), and that the set of
+// sequences in a global batch does not depend on how it is split into loads.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -39,17 +40,26 @@ class DataTest : public ::testing::Test {
     return path(name);
   }
 
-  // A token file with an arbitrary header and token payload (for crafting broken files).
+  // A token file with an arbitrary header and token payload (for crafting broken files): uint16
+  // or uint32 tokens, as the vector's type.
+  template <class Tok>
   std::string write_raw(const std::string& name, int32_t magic, int32_t version, int32_t count,
-                        const std::vector<uint16_t>& tokens) const {
+                        const std::vector<Tok>& tokens) const {
     std::vector<int32_t> header(kTokenFileHeaderInts, 0);
     header[0] = magic;
     header[1] = version;
     header[2] = count;
     std::ofstream out(path(name), std::ios::binary);
     out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
-    out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(uint16_t));
+    out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(Tok));
     return path(name);
+  }
+  // A valid llm.c file of these tokens: uint16 (GPT-2's) or uint32 (Llama 3's).
+  std::string write_u16(const std::string& name, const std::vector<uint16_t>& t) const {
+    return write_raw(name, kTokenFileMagic, kTokenFileVersion, static_cast<int32_t>(t.size()), t);
+  }
+  std::string write_u32(const std::string& name, const std::vector<uint32_t>& t) const {
+    return write_raw(name, kTokenFileMagicU32, kTokenFileVersionU32, static_cast<int32_t>(t.size()), t);
   }
 
   fs::path dir_;
@@ -114,7 +124,7 @@ TEST_F(DataTest, PrepareRoundTrip) {
 
   TokenFile tf(out, 256);
   ASSERT_EQ(tf.num_tokens(), text.size());
-  std::vector<uint16_t> tokens(text.size());
+  std::vector<int32_t> tokens(text.size());
   tf.read(0, tokens.size(), tokens.data());
   for (size_t i = 0; i < text.size(); ++i) EXPECT_EQ(tokens[i], static_cast<unsigned char>(text[i])) << i;
 
@@ -169,7 +179,7 @@ TEST_F(DataTest, MissingFile) {
 TEST_F(DataTest, ForeignFile) {
   const std::string f = write_raw("foreign.bin", 12345, 1, 10, iota_tokens(10, 256));
   expect_user_error([&] { TokenFile tf(f, 256); },
-                    {"'" + f + "' is not an llm.c token file", "magic 12345", "expected 20240520"});
+                    {"'" + f + "' is not an llm.c token file", "magic 12345", "expected 20240520", "or 20240801"});
   // Shorter than the header: a text file passed by mistake.
   const std::string t = write_text("short.txt", "not a token file\n");
   expect_user_error([&] { TokenFile tf(t, 256); }, {"'" + t + "' is not an llm.c token file", "1024-byte header"});
@@ -191,6 +201,9 @@ TEST_F(DataTest, TruncatedFile) {
   expect_user_error([&] { TokenFile tf(g, 256); }, {"'" + g + "' is truncated"});
 }
 
+// Opening checks the first kTokenFileCheckedAtOpen ids (a wrong vocabulary is refused before the
+// run starts), not the whole file; every id read is checked, and one out of range is named with the
+// file and its position.
 TEST_F(DataTest, TokenOutOfVocabulary) {
   auto tokens = iota_tokens(40, 256);
   tokens[17] = 300;
@@ -198,8 +211,61 @@ TEST_F(DataTest, TokenOutOfVocabulary) {
   const std::string f = write_raw("vocab.bin", kTokenFileMagic, kTokenFileVersion, 40, tokens);
   expect_user_error([&] { TokenFile tf(f, 256); },
                     {"'" + f + "' holds token id 300 at position 17, but model.vocab_size is 256"});
-  EXPECT_NO_THROW(TokenFile(f, 1000));
-  expect_user_error([&] { DataLoader dl(f, 4, 256, 0, true); }, {"token id 300"});
+  TokenFile wide(f, 1000);
+  std::vector<int32_t> out(40);
+  wide.read(0, 40, out.data());
+  EXPECT_EQ(out[17], 300);
+  EXPECT_EQ(out[30], 999);
+  // Past the ids checked at open: found by the read that reaches it, and by no other.
+  constexpr int T = 8;
+  const uint64_t late = kTokenFileCheckedAtOpen + 5;
+  auto more = iota_tokens(late + 4 * T, 256);
+  more[late] = 256;
+  const std::string g = write_u16("late.bin", more);
+  TokenFile tf(g, 256);
+  tf.read(0, late, std::vector<int32_t>(late).data());
+  expect_user_error([&] { tf.read(late - 1, 2, out.data()); },
+                    {"'" + g + "' holds token id 256 at position " + std::to_string(late) + ", but model.vocab_size is 256"});
+  DataLoader dl(g, T, 256, 0, false);
+  std::vector<int32_t> in(T), tg(T);
+  dl.load(late / T - 1, 1, in.data(), tg.data());
+  expect_user_error([&] { dl.load(late / T, 1, in.data(), tg.data()); }, {"token id 256"});
+  // uint32: an id past 2^31 is out of range, not a negative int32.
+  std::vector<uint32_t> t32(10, 5);
+  t32[4] = 0x80000001u;
+  const std::string h = write_u32("vocab32.bin", t32);
+  expect_user_error([&] { TokenFile x(h, 70000); },
+                    {"'" + h + "' holds token id 2147483649 at position 4, but model.vocab_size is 70000"});
+}
+
+// llm.c's uint32 format (its Llama 3 scripts): ids past 65535 come out as int32, through the loader too.
+TEST_F(DataTest, Uint32FileRead) {
+  constexpr int T = 5;
+  std::vector<uint32_t> t(3 * T + 1);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<uint32_t>(65530 + 1000 * i);
+  const std::string f = write_u32("u32.bin", t);
+  const int vocab = 65530 + 1000 * static_cast<int>(t.size());
+  TokenFile tf(f, vocab);
+  EXPECT_EQ(tf.num_tokens(), t.size());
+  EXPECT_EQ(tf.token_bytes(), 4);
+  std::vector<int32_t> out(t.size());
+  tf.read(0, t.size(), out.data());
+  for (size_t i = 0; i < t.size(); ++i) EXPECT_EQ(out[i], static_cast<int32_t>(t[i])) << i;
+  DataLoader dl(f, T, vocab, 0, false);
+  ASSERT_EQ(dl.num_sequences(), 3u);
+  std::vector<int32_t> in(3 * T), tg(3 * T);
+  dl.load(1, 2, in.data(), tg.data());  // sequences 1 and 2
+  for (int k = 0; k < 2; ++k)
+    for (int i = 0; i < T; ++i) {
+      EXPECT_EQ(in[k * T + i], static_cast<int32_t>(t[(k + 1) * T + i]));
+      EXPECT_EQ(tg[k * T + i], static_cast<int32_t>(t[(k + 1) * T + i + 1]));
+    }
+  // The uint32 format's errors: its own version, and truncation counted in 4-byte tokens.
+  const std::string v = write_raw("u32v1.bin", kTokenFileMagicU32, 1, 4, std::vector<uint32_t>(4, 1));
+  expect_user_error([&] { TokenFile x(v, 256); }, {"'" + v + "' is an llm.c uint32 token file of version 1", "version 7"});
+  const std::string s = write_raw("u32short.bin", kTokenFileMagicU32, kTokenFileVersionU32, 10, std::vector<uint32_t>(6, 1));
+  expect_user_error([&] { TokenFile x(s, 256); }, {"'" + s + "' is truncated", "header promises 10 tokens (1064 bytes)",
+                                                   "the file has 1048 bytes"});
 }
 
 TEST_F(DataTest, TooFewTokensForOneSequence) {
@@ -291,6 +357,127 @@ TEST_F(DataTest, GlobalBatchIsLayoutIndependent) {
     }
     EXPECT_EQ(whole, split) << "step " << step;
   }
+}
+
+// ---- sets of shards ----
+
+TEST(DataShards, LocateSequence) {
+  // Shards of 3, 0, 2 and 4 sequences: the empty one is never chosen.
+  const std::vector<uint64_t> first = {0, 3, 3, 5, 9};
+  const std::vector<std::pair<size_t, uint64_t>> expected = {{0, 0}, {0, 1}, {0, 2}, {2, 0}, {2, 1},
+                                                             {3, 0}, {3, 1}, {3, 2}, {3, 3}};
+  for (uint64_t g = 0; g < 9; ++g) {
+    const SequenceIndex at = locate_sequence(first, g);
+    EXPECT_EQ(at.shard, expected[g].first) << g;
+    EXPECT_EQ(at.sequence, expected[g].second) << g;
+  }
+  EXPECT_EQ(locate_sequence({0, 7}, 6).shard, 0u);  // one file: sequence g of shard 0
+  EXPECT_EQ(locate_sequence({0, 7}, 6).sequence, 6u);
+}
+
+// A set's order is one file's order over the same number of sequences (the permutation seeded by
+// (seed, epoch) over the whole set), with global sequence g read from the shard that holds it;
+// every shard's sequences end with its own tokens (a sequence never spans two shards).
+TEST_F(DataTest, ShardsFollowTheOrderOverTheWholeSet) {
+  constexpr int T = 4;
+  const int vocab = 1 << 20;
+  // Shards: uint16 of 3 sequences (+2 spare tokens), uint32 of 1, one too short for any, uint32 of 5.
+  std::vector<std::vector<uint32_t>> shards = {std::vector<uint32_t>(3 * T + 3), std::vector<uint32_t>(T + 1),
+                                               std::vector<uint32_t>(T), std::vector<uint32_t>(5 * T + 1)};
+  for (size_t j = 0; j < shards.size(); ++j)
+    for (size_t i = 0; i < shards[j].size(); ++i) shards[j][i] = static_cast<uint32_t>((j == 0 ? 0 : 70000) + 1000 * j + i);
+  std::vector<uint16_t> s0(shards[0].begin(), shards[0].end());
+  const std::string list = write_u16("s0.bin", s0) + "," + write_u32("s1.bin", shards[1]) + "," +
+                           write_u32("s2.bin", shards[2]) + " , " + write_u32("s3.bin", shards[3]);
+  // Global sequence g -> (shard, sequence), walked here by hand.
+  std::vector<std::pair<size_t, size_t>> where;
+  for (size_t j = 0; j < shards.size(); ++j)
+    for (size_t q = 0; q < (shards[j].size() - 1) / T; ++q) where.push_back({j, q});
+  ASSERT_EQ(where.size(), 9u);
+  const uint64_t S = where.size();
+  // One file of S sequences whose first token names the sequence: its order, as today.
+  const auto counting = counting_tokens(S * T + 1);
+  const std::string one = write_raw("one.bin", kTokenFileMagic, kTokenFileVersion, static_cast<int32_t>(counting.size()),
+                                    counting);
+  for (const bool shuffle : {true, false}) {
+    DataLoader set(list, T, vocab, 77, shuffle), single(one, T, vocab, 77, shuffle);
+    ASSERT_EQ(set.num_sequences(), S);
+    ASSERT_EQ(set.num_shards(), 4u);
+    std::vector<int32_t> in(T), tg(T), in1(T), tg1(T);
+    for (uint64_t i = 0; i < 3 * S + 2; ++i) {  // three epochs and a bit
+      single.load(i, 1, in1.data(), tg1.data());
+      const auto [j, q] = where[static_cast<size_t>(in1[0] / T)];
+      set.load(i, 1, in.data(), tg.data());
+      for (int t = 0; t < T; ++t) {
+        ASSERT_EQ(in[t], static_cast<int32_t>(shards[j][q * T + t])) << "sample " << i << " shuffle " << shuffle;
+        ASSERT_EQ(tg[t], static_cast<int32_t>(shards[j][q * T + t + 1])) << "sample " << i << " shuffle " << shuffle;
+      }
+    }
+  }
+}
+
+TEST_F(DataTest, GlobsAndLists) {
+  const auto t = counting_tokens(9);
+  for (const char* name : {"b.bin", "a.bin", "c.bin"}) write_u16(std::string("s_") + name, t);
+  EXPECT_EQ(token_file_paths(path("s_*.bin"), "data.train"),
+            (std::vector<std::string>{path("s_a.bin"), path("s_b.bin"), path("s_c.bin")}));
+  // A list keeps its order; each glob's matches are sorted in place.
+  EXPECT_EQ(token_file_paths(path("s_c.bin") + ", " + path("s_[ab].bin"), "data.train"),
+            (std::vector<std::string>{path("s_c.bin"), path("s_a.bin"), path("s_b.bin")}));
+  DataLoader dl(path("s_*.bin"), 4, 256, 0, false);
+  EXPECT_EQ(dl.num_shards(), 3u);
+  EXPECT_EQ(dl.num_sequences(), 6u);
+}
+
+TEST_F(DataTest, ShardErrors) {
+  const auto t = counting_tokens(9);
+  const std::string a = write_u16("a.bin", t), b = write_u16("b.bin", t);
+  expect_user_error([&] { DataLoader dl(path("x_*.bin"), 4, 256, 0, true, "data.train"); },
+                    {"data.train: '" + path("x_*.bin") + "' matches no file"});
+  expect_user_error([&] { DataLoader dl(a + "," + path("gone.bin"), 4, 256, 0, true, "data.train"); },
+                    {"cannot open token file '" + path("gone.bin") + "'", "No such file"});
+  expect_user_error([&] { DataLoader dl(a + "," + b + "," + a, 4, 256, 0, true, "data.train"); },
+                    {"data.train names '" + a + "' twice"});
+  expect_user_error([&] { DataLoader dl(path("*.bin") + "," + b, 4, 256, 0, true, "data.val"); },
+                    {"data.val names '" + b + "' twice"});
+  fs::create_symlink(a, path("link.bin"));
+  expect_user_error([&] { DataLoader dl(a + "," + path("link.bin"), 4, 256, 0, true, "data.train"); },
+                    {"data.train names one file twice: '" + a + "' and '" + path("link.bin") + "'"});
+  expect_user_error([&] { DataLoader dl(a + ",," + b, 4, 256, 0, true, "data.train"); },
+                    {"data.train '" + a + ",," + b + "' has an empty entry"});
+  expect_user_error([&] { DataLoader dl(a + ",", 4, 256, 0, true, "data.train"); }, {"has an empty entry"});
+  expect_user_error([&] { DataLoader dl(a + "," + b, 9, 256, 0, true, "data.train"); },
+                    {"data.train '" + a + "," + b + "': none of its 2 files holds one sequence of seq_len 9 (at least "
+                     "10 tokens)"});
+}
+
+// A shard changed under the run is caught by the load that reads it, and only by one that does.
+TEST_F(DataTest, ShardChangedUnderTheRun) {
+  constexpr int T = 4;
+  const auto t = counting_tokens(2 * T + 1);
+  const std::string a = write_u16("a.bin", t), b = write_u16("b.bin", t);
+  DataLoader dl(a + "," + b, T, 256, 0, false);
+  std::ofstream(b, std::ios::binary | std::ios::app) << "xx";  // a rewrite that grows it
+  std::vector<int32_t> in(2 * T), tg(2 * T);
+  dl.load(0, 2, in.data(), tg.data());  // shard a only
+  expect_user_error([&] { dl.load(1, 2, in.data(), tg.data()); },
+                    {"token file '" + b + "' changed under the run: its size is 1044 bytes (it was 1042 when opened)"});
+}
+
+// What the checkpoint records: equal for the same set under other names, different for other sizes.
+TEST_F(DataTest, DataOrderNamesTheSet) {
+  constexpr int T = 4;
+  const std::string a = write_u16("a.bin", counting_tokens(2 * T + 1)), b = write_u16("b.bin", counting_tokens(3 * T + 1));
+  const std::string c = write_u16("c.bin", counting_tokens(2 * T + 1)), d = write_u16("d.bin", counting_tokens(3 * T + 1));
+  const DataOrder ab = DataLoader(a + "," + b, T, 256, 0, true).order();
+  EXPECT_EQ(ab.shards, 2u);
+  EXPECT_EQ(ab.sequences, 5u);
+  EXPECT_EQ(ab, DataLoader(c + "," + d, T, 256, 0, true).order());  // moved or renamed: the same order
+  const DataOrder ba = DataLoader(b + "," + a, T, 256, 0, true).order();
+  EXPECT_EQ(ba.sequences, ab.sequences);
+  EXPECT_NE(ba, ab);  // the same counts in another order: another sequence numbering
+  EXPECT_EQ(DataOrder::from_json(ab.to_json()), ab);
+  expect_user_error([] { DataOrder::from_json("{\"shards\": 1}"); }, {"does not parse"});
 }
 
 TEST(DataShipped, CorpusOpensWithByteVocabulary) {
