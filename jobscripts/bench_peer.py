@@ -71,6 +71,7 @@ def arch_of(m):
     mlp = m.get("mlp", "swiglu" if llama else "gelu")
     return dict(norm=m.get("norm", "rmsnorm" if llama else "layernorm"), eps=m.get("rms_norm_eps", 1e-5),
                 position=m.get("position", "rope" if llama else "learned"), theta=m.get("rope_theta", 500000.0),
+                rope_scaling=m.get("rope_scaling", {}),
                 mlp=mlp, ffn=m.get("intermediate_size") or ((8 * C // 3 + 255) // 256 * 256 if mlp == "swiglu" else 4 * C),
                 kv=m.get("num_key_value_heads", m["n_head"]), bias=m.get("bias", not llama),
                 tie=m.get("tie_word_embeddings", not llama))
@@ -89,10 +90,31 @@ def norm(a, C):
     return RMSNorm(C, a["eps"]) if a["norm"] == "rmsnorm" else nn.LayerNorm(C, eps=1e-5)
 
 
-def rope_table(T, hd, theta):
-    """(cos, sin), T x hd/2, the angles in double rounded to float as zero3d's kernels/math/rope.h."""
+def llama3_inv_freq(inv_freq, s):
+    """Llama 3.1's RoPE scaling as transformers writes it (modeling_rope_utils.py,
+    _compute_llama3_parameters), on a tensor of inverse frequencies; s: the rope_scaling keys."""
+    factor, low, high = s.get("factor", 8.0), s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old_context = s.get("original_max_position_embeddings", 8192)
+    low_freq_wavelen, high_freq_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_table(T, hd, theta, scaling=None):
+    """(cos, sin), T x hd/2, the angles in double rounded to float as zero3d's kernels/math/rope.h;
+    scaling: the model's rope_scaling keys (rope_type "default" or "llama3")."""
     i = torch.arange(hd // 2, dtype=torch.float64)
-    angle = torch.arange(T, dtype=torch.float64)[:, None] * theta ** (-2.0 * i / hd)
+    inv_freq = theta ** (-2.0 * i / hd)
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
+    elif kind != "default":
+        sys.exit(f"bench_peer.py: rope_scaling type {kind!r} is not implemented here")
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq
     return angle.cos().float(), angle.sin().float()
 
 
@@ -134,7 +156,7 @@ class Block(nn.Module):
         self.fc = nn.Linear(C, a["ffn"] * (2 if a["mlp"] == "swiglu" else 1), bias=a["bias"])  # [gate | up]
         self.fc_proj = nn.Linear(a["ffn"], C, bias=a["bias"])      # residual projection 2
         # A plain attribute, not a buffer (DDP would broadcast it every step); GPT.to_device moves it.
-        self.rope = rope_table(T, hd, a["theta"]) if a["position"] == "rope" else None
+        self.rope = rope_table(T, hd, a["theta"], a.get("rope_scaling")) if a["position"] == "rope" else None
 
     def attn(self, x):
         B, T, C = x.shape

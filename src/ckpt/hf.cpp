@@ -1,14 +1,6 @@
 #include "ckpt/hf.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-
-#include "ckpt/safetensors.h"
-#include "config/json_tree.h"
 #include "core/check.h"
-#include "core/posix_io.h"
-#include "kernels/math/dtype.h"
 #include "model/gpt.h"
 
 namespace zero3d {
@@ -27,12 +19,7 @@ std::vector<int64_t> HfTensor::shape() const {
   return transpose ? std::vector<int64_t>{cols, rows} : std::vector<int64_t>{rows, cols};
 }
 
-std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
-  const bool gpt2 = gpt2_family(m);
-  if (!gpt2 && !llama_family(m))
-    throw UserError("this model mixes the GPT-2 and Llama families (" + describe_architecture(m) +
-                    "): transformers has no class for it, so it cannot be exported with --format hf "
-                    "(export --format safetensors writes zero3d's own names)");
+std::vector<HfTensor> hf_tensor_table(const ModelConfig& m, bool gpt2) {
   const int64_t hd = m.head_dim(), Q = int64_t{m.n_head} * hd, KV = int64_t{m.kv_heads()} * hd, F = m.ffn_hidden();
   std::vector<HfTensor> out;
   for (const ParamInfo& p : gpt_param_table(m)) {
@@ -44,7 +31,7 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
     auto part = [&](std::string name, int64_t r0, int64_t n) { out.push_back({std::move(name), p.name, r0, n, cols, false, vec}); };
     const std::string& n = p.name;
     if (n == "wte" || n == "lm_head.weight") {  // the tokenizer's rows: padding stays behind
-      const char* hf = gpt2 ? "transformer.wte.weight" : n == "wte" ? "model.embed_tokens.weight" : "lm_head.weight";
+      const char* hf = n == "lm_head.weight" ? "lm_head.weight" : gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
       part(hf, 0, m.vocab_size);
       continue;
     }
@@ -72,6 +59,15 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
   return out;
 }
 
+std::vector<HfTensor> hf_tensors(const ModelConfig& m) {
+  const bool gpt2 = gpt2_family(m);
+  if (!gpt2 && !llama_family(m))
+    throw UserError("this model mixes the GPT-2 and Llama families (" + describe_architecture(m) +
+                    "): transformers has no class for it, so it cannot be exported with --format hf "
+                    "(export --format safetensors writes zero3d's own names)");
+  return hf_tensor_table(m, gpt2);
+}
+
 nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_dtype) {
   using J = nlohmann::ordered_json;
   if (gpt2_family(m))
@@ -81,72 +77,18 @@ nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_
              {"layer_norm_epsilon", 1e-5}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0},
              {"scale_attn_weights", true}, {"tie_word_embeddings", true}, {"torch_dtype", torch_dtype}};
   hf_tensors(m);  // refuses a mix
-  return J{{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab_size},
-           {"hidden_size", m.d_model}, {"intermediate_size", m.ffn_hidden()}, {"num_hidden_layers", m.n_layer},
-           {"num_attention_heads", m.n_head}, {"num_key_value_heads", m.kv_heads()}, {"head_dim", m.head_dim()},
-           {"max_position_embeddings", m.seq_len}, {"rms_norm_eps", m.rms_norm_eps}, {"rope_theta", m.rope_theta},
-           {"hidden_act", "silu"}, {"attention_bias", m.bias}, {"mlp_bias", m.bias},
-           {"tie_word_embeddings", m.tie_word_embeddings}, {"torch_dtype", torch_dtype}};
-}
-
-std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const ModelConfig& m) {
-  // config.json must describe this run's model: every key hf_config writes (but torch_dtype).
-  const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors";
-  const nlohmann::json have = config_json::read_file(cfg_path, "checkpoint.init_from's config");
-  const nlohmann::ordered_json expected = hf_config(m, "float32");
-  for (const auto& [key, want] : expected.items()) {
-    if (key == "torch_dtype" || key == "n_inner" || key == "resid_pdrop" || key == "embd_pdrop" || key == "attn_pdrop")
-      continue;  // not part of the weights' meaning
-    const nlohmann::json got = have.contains(key) ? have[key] : nlohmann::json();
-    const bool same = got.is_number() && want.is_number() ? got.get<double>() == want.get<double>() : got == nlohmann::json(want);
-    if (!same)
-      throw UserError(strprintf("checkpoint.init_from: '%s' has %s = %s, but this run's model needs %s (set the "
-                                "model keys to the checkpoint's)",
-                                cfg_path.c_str(), key.c_str(), config_json::show(got).c_str(), want.dump().c_str()));
-  }
-  const std::string file = read_text_file(st_path, "checkpoint.init_from's weights"), where = "checkpoint.init_from: '" + st_path + "'";
-  const Safetensors st = parse_safetensors(file, where);
-  const nlohmann::json& header = st.header;
-  const char* data = st.data;
-  const size_t data_bytes = st.data_bytes;
-  auto w = std::make_shared<InitialWeights>();
-  for (const ParamInfo& p : gpt_param_table(m))
-    if (!p.tied_copy) w->tensors[p.name].assign(p.size, 0.0f);
-  for (const HfTensor& t : hf_tensors(m)) {
-    const StEntry e = st_entry(header, t.name, where, data_bytes);
-    const size_t count = static_cast<size_t>(t.rows * t.cols), es = e.elem;
-    if (es == 0 || e.shape != t.shape())
-      throw UserError(strprintf("%s: tensor '%s' is %s %s; this model needs F32, BF16 or F16 of shape %s", where.c_str(),
-                                t.name.c_str(), e.dtype.c_str(), nlohmann::json(e.shape).dump().c_str(),
-                                nlohmann::json(t.shape()).dump().c_str()));
-    if (e.end - e.begin != count * es)
-      throw UserError(strprintf("%s: tensor '%s' (%s %s) spans %llu bytes, where its shape needs %zu: the header is "
-                                "corrupt",
-                                where.c_str(), t.name.c_str(), e.dtype.c_str(), nlohmann::json(e.shape).dump().c_str(),
-                                (unsigned long long)(e.end - e.begin), count * es));
-    auto value = [&](size_t i) {
-      const char* q = data + e.begin + i * es;
-      if (es == 4) {
-        float f;
-        std::memcpy(&f, q, 4);
-        return f;
-      }
-      uint16_t u;
-      std::memcpy(&u, q, 2);
-      return e.dtype == "BF16" ? math::float_from_bf16(u) : math::float_from_fp16(u);
-    };
-    float* dst = w->tensors.at(t.source).data() + static_cast<size_t>(t.row0 * t.cols);
-    for (int64_t r = 0; r < t.rows; ++r)
-      for (int64_t c = 0; c < t.cols; ++c) {
-        const size_t i = t.transpose ? static_cast<size_t>(c * t.rows + r) : static_cast<size_t>(r * t.cols + c);
-        const float v = value(i);
-        if (!std::isfinite(v))  // a weight that is NaN or infinite trains nothing: say so now, not as a divergence
-          throw UserError(strprintf("%s: tensor '%s' holds %g at element %zu: initial weights must be finite",
-                                    where.c_str(), t.name.c_str(), v, i));
-        dst[r * t.cols + c] = v;
-      }
-  }
-  return w;
+  J c{{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", m.vocab_size},
+      {"hidden_size", m.d_model}, {"intermediate_size", m.ffn_hidden()}, {"num_hidden_layers", m.n_layer},
+      {"num_attention_heads", m.n_head}, {"num_key_value_heads", m.kv_heads()}, {"head_dim", m.head_dim()},
+      {"max_position_embeddings", m.seq_len}, {"rms_norm_eps", m.rms_norm_eps}, {"rope_theta", m.rope_theta},
+      {"hidden_act", "silu"}, {"attention_bias", m.bias}, {"mlp_bias", m.bias},
+      {"tie_word_embeddings", m.tie_word_embeddings}, {"torch_dtype", torch_dtype}};
+  const RopeScaling& rs = m.rope_scaling;
+  if (rs.rope_type == "llama3")
+    c["rope_scaling"] = J{{"rope_type", "llama3"}, {"factor", rs.factor}, {"low_freq_factor", rs.low_freq_factor},
+                          {"high_freq_factor", rs.high_freq_factor},
+                          {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+  return c;
 }
 
 }  // namespace zero3d

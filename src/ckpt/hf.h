@@ -28,13 +28,19 @@ struct HfTensor {
 // The exported tensors in file order; a UserError when transformers has no class for this mix of
 // the architecture keys (e.g. GPT-2 with rotary positions).
 std::vector<HfTensor> hf_tensors(const ModelConfig& m);
+// hf_tensors' table without the family check: GPT2LMHeadModel's names (`gpt2`; an untied head as
+// lm_head.weight) or LlamaForCausalLM's.
+std::vector<HfTensor> hf_tensor_table(const ModelConfig& m, bool gpt2);
 // config.json for those tensors (torch_dtype: "float32", "bfloat16" or "float16").
 nlohmann::ordered_json hf_config(const ModelConfig& m, const std::string& torch_dtype);
 
-// The weights of a Hugging Face directory (config.json and model.safetensors, F32, BF16 or F16)
-// under zero3d's names and layouts, for checkpoint.init_from: the inverse of hf_tensors(m). A
-// UserError naming the file and what differs when config.json does not describe model m, or a
-// tensor is missing or of another shape.
+// The weights of a Hugging Face directory under zero3d's names and layouts, for
+// checkpoint.init_from (ckpt/hf_import.cpp): the directory as the hub ships a GPT2LMHeadModel or a
+// LlamaForCausalLM, or as `ckpt export --format hf` writes it. config.json's keys, at transformers'
+// defaults where absent, must describe model m; the weights are model.safetensors or the shards of
+// model.safetensors.index.json (F32, BF16 or F16). A UserError names the file and what differs: the
+// config key and both values, the tensor and both shapes, a tensor missing or unknown, a shard that
+// is not there, PyTorch's pickles (pytorch_model.bin).
 std::shared_ptr<InitialWeights> read_hf_weights(const std::string& dir, const ModelConfig& m);
 
 }  // namespace zero3d

@@ -17,6 +17,18 @@
 
 namespace zero3d {
 
+// RoPE's frequency scaling (model.rope_scaling.*, transformers' rope_scaling): "default" turns pair i
+// by f_i = theta^(-2i/hd); Llama 3.1's "llama3" stretches the long wavelengths by `factor` and blends
+// the middle band (kernels/math/rope.h). The numbers apply to "llama3" only; their defaults are
+// Llama 3.1's.
+struct RopeScaling {
+  std::string rope_type = "default";  // "default" | "llama3"
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+};
+
 // The architecture as data: GPT-2 (LayerNorm, learned positions, GELU MLP, biases, tied LM head)
 // and the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases, untied head)
 // are two settings of the same keys; model.arch picks their defaults.
@@ -32,6 +44,7 @@ struct ModelConfig {
   double rms_norm_eps = 1e-5;
   std::string position = "learned";  // "learned" (wpe) | "rope"
   double rope_theta = 500000.0;
+  RopeScaling rope_scaling{};
   std::string mlp = "gelu";          // "gelu" (tanh approximation) | "swiglu"
   int intermediate_size = 0;         // the MLP's hidden width; 0: gelu 4 d_model, swiglu Meta's rule
   int num_key_value_heads = 0;       // 0: n_head (multi-head attention)

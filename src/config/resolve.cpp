@@ -511,6 +511,13 @@ class Resolver {
     if (value("model.position") == "rope" && hd % 2 != 0)
       fail({"model.position", "model.d_model", heads},
            strprintf("rotary embeddings need an even head width; d_model / n_head is %lld", (long long)hd));
+    if (value("model.position") == "rope" && value("model.rope_scaling.rope_type") == "llama3" &&
+        !(value("model.rope_scaling.high_freq_factor").get<double>() > value("model.rope_scaling.low_freq_factor").get<double>()))
+      fail({"model.rope_scaling.high_freq_factor", "model.rope_scaling.low_freq_factor"},
+           strprintf("model.rope_scaling.high_freq_factor %g must exceed low_freq_factor %g (llama3 blends the "
+                     "frequencies between the two wavelengths they set)",
+                     value("model.rope_scaling.high_freq_factor").get<double>(),
+                     value("model.rope_scaling.low_freq_factor").get<double>()));
     if (get("model.n_layer") < get("pipeline_parallel.pp_size"))
       fail({"pipeline_parallel.pp_size", "model.n_layer"},
            strprintf("pipeline_parallel.pp_size %lld is larger than model.n_layer %lld (every stage needs a layer)",

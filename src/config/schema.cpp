@@ -40,6 +40,11 @@ nlohmann::json architecture_of(const ModelConfig& m) {
           {"rms_norm_eps", m.rms_norm_eps},
           {"position", m.position},
           {"rope_theta", m.rope_theta},
+          {"rope_scaling.rope_type", m.rope_scaling.rope_type},
+          {"rope_scaling.factor", m.rope_scaling.factor},
+          {"rope_scaling.low_freq_factor", m.rope_scaling.low_freq_factor},
+          {"rope_scaling.high_freq_factor", m.rope_scaling.high_freq_factor},
+          {"rope_scaling.original_max_position_embeddings", m.rope_scaling.original_max_position_embeddings},
           {"mlp", m.mlp},
           {"intermediate_size", m.ffn_hidden()},
           {"num_key_value_heads", m.kv_heads()},
@@ -63,6 +68,10 @@ void set_architecture(ModelConfig& m, const nlohmann::json& a) {
   };
   get("arch", m.arch), get("make_vocab_size_divisible_by", m.make_vocab_size_divisible_by), get("norm", m.norm), get("rms_norm_eps", m.rms_norm_eps), get("position", m.position);
   get("rope_theta", m.rope_theta), get("mlp", m.mlp), get("intermediate_size", m.intermediate_size);
+  RopeScaling& rs = m.rope_scaling;
+  get("rope_scaling.rope_type", rs.rope_type), get("rope_scaling.factor", rs.factor);
+  get("rope_scaling.low_freq_factor", rs.low_freq_factor), get("rope_scaling.high_freq_factor", rs.high_freq_factor);
+  get("rope_scaling.original_max_position_embeddings", rs.original_max_position_embeddings);
   get("num_key_value_heads", m.num_key_value_heads), get("bias", m.bias);
   get("tie_word_embeddings", m.tie_word_embeddings);
 }
@@ -88,6 +97,11 @@ Ref<T> at(T Config::*m) {
 template <class S, class T>
 Ref<T> at(S Config::*s, T S::*m) {
   return [s, m](Config& c) -> T& { return (c.*s).*m; };
+}
+
+template <class T>
+Ref<T> rope_scaling_at(T RopeScaling::*m) {
+  return [m](Config& c) -> T& { return c.model.rope_scaling.*m; };
 }
 
 template <class T>
@@ -334,6 +348,25 @@ std::vector<Key> build() {
           .derived_default([](const Lookup& get) { return json(get("model.arch") == "llama" ? "rope" : "learned"); }),
       field("model.rope_theta", at(&Config::model, &MC::rope_theta), "RoPE's base (Llama 3: 500000, Llama 2: 10000)")
           .range(0, kInf, true).only_when("model.position", {"rope"}),
+      choice("model.rope_scaling.rope_type", rope_scaling_at(&RopeScaling::rope_type), {"default", "llama3"},
+             "RoPE's frequency scaling (transformers' rope_scaling): default (none) or Llama 3.1's llama3 (the long "
+             "wavelengths stretched by factor, the middle band blended); transformers' other types (linear, dynamic, "
+             "yarn, longrope) are not implemented")
+          .only_when("model.position", {"rope"}),
+      field("model.rope_scaling.factor", rope_scaling_at(&RopeScaling::factor),
+            "llama3: how much the long wavelengths are stretched")
+          .range(0, kInf, true).only_when("model.rope_scaling.rope_type", {"llama3"}),
+      field("model.rope_scaling.low_freq_factor", rope_scaling_at(&RopeScaling::low_freq_factor),
+            "llama3: wavelengths above original_max_position_embeddings / low_freq_factor are stretched")
+          .range(0, kInf, true).only_when("model.rope_scaling.rope_type", {"llama3"}),
+      field("model.rope_scaling.high_freq_factor", rope_scaling_at(&RopeScaling::high_freq_factor),
+            "llama3: wavelengths below original_max_position_embeddings / high_freq_factor are kept (must exceed "
+            "low_freq_factor; between the two the frequency is blended)")
+          .range(0, kInf, true).only_when("model.rope_scaling.rope_type", {"llama3"}),
+      field("model.rope_scaling.original_max_position_embeddings",
+            rope_scaling_at(&RopeScaling::original_max_position_embeddings),
+            "llama3: the context the model was pretrained at, before the scaling")
+          .range(1, kIntMax).only_when("model.rope_scaling.rope_type", {"llama3"}),
       choice("model.mlp", at(&Config::model, &MC::mlp), {"gelu", "swiglu"},
              "MLP: GELU (tanh approximation) or SwiGLU (silu(gate) * up, three matrices)")
           .derived_default([](const Lookup& get) { return json(get("model.arch") == "llama" ? "swiglu" : "gelu"); }),
@@ -369,9 +402,10 @@ std::vector<Key> build() {
             "a checkpoint still fit; 0 = none (under Slurm the job's end time is a budget too)").range(0, kInf),
       field("checkpoint.dir", at(&Config::checkpoint, &CC::dir), "checkpoint directory; \"\" = <run dir>/checkpoints"),
       field("checkpoint.init_from", at(&Config::checkpoint, &CC::init_from),
-            "start from these weights instead of the seeded draw: a Hugging Face directory (config.json and "
-            "model.safetensors, as `zero3d ckpt export --format hf` writes or transformers saves), on any layout; "
-            "a checkpoint that checkpoint.load resumes replaces them; \"\" = none"),
+            "start from these weights instead of the seeded draw: a Hugging Face directory of a GPT2LMHeadModel or "
+            "LlamaForCausalLM (config.json and model.safetensors or its shards, as the hub ships them or `zero3d ckpt "
+            "export --format hf` writes them; config.json must describe this run's model), on any layout; a "
+            "checkpoint that checkpoint.load resumes replaces them; \"\" = none"),
       field("checkpoint.save_interval", at(&Config::checkpoint, &CC::save_interval),
             "steps between checkpoints (and one at the last step); 0 = none").range(0, kIntMax),
       field("checkpoint.keep_last", at(&Config::checkpoint, &CC::keep_last), "newest checkpoints kept; 0 = all")

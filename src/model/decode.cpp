@@ -7,7 +7,6 @@
 
 #include "core/check.h"
 #include "kernels/math/attention.h"
-#include "kernels/math/rope.h"
 #include "model/gpt.h"
 
 namespace zero3d {
@@ -33,7 +32,7 @@ Decoder::Decoder(Backend& be, const ModelConfig& m, const std::vector<std::vecto
   stats_ = DeviceBuffer<float>(be, 2), logits_dev_ = DeviceBuffer<float>(be, m.vocab_size);
   logits_.resize(m.vocab_size);
   if (m.rope()) {
-    const std::vector<float> cs = math::rope_table(m.seq_len, hd_, m.rope_theta);
+    const std::vector<float> cs = gpt_rope_table(m, m.seq_len);
     rope_cs_ = DeviceBuffer<float>(be, cs.size());
     be.copy_from_host(rope_cs_.data(), cs.data(), rope_cs_.bytes());
   }

@@ -5,7 +5,6 @@
 #include <cmath>
 
 #include "core/check.h"
-#include "kernels/math/rope.h"
 #include "model/param_store.h"
 #include "parallel/comm.h"
 
@@ -73,7 +72,7 @@ GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStor
   plan_activations();
   plan_backward_scratch();
   if (config.rope()) {
-    const std::vector<float> cs = math::rope_table(T_, hd_, config.rope_theta);
+    const std::vector<float> cs = gpt_rope_table(config, T_);
     rope_cs_ = DeviceBuffer<float>(be_, cs.size());
     be_.copy_from_host(rope_cs_.data(), cs.data(), rope_cs_.bytes());
     activation_bytes_ += rope_cs_.bytes();

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/rng.h"
+#include "kernels/math/rope.h"
 #include "model/module_profile.h"
 
 namespace zero3d {
@@ -177,11 +178,24 @@ std::string describe_architecture(const ModelConfig& m) {
                                                        : strprintf("%d heads (%d key/value heads)", m.n_head, m.kv_heads());
   return strprintf("%s: %d layers, d_model %d, %s of %d, %s, %s, %s %d, %s, %s", m.arch.c_str(), m.n_layer, m.d_model,
                    heads.c_str(), m.head_dim(), m.rmsnorm() ? "RMSNorm" : "LayerNorm",
-                   m.rope() ? strprintf("RoPE (theta %g)", m.rope_theta).c_str() : "learned positions",
+                   !m.rope() ? "learned positions"
+                   : m.rope_scaling.rope_type == "llama3"
+                       ? strprintf("RoPE (theta %g, llama3 scaling: factor %g, low_freq_factor %g, high_freq_factor %g, "
+                                   "original_max_position_embeddings %d)",
+                                   m.rope_theta, m.rope_scaling.factor, m.rope_scaling.low_freq_factor,
+                                   m.rope_scaling.high_freq_factor, m.rope_scaling.original_max_position_embeddings).c_str()
+                       : strprintf("RoPE (theta %g)", m.rope_theta).c_str(),
                    m.swiglu() ? "SwiGLU" : "GELU", m.ffn_hidden(), m.bias ? "biases" : "no biases",
                    m.tie_word_embeddings ? "LM head tied to wte" : "untied LM head") +
          (m.padded_vocab() > m.vocab_size ? strprintf(", vocabulary %d padded to %d rows", m.vocab_size, m.padded_vocab())
                                           : "");
+}
+
+std::vector<float> gpt_rope_table(const ModelConfig& m, int T) {
+  const RopeScaling& s = m.rope_scaling;
+  const math::RopeLlama3 llama3{s.factor, s.low_freq_factor, s.high_freq_factor,
+                                static_cast<double>(s.original_max_position_embeddings)};
+  return math::rope_table(T, m.head_dim(), m.rope_theta, s.rope_type == "llama3" ? &llama3 : nullptr);
 }
 
 double gpt_flops_per_token(const ModelConfig& m) {  // the whole model's, whatever the layout

@@ -69,6 +69,10 @@ void gpt_init_tensor(const std::vector<ParamInfo>& table, size_t index, int n_la
 // key/value heads) of 64, RMSNorm, RoPE (theta 500000), SwiGLU 2048, no biases, untied LM head".
 std::string describe_architecture(const ModelConfig& m);
 
+// RoPE's (cos, sin) table for positions [0, T) of m's heads (math::rope_table): rope_theta and
+// rope_scaling, the same numbers for training and for the decoder.
+std::vector<float> gpt_rope_table(const ModelConfig& m, int T);
+
 // Model FLOPs per token of one training step (forward + backward): 6 per parameter that takes part
 // in a matrix multiply (everything but the position embedding; the tied token embedding counts
 // once, as the LM head), plus causal attention: 6 * n_layer * d_model * (seq_len + 1).

@@ -104,7 +104,7 @@ def model_config(cfg):
                 n_head=cfg["num_attention_heads"], d_model=cfg["hidden_size"], arch="llama",
                 num_key_value_heads=cfg["num_key_value_heads"], intermediate_size=cfg["intermediate_size"],
                 rope_theta=cfg["rope_theta"], rms_norm_eps=cfg["rms_norm_eps"], bias=cfg["attention_bias"],
-                tie_word_embeddings=cfg["tie_word_embeddings"])
+                tie_word_embeddings=cfg["tie_word_embeddings"], rope_scaling=cfg.get("rope_scaling") or {})
 
 
 def main():

@@ -9,6 +9,11 @@
 # `zero3d eval` gives the step-1 loss again, and `zero3d generate` (greedy, KV cache) the tokens
 # PyTorch's greedy decoding picks; checkpoint.init_from starts another seed on tp 2 x pp 2 from the
 # export, to the bit (export -> import -> export), and refuses a directory of another model.
+# Directories as the hub ships them (tests/cli/hub_dir.py re-lays the exports: prefixes, Conv1D,
+# buffers, shards with their index, BF16 and F16, a longer context, a tied Llama, the config's
+# defaults left out) load to the first loss of the same weights from zero3d's own export, to the bit;
+# a Llama with rope_scaling "llama3" matches the peer (transformers' formula); what init_from
+# refuses is named (a shape, a missing shard, pytorch_model.bin, an unknown tensor, ...).
 # Skipped (exit 77) without python3-torch and python3-h5py.
 # usage: test_hf.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
@@ -80,12 +85,127 @@ sys.exit(0 if same and err <= 1e-6 else 1)
 PY
     fail "init_from round trip of $model"
 done
+# ---- checkpoint.init_from of directories as the hub ships them (tests/cli/hub_dir.py re-lays each export) ----
+# Each loads on one rank, and its first loss EQUALS, to the bit, the loss of the same weights loaded
+# from zero3d's own export (16-bit tensors: the export's values rounded alike, kept in F32).
+same_first_loss() {  # same_first_loss RUN REFERENCE_RUN
+  /usr/bin/python3 - "$tmp/$1/metrics.jsonl" "$tmp/$2/metrics.jsonl" "$1" "$2" <<'PY' || fail "init_from $1"
+import sys
+from z3dcheck import train
+a, b = (train(p)[0]["loss"] for p in sys.argv[1:3])
+print(f"{sys.argv[3]}: first loss {a!r}, from zero3d's export ({sys.argv[4]}) {b!r}: {'equal' if a == b else 'DIFFERENT'}")
+sys.exit(0 if a == b else 1)
+PY
+}
+/usr/bin/python3 - "$tmp" <<'PY'
+import sys
+from hub_dir import hub_dir, rounded
+t = sys.argv[1]
+# GPT-2 as openai-community/gpt2 ships it: no `transformer.` prefix, Conv1D (in, out), the attn.bias
+# and attn.masked_bias buffers, lm_head.weight equal to the tied wte, a context of 128 positions for a
+# run of 64; here in two shards with their index.
+hub_dir(f"{t}/gpt-hf", f"{t}/gpt-hub", prefix=False, shards=2, positions=128, buffers=True, head="equal")
+# Llama: `model.` names, grouped-query heads, rotary_emb.inv_freq buffers, three BF16 shards; the
+# config without the keys at LlamaConfig's defaults (rope_theta, max_position_embeddings 2048, ...).
+hub_dir(f"{t}/llama-hf", f"{t}/llama-hub", shards=3, dtype="BF16", buffers=True)
+rounded(f"{t}/llama-hf", f"{t}/llama-bf16", "BF16")
+# Llama tied, under LlamaModel's names (no prefix), with lm_head.weight equal to the embedding, F16.
+hub_dir(f"{t}/llama-hf", f"{t}/llama-tied-hub", prefix=False, tie=True, head="equal", dtype="F16")
+rounded(f"{t}/llama-hf", f"{t}/llama-tied-f16", "F16", tie=True)
+PY
+step1 input/gpt-tiny.json run-gpt-ref 1 1 --set checkpoint.init_from="$tmp/gpt-hf"
+step1 input/gpt-tiny.json run-gpt-hub 1 1 --set checkpoint.init_from="$tmp/gpt-hub"
+same_first_loss run-gpt-hub run-gpt-ref
+step1 input/llama-tiny.json run-llama-ref 1 1 --set checkpoint.init_from="$tmp/llama-bf16"
+step1 input/llama-tiny.json run-llama-hub 1 1 --set checkpoint.init_from="$tmp/llama-hub"
+same_first_loss run-llama-hub run-llama-ref
+step1 input/llama-tiny.json run-tied-ref 1 1 --set checkpoint.init_from="$tmp/llama-tied-f16" --set model.tie_word_embeddings=true
+step1 input/llama-tiny.json run-tied-hub 1 1 --set checkpoint.init_from="$tmp/llama-tied-hub" --set model.tie_word_embeddings=true
+same_first_loss run-tied-hub run-tied-ref
+
+# rope_scaling "llama3" (Llama 3.1's frequencies): with original_max_position_embeddings 32 the
+# head's 16 frequencies fall in all three of its bands (kept, blended, divided by factor). The peer
+# computes them with transformers' _compute_llama3_parameters (jobscripts/bench_peer.py) from the
+# export's config.json: the same loss, gradients and greedy tokens; the scaling changes the gradient.
+llama3=(--set model.rope_scaling.rope_type=llama3 --set model.rope_scaling.factor=4
+        --set model.rope_scaling.original_max_position_embeddings=32)
+step1 input/llama-tiny.json llama3-1 1 1 "${llama3[@]}"
+timeout 60 "$z3d" ckpt export "$tmp/llama3-1/checkpoints" --format hf --out "$tmp/llama3-hf" > "$tmp/llama3-export.log" 2>&1 ||
+  { cat "$tmp/llama3-export.log"; fail "export of llama3"; }
+generated=$(timeout 60 "$z3d" generate "$tmp/llama3-1/checkpoints" --prompt-ids "$prompt" --max-tokens 30 \
+  --temperature 0 --ids 2> "$tmp/llama3-generate.log") || { cat "$tmp/llama3-generate.log"; fail "generate of llama3"; }
+PEER_GENERATED="$generated" PEER_PROMPT=12 /usr/bin/python3 tests/cli/peer_check.py "$tmp/llama3-hf" "$tmp/one.bin" \
+  "$tmp/llama3-1/metrics.jsonl" "$tmp/llama3-1/checkpoints/step_00000001.h5"
+/usr/bin/python3 - "$tmp" <<'PY' || fail "llama3 rope_scaling"
+import json, sys
+import h5py, numpy as np
+t = sys.argv[1]
+rs = json.load(open(f"{t}/llama3-hf/config.json")).get("rope_scaling")
+want = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}
+print(f"export's rope_scaling: {rs}")
+name = "optimizer/exp_avg/h.0.attn.c_attn.weight"
+g3, g = (h5py.File(f"{t}/{r}/checkpoints/step_00000001.h5")[name][...] for r in ("llama3-1", "llama-1"))
+d = np.linalg.norm(g3 - g) / np.linalg.norm(g)
+print(f"the scaling changes layer 0's q/k/v gradient by {d:.2e} (relative)")
+sys.exit(0 if rs == want and d > 1e-3 else 1)
+PY
+step1 input/llama-tiny.json llama3-from 1 1 "${llama3[@]}" --set checkpoint.init_from="$tmp/llama3-hf"
+same_first_loss llama3-from llama3-1
+# transformers 5 writes rope_theta and the scaling as one rope_parameters object.
+/usr/bin/python3 -c "from hub_dir import hub_dir; hub_dir('$tmp/llama3-hf', '$tmp/llama3-v5', config={'rope_scaling': None,
+  'rope_parameters': {'rope_type': 'llama3', 'rope_theta': 10000.0, 'factor': 4.0, 'low_freq_factor': 1.0,
+                      'high_freq_factor': 4.0, 'original_max_position_embeddings': 32}})"
+step1 input/llama-tiny.json llama3-v5 1 1 "${llama3[@]}" --set checkpoint.init_from="$tmp/llama3-v5"
+same_first_loss llama3-v5 llama3-1
+
+# What init_from refuses, each named before anything runs (one process without mpirun, whose
+# teardown after a failed rank costs seconds).
+refuse() {  # refuse NAME CONFIG DIR PATTERN [ARGS...]
+  local name=$1 config=$2 dir=$3 pattern=$4; shift 4
+  expect_exit 2 "$name" "$pattern" "$z3d" train "$config" --run-dir "$tmp/run-$name" --set checkpoint.init_from="$dir" "$@"
+}
+/usr/bin/python3 - "$tmp" <<'PY'
+import os, shutil, sys
+from hub_dir import hub_dir
+t = sys.argv[1]
+hub_dir(f"{t}/gpt-hf", f"{t}/bad-shape", reshape=("transformer.h.1.mlp.c_fc.weight", [128, 500]))
+hub_dir(f"{t}/gpt-hf", f"{t}/bad-shard", shards=2)
+os.remove(f"{t}/bad-shard/model-00002-of-00002.safetensors")
+os.makedirs(f"{t}/bad-pickle")
+shutil.copy(f"{t}/gpt-hub/config.json", f"{t}/bad-pickle/config.json")
+open(f"{t}/bad-pickle/pytorch_model.bin", "wb").close()
+hub_dir(f"{t}/gpt-hf", f"{t}/bad-unknown", extra="transformer.h.0.attn.rotary")
+hub_dir(f"{t}/gpt-hf", f"{t}/bad-head", head="other")
+hub_dir(f"{t}/gpt-hf", f"{t}/bad-context", config={"n_positions": 32})
+hub_dir(f"{t}/llama-hf", f"{t}/bad-nohead", drop="lm_head.weight")
+hub_dir(f"{t}/llama-hf", f"{t}/bad-eps", config={"rms_norm_eps": None})
+hub_dir(f"{t}/llama-hf", f"{t}/bad-mistral", config={"model_type": "mistral", "architectures": ["MistralForCausalLM"]})
+hub_dir(f"{t}/llama-hf", f"{t}/bad-yarn", config={"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+PY
+refuse shape input/gpt-tiny.json "$tmp/bad-shape" \
+  "bad-shape/model.safetensors': tensor 'transformer.h.1.mlp.c_fc.weight' has shape \[128,500\], but this run's model needs \[128,512\]"
+refuse shard input/gpt-tiny.json "$tmp/bad-shard" \
+  "model.safetensors.index.json' names shard '.*/bad-shard/model-00002-of-00002.safetensors', which is not there"
+refuse pickle input/gpt-tiny.json "$tmp/bad-pickle" "holds pytorch_model.bin, PyTorch's pickle format.*safetensors"
+refuse unknown input/gpt-tiny.json "$tmp/bad-unknown" "holds tensor 'transformer.h.0.attn.rotary', which GPT2LMHeadModel"
+refuse head input/gpt-tiny.json "$tmp/bad-head" "holds lm_head.weight, which differs from the token embedding \(row 3, column 5"
+refuse context input/gpt-tiny.json "$tmp/bad-context" "has n_positions = 32, fewer positions than this run's model.seq_len 64"
+refuse nohead input/llama-tiny.json "$tmp/bad-nohead" "holds no tensor 'lm_head.weight': the model's LM head, untied"
+refuse eps input/llama-tiny.json "$tmp/bad-eps" \
+  "has rms_norm_eps = 1e-06 \(transformers' default: the file does not set it\), but this run's model.rms_norm_eps is 1e-05"
+refuse mistral input/llama-tiny.json "$tmp/bad-mistral" "model_type \"mistral\".*zero3d reads GPT2LMHeadModel"
+refuse yarn input/llama-tiny.json "$tmp/bad-yarn" "rope_scaling of type \"yarn\", which zero3d does not implement"
+refuse unscaled input/llama-tiny.json "$tmp/llama3-hf" \
+  "rope_scaling of type \"llama3\", but this run's model.rope_scaling.rope_type is \"default\""
+refuse set-yarn input/llama-tiny.json "$tmp/llama-hf" "yarn" --set model.rope_scaling.rope_type=yarn
+
 # A directory that is not there: the system's words, before anything runs.
 expect_exit 2 init_from_missing "cannot read checkpoint.init_from's config '.*/nowhere/config.json': No such file or directory" \
-  $MPIRUN -np 1 "$z3d" train input/llama-tiny.json --run-dir "$tmp/missing" --set checkpoint.init_from="$tmp/nowhere"
+  "$z3d" train input/llama-tiny.json --run-dir "$tmp/missing" --set checkpoint.init_from="$tmp/nowhere"
 # init_from checks the directory against the run's model before anything runs.
-expect_exit 2 init_from_mismatch "init_from: .*num_key_value_heads = 2, but this run's model needs 4" \
-  $MPIRUN -np 1 "$z3d" train input/llama-tiny.json --run-dir "$tmp/mismatch" --set model.num_key_value_heads=4 \
+expect_exit 2 init_from_mismatch "init_from: .*has num_key_value_heads = 2, but this run's model.num_key_value_heads is 4" \
+  "$z3d" train input/llama-tiny.json --run-dir "$tmp/mismatch" --set model.num_key_value_heads=4 \
   --set checkpoint.init_from="$tmp/llama-hf"
 # A model transformers has no class for is refused, with the way out named.
 step1 input/gpt-tiny.json mixed 1 1 --set model.position=rope

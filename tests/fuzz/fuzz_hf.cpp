@@ -1,4 +1,4 @@
-// The Hugging Face directory reader of checkpoint.init_from (ckpt/hf.cpp, ckpt/safetensors.cpp):
+// The Hugging Face directory reader of checkpoint.init_from (ckpt/hf_import.cpp, ckpt/safetensors.cpp):
 // config.json against this run's model, then model.safetensors' header, every tensor's dtype,
 // shape and byte range, and every value. Input: config.json, then "--- model.safetensors" and the
 // file's bytes; a section "--- llama" makes the run's model the tiny Llama (else the tiny GPT-2).

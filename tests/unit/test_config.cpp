@@ -411,6 +411,7 @@ TEST(Config, ArchitectureRecordTakesWhatTheModelKeysTake) {
   ModelConfig m;
   m.arch = "llama", m.norm = "rmsnorm", m.position = "rope", m.mlp = "swiglu", m.intermediate_size = 96;
   m.num_key_value_heads = 2, m.bias = false, m.tie_word_embeddings = false, m.make_vocab_size_divisible_by = 64;
+  m.rope_scaling = {"llama3", 32.0, 2.0, 8.0, 4096};
   ModelConfig back;
   set_architecture(back, architecture_of(m));
   EXPECT_EQ(architecture_of(back), architecture_of(m));
@@ -428,6 +429,7 @@ TEST(Config, ArchitectureRecordTakesWhatTheModelKeysTake) {
   EXPECT_THAT(refused(R"({"rope_theta": -1})"), HasSubstr("rope_theta = -1"));
   EXPECT_THAT(refused(R"({"num_key_value_heads": 1.5})"), HasSubstr("num_key_value_heads = 1.5"));
   EXPECT_THAT(refused(R"({"bias": "yes"})"), HasSubstr("bias = \"yes\""));
+  EXPECT_THAT(refused(R"({"rope_scaling.rope_type": "yarn"})"), HasSubstr("rope_scaling.rope_type = \"yarn\""));
 }
 
 TEST(Config, UnknownKeySuggestsNearest) {
