@@ -8,6 +8,8 @@ zero3d_packages=(
   libdnnl-dev                            # oneDNN: host GEMM (fp32, bf16), ISA picked at run time
   libopenblas-dev                        # a CBLAS (compute.gemm=cblas; a site's tuned BLAS instead)
   nlohmann-json3-dev                     # config and metrics JSON
+  libpcre2-dev libunistring-dev          # tokenizer.json: split regexes (PCRE2 JIT), NFC
+  libsentencepiece-dev                   # tokenizer.model (SentencePiece)
   libgtest-dev libgmock-dev              # unit tests (test_ckpt_dir uses gmock matchers)
   python3 python3-matplotlib python3-pandas python3-h5py  # postprocess/ and test checks
 )
