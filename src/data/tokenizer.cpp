@@ -2,6 +2,7 @@
 // through, and the choice of a tokenizer by its file's content.
 #include "data/tokenizer.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -96,6 +97,21 @@ std::string_view utf8_replace_invalid(std::string_view text, std::string& scratc
     }
   }
   return scratch;
+}
+
+uint64_t PieceCache::new_owner() {
+  static std::atomic<uint64_t> serial{0};
+  return ++serial;
+}
+
+PieceCache& PieceCache::for_thread(uint64_t owner) {
+  thread_local PieceCache cache;
+  if (cache.owner_ != owner || cache.pieces_.size() > (1u << 20)) {
+    cache.pieces_.clear();
+    cache.ids_.clear();
+    cache.owner_ = owner;
+  }
+  return cache;
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {

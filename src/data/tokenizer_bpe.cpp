@@ -24,7 +24,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -73,13 +72,6 @@ bool unbyte(std::string_view spelling, const std::unordered_map<uint32_t, unsign
   }
   return true;
 }
-
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-template <class V>
-using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 
 // Merges by pair: open addressing over (left id, right id) -> (rank, merged id).
 class PairTable {
@@ -202,15 +194,6 @@ struct Step {
 // GPT-2's pattern: ByteLevel(use_regex=true) splits with it.
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-// A thread's pre-token -> ids memo, for one tokenizer at a time (owner: its serial number).
-struct WordCache {
-  uint64_t owner = 0;
-  StringMap<std::pair<uint32_t, uint32_t>> words;  // -> (offset, count) in ids
-  std::vector<int32_t> ids;
-};
-
-std::atomic<uint64_t> g_tokenizer_serial{0};
-
 class BpeTokenizer final : public Tokenizer {
  public:
   BpeTokenizer(const std::string& path, const json& j);
@@ -224,13 +207,7 @@ class BpeTokenizer final : public Tokenizer {
     std::string repaired, normalized;
     std::string_view t = utf8_replace_invalid(text, repaired);
     if (nfc_) t = nfc(t, normalized);
-    thread_local WordCache cache;
-    if (cache.owner != serial_ || cache.words.size() > (1u << 20)) {
-      cache.words.clear();
-      cache.ids.clear();
-      cache.owner = serial_;
-    }
-    pre_tokenize(0, t, cache, out);
+    pre_tokenize(0, t, PieceCache::for_thread(serial_), out);
   }
 
   std::string decode(std::span<const int32_t> ids) const override {
@@ -253,7 +230,7 @@ class BpeTokenizer final : public Tokenizer {
     return out;
   }
 
-  void pre_tokenize(size_t k, std::string_view piece, WordCache& cache, std::vector<int32_t>& out) const {
+  void pre_tokenize(size_t k, std::string_view piece, PieceCache& cache, std::vector<int32_t>& out) const {
     if (k == steps_.size()) return encode_word(piece, cache, out);
     const Step& st = steps_[k];
     if (st.prefix_space) {
@@ -324,21 +301,12 @@ class BpeTokenizer final : public Tokenizer {
     for (const Segment& s : pieces) emit(s.b, s.e);
   }
 
-  void encode_word(std::string_view w, WordCache& cache, std::vector<int32_t>& out) const {
+  void encode_word(std::string_view w, PieceCache& cache, std::vector<int32_t>& out) const {
     if (w.size() == 1) {
       out.push_back(byte_id_[static_cast<unsigned char>(w[0])]);
       return;
     }
-    if (const auto it = cache.words.find(w); it != cache.words.end()) {
-      const int32_t* ids = cache.ids.data() + it->second.first;
-      out.insert(out.end(), ids, ids + it->second.second);
-      return;
-    }
-    const size_t before = out.size();
-    merge_word(w, out);
-    const auto offset = static_cast<uint32_t>(cache.ids.size());
-    cache.ids.insert(cache.ids.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
-    cache.words.emplace(std::string(w), std::make_pair(offset, static_cast<uint32_t>(out.size() - before)));
+    cache.encode(w, out, [this](std::string_view piece, std::vector<int32_t>& ids) { merge_word(piece, ids); });
   }
 
   // BPE on one pre-token: start from its bytes, merge the lowest-ranked adjacent pair (the
@@ -438,7 +406,7 @@ std::string type_of(const json& j) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string("(no type)");
 }
 
-BpeTokenizer::BpeTokenizer(const std::string& path, const json& j) : serial_(++g_tokenizer_serial) {
+BpeTokenizer::BpeTokenizer(const std::string& path, const json& j) : serial_(PieceCache::new_owner()) {
   if (!j.contains("model") || !j["model"].is_object())
     throw UserError(strprintf("tokenizer '%s' has no \"model\" object: not a Hugging Face tokenizer.json", path.c_str()));
   read_normalizer(path, j.value("normalizer", json()));
