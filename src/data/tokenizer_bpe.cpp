@@ -114,7 +114,7 @@ class Regex {
   Regex(const std::string& pattern, bool literal, const std::string& file) {
     int err = 0;
     PCRE2_SIZE at = 0;
-    const uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : 0);
+    const uint32_t opts = PCRE2_UTF | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : PCRE2_UCP);  // LITERAL refuses UCP
     const std::string p = literal ? pattern : oniguruma_to_pcre2(pattern);
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(), opts, &err, &at, nullptr);
     if (!code_) {
