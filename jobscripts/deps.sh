@@ -15,8 +15,13 @@ zero3d_packages=(
 )
 # tests/run.sh only: tests/slurm starts a private single-node Slurm (sbatch, srun --mpi=pmix);
 # tests/cli/test_faults.sh fails I/O calls in running ranks with libfiu (fiu-run, fiu-ctrl);
-# tests/cli/test_hf.sh compares against PyTorch (python3-torch); tests/fuzz needs clang's libFuzzer.
-zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge fiu-utils python3-torch clang-14 libclang-rt-14-dev)
+# tests/cli/test_hf.sh compares against PyTorch (python3-torch); tests/fuzz needs clang's libFuzzer;
+# tests/cli/test_tokenizers.sh trains and runs SentencePiece models (sentencepiece: spm_train,
+# spm_encode), and compares with npm packages where node and npm are on PATH (not installed here:
+# any recent node, the site's or NodeSource's; tests/run.sh installs the packages, the test skips
+# without them).
+zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge fiu-utils python3-torch clang-14 libclang-rt-14-dev
+                      sentencepiece)
 
 # zero3d_install_deps [EXTRA_PACKAGE...]
 zero3d_install_deps() {

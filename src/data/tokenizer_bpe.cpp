@@ -409,6 +409,12 @@ std::string type_of(const json& j) {
 BpeTokenizer::BpeTokenizer(const std::string& path, const json& j) : serial_(PieceCache::new_owner()) {
   if (!j.contains("model") || !j["model"].is_object())
     throw UserError(strprintf("tokenizer '%s' has no \"model\" object: not a Hugging Face tokenizer.json", path.c_str()));
+  const json& model = j["model"];
+  const std::string type = model.contains("type") ? type_of(model) : std::string("BPE");
+  if (type != "BPE")
+    throw UserError(strprintf("tokenizer '%s': model type '%s' is not implemented (zero3d reads byte-level BPE "
+                              "tokenizer.json files and SentencePiece tokenizer.model files)",
+                              path.c_str(), type.c_str()));
   read_normalizer(path, j.value("normalizer", json()));
   read_pre_tokenizer(path, j.value("pre_tokenizer", json()));
   if (!byte_level_)
@@ -416,16 +422,11 @@ BpeTokenizer::BpeTokenizer(const std::string& path, const json& j) : serial_(Pie
                               "implemented: zero3d reads byte-level BPE (GPT-2, Llama 3, Qwen, Mistral-Nemo); for "
                               "Llama 2 / Mistral style models give their SentencePiece tokenizer.model",
                               path.c_str(), j.value("pre_tokenizer", json()).dump().substr(0, 200).c_str()));
-  read_model(path, j["model"]);
+  read_model(path, model);
   read_specials(j);
 }
 
 void BpeTokenizer::read_model(const std::string& path, const json& model) {
-  const std::string type = model.contains("type") ? type_of(model) : std::string("BPE");
-  if (type != "BPE")
-    throw UserError(strprintf("tokenizer '%s': model type '%s' is not implemented (zero3d reads byte-level BPE "
-                              "tokenizer.json files and SentencePiece tokenizer.model files)",
-                              path.c_str(), type.c_str()));
   auto refuse_if = [&](bool bad, const char* key) {
     if (bad)
       throw UserError(strprintf("tokenizer '%s': BPE option %s = %s is not implemented", path.c_str(), key,

