@@ -9,6 +9,7 @@
 // is known only then) and renames them all into place at the end.
 #include "data/prepare.h"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -288,6 +289,13 @@ void encode_parallel(const Tokenizer& tok, const PrepareOptions& opt, int thread
   }
 }
 
+// CPU seconds of the process so far, every thread's.
+double process_cpu_seconds() {
+  rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 }  // namespace
 
 PrepareResult prepare_tokens(const Tokenizer& tok, const PrepareOptions& opt) {
@@ -306,6 +314,7 @@ PrepareResult prepare_tokens(const Tokenizer& tok, const PrepareOptions& opt) {
     throw UserError(strprintf("output directory '%s' for token file '%s' does not exist", parent.c_str(),
                               opt.out.c_str()));
 
+  const double cpu_start = process_cpu_seconds();
   ShardWriter out(opt, tok.vocab_size() > 65536);
   Progress progress(opt.progress, opt.texts.size());
   PrepareResult r;
@@ -320,6 +329,7 @@ PrepareResult prepare_tokens(const Tokenizer& tok, const PrepareOptions& opt) {
   r.files = out.commit();
   r.tokens = out.tokens();
   r.seconds = progress.seconds();
+  r.cpu_seconds = process_cpu_seconds() - cpu_start;
   return r;
 }
 

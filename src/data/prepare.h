@@ -28,7 +28,8 @@ struct PrepareOptions {
 struct PrepareResult {
   uint64_t tokens = 0;             // separators included
   uint64_t bytes = 0;              // of text read
-  double seconds = 0;
+  double seconds = 0;               // wall, from the first input read to the files committed
+  double cpu_seconds = 0;           // of the process (all its threads) over the same span
   std::vector<std::string> files;  // written, in order
 };
 

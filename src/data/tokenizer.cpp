@@ -28,7 +28,7 @@ class ByteTokenizer final : public Tokenizer {
     std::string s;
     for (int32_t id : ids) {
       if (id >= 0 && id < 256) s += static_cast<char>(id);
-      else s += "<" + std::to_string(id) + ">";
+      else s.append("<").append(std::to_string(id)).append(">");
     }
     return s;
   }

