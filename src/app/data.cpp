@@ -60,7 +60,7 @@ int data_prepare(const Args& a) {
                                 ? "to " + r.files[0]
                                 : strprintf("in %zu shards, %s .. %s", r.files.size(), r.files.front().c_str(),
                                             r.files.back().c_str());
-  log_info("wrote %llu tokens %s (%s tokenizer, %.1f MB of text at %.1f MB/s, %.2f s CPU)",
+  log_info("wrote %llu tokens %s (%s tokenizer, %.1f MB of text at %.1f MB/s, %.3f s CPU)",
            static_cast<unsigned long long>(r.tokens), where.c_str(), tok->kind(), mb, mb / std::max(r.seconds, 1e-9),
            r.cpu_seconds);
   return 0;

@@ -33,6 +33,7 @@
 
 #include "config/json_tree.h"
 #include "core/check.h"
+#include "data/tokenizer.h"
 #include "data/tokenizer_impl.h"
 
 namespace zero3d {

@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "data/tokenizer.h"
-
 namespace zero3d {
+
+class Tokenizer;  // data/tokenizer.h
 
 // `text` when it is valid UTF-8 (no copy: `scratch` untouched); else `scratch`, filled with text
 // whose invalid parts are each one U+FFFD (the maximal subparts of Unicode 15 section 3.9, as

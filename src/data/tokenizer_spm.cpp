@@ -14,6 +14,7 @@
 #include <sentencepiece_processor.h>
 
 #include "core/check.h"
+#include "data/tokenizer.h"
 #include "data/tokenizer_impl.h"
 
 namespace zero3d {
