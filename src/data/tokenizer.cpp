@@ -106,7 +106,7 @@ uint64_t PieceCache::new_owner() {
 
 PieceCache& PieceCache::for_thread(uint64_t owner) {
   thread_local PieceCache cache;
-  if (cache.owner_ != owner || cache.pieces_.size() > (1u << 20)) {
+  if (cache.owner_ != owner || cache.pieces_.size() > (1u << 18)) {
     cache.pieces_.clear();
     cache.ids_.clear();
     cache.owner_ = owner;
