@@ -267,6 +267,7 @@ void encode_parallel(const Tokenizer& tok, const PrepareOptions& opt, int thread
   for (int t = 0; t < threads; ++t) pool.emplace_back(work);
 
   for (size_t i = 0; i < n_docs; ++i) {
+    throw_if_interrupted("data prepare");
     Slot doc;
     {
       std::unique_lock lock(mu);

@@ -8,7 +8,8 @@
 #   digits, invalid UTF-8, special-token spellings) equal to tiktoken's and @huggingface/tokenizers',
 #   data decode gives the corpus back; Llama 3 (vocabulary 128,256) writes llm.c's uint32 format.
 # - data prepare: the same bytes for any --threads; --shard-tokens files hold the one file's tokens;
-#   a shard that would replace an input is refused and nothing is left behind.
+#   SIGTERM stops it at once with none of its files left; a shard that would replace an input is
+#   refused and nothing is left behind.
 # The npm references are installed by tests/run.sh into BUILD/npm (ZERO3D_NPM_DIR elsewhere): without
 # node or them, the reference part is skipped with one line (exit 77 after the rest passed).
 set -euo pipefail
@@ -96,6 +97,21 @@ else
     [[ $n -eq 1000 || $f == $(ls "$tmp"/sh_*.bin | tail -1) ]] || fail "$f holds $n tokens, not 1000"
   done
   echo "ok threads and shards: --threads 3 equal, $n_shards uint32 shards of 1000 tokens"
+  # SIGTERM stops a long encoding on every thread at once: exit 130, none of the files left.
+  for _ in $(seq 20); do cat "$tmp"/ref/docs/*.txt; done > "$tmp/big.txt"
+  big=()
+  for _ in $(seq 2000); do big+=("$tmp/big.txt"); done
+  "$z3d" data prepare "${big[@]}" --tokenizer "$tmp/ref/gpt2.json" --shard-tokens 100000 --out "$tmp/big" > "$tmp/big.log" 2>&1 &
+  pid=$!
+  sleep 2
+  kill -TERM $pid
+  SECONDS=0
+  rc=0
+  wait $pid || rc=$?
+  [[ $rc == 130 && $SECONDS -lt 10 ]] && grep -q "stopped by SIGTERM" "$tmp/big.log" ||
+    fail "an interrupted data prepare --tokenizer: exit $rc after $SECONDS s, want 130 at once: $(tail -3 "$tmp/big.log")"
+  [[ -z $(ls "$tmp"/big_* 2>/dev/null) ]] || fail "an interrupted data prepare left $(ls "$tmp"/big_*)"
+  echo "ok interrupted on every thread: exit 130, nothing left"
   echo "text" > "$tmp/in_000001.bin"
   expect_exit 2 shard-over-input "output '$tmp/in_000001.bin' is also an input text" \
     "$z3d" data prepare "$tmp"/ref/docs/*.txt "$tmp/in_000001.bin" --tokenizer "$tmp/ref/gpt2.json" --shard-tokens 1000 --out "$tmp/in"
