@@ -55,7 +55,10 @@ std::array<uint32_t, 256> byte_to_unicode() {
 }
 
 // The bytes a byte-level spelling stands for; false if it holds a code point outside the table.
-bool unbyte(std::string_view spelling, const std::unordered_map<uint32_t, unsigned char>& to_byte, std::string& out) {
+// to_byte: code point -> byte + 1 (0: not in the table), for code points below 512 (the table's
+// reach is 323).
+using ToByte = std::array<uint16_t, 512>;
+bool unbyte(std::string_view spelling, const ToByte& to_byte, std::string& out) {
   out.clear();
   const auto* s = reinterpret_cast<const unsigned char*>(spelling.data());
   for (size_t i = 0; i < spelling.size();) {
@@ -67,9 +70,8 @@ bool unbyte(std::string_view spelling, const std::unordered_map<uint32_t, unsign
     else cp = s[i] & 0x07, len = 4;
     if (i + len > spelling.size()) return false;
     for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (s[i + k] & 0x3F);
-    const auto it = to_byte.find(cp);
-    if (it == to_byte.end()) return false;
-    out += static_cast<char>(it->second);
+    if (cp >= to_byte.size() || to_byte[cp] == 0) return false;
+    out += static_cast<char>(to_byte[cp] - 1);
     i += len;
   }
   return true;
@@ -442,9 +444,9 @@ void BpeTokenizer::read_model(const std::string& path, const json& model) {
   if (!model.contains("vocab") || !model["vocab"].is_object() || !model.contains("merges") || !model["merges"].is_array())
     throw UserError(strprintf("tokenizer '%s': its BPE model needs a \"vocab\" object and a \"merges\" array", path.c_str()));
 
-  std::unordered_map<uint32_t, unsigned char> to_byte;
+  ToByte to_byte{};
   const std::array<uint32_t, 256> table = byte_to_unicode();
-  for (int b = 0; b < 256; ++b) to_byte[table[b]] = static_cast<unsigned char>(b);
+  for (int b = 0; b < 256; ++b) to_byte[table[b]] = static_cast<uint16_t>(b + 1);
 
   const json& vocab = model["vocab"];
   int max_id = -1;
