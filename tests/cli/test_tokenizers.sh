@@ -69,7 +69,7 @@ if command -v spm_train > /dev/null && command -v spm_encode > /dev/null; then
     fail "SentencePiece ids of the whole document differ from spm_encode's lines"
   echo "ok sentencepiece: $(wc -l < "$tmp/lines.txt") lines equal to spm_encode (2 models), a whole document too"
 else
-  fail "spm_train and spm_encode are needed (Debian: sentencepiece)"
+  fail "spm_train or spm_encode is missing: jobscripts/deps.sh installs sentencepiece with the test packages"
 fi
 
 # --- GPT-2 and Llama 3 against tiktoken and @huggingface/tokenizers ---
