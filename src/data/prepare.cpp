@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -212,7 +213,7 @@ void encode_parallel(const Tokenizer& tok, const PrepareOptions& opt, int thread
   struct Slot {
     std::vector<int32_t> ids;
     uint64_t bytes = 0;
-    std::string error;
+    std::exception_ptr error;  // what reading or encoding threw, rethrown by the writer as it was
     bool ready = false;
   };
   const size_t n_docs = opt.texts.size();
@@ -239,8 +240,8 @@ void encode_parallel(const Tokenizer& tok, const PrepareOptions& opt, int thread
         if (sep >= 0) local.ids.push_back(sep);
         tok.encode(text, local.ids);
         local.bytes = text.size();
-      } catch (const std::exception& e) {
-        local.error = e.what();
+      } catch (...) {
+        local.error = std::current_exception();
       }
       std::lock_guard lock(mu);
       Slot& s = slots[i % window];
@@ -283,7 +284,7 @@ void encode_parallel(const Tokenizer& tok, const PrepareOptions& opt, int thread
       ++written;
     }
     cv.notify_all();
-    if (!doc.error.empty()) throw UserError(doc.error);
+    if (doc.error) std::rethrow_exception(doc.error);
     out.append(doc.ids.data(), doc.ids.size(), opt.texts[i]);
     bytes += doc.bytes;
     progress.update(bytes, out.tokens(), i + 1);
