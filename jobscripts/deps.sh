@@ -8,13 +8,20 @@ zero3d_packages=(
   libdnnl-dev                            # oneDNN: host GEMM (fp32, bf16), ISA picked at run time
   libopenblas-dev                        # a CBLAS (compute.gemm=cblas; a site's tuned BLAS instead)
   nlohmann-json3-dev                     # config and metrics JSON
+  libpcre2-dev libunistring-dev          # tokenizer.json: split regexes (PCRE2 JIT), NFC
+  libsentencepiece-dev                   # tokenizer.model (SentencePiece)
   libgtest-dev libgmock-dev              # unit tests (test_ckpt_dir uses gmock matchers)
   python3 python3-matplotlib python3-pandas python3-h5py  # postprocess/ and test checks
 )
 # tests/run.sh only: tests/slurm starts a private single-node Slurm (sbatch, srun --mpi=pmix);
 # tests/cli/test_faults.sh fails I/O calls in running ranks with libfiu (fiu-run, fiu-ctrl);
-# tests/cli/test_hf.sh compares against PyTorch (python3-torch); tests/fuzz needs clang's libFuzzer.
-zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge fiu-utils python3-torch clang-14 libclang-rt-14-dev)
+# tests/cli/test_hf.sh compares against PyTorch (python3-torch); tests/fuzz needs clang's libFuzzer;
+# tests/cli/test_tokenizers.sh trains and runs SentencePiece models (sentencepiece: spm_train,
+# spm_encode), and compares with npm packages where node and npm are on PATH (not installed here:
+# any recent node, the site's or NodeSource's; tests/run.sh installs the packages, the test skips
+# without them).
+zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge fiu-utils python3-torch clang-14 libclang-rt-14-dev
+                      sentencepiece)
 
 # zero3d_install_deps [EXTRA_PACKAGE...]
 zero3d_install_deps() {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # jobscripts/device_deps.sh: the Debian 12 libraries zero3d builds against (MPI, parallel HDF5,
-# oneDNN, OpenBLAS, nlohmann-json, GoogleTest), carried to a machine that has a compiler, CMake and
-# CUDA but none of these and no network (a lent GPU machine: jobscripts/device_check.sh).
+# oneDNN, OpenBLAS, nlohmann-json, PCRE2, libunistring, SentencePiece, GoogleTest), carried to a
+# machine that has a compiler, CMake and CUDA but none of these and no network (a lent GPU
+# machine: jobscripts/device_check.sh).
 #   device_deps.sh fetch DIR           here, with apt: the .deb files into DIR (about 40 MB)
 #   device_deps.sh unpack DIR PREFIX   there: unpacked under PREFIX (dpkg -x: nothing installed
 #                                      system-wide, no root needed), with the links and paths
@@ -24,6 +25,8 @@ packages=(
   libdnnl-dev libdnnl2 ocl-icd-libopencl1
   libopenblas-dev libopenblas-pthread-dev libopenblas0 libopenblas0-pthread
   nlohmann-json3-dev libgtest-dev googletest
+  libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libunistring-dev
+  libsentencepiece-dev libsentencepiece0
   # What Debian's libcurl (linked by its HDF5) needs: on a newer distribution some are gone under
   # these sonames (Ubuntu 24.04 has libunistring.so.5, not .2), so the whole set travels.
   libunistring2 libidn2-0 libgnutls30 libnettle8 libhogweed6 libgmp10 libp11-kit0 libtasn1-6 libffi8

@@ -30,7 +30,8 @@ build=${BUILD_DIR:-build-aarch64}
 jobs=${JOBS:-$(nproc)}
 # What zero3d links (CMakeLists.txt's dependencies), and the C/C++ runtime for the sysroot.
 packages=(libc6-dev libstdc++-12-dev libgcc-12-dev
-          libopenmpi-dev libhdf5-openmpi-dev libdnnl-dev libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev)
+          libopenmpi-dev libhdf5-openmpi-dev libdnnl-dev libopenblas-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+          libpcre2-dev libunistring-dev libsentencepiece-dev)
 
 # make_sysroot DIR: the arm64 closure of $packages, unpacked under DIR with a merged /usr.
 make_sysroot() {
