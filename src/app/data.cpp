@@ -66,35 +66,6 @@ int data_prepare(const Args& a) {
   return 0;
 }
 
-// Reads tokens [first, first + count) of an llm.c token file (uint16 or uint32).
-std::vector<int32_t> read_tokens(const std::string& path, uint64_t first, uint64_t count) {
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
-  if (!f) throw UserError(strprintf("cannot open token file '%s': %s", path.c_str(), strerror(errno)));
-  int32_t header[kTokenFileHeaderInts] = {};
-  const bool u16 = std::fread(header, sizeof header, 1, f.get()) == 1 && header[0] == kTokenFileMagic &&
-                   header[1] == kTokenFileVersion;
-  const bool u32 = header[0] == kTokenFileMagicU32 && header[1] == kTokenFileVersionU32;
-  if (!u16 && !u32)
-    throw UserError(strprintf("'%s' is not an llm.c token file (magic %d version %d; expected %d/%d or %d/%d)",
-                              path.c_str(), header[0], header[1], kTokenFileMagic, kTokenFileVersion,
-                              kTokenFileMagicU32, kTokenFileVersionU32));
-  const uint64_t n = static_cast<uint64_t>(header[2]);
-  if (first > n) first = n;
-  count = std::min(count, n - first);
-  const size_t width = u32 ? 4 : 2;
-  std::vector<unsigned char> raw(count * width);
-  if (std::fseek(f.get(), static_cast<long>(sizeof header + first * width), SEEK_SET) != 0 ||
-      std::fread(raw.data(), 1, raw.size(), f.get()) != raw.size())
-    throw UserError(strprintf("token file '%s' is shorter than its header's %llu tokens", path.c_str(),
-                              static_cast<unsigned long long>(n)));
-  std::vector<int32_t> ids(count);
-  for (uint64_t i = 0; i < count; ++i) {
-    if (u32) std::memcpy(&ids[i], &raw[i * 4], 4);
-    else ids[i] = static_cast<uint16_t>(raw[i * 2] | (raw[i * 2 + 1] << 8));
-  }
-  return ids;
-}
-
 int data_decode(const Args& a) {
   std::string file, tokenizer = "byte";
   uint64_t first = 0, count = std::numeric_limits<uint64_t>::max();
@@ -109,7 +80,12 @@ int data_decode(const Args& a) {
   if (file.empty()) throw UserError(strprintf("data decode needs a token file\n%s", kDataUsage));
   const std::unique_ptr<Tokenizer> tok = load_tokenizer(tokenizer);
   if (ProcessGroup::world()->rank() != 0) return 0;
-  const std::string text = tok->decode(read_tokens(file, first, count));
+  // Through the trainer's reader: either width, and an id the tokenizer lacks is named, not printed as "<id>".
+  const TokenFile tokens(file, tok->vocab_size());
+  first = std::min(first, tokens.num_tokens());
+  std::vector<int32_t> ids(std::min(count, tokens.num_tokens() - first));
+  tokens.read(first, ids.size(), ids.data());
+  const std::string text = tok->decode(ids);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fflush(stdout);
   return 0;

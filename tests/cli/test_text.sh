@@ -9,6 +9,12 @@
 # usage: test_text.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
+# The npm references tests/run.sh installs (as tests/cli/test_tokenizers.sh reads them).
+npm_dir=${ZERO3D_NPM_DIR:-$(dirname "$(dirname "$z3d")")/npm}
+modules=$npm_dir/node_modules
+skip=""
+command -v node > /dev/null || skip="node is not installed"
+[[ -n $skip || -d $modules/@huggingface/tokenizers ]] || skip="no npm references in $npm_dir (tests/run.sh installs them)"
 train() {  # train NAME [--set ...]: gpt-tiny for 2 steps on 1 rank, a checkpoint at step 2
   local name=$1
   shift
@@ -53,33 +59,32 @@ echo "ok eval --text == eval --tokens"
 # 4. a tokenizer file is read only with its hash: the copy beside, else the source while unchanged
 "$z3d" ckpt export "$tmp/byte/checkpoints" --format hf --out "$tmp/hf-byte" > /dev/null 2>&1 || fail "export byte"
 cp "$tmp/hf-byte/tokenizer.json" "$tmp/tok.json"
-if "$z3d" data prepare "$tmp/a.txt" --tokenizer "$tmp/tok.json" --out "$tmp/b.bin" > /dev/null 2>&1; then
-  train file --set data.tokenizer="$tmp/tok.json"
-  copy=$(ls "$tmp/file/checkpoints"/tokenizer-*.json) || fail "no tokenizer copy beside the checkpoints"
-  cmp -s "$copy" "$tmp/tok.json" || fail "the copy beside the checkpoints differs from the tokenizer"
-  expect_exit 0 gen-copy 'bpe tokenizer recorded' "$z3d" generate "$tmp/file/checkpoints" --prompt "The " --max-tokens 4
-  # a resume keeps the ids' meaning: another tokenizer is refused, an unset key keeps the checkpoint's
-  expect_exit 2 resume-other "was trained with tokenizer bpe '$tmp/tok.json' .*data.tokenizer is byte" \
-    "$z3d" train input/gpt-tiny.json --run-dir "$tmp/file" --set data.val= --set train_steps=4 \
-    --set checkpoint.save_interval=2 --set checkpoint.load=auto
-  expect_exit 0 resume-unset 'resumed from' "$z3d" train input/gpt-tiny.json --run-dir "$tmp/file" --set data.val= \
-    --set train_steps=4 --set checkpoint.save_interval=2 --set checkpoint.load=auto --set data.tokenizer=
-  "$z3d" ckpt inspect "$tmp/file/checkpoints" | grep -qF '"kind":"bpe"' || fail "the resumed run's checkpoint lost the record"
-  rm "$copy"
-  expect_exit 0 gen-source 'bpe tokenizer recorded' "$z3d" generate "$tmp/file/checkpoints" --prompt "The " --max-tokens 4
-  echo ' ' >> "$tmp/tok.json"
-  expect_exit 2 gen-changed "was trained with tokenizer '$tmp/tok.json' .*neither" \
-    "$z3d" generate "$tmp/file/checkpoints" --prompt "The " --max-tokens 4
-else
-  echo "skip 4: this zero3d reads no tokenizer.json yet"
-fi
+"$z3d" data prepare "$tmp/a.txt" --tokenizer "$tmp/tok.json" --out "$tmp/b.bin" > /dev/null 2>&1 \
+  || fail "data prepare through the exported byte tokenizer.json"
+cmp -s <(tail -c +1025 "$tmp/a.bin") <(tail -c +1025 "$tmp/b.bin") || fail "the byte tokenizer.json does not give the bytes"
+train file --set data.tokenizer="$tmp/tok.json"
+copy=$(ls "$tmp/file/checkpoints"/tokenizer-*.json) || fail "no tokenizer copy beside the checkpoints"
+cmp -s "$copy" "$tmp/tok.json" || fail "the copy beside the checkpoints differs from the tokenizer"
+expect_exit 0 gen-copy 'bpe tokenizer recorded' "$z3d" generate "$tmp/file/checkpoints" --prompt "The " --max-tokens 4
+# a resume keeps the ids' meaning: another tokenizer is refused, an unset key keeps the checkpoint's
+expect_exit 2 resume-other "was trained with tokenizer bpe '$tmp/tok.json' .*data.tokenizer is byte" \
+  "$z3d" train input/gpt-tiny.json --run-dir "$tmp/file" --set data.val= --set train_steps=4 \
+  --set checkpoint.save_interval=2 --set checkpoint.load=auto
+expect_exit 0 resume-unset 'resumed from' "$z3d" train input/gpt-tiny.json --run-dir "$tmp/file" --set data.val= \
+  --set train_steps=4 --set checkpoint.save_interval=2 --set checkpoint.load=auto --set data.tokenizer=
+/usr/bin/python3 -c 'import h5py, json, sys; assert json.loads(h5py.File(sys.argv[1]).attrs["tokenizer"])["kind"] == "bpe"' \
+  "$tmp/file/checkpoints/step_00000004.h5" || fail "the resumed run's checkpoint lost the record"
+rm "$copy"
+expect_exit 0 gen-source 'bpe tokenizer recorded' "$z3d" generate "$tmp/file/checkpoints" --prompt "The " --max-tokens 4
+echo ' ' >> "$tmp/tok.json"
+expect_exit 2 gen-changed "was trained with tokenizer '$tmp/tok.json' .*neither" \
+  "$z3d" generate "$tmp/file/checkpoints" --prompt "The " --max-tokens 4
 
 # 5. the export's tokenizer files, read by an independent implementation
 for f in tokenizer.json tokenizer_config.json generation_config.json config.json model.safetensors; do
   [[ -s $tmp/hf-byte/$f ]] || fail "the HF export lacks $f"
 done
-refs=${ZERO3D_NPM_REFS:-build/npm/node_modules}
-if command -v node > /dev/null && [[ -d $refs/@huggingface/tokenizers ]]; then
+if [[ -z $skip ]]; then
   cat > "$tmp/hf.cjs" <<'JS'
 const fs = require("fs");
 const [refs, dir, text] = process.argv.slice(2);
@@ -91,10 +96,83 @@ const bytes = [...fs.readFileSync(text)];
 if (JSON.stringify(ids) !== JSON.stringify(bytes)) { console.log("ids differ from bytes"); process.exit(1); }
 if (t.decode(ids) !== fs.readFileSync(text, "utf8")) { console.log("decode differs"); process.exit(1); }
 JS
-  node "$tmp/hf.cjs" "$(cd "$refs" && pwd)" "$tmp/hf-byte" "$tmp/a.txt" \
+  node "$tmp/hf.cjs" "$modules" "$tmp/hf-byte" "$tmp/a.txt" \
     || fail "@huggingface/tokenizers does not read the exported byte tokenizer as bytes"
   echo "ok export read by @huggingface/tokenizers"
-else
-  echo "skip 5b: no node or no npm references in $refs (tests/run.sh installs them)"
 fi
-echo "PASS"
+
+# 6. real tokenizers end to end (the npm references' GPT-2 and Llama 3 vocabularies): text into
+#    shards, a run over them that resumes bitwise and on dp 2, generate and the export through them
+if [[ -z $skip ]]; then
+  node tests/cli/tokenizer_refs.cjs "$npm_dir" make "$tmp/ref" > /dev/null || fail "building the reference tokenizer.json files"
+  texts=(/usr/share/common-licenses/GPL-3 README.md input/README.md src/ckpt/README.md)
+  go() {  # go NAME NP CONFIG ARGS...: global batch 8, no validation, into $tmp/NAME
+    local name=$1 np=$2 config=$3; shift 3
+    timeout 120 $MPIRUN -np "$np" "$z3d" train "$config" --run-dir "$tmp/$name" --peak-flops 1e11 --set data.val= \
+      --set train_batch_size=8 --set gradient_accumulation_steps=1 --set train_micro_batch_size_per_gpu=$((8 / np)) \
+      --set model.seq_len=64 --set model.d_model=64 --set model.n_layer=2 "$@" > "$tmp/$name.log" 2>&1 ||
+      { echo "run $name failed:"; tail -20 "$tmp/$name.log"; exit 1; }
+  }
+  for spec in gpt2:input/gpt-tiny.json:50257 llama3:input/llama-tiny.json:128256; do
+    IFS=: read -r name config vocab <<< "$spec"
+    mkdir "$tmp/$name"
+    "$z3d" data prepare "${texts[@]}" --tokenizer "$tmp/ref/$name.json" --shard-tokens 4000 --out "$tmp/$name/train" \
+      > "$tmp/$name-prepare.log" 2>&1 || { cat "$tmp/$name-prepare.log"; fail "data prepare $name"; }
+    width=$(od -An -t d4 -j 0 -N 4 "$tmp/$name/train_000000.bin" | tr -d ' ')
+    echo "$name: $(ls "$tmp/$name" | wc -l) shards, magic $width"
+    args=(--set model.vocab_size="$vocab" --set data.tokenizer="$tmp/ref/$name.json"
+          --set data.train=\""$tmp/$name/train_*.bin"\")
+    go "$name-run" 1 "$config" "${args[@]}" --set train_steps=10 --set checkpoint.save_interval=5
+    ckpt="$tmp/$name-run/checkpoints/step_00000005.h5"
+    go "$name-resumed" 1 "$config" "${args[@]}" --set train_steps=10 --set checkpoint.load=\""$ckpt"\"
+    go "$name-dp2" 2 "$config" "${args[@]}" --set train_steps=10 --set checkpoint.load=\""$ckpt"\"
+    expect_exit 0 "$name-generate" "bpe tokenizer recorded in the checkpoint" \
+      "$z3d" generate "$tmp/$name-run/checkpoints" --prompt "The GNU General Public License" --max-tokens 12 --temperature 0
+    head -c 30 "$tmp/$name-generate.log" | grep -qF "The GNU General Public License" || fail "$name: generate's text"
+    head -1 "$tmp/$name-generate.log"
+    "$z3d" eval "$tmp/$name-run/checkpoints" --text "${texts[@]}" --micro-batch 2 2>/dev/null | head -1 > "$tmp/eval-text.json"
+    "$z3d" data prepare "${texts[@]}" --tokenizer "$tmp/ref/$name.json" --out "$tmp/$name/all.bin" > /dev/null 2>&1
+    "$z3d" eval "$tmp/$name-run/checkpoints" --tokens "$tmp/$name/all.bin" --micro-batch 2 2>/dev/null | head -1 \
+      > "$tmp/eval-tokens.json"
+    /usr/bin/python3 - "$tmp" "$name" <<'PY' || fail "$name: the runs over shards"
+import json, sys
+from z3dcheck import MEASURED, Checks, max_rel, train, without
+tmp, name = sys.argv[1:]
+check = Checks(name)
+a, b = (json.loads(open(f"{tmp}/eval-{k}.json").readline()) for k in ("tokens", "text"))
+check(a["loss"] == b["loss"] and a["tokens"] == b["tokens"], f"eval --text {b} differs from eval --tokens {a}")
+ref = {r["step"]: without(r, MEASURED) for r in train(f"{tmp}/{name}-run")}
+res = {r["step"]: without(r, MEASURED) for r in train(f"{tmp}/{name}-resumed")}
+check(sorted(res) == list(range(6, 11)), f"resumed steps {sorted(res)}")
+bad = [k for k in res if res[k] != ref.get(k)]
+check(not bad, f"steps {bad} differ after resume")
+dp2 = train(f"{tmp}/{name}-dp2")
+err = max_rel(dp2, [ref[r["step"]] for r in dp2])
+check(len(dp2) == 5 and err <= 1e-4, f"resumed on dp 2: {err:.2e} relative to dp 1")
+print(f"{name}: steps 6-10 resumed bitwise, on dp 2 within {err:.1e}; loss {ref[1]['loss']:.3f} -> {ref[10]['loss']:.3f}")
+check.exit()
+PY
+    # the export's tokenizer: @huggingface/tokenizers encodes a text as data prepare did
+    "$z3d" ckpt export "$tmp/$name-run/checkpoints" --format hf --out "$tmp/hf-$name" > /dev/null 2>&1 || fail "export $name"
+    "$z3d" data prepare README.md --tokenizer "$tmp/ref/$name.json" --out "$tmp/$name/readme.bin" > /dev/null 2>&1
+    cat > "$tmp/hf-ids.cjs" <<'JS'
+const fs = require("fs");
+const [modules, dir, text, bin] = process.argv.slice(2);
+const { Tokenizer } = require("module").createRequire(modules + "/")("@huggingface/tokenizers");
+const t = new Tokenizer(JSON.parse(fs.readFileSync(dir + "/tokenizer.json", "utf8")),
+                        JSON.parse(fs.readFileSync(dir + "/tokenizer_config.json", "utf8")));
+const ids = t.encode(fs.readFileSync(text, "utf8"), { add_special_tokens: false }).ids;
+const b = fs.readFileSync(bin), n = b.readInt32LE(8), u32 = b.readInt32LE(0) === 20240801;
+const ours = Array.from({ length: n }, (_, i) => (u32 ? b.readUInt32LE(1024 + 4 * i) : b.readUInt16LE(1024 + 2 * i)));
+const gen = JSON.parse(fs.readFileSync(dir + "/generation_config.json", "utf8"));
+const sep = gen.bos_token_id;
+if (ours[0] !== sep || JSON.stringify(ours.slice(1)) !== JSON.stringify(ids)) { console.log("ids differ"); process.exit(1); }
+const tc = JSON.parse(fs.readFileSync(dir + "/tokenizer_config.json", "utf8"));
+if (t.decode([gen.eos_token_id]) !== tc.eos_token) { console.log("eos spelled otherwise"); process.exit(1); }
+JS
+    node "$tmp/hf-ids.cjs" "$modules" "$tmp/hf-$name" README.md "$tmp/$name/readme.bin" \
+      || fail "$name: the export's tokenizer files do not encode as data prepare does"
+    echo "ok $name export read by @huggingface/tokenizers"
+  done
+fi
+echo "PASS${skip:+ (skipped: $skip)}"
