@@ -69,19 +69,11 @@ done
 
 $py - "$tmp" <<'PY'
 import sys
-from z3dcheck import MEASURED, Checks, max_rel, train, without
+from z3dcheck import Checks, check_resumes
 tmp = sys.argv[1]
 check = Checks("shards")
 for s in ("u16", "u32"):
-    ref = {r["step"]: without(r, MEASURED) for r in train(f"{tmp}/{s}")}
-    res = {r["step"]: without(r, MEASURED) for r in train(f"{tmp}/{s}_resumed")}
-    check(sorted(ref) == list(range(1, 13)) and sorted(res) == list(range(8, 13)), f"{s}: steps {sorted(res)}")
-    bad = [k for k in res if res[k] != ref.get(k)]
-    check(not bad, f"{s}: steps {bad} differ after resume: {[(ref.get(k), res[k]) for k in bad[:1]]}")
-    dp2 = train(f"{tmp}/{s}_dp2")
-    err = max_rel(dp2, [ref[r["step"]] for r in dp2])
-    check(len(dp2) == 5 and err <= 1e-4, f"{s}: resumed on dp 2, loss {err:.2e} relative to dp 1")
-    print(f"{s}: steps 8-12 resumed bitwise; on dp 2 within {err:.1e}; loss {ref[1]['loss']:.3f} -> {ref[12]['loss']:.3f}")
+    check_resumes(check, s, f"{tmp}/{s}", f"{tmp}/{s}_resumed", f"{tmp}/{s}_dp2", 5)
 check.exit()
 PY
 

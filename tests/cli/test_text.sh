@@ -136,20 +136,12 @@ if [[ -z $skip ]]; then
       > "$tmp/eval-tokens.json"
     /usr/bin/python3 - "$tmp" "$name" <<'PY' || fail "$name: the runs over shards"
 import json, sys
-from z3dcheck import MEASURED, Checks, max_rel, train, without
+from z3dcheck import Checks, check_resumes
 tmp, name = sys.argv[1:]
 check = Checks(name)
 a, b = (json.loads(open(f"{tmp}/eval-{k}.json").readline()) for k in ("tokens", "text"))
 check(a["loss"] == b["loss"] and a["tokens"] == b["tokens"], f"eval --text {b} differs from eval --tokens {a}")
-ref = {r["step"]: without(r, MEASURED) for r in train(f"{tmp}/{name}-run")}
-res = {r["step"]: without(r, MEASURED) for r in train(f"{tmp}/{name}-resumed")}
-check(sorted(res) == list(range(6, 11)), f"resumed steps {sorted(res)}")
-bad = [k for k in res if res[k] != ref.get(k)]
-check(not bad, f"steps {bad} differ after resume")
-dp2 = train(f"{tmp}/{name}-dp2")
-err = max_rel(dp2, [ref[r["step"]] for r in dp2])
-check(len(dp2) == 5 and err <= 1e-4, f"resumed on dp 2: {err:.2e} relative to dp 1")
-print(f"{name}: steps 6-10 resumed bitwise, on dp 2 within {err:.1e}; loss {ref[1]['loss']:.3f} -> {ref[10]['loss']:.3f}")
+check_resumes(check, name, f"{tmp}/{name}-run", f"{tmp}/{name}-resumed", f"{tmp}/{name}-dp2", 5)
 check.exit()
 PY
     # the export's tokenizer: @huggingface/tokenizers encodes a text as data prepare did

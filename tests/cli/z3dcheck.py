@@ -126,3 +126,21 @@ def read_safetensors(path):
     tensors = json.loads(raw[8:8 + n])
     metadata = tensors.pop("__metadata__", {})
     return Safetensors(n, tensors, metadata, raw[8 + n:])
+
+
+def check_resumes(check, name, uninterrupted, resumed, other_layout, steps, tol=1e-4):
+    """A run resumed from a checkpoint of `uninterrupted` (run dirs): its steps (the last `steps`
+    of the run) bitwise equal to the uninterrupted run's; `other_layout`, resumed from the same
+    checkpoint on another layout, within `tol` relative. Prints one line; returns nothing."""
+    ref = {r["step"]: without(r, MEASURED) for r in train(uninterrupted)}
+    res = {r["step"]: without(r, MEASURED) for r in train(resumed)}
+    last = max(ref)
+    want = list(range(last - steps + 1, last + 1))
+    check(sorted(ref) == list(range(1, last + 1)) and sorted(res) == want, f"{name}: steps {sorted(res)}, not {want}")
+    bad = [k for k in res if res[k] != ref.get(k)]
+    check(not bad, f"{name}: steps {bad} differ after resume: {[(ref.get(k), res[k]) for k in bad[:1]]}")
+    other = train(other_layout)
+    err = max_rel(other, [ref[r["step"]] for r in other])
+    check(len(other) == steps and err <= tol, f"{name}: resumed on another layout, loss {err:.2e} relative")
+    print(f"{name}: steps {want[0]}-{last} resumed bitwise; on another layout within {err:.1e}; "
+          f"loss {ref[1]['loss']:.3f} -> {ref[last]['loss']:.3f}")
