@@ -33,9 +33,10 @@ std::unique_ptr<Tokenizer> load_checked(const std::string& spec, int model_vocab
 
 }  // namespace
 
-std::string tokenizer_record(const std::string& spec, int model_vocab) {
-  if (spec.empty()) return "";
-  const std::unique_ptr<Tokenizer> t = load_checked(spec, model_vocab, "data.tokenizer");
+std::string tokenizer_record(const std::string& given, int model_vocab) {
+  if (given.empty()) return "";
+  const std::unique_ptr<Tokenizer> t = load_checked(given, model_vocab, "data.tokenizer");
+  const std::string spec = tokenizer_file(given);
   nlohmann::ordered_json r{{"kind", t->kind()}};
   if (spec != "byte") {
     const std::string bytes = read_text_file(spec, "data.tokenizer");
@@ -97,7 +98,7 @@ CheckpointTokenizer checkpoint_tokenizer(const std::string& ckpt_file, const std
   if (!given.empty()) {
     c.tokenizer = load_checked(given, model_vocab, "--tokenizer");
     c.kind = c.tokenizer->kind();
-    c.file = given == "byte" ? "" : given;
+    c.file = given == "byte" ? "" : tokenizer_file(given);
     c.origin = "--tokenizer";
     return c;
   }

@@ -395,7 +395,7 @@ std::vector<Key> build() {
           .range(1, kIntMax),
       field("data.tokenizer", at(&Config::data, &DC::tokenizer),
             "the tokenizer that made the token files: \"byte\", a Hugging Face tokenizer.json or a SentencePiece "
-            "tokenizer.model; recorded in every checkpoint (the file copied beside it) for generate, eval and "
+            "tokenizer.model (or a directory holding one); recorded in every checkpoint (the file copied beside it) for generate, eval and "
             "export; \"\" = unknown (generate then takes only --prompt-ids)"),
       field("run.max_minutes", at(&Config::max_minutes),
             "wall-time budget from start: checkpoint and exit 6 at the last step boundary where another step and "

@@ -114,14 +114,21 @@ PieceCache& PieceCache::for_thread(uint64_t owner) {
   return cache;
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
-  if (spec == "byte") return std::make_unique<ByteTokenizer>();
+std::string tokenizer_file(const std::string& spec) {
+  struct stat st {};
+  if (spec == "byte" || ::stat(spec.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return spec;
+  for (const char* name : {"/tokenizer.json", "/tokenizer.model"})
+    if (::stat((spec + name).c_str(), &st) == 0 && S_ISREG(st.st_mode)) return spec + name;
+  throw UserError(strprintf("tokenizer '%s' is a directory without a tokenizer.json or tokenizer.model", spec.c_str()));
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& given) {
+  if (given == "byte") return std::make_unique<ByteTokenizer>();
+  const std::string spec = tokenizer_file(given);
   struct stat st {};
   if (::stat(spec.c_str(), &st) != 0)
     throw UserError(strprintf("tokenizer '%s': %s (give a tokenizer.json, a SentencePiece tokenizer.model, or \"byte\")",
                               spec.c_str(), strerror(errno)));
-  if (S_ISDIR(st.st_mode))
-    throw UserError(strprintf("tokenizer '%s' is a directory: give its tokenizer.json or tokenizer.model", spec.c_str()));
   std::ifstream f(spec, std::ios::binary);
   std::stringstream buf;
   buf << f.rdbuf();

@@ -39,9 +39,14 @@ class Tokenizer {
 };
 
 // The tokenizer `spec` names: "byte", or a file (a Hugging Face tokenizer.json, recognised by its
-// JSON content; a SentencePiece model, by its protobuf content). Throws UserError naming the file
+// JSON content; a SentencePiece model, by its protobuf content), or a directory holding one
+// (tokenizer_file below). Throws UserError naming the file
 // and what is wrong (missing, unreadable, another tokenizer type such as WordPiece, a model type
 // or pre-tokenizer it does not implement: refused by name, never approximated).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
+
+// The file `spec` names: spec itself, or in a directory (a model as the hub ships it) its
+// tokenizer.json, else its tokenizer.model; "byte" as is. UserError for a directory with neither.
+std::string tokenizer_file(const std::string& spec);
 
 }  // namespace zero3d
