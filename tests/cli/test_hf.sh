@@ -29,7 +29,9 @@ with open(sys.argv[1], "wb") as f:
 PY
 step1() {  # step1 CONFIG NAME TP PP [--set ...]: one step, its checkpoint
   local config=$1 name=$2 tp=$3 pp=$4; shift 4
-  timeout 120 $MPIRUN -np $((tp * pp)) "$z3d" train "$config" --run-dir "$tmp/$name" --set data.train="$tmp/one.bin" \
+  local launch=($MPIRUN -np $((tp * pp)))
+  ((tp * pp > 1)) || launch=()  # one rank: no launcher to start and tear down
+  timeout 120 "${launch[@]}" "$z3d" train "$config" --run-dir "$tmp/$name" --set data.train="$tmp/one.bin" \
     --set data.val="" --set train_steps=1 --set checkpoint.save_interval=1 --set gradient_clipping=0 \
     --set optimizer.params.betas=[0.0,0.95] --set train_batch_size=1 --set train_micro_batch_size_per_gpu=1 \
     --set tensor_parallel.tp_size=$tp --set pipeline_parallel.pp_size=$pp --set comm_timeout_s=60 "$@" \
