@@ -26,8 +26,8 @@ const char* kCkptUsage =
     "           --format hf: --out names a directory; config.json and model.safetensors as Hugging Face\n"
     "           transformers loads them (GPT2LMHeadModel or LlamaForCausalLM), with the run's tokenizer\n"
     "           (tokenizer.json or tokenizer.model, tokenizer_config.json, generation_config.json; --tokenizer\n"
-    "           names it for a checkpoint that records none) for AutoTokenizer and pipeline(). It appears whole or not at\n"
-    "           all: an earlier export there is replaced only when the new one is complete; a directory\n"
+    "           names it for a checkpoint that records none) for AutoTokenizer and pipeline(). It appears\n"
+    "           whole or not at all: an earlier export there is replaced only when the new one is complete; a directory\n"
     "           holding other files is refused. No output replaces what is not a regular file.\n"
     "  Runs on rank 0 alone; one process is enough.\n";
 
