@@ -30,15 +30,6 @@ const char* kEvalUsage =
     "  --text FILE...   text files instead, each one document, tokenized as data prepare does with the run's\n"
     "                   tokenizer (recorded in the checkpoint; --tokenizer names another)\n";
 
-// The text files' tokens as data prepare writes them: each document after the separator.
-std::vector<int32_t> text_tokens(const std::vector<std::string>& files, const Tokenizer& t) {
-  std::vector<int32_t> out;
-  for (const std::string& f : files) {
-    if (t.document_separator() >= 0) out.push_back(t.document_separator());
-    t.encode(read_text_file(f, "text file"), out);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -77,7 +68,7 @@ int cmd_eval(const Args& a) {
     sequences = data->num_sequences();
   } else {
     const CheckpointTokenizer tok = checkpoint_tokenizer(cm.file, cm.tokenizer, m.vocab_size, tokenizer_spec);
-    text = text_tokens(texts, *tok.tokenizer);
+    for (const std::string& f : texts) tok.tokenizer->encode_document(read_text_file(f, "text file"), text);
     sequences = text.empty() ? 0 : (text.size() - 1) / T;
     source = texts.size() == 1 ? texts[0] : strprintf("%zu text files", texts.size());
   }

@@ -82,10 +82,8 @@ int cmd_generate(const Args& a) {
     for (const std::string& item : split_commas(ids_text))
       tokens.push_back(static_cast<int32_t>(parse_whole(item, "each of --prompt-ids", 0, cm.model.vocab_size - 1)));
   } else {
-    if (const int sep = tok->tokenizer->document_separator(); sep >= 0) tokens.push_back(sep);
-    const size_t before = tokens.size();
-    tok->tokenizer->encode(prompt, tokens);
-    if (tokens.size() == before) throw UserError("the prompt is empty");
+    tok->tokenizer->encode_document(prompt, tokens);
+    if (tokens.size() == (tok->tokenizer->document_separator() >= 0 ? 1u : 0u)) throw UserError("the prompt is empty");
   }
   if (tokens.empty()) throw UserError("the prompt is empty");
   if (static_cast<int>(tokens.size()) > cm.model.seq_len)

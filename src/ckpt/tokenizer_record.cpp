@@ -16,11 +16,19 @@ namespace {
 
 std::string hex64(uint64_t h) { return strprintf("%016llx", static_cast<unsigned long long>(h)); }
 
-// The tokenizer in `spec`, checked against the model's vocabulary; `where` starts the error.
-std::unique_ptr<Tokenizer> load_checked(const std::string& spec, int model_vocab, const std::string& where) {
+// The tokenizer in `spec`, checked against the model's vocabulary; `where` starts the error. With
+// `bytes`, read once: an empty one gets the file's bytes, a full one is loaded as it is (either way
+// what a caller hashes is what is loaded).
+std::unique_ptr<Tokenizer> load_checked(const std::string& spec, int model_vocab, const std::string& where,
+                                        std::string* bytes = nullptr) {
   std::unique_ptr<Tokenizer> t;
   try {
-    t = load_tokenizer(spec);
+    if (!bytes || spec == "byte") {
+      t = load_tokenizer(spec);
+    } else {
+      if (bytes->empty()) *bytes = read_tokenizer_file(spec);
+      t = load_tokenizer_bytes(spec, *bytes);
+    }
   } catch (const UserError& e) {
     throw UserError(where + ": " + e.what());
   }
@@ -35,11 +43,15 @@ std::unique_ptr<Tokenizer> load_checked(const std::string& spec, int model_vocab
 
 std::string tokenizer_record(const std::string& given, int model_vocab) {
   if (given.empty()) return "";
-  const std::unique_ptr<Tokenizer> t = load_checked(given, model_vocab, "data.tokenizer");
-  const std::string spec = tokenizer_file(given);
+  std::string spec = given, bytes;
+  try {
+    spec = tokenizer_file(given);
+  } catch (const UserError& e) {
+    throw UserError(std::string("data.tokenizer: ") + e.what());
+  }
+  const std::unique_ptr<Tokenizer> t = load_checked(spec, model_vocab, "data.tokenizer", &bytes);
   nlohmann::ordered_json r{{"kind", t->kind()}};
   if (spec != "byte") {
-    const std::string bytes = read_text_file(spec, "data.tokenizer");
     const std::string hash = hex64(fnv1a(bytes.data(), bytes.size()));
     std::error_code ec;
     const fs::path abs = fs::absolute(spec, ec);
@@ -126,9 +138,9 @@ CheckpointTokenizer checkpoint_tokenizer(const std::string& ckpt_file, const std
   std::error_code ec;
   for (const std::string& candidate : {beside, source}) {
     if (name.empty() || candidate.empty() || !fs::is_regular_file(candidate, ec)) continue;
-    const std::string bytes = read_text_file(candidate, "the checkpoint's tokenizer");
+    std::string bytes = read_text_file(candidate, "the checkpoint's tokenizer");
     if (hex64(fnv1a(bytes.data(), bytes.size())) != hash) continue;
-    c.tokenizer = load_checked(candidate, model_vocab, "checkpoint '" + ckpt_file + "'");
+    c.tokenizer = load_checked(candidate, model_vocab, "checkpoint '" + ckpt_file + "'", &bytes);
     c.kind = c.tokenizer->kind();
     c.file = candidate;
     return c;

@@ -223,7 +223,6 @@ void encode_parallel(const Tokenizer& tok, const PrepareOptions& opt, int thread
   std::condition_variable cv;
   size_t next = 0, written = 0;
   bool stop = false;
-  const int32_t sep = tok.document_separator();
 
   auto work = [&] {
     for (;;) {
@@ -237,8 +236,7 @@ void encode_parallel(const Tokenizer& tok, const PrepareOptions& opt, int thread
       Slot local;
       try {
         const std::string text = read_document(opt.texts[i], tok.kind());
-        if (sep >= 0) local.ids.push_back(sep);
-        tok.encode(text, local.ids);
+        tok.encode_document(text, local.ids);
         local.bytes = text.size();
       } catch (...) {
         local.error = std::current_exception();

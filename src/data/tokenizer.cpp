@@ -122,9 +122,7 @@ std::string tokenizer_file(const std::string& spec) {
   throw UserError(strprintf("tokenizer '%s' is a directory without a tokenizer.json or tokenizer.model", spec.c_str()));
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& given) {
-  if (given == "byte") return std::make_unique<ByteTokenizer>();
-  const std::string spec = tokenizer_file(given);
+std::string read_tokenizer_file(const std::string& spec) {
   struct stat st {};
   if (::stat(spec.c_str(), &st) != 0)
     throw UserError(strprintf("tokenizer '%s': %s (give a tokenizer.json, a SentencePiece tokenizer.model, or \"byte\")",
@@ -133,7 +131,16 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& given) {
   std::stringstream buf;
   buf << f.rdbuf();
   if (!f) throw UserError(strprintf("tokenizer '%s': cannot read it: %s", spec.c_str(), strerror(errno)));
-  const std::string bytes = buf.str();
+  return buf.str();
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& given) {
+  if (given == "byte") return std::make_unique<ByteTokenizer>();
+  const std::string spec = tokenizer_file(given);
+  return load_tokenizer_bytes(spec, read_tokenizer_file(spec));
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer_bytes(const std::string& spec, const std::string& bytes) {
   const size_t first = bytes.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && bytes[first] == '{') return load_hf_tokenizer(spec, bytes);
   // A SentencePiece ModelProto starts with field 1 (pieces, length-delimited): tag byte 0x0A.

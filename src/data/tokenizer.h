@@ -36,6 +36,12 @@ class Tokenizer {
   // The token data prepare writes before every document, as llm.c's scripts do: bos where the
   // tokenizer has one, else eos; -1 for "byte" (documents are concatenated).
   int document_separator() const { return bos_id() >= 0 ? bos_id() : eos_id(); }
+  // One document as the training data holds it: the separator (where there is one), then its ids.
+  // data prepare writes documents so; eval --text and generate's prompt read text so.
+  void encode_document(std::string_view text, std::vector<int32_t>& out) const {
+    if (const int sep = document_separator(); sep >= 0) out.push_back(sep);
+    encode(text, out);
+  }
 };
 
 // The tokenizer `spec` names: "byte", or a file (a Hugging Face tokenizer.json, recognised by its
@@ -44,6 +50,10 @@ class Tokenizer {
 // and what is wrong (missing, unreadable, another tokenizer type such as WordPiece, a model type
 // or pre-tokenizer it does not implement: refused by name, never approximated).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
+// The two halves of loading a file, for a caller that hashes what it loads: the bytes of the file
+// (UserError naming it: missing, unreadable), and the tokenizer in them (`path` names it in errors).
+std::string read_tokenizer_file(const std::string& path);
+std::unique_ptr<Tokenizer> load_tokenizer_bytes(const std::string& path, const std::string& bytes);
 
 // The file `spec` names: spec itself, or in a directory (a model as the hub ships it) its
 // tokenizer.json, else its tokenizer.model; "byte" as is. UserError for a directory with neither.
