@@ -1,8 +1,8 @@
 // kernels/cuda_module.cpp: make_cuda_backend, cuda_device_count and cuda_module_report (--version),
 // from the CUDA backend module (libzero3d_cuda.so, next to the binary in ../lib), loaded with dlopen
-// on first use and only where an NVIDIA driver is (libcuda.so.1 loads). A CPU node never maps the CUDA libraries: they
-// cost each process 0.65 s of CPU at start-up (measured: `zero3d --version` 0.29 s of CPU without
-// them, 0.93 s with). The module takes zero3d's own symbols (strprintf, fatal) from the
+// on first use and only where an NVIDIA driver is (libcuda.so.1 loads). A CPU node never maps the
+// CUDA libraries: they cost each process 0.65 s of CPU at start-up (measured: `zero3d --version`
+// 0.29 s of CPU without them, 0.93 s with). The module takes zero3d's own symbols (strprintf, fatal) from the
 // executable that loads it, which exports them (CMake: -rdynamic).
 #include <dlfcn.h>
 #include <limits.h>

@@ -14,7 +14,7 @@
 #include "core/check.h"
 #include "kernels/host/gemm.h"
 
-// The build's facts, from the file CMakeLists.txt writes at build time (target zero3d_commit).
+// The build's facts, from the file CMakeLists.txt writes at build time (target zero3d_build_facts).
 namespace zero3d::build {
 extern const char* const commit;        // "54503e4ab12c", "-dirty" appended, or "unknown"
 extern const char* const commit_date;   // "2026-12-07", or ""

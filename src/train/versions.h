@@ -1,6 +1,6 @@
 // train/versions.h: what this zero3d is and what it runs on, for `zero3d --version` (-V) and the
 // run record's "versions" (train/records.cpp). One Versions, two renderings, so they never disagree:
-// the version, the commit (asked of git at build time, CMakeLists.txt's zero3d_commit), the
+// the version, the commit (asked of git at build time, CMakeLists.txt's zero3d_build_facts), the
 // compiler and build type; the backends; and each library as built with and as loaded.
 //
 // Every "loaded" is asked of the library this process runs, not of its headers: the MPI, HDF5,

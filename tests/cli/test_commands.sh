@@ -283,6 +283,16 @@ if top=$(git rev-parse --show-toplevel 2>/dev/null) && [[ $(cd "$top" && pwd -P)
   grep -q "^zero3d [0-9.]* (commit $head" "$tmp/version.log" ||
     fail "--version names another commit than HEAD $head: $(head -1 "$tmp/version.log") (built before the last commit?)"
 fi
+# Sources that are not a git checkout of their own (here: unpacked inside another repository) are
+# built as ZERO3D_COMMIT says, else as commit "unknown": the build-time script on such a tree.
+facts=$(dirname "$z3d")/../generated/build_facts.cmake
+mkdir -p "$tmp/unpacked/zero3d" && git -C "$tmp/unpacked" init -q
+for fallback in "" 0123456789ab; do
+  cmake -DSRC="$tmp/unpacked/zero3d" -DOUT="$tmp/facts.cpp" -DFALLBACK=$fallback -P "$facts" &&
+    grep -q "commit = \"${fallback:-unknown}\";" "$tmp/facts.cpp" ||
+    fail "the build facts of sources outside git (ZERO3D_COMMIT '$fallback'): $(grep "commit =" "$tmp/facts.cpp")"
+done
+echo "ok version-outside-git"
 for lib in MPI HDF5 oneDNN CBLAS PCRE2; do
   grep -qE "^$lib: built .+, loaded .+ from /" "$tmp/version.log" || fail "--version has no '$lib: built ..., loaded ... from FILE'"
 done
