@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/mem.h"
 #include "kernels/math/adamw.h"
@@ -231,10 +232,24 @@ struct MemoryTally {
 // zero3d plan's: allocations of `kind` memory counted into `tally`, never backed by memory; copies
 // and zeroing do nothing; running a kernel is a bug (kernels/host/walled_backend.cpp).
 std::unique_ptr<Backend> make_sizing_backend(MemKind kind, std::shared_ptr<MemoryTally> tally);
+// A library as `zero3d --version` and the run record name it (src/train/versions.h): the version
+// zero3d was built with ("" where only the loaded one is known) and the one this process loaded,
+// with the file it came from; or, where it is not loaded, why not.
+struct LibraryVersion {
+  std::string name, built, loaded, from, why_not;
+};
 #if defined(ZERO3D_HAVE_CUDA)
 // bf16_gemm: GEMMs on the bf16 tensor cores with fp32 accumulation (fp32 in and out).
 std::unique_ptr<Backend> make_cuda_backend(int device, bool bf16_gemm = false);
 int cuda_device_count();  // 0 when no driver or no device
+// The CUDA module for `zero3d --version`: loaded as --backend auto would (only where an NVIDIA
+// driver is), its file and the libraries it runs on (CUDA runtime and driver, cuBLAS, cuDNN, NCCL);
+// where it does not load, no libraries and why (no driver, ...).
+struct CudaModuleReport {
+  std::string file, why_not;
+  std::vector<LibraryVersion> libraries;
+};
+CudaModuleReport cuda_module_report();
 #endif
 // The backend a command line names (--backend): "host", "cuda", or "auto" (CUDA where it is built
 // and a GPU is visible, else the host); local_rank, among the ranks of this node, picks the GPU

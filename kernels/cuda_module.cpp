@@ -1,15 +1,17 @@
-// kernels/cuda_module.cpp: make_cuda_backend and cuda_device_count, from the CUDA backend module
-// (libzero3d_cuda.so, next to the binary in ../lib), loaded with dlopen on first use and only
-// where an NVIDIA driver is (libcuda.so.1 loads). A CPU node never maps the CUDA libraries: they
-// cost each process 0.65 s of CPU at start-up (measured: `zero3d --version` 0.29 s of CPU without
-// them, 0.93 s with). The module takes zero3d's own symbols (strprintf, fatal) from the
+// kernels/cuda_module.cpp: make_cuda_backend, cuda_device_count and cuda_module_report (--version),
+// from the CUDA backend module (libzero3d_cuda.so, next to the binary in ../lib), loaded with dlopen
+// on first use and only where an NVIDIA driver is (libcuda.so.1 loads). A CPU node never maps the
+// CUDA libraries: they cost each process 0.65 s of CPU at start-up (measured: `zero3d --version`
+// 0.29 s of CPU without them, 0.93 s with). The module takes zero3d's own symbols (strprintf, fatal) from the
 // executable that loads it, which exports them (CMake: -rdynamic).
 #include <dlfcn.h>
 #include <limits.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/backend.h"
@@ -21,7 +23,9 @@ namespace {
 struct CudaModule {
   int (*device_count)() = nullptr;
   Backend* (*make)(int, int) = nullptr;
-  std::string why;  // why there is none: no driver, or the module did not load
+  const char* (*versions)() = nullptr;  // "name\tbuilt\tloaded\tfrom\twhy_not\n" per library
+  std::string path;  // the file loaded
+  std::string why;   // why there is none: no driver, or the module did not load
 };
 
 // ZERO3D_CUDA_MODULE, else ../lib/libzero3d_cuda.so next to this executable, else the loader's path.
@@ -51,9 +55,15 @@ const CudaModule& module() {
       out.why = strprintf("the CUDA backend module '%s' does not load: %s", path.c_str(), dlerror());
       return out;
     }
+    out.path = path;
     out.device_count = reinterpret_cast<int (*)()>(dlsym(h, "zero3d_cuda_device_count"));
     out.make = reinterpret_cast<Backend* (*)(int, int)>(dlsym(h, "zero3d_make_cuda_backend"));
-    if (!out.device_count || !out.make) out.why = strprintf("'%s' is not a zero3d CUDA module", path.c_str());
+    out.versions = reinterpret_cast<const char* (*)()>(dlsym(h, "zero3d_cuda_versions"));
+    if (!out.device_count || !out.make || !out.versions) {
+      out.device_count = nullptr;
+      out.make = nullptr;
+      out.why = strprintf("'%s' is not a zero3d CUDA module of this version", path.c_str());
+    }
     return out;
   }();
   return m;
@@ -64,6 +74,27 @@ const CudaModule& module() {
 int cuda_device_count() {
   const CudaModule& m = module();
   return m.device_count ? m.device_count() : 0;
+}
+
+CudaModuleReport cuda_module_report() {
+  const CudaModule& m = module();
+  CudaModuleReport r;
+  if (!m.make) return (r.why_not = m.why), r;
+  char real[PATH_MAX];
+  r.file = realpath(m.path.c_str(), real) ? real : m.path;  // not bin/../lib/...
+  // One line per library, five tab-separated fields (kernels/cuda/versions.cpp): plain C across dlopen.
+  const std::string text = m.versions();
+  for (size_t start = 0, end; start < text.size(); start = end + 1) {
+    end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::vector<std::string> f;
+    for (size_t a = start, b; a <= end; a = b + 1) {
+      b = std::min(text.find('\t', a), end);
+      f.push_back(text.substr(a, b - a));
+    }
+    if (f.size() == 5) r.libraries.push_back({f[0], f[1], f[2], f[3], f[4]});
+  }
+  return r;
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device, bool bf16_gemm) {

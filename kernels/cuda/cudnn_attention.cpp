@@ -420,6 +420,15 @@ std::unique_ptr<CudnnAttention> CudnnAttention::load(std::string& why) {
   return c;
 }
 
+std::string cudnn_loaded_version(std::string& from, std::string& why) {
+  const Api* a = cudnn_api(why);
+  if (!a) return "";
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(a->GetVersion), &info) && info.dli_fname) from = info.dli_fname;
+  const size_t v = a->GetVersion();
+  return strprintf("%zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
+}
+
 std::string CudnnAttention::describe() const {
   return strprintf("cuDNN %zu.%zu.%zu fused flash attention (bf16, deterministic backward)", version_ / 10000,
                    version_ / 100 % 100, version_ % 100);

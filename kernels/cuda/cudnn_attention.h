@@ -78,4 +78,9 @@ class CudnnAttention {
   size_t workspace_bytes_ = 0;
 };
 
+// The cuDNN this process runs (loaded here where it is not yet), for `zero3d --version` and the run
+// record: its version ("9.19.0") and the file it came from; "" and why where it does not load or
+// is older than 9.19.
+std::string cudnn_loaded_version(std::string& from, std::string& why);
+
 }  // namespace zero3d

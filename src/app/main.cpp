@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "kernels/host/cpu_kernels.h"
 #include "parallel/job.h"
+#include "train/versions.h"
 #include "core/stop_signal.h"
 
 using namespace zero3d;
@@ -28,7 +29,8 @@ static std::string usage_main() {
          "  generate CKPT --prompt TEXT  continue a prompt with a checkpoint's model\n"
          "  eval CKPT --tokens FILE  the loss and perplexity of a checkpoint's model on a token file\n"
          "  plan CONFIG --ranks N   which layouts fit: every layout's memory per rank, before the job\n"
-         "  --version               print the version and the backends built in\n";
+         "  --version, -V           print the version, commit and compiler, the backends, and each library\n"
+         "                          as built with and as loaded here\n";
 }
 
 static int dispatch(const Args& args) {
@@ -42,14 +44,8 @@ static int dispatch(const Args& args) {
     log_info("%s", usage_main().c_str());
     return 0;
   }
-  if (cmd == "--version") {
-    log_info("zero3d %s (backends: host%s)", ZERO3D_VERSION,
-#if defined(ZERO3D_HAVE_CUDA)
-             ", cuda"
-#else
-             ""
-#endif
-    );
+  if (cmd == "--version" || cmd == "-V") {  // what this zero3d is and runs on (train/versions.h)
+    for (const std::string& line : versions().lines()) log_info("%s", line.c_str());
     return 0;
   }
   if (cmd == "train") return cmd_train(rest);

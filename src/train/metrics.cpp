@@ -47,6 +47,7 @@ MetricsRecord& MetricsRecord::add(const char* k, double v) { key(k); body_ += fo
 MetricsRecord& MetricsRecord::add(const char* k, int64_t v) { key(k); body_ += std::to_string(v); return *this; }
 MetricsRecord& MetricsRecord::add(const char* k, bool v) { key(k); body_ += v ? "true" : "false"; return *this; }
 MetricsRecord& MetricsRecord::add(const char* k, const std::string& v) { key(k); body_ += json_escape(v); return *this; }
+MetricsRecord& MetricsRecord::add_object(const char* k, const nlohmann::ordered_json& v) { key(k); body_ += v.dump(); return *this; }
 
 MetricsLog::MetricsLog(const std::string& path) : path_(path) {
   f_ = fopen(path.c_str(), "a");

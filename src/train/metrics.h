@@ -21,6 +21,7 @@ class MetricsRecord {
   MetricsRecord& add(const char* key, bool v);
   MetricsRecord& add(const char* key, const std::string& v);
   MetricsRecord& add(const char* key, const char* v) { return add(key, std::string(v)); }
+  MetricsRecord& add_object(const char* key, const nlohmann::ordered_json& v);  // a nested object, as it is
   std::string line() const { return body_ + "}"; }
 
  private:

@@ -14,6 +14,7 @@
 #include "bench/rates.h"
 #include "model/gpt.h"
 #include "train/flops_profiler.h"
+#include "train/versions.h"
 
 namespace zero3d {
 
@@ -126,7 +127,8 @@ void RunRecords::start(const ZeroEngine& engine, const RunFacts& f) {
                         .add("mem_swapped_bytes", static_cast<int64_t>(mem_.swapped))
                         .add("mem_host_bytes", static_cast<int64_t>(mem_.host))
                         .add("offload_optimizer", offload_text(c.zero.offload_optimizer, be_))
-                        .add("offload_param", c.zero.stage == 3 ? offload_text(c.zero.offload_param, be_) : "none"));
+                        .add("offload_param", c.zero.stage == 3 ? offload_text(c.zero.offload_param, be_) : "none")
+                        .add_object("versions", versions().json()));
   log_info("zero3d: %zu parameters per rank, %s, %d ranks (dp %d x tp %d x pp %d, ZeRO stage %d, %s%s), global batch "
            "%lld x %d tokens, %d steps, run dir %s",
            engine.layout().num_params, be_.describe().c_str(), g.topo.world, g.topo.dp, g.topo.tp, g.topo.pp,

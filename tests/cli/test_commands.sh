@@ -16,6 +16,8 @@
 #   cannot read is exit 10; a `latest` naming a missing file is said once, not blamed on pruning;
 # - random short writes still commit every checkpoint; a divergence stop leaves `latest` on a state
 #   that resumes; a load-only run never saves into a checkpoint dir another run holds.
+# And what it runs on (issue #54): --version and -V name the commit, the compiler and every library
+# loaded, as the run record does; train.sbatch takes srun's PMI flag from ZERO3D_SRUN_MPI.
 # usage: test_commands.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
@@ -271,5 +273,92 @@ expect_exit 0 inspect-div0 "total: [0-9]+ datasets" "$z3d" ckpt inspect "$tmp/di
 expect_exit 2 load-div0 "make_vocab_size_divisible_by = 0" \
   "$z3d" train input/gpt-tiny.json --run-dir "$tmp/div0_run" --set data.val= --set train_steps=3 \
   --set checkpoint.load="\"$tmp/div0.h5\""
+
+# What it runs on (issue #54). --version and -V print the same lines: the version with the commit
+# (HEAD's, in a git checkout: asked at build time), the compiler and build type; the backends; and
+# each library as built with and as loaded, with the file it came from. The run record of the run
+# above ($tmp/gpt) carries the same entries: rendered as --version renders them, it is the same text.
+expect_exit 0 version "^zero3d [0-9.]+ \(commit ([0-9a-f]{7,}(-dirty)?|unknown)( of [0-9-]{10})?; [A-Za-z]+ [0-9.]+, [A-Za-z]+\)$" \
+  "$z3d" --version
+expect_exit 0 version-V "^backends: host" "$z3d" -V
+cmp -s "$tmp/version.log" "$tmp/version-V.log" || fail "-V and --version print different lines"
+if top=$(git rev-parse --show-toplevel 2>/dev/null) && [[ $(cd "$top" && pwd -P) == "$(pwd -P)" ]]; then
+  head=$(git rev-parse --short=12 HEAD)
+  grep -q "^zero3d [0-9.]* (commit $head" "$tmp/version.log" ||
+    fail "--version names another commit than HEAD $head: $(head -1 "$tmp/version.log") (built before the last commit?)"
+fi
+# Sources that are not a git checkout of their own (here: unpacked inside another repository) are
+# built as ZERO3D_COMMIT says, else as commit "unknown": the build-time script on such a tree.
+facts=$(dirname "$z3d")/../generated/build_facts.cmake
+mkdir -p "$tmp/unpacked/zero3d" && git -C "$tmp/unpacked" init -q
+for fallback in "" 0123456789ab; do
+  cmake -DSRC="$tmp/unpacked/zero3d" -DOUT="$tmp/facts.cpp" -DFALLBACK=$fallback -P "$facts" &&
+    grep -q "commit = \"${fallback:-unknown}\";" "$tmp/facts.cpp" ||
+    fail "the build facts of sources outside git (ZERO3D_COMMIT '$fallback'): $(grep "commit =" "$tmp/facts.cpp")"
+done
+echo "ok version-outside-git"
+for lib in MPI HDF5 oneDNN CBLAS PCRE2; do
+  grep -qE "^$lib: built .+, loaded .+ from /" "$tmp/version.log" || fail "--version has no '$lib: built ..., loaded ... from FILE'"
+done
+/usr/bin/python3 - "$tmp/gpt" "$tmp/version.log" <<'PY'
+import sys
+from z3dcheck import run_record
+v = run_record(sys.argv[1])["versions"]
+lines = [f"zero3d {v['zero3d']} (commit {v['commit']}" + (f" of {v['commit_date']}" if v["commit_date"] else "")
+         + f"; {v['compiler']}, {v['build_type']})", f"backends: {v['backends']}"]
+for name, e in v["libraries"].items():
+    s = f"{name}:" + (f" built {e['built']}," if "built" in e else "")
+    s += (f" loaded {e['loaded']}" + (f" from {e['from']}" if "from" in e else "")) if "loaded" in e else f" not loaded: {e['not_loaded']}"
+    lines.append(s)
+printed = open(sys.argv[2]).read().splitlines()
+if lines != printed:
+    sys.exit("the run record's versions differ from --version:\n  " + "\n  ".join(
+        f"{a!r} | {b!r}" for a, b in zip(lines + [""] * len(printed), printed + [""] * len(lines)) if a != b))
+PY
+echo "ok version-record"
+# The CUDA module, where built: a machine without a driver says why it is not loaded and names none
+# of its libraries (it maps none); with a driver, or with the toolkit's stub libcuda on the library
+# path (no driver behind it), the module loads and names each library it runs on.
+cuda_libs="CUDA runtime|CUDA driver|cuBLAS|cuBLASLt|cuDNN|NCCL"
+if grep -q "^backends: host, cuda (module built with CUDA [0-9.]*; not loaded: no NVIDIA driver" "$tmp/version.log"; then
+  ! grep -qE "^($cuda_libs):" "$tmp/version.log" || fail "--version names a CUDA library without a driver"
+  cudart=$(ldd "$(dirname "$z3d")/../lib/libzero3d_cuda.so" 2>/dev/null | awk '/libcudart/ {print $3}')
+  if [[ -n $cudart && -f $(dirname "$cudart")/stubs/libcuda.so ]]; then
+    mkdir "$tmp/stub" && ln -s "$(dirname "$cudart")/stubs/libcuda.so" "$tmp/stub/libcuda.so.1"
+    LD_LIBRARY_PATH=$tmp/stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} expect_exit 0 version-stub \
+      "^backends: host, cuda \(module loaded from /" "$z3d" --version
+    for lib in "CUDA runtime" cuBLAS cuBLASLt; do
+      grep -qE "^$lib: built [0-9.]+, loaded [0-9.]+ from /" "$tmp/version-stub.log" || fail "--version (stub driver): no '$lib' line"
+    done
+    grep -q "^CUDA driver: not loaded: cudaDriverGetVersion finds no working driver in $tmp/stub/libcuda.so.1" \
+      "$tmp/version-stub.log" || fail "--version (stub driver): the driver line does not name the stub"
+    grep -qE "^cuDNN: (built|not loaded)" "$tmp/version-stub.log" && grep -qE "^NCCL: (built|not loaded)" "$tmp/version-stub.log" ||
+      fail "--version (stub driver): no cuDNN or NCCL line"
+  else
+    echo "skip version-stub: no CUDA toolkit stub libcuda beside the module's libcudart"
+  fi
+elif grep -q "^backends: host, cuda (module loaded from" "$tmp/version.log"; then
+  for lib in "CUDA runtime" "CUDA driver" cuBLAS cuBLASLt cuDNN NCCL; do
+    grep -q "^$lib: " "$tmp/version.log" || fail "--version (a driver here): no '$lib' line"
+  done
+fi
+
+# train.sbatch takes srun's PMI flag from the site (ZERO3D_SRUN_MPI: default pmix, none for no flag),
+# seen in the srun command it runs (srun and zero3d stand-ins: no Slurm here).
+mkdir "$tmp/slurm_bin"
+printf '#!/bin/sh\necho "srun $*"\n' > "$tmp/slurm_bin/srun"
+printf '#!/bin/sh\nexit 0\n' > "$tmp/slurm_bin/zero3d"
+chmod +x "$tmp/slurm_bin/srun" "$tmp/slurm_bin/zero3d"
+for mpi in default none pmi2; do
+  want="srun --mpi=pmix --cpus"
+  [[ $mpi == none ]] && want="srun --cpus"
+  [[ $mpi == pmi2 ]] && want="srun --mpi=pmi2 --cpus"
+  if [[ $mpi == default ]]; then set_mpi=(env -u ZERO3D_SRUN_MPI); else set_mpi=(env ZERO3D_SRUN_MPI=$mpi); fi
+  "${set_mpi[@]}" PATH="$tmp/slurm_bin:$PATH" SLURM_JOB_ID=1 SLURM_NTASKS=1 SLURM_SUBMIT_DIR="$PWD" \
+    ZERO3D_BIN="$tmp/slurm_bin/zero3d" RUN_DIR="$tmp/sbatch" timeout 20 bash jobscripts/train.sbatch input/gpt-tiny.json \
+    > "$tmp/sbatch_$mpi.log" 2>&1 || { cat "$tmp/sbatch_$mpi.log"; fail "train.sbatch (ZERO3D_SRUN_MPI $mpi) failed"; }
+  grep -q "^$want" "$tmp/sbatch_$mpi.log" || { cat "$tmp/sbatch_$mpi.log"; fail "train.sbatch (ZERO3D_SRUN_MPI $mpi) did not run '$want...'"; }
+  echo "ok sbatch-srun-mpi-$mpi"
+done
 
 echo "all command checks passed"
