@@ -43,9 +43,14 @@ static int dispatch(const Args& args) {
     return 0;
   }
   if (cmd == "--version") {
-    log_info("zero3d %s (backends: host%s)", ZERO3D_VERSION,
+    log_info("zero3d %s (backends: host%s%s)", ZERO3D_VERSION,
 #if defined(ZERO3D_HAVE_CUDA)
-             ", cuda"
+             ", cuda",
+#else
+             "",
+#endif
+#if defined(ZERO3D_HAVE_KOKKOS)
+             ", kokkos"
 #else
              ""
 #endif
