@@ -8,8 +8,8 @@
 //  - Kokkos is initialized by the first Kokkos backend a process makes and finalized at exit,
 //    when every Kokkos backend is gone. Memory is kokkos_malloc'd in the execution space's memory
 //    space and wrapped in unmanaged views for the ops, so no managed view outlives finalize.
-//  - Each op's parallel loop carries its op's name as label ("zero3d::layernorm_forward"):
-//    Kokkos Tools (KOKKOS_TOOLS_LIBS) time the ops by it.
+//  - Each op's parallel loop carries its op's name as label ("zero3d::layernorm_forward"), and each
+//    GEMM is a region ("zero3d::gemm"): Kokkos Tools (KOKKOS_PROFILE_LIBRARY) time the ops by them.
 //  - Deterministic, whatever the execution space's threads: every output element has one owner,
 //    column sums (bias, norm weights, the embedding) add rows in row order, and only the scalar
 //    sum of squares is a parallel_reduce.
@@ -685,8 +685,11 @@ class KokkosBackend final : public Backend, public DeviceMemory {
       });
       return;
     }
+    // A region, so Kokkos Tools see the GEMM (a BLAS TPL's call is no Kokkos kernel).
+    Kokkos::Profiling::pushRegion("zero3d::gemm");
     KokkosBlas::gemm(ta ? "T" : "N", tb ? "T" : "N", alpha, matrix(A, ta ? k : m, ta ? m : k, lda),
                      matrix(B, tb ? n : k, tb ? k : n, ldb), beta, c);
+    Kokkos::Profiling::popRegion();
   }
   // y = x W^T (+ bias) (+ residual) in fp32: the GEMM, then one pass for the bias and residual.
   void linear(float* y, const float* x, const float* w, const float* bias, const float* residual, int N, int in, int out) {
