@@ -53,6 +53,7 @@
 #include "kernels/math/rmsnorm.h"
 #include "kernels/math/rope.h"
 #include "kernels/math/swiglu.h"
+#include "kernels/typed_views.h"
 
 namespace zero3d {
 namespace {
@@ -113,41 +114,6 @@ KOKKOS_INLINE_FUNCTION float load(const float* p) { return *p; }
 KOKKOS_INLINE_FUNCTION float load(const uint16_t* p) { return math::float_from_bf16(*p); }
 KOKKOS_INLINE_FUNCTION void store(float* p, float v) { *p = v; }
 KOKKOS_INLINE_FUNCTION void store(uint16_t* p, float v) { *p = math::bf16_from_float(v); }
-
-template <typename F>
-void with_storage(DType t, F&& f) {
-  if (t == DType::bf16) f.template operator()<uint16_t>();
-  else f.template operator()<float>();
-}
-template <typename S>
-S* ptr(View v) {
-  return static_cast<S*>(v.data);
-}
-template <typename S>
-const S* ptr(ConstView v) {
-  return static_cast<const S*>(v.data);
-}
-
-// An op's activation view and the elements the op touches in it.
-struct Touch {
-  ConstView v;
-  size_t n;
-};
-// The storage type the templated ops' views share (null ones aside), each checked to hold what the
-// op touches; views of two types are a caller's bug: fatal, naming the op.
-DType storage(const char* name, std::initializer_list<Touch> views) {
-  const Touch* first = nullptr;
-  for (const Touch& t : views) {
-    if (!t.v) continue;
-    Z3D_ASSERT(t.v.size >= t.n, strprintf("%s: a %s view of %zu elements where the op touches %zu", name,
-                                          dtype_name(t.v.dtype), t.v.size, t.n));
-    if (!first) first = &t;
-    Z3D_ASSERT(t.v.dtype == first->v.dtype,
-               strprintf("%s: %s and %s views; the Kokkos backend runs an op's activations in one type", name,
-                         dtype_name(first->v.dtype), dtype_name(t.v.dtype)));
-  }
-  return first ? first->v.dtype : DType::f32;
-}
 
 void widen(float* out, const uint16_t* x, size_t n) {
   for_each("zero3d::cast_from_bf16", n, KOKKOS_LAMBDA(const int64_t i) { out[i] = math::float_from_bf16(x[i]); });
