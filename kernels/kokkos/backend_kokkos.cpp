@@ -20,8 +20,8 @@
 //  - GEMMs are fp32 (bf16 operands widened, a bf16 C rounded once); bf16_gemm() is false.
 //
 // Tested on Debian's Kokkos 3.4.1 (Trilinos 13.2), whose one execution space is Serial: one
-// thread. The code is written for any execution space (no `this` in a kernel, memory behind
-// DeviceMemory where the host cannot read it), but has never run on another (kernels/README.md).
+// thread. No kernel reads `this`, and memory the host cannot read goes behind DeviceMemory, but no
+// other execution space has compiled or run this file; what one would meet: kernels/README.md.
 #include <dlfcn.h>
 
 #include <atomic>
