@@ -7,7 +7,8 @@
 // Invariants:
 //  - Kokkos is initialized by the first Kokkos backend a process makes and finalized at exit,
 //    when every Kokkos backend is gone. Memory is kokkos_malloc'd in the execution space's memory
-//    space and wrapped in unmanaged views for the ops, so no managed view outlives finalize.
+//    space; the loops take its raw pointers, and Kokkos's calls (GEMM, copies) unmanaged views of
+//    it, so no managed view outlives finalize.
 //  - Each op's parallel loop carries its op's name as label ("zero3d::layernorm_forward"), and each
 //    GEMM is a region ("zero3d::gemm"): Kokkos Tools (KOKKOS_PROFILE_LIBRARY) time the ops by them.
 //  - Deterministic, whatever the execution space's threads: every output element has one owner,
