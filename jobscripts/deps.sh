@@ -11,6 +11,7 @@ zero3d_packages=(
   libpcre2-dev libunistring-dev          # tokenizer.json: split regexes (PCRE2 JIT), NFC
   libsentencepiece-dev                   # tokenizer.model (SentencePiece)
   libgtest-dev libgmock-dev              # unit tests (test_ckpt_dir uses gmock matchers)
+  libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev  # the Kokkos backend (Serial only in Debian)
   python3 python3-matplotlib python3-pandas python3-h5py  # postprocess/ and test checks
 )
 # tests/run.sh only: tests/slurm starts a private single-node Slurm (sbatch, srun --mpi=pmix);

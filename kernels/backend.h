@@ -22,7 +22,7 @@
 
 namespace zero3d {
 
-enum class BackendKind { host, cuda };
+enum class BackendKind { host, cuda, kokkos };
 
 // A GEMM's weight operand (the B of op(A) op(B)): its fp32 values and, in bf16 runs, the same
 // matrix as the run keeps it, in bf16, with the same leading dimension. f32 was widened from
@@ -251,10 +251,19 @@ struct CudaModuleReport {
 };
 CudaModuleReport cuda_module_report();
 #endif
-// The backend a command line names (--backend): "host", "cuda", or "auto" (CUDA where it is built
-// and a GPU is visible, else the host); local_rank, among the ranks of this node, picks the GPU
-// (round robin over the visible ones); host.bf16_gemm applies to either backend. UserError for
-// another name, or for cuda where there is none. ZERO3D_DEVICE_WALLS=1 makes the host one walled.
+#if defined(ZERO3D_HAVE_KOKKOS)
+// The Kokkos backend on Kokkos's default execution space (kernels/kokkos/backend_kokkos.cpp);
+// the first one made initializes Kokkos, which is finalized at exit.
+std::unique_ptr<Backend> make_kokkos_backend();
+// "Kokkos 3.4.1 (Serial), Kokkos Kernels ... (BLAS TPL)": from the headers built against, without
+// initializing Kokkos (zero3d --version).
+std::string kokkos_version_string();
+#endif
+// The backend a command line names (--backend): "host", "cuda", "kokkos", or "auto" (CUDA where it
+// is built and a GPU is visible, else the host; never Kokkos, which is asked for by name); local_rank,
+// among the ranks of this node, picks the GPU (round robin over the visible ones); host.bf16_gemm
+// applies to the host and CUDA backends (Kokkos's GEMMs are fp32). UserError for another name, or
+// for cuda or kokkos where the build has none. ZERO3D_DEVICE_WALLS=1 makes the host one walled.
 // (kernels/make_backend.cpp)
 std::unique_ptr<Backend> make_backend(const std::string& name, int local_rank, const HostOptions& host = {});
 bool backend_is_cuda(const std::string& name);  // whether make_backend(name) makes the CUDA backend

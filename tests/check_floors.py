@@ -9,7 +9,7 @@ floor can be read, built and tested with only what is below it.
   0      src/core                          errors, RAII, memory kinds, the collectives' words
   1      src/config  kernels/math          the run config; per-element math
   2      kernels                           the backend interface
-  3      kernels/host  kernels/cuda        the backends
+  3      kernels/host  kernels/cuda  kernels/kokkos   the backends
   4      src/parallel  src/data  src/storage  groups and collectives; token files; files below checkpoints
   5      src/model  src/optim  src/bench   the GPT over the backend; AdamW and schedules; measurements
   6      src/zero                          the ZeRO engine
@@ -33,7 +33,7 @@ FLOORS = {
     "src/core": 0,
     "src/config": 1, "kernels/math": 1,
     "kernels": 2,
-    "kernels/host": 3, "kernels/cuda": 3,
+    "kernels/host": 3, "kernels/cuda": 3, "kernels/kokkos": 3,
     "src/parallel": 4, "src/data": 4, "src/storage": 4,
     "src/model": 5, "src/optim": 5, "src/bench": 5,
     "src/zero": 6,

@@ -58,6 +58,7 @@
 #include "kernels/cuda/cudnn_attention.h"
 #endif
 #include "kernels/cuda/nccl_collectives.h"
+#include "kernels/typed_views.h"
 #include "kernels/math/adamw.h"
 #include "kernels/math/crossentropy.h"
 #include "kernels/math/dtype.h"
@@ -805,44 +806,7 @@ using DevicePtr = std::unique_ptr<void, DeviceFree>;
 
 cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-// ---- the seam's views as the kernels take them ----
-
-// f.template operator()<S>() with S the storage type of t: float, or bf16 as its bits (uint16_t).
-template <typename F>
-void with_storage(DType t, F&& f) {
-  if (t == DType::bf16) f.template operator()<uint16_t>();
-  else f.template operator()<float>();
-}
-template <typename S>
-S* ptr(View v) {
-  return static_cast<S*>(v.data);
-}
-template <typename S>
-const S* ptr(ConstView v) {
-  return static_cast<const S*>(v.data);
-}
-
-// An op's activation view, and how many elements the op touches in it.
-struct Touch {
-  ConstView v;
-  size_t n;
-};
-// The storage type the op's views share (null ones aside), each checked to hold what the op touches
-// (a bare pointer's extent is unknown: unchecked). A kernel reads and writes one type, so views of
-// two types are a caller's bug: fatal, naming the op.
-DType storage(const char* name, std::initializer_list<Touch> views) {
-  const Touch* first = nullptr;
-  for (const Touch& t : views) {
-    if (!t.v) continue;
-    Z3D_ASSERT(t.v.size >= t.n, strprintf("%s: a %s view of %zu elements where the op touches %zu", name,
-                                          dtype_name(t.v.dtype), t.v.size, t.n));
-    if (!first) first = &t;
-    Z3D_ASSERT(t.v.dtype == first->v.dtype,
-               strprintf("%s: %s and %s views; the CUDA backend runs an op's activations in one type", name,
-                         dtype_name(first->v.dtype), dtype_name(t.v.dtype)));
-  }
-  return first ? first->v.dtype : DType::f32;
-}
+// The seam's views as the kernels take them: with_storage, ptr, storage (kernels/typed_views.h).
 
 class CudaBackend final : public Backend, public DeviceMemory {
  public:

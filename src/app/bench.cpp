@@ -46,7 +46,8 @@ const char* kBenchUsage =
     "        bandwidth (the rest; over 100%: the data stayed in cache); GELU and the cross-entropy's\n"
     "        softmax need an exp per element, and where the level's exp rate is the slower roof the\n"
     "        cell is against that and marked *. S seconds per cell (0.3). With --backend NAME (host,\n"
-    "        cuda, auto) every kernel and GEMM of that micro-batch on that backend instead (cuda: in\n"
+    "        cuda, kokkos, auto; or FILE's compute.backend, when not host or auto) every kernel and GEMM\n"
+    "        of that micro-batch on that backend instead (cuda: in\n"
     "        bf16, attention through cuDNN where it loads): time per call, TFLOP/s against the\n"
     "        device's peak (a known GPU's dense bf16 peak) or GB/s against its copy bandwidth.\n"
     "  io:   collective MPI-IO write rate of N bytes (default 1 GiB) over all ranks into a new file in\n"
@@ -118,6 +119,9 @@ int bench_kernels_command(const Args& a) {
   if (!backend.empty() && !levels.empty())
     throw UserError("bench kernels: --levels picks the host's ISA levels, --backend one backend: give one of them");
   const Config cfg = load_config({config, "", {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"}}, 1);
+  // A config whose compute.backend names a backend other than the host's benches that one.
+  if (backend.empty() && levels.empty() && cfg.compute.backend != "auto" && cfg.compute.backend != "host")
+    backend = cfg.compute.backend;
   if (backend.empty()) {
     bench_kernels(cfg.model, cfg.train_micro_batch_size_per_gpu, config, seconds, levels);
     return 0;
@@ -137,7 +141,7 @@ int bench_kernels_command(const Args& a) {
 int bench_gemm_command(const Args& a) {
   std::vector<int> sizes = {512, 1024, 2048, 4096};
   double seconds = 1.0;
-  std::string backend = "auto", config;
+  std::string backend, config;  // backend: --backend, else the config's compute.backend
   if (FILE* f = std::fopen("input/bench-cpu.json", "r")) {
     std::fclose(f);
     config = "input/bench-cpu.json";
@@ -156,6 +160,7 @@ int bench_gemm_command(const Args& a) {
   const JobInfo job = job_info(*world);
   std::optional<Config> cfg;
   if (!config.empty()) cfg = load_config({config, "", {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"}}, 1);
+  if (backend.empty()) backend = cfg ? cfg->compute.backend : "auto";
   std::unique_ptr<Backend> be = make_backend(backend, job.local_rank);
   if (be->kind() != BackendKind::host) {
     log_info("# GEMM C = A B^T, fp32, %s", be->describe().c_str());

@@ -34,7 +34,8 @@ const char* kTrainUsage =
     "  --set KEY=VALUE      override one config key (dotted path, JSON value); repeatable\n"
     "  --deepspeed FILE     overlay a DeepSpeed ds_config.json on the run config\n"
     "  --run-dir DIR        where config.json and metrics.jsonl go (default runs/<date-time>)\n"
-    "  --backend NAME       host, cuda or auto (default auto: cuda when built and a GPU is present)\n"
+    "  --backend NAME       host, cuda, kokkos or auto (default compute.backend, auto: cuda when built and a\n"
+    "                       GPU is present)\n"
     "  --peak-flops X       peak FLOP/s for MFU (default: known GPU peak, else the CPU's FMA peak x cores)\n"
     "  --dry-run[=json]     resolve and check everything as the run would, then print its arithmetic and\n"
     "                       stop, writing nothing: parameters, tokens, model FLOPs, the FLOP/s it assumes per\n"
@@ -50,9 +51,11 @@ const char* kTrainUsage =
 // (Zen 4/5, about 2x); not on Intel's avx512_bf16 without AMX (about 0.5x: oneDNN 2.6 converts).
 // A rule on the CPU's features, not a measurement at start: a verdict that flips with the load
 // would break "same config, same layout, same bits". Returns the reason.
-std::string choose_bf16_gemm(const Config& cfg, bool cuda, bool& bf16) {
+std::string choose_bf16_gemm(const Config& cfg, const std::string& backend, bool& bf16) {
   bf16 = false;
   if (cfg.precision != Precision::bf16) return std::string("fp32 GEMMs (precision ") + name_of(cfg.precision) + ")";
+  if (backend == "kokkos") return "fp32 GEMMs on the widened 16-bit weights (the kokkos backend's GEMMs are fp32)";
+  const bool cuda = backend_is_cuda(backend);
   if (cuda) {
     if (cfg.compute.bf16_gemm == "off") return "fp32 GEMMs on the widened 16-bit weights (compute.bf16_gemm=off)";
     return (bf16 = true), "bf16 GEMMs on the tensor cores, fp32 accumulation (compute.bf16_gemm=" + cfg.compute.bf16_gemm + ")";
@@ -100,13 +103,14 @@ void choose_peak(RunOptions& opt, Backend& be, ProcessGroup* world) {
 // --dry-run: the config resolved for `ranks` ranks, the backend and the MFU peak chosen as a real
 // run chooses them, the data files opened; then the arithmetic, and nothing written. No process
 // groups: the MPI world need not have `ranks` ranks.
-int train_dry_run(const ConfigSources& src, RunOptions opt, const std::string& backend, int ranks, bool json) {
+int train_dry_run(const ConfigSources& src, RunOptions opt, const std::string& backend_flag, int ranks, bool json) {
   const Config cfg = load_config(src, ranks);
+  const std::string& backend = backend_flag.empty() ? cfg.compute.backend : backend_flag;
   DryRunInputs in;
   in.job = job_info(*ProcessGroup::world());
   HostOptions host;
   host.gemm = cfg.compute.gemm;
-  choose_bf16_gemm(cfg, backend_is_cuda(backend), host.bf16_gemm);
+  choose_bf16_gemm(cfg, backend, host.bf16_gemm);
   choose_peak(opt, *make_backend(backend, in.job.local_rank, host), nullptr);
   in.config_file = src.config_file;
   in.run_dir = opt.run_dir.empty() ? default_run_dir(in.job) : opt.run_dir;
@@ -125,7 +129,7 @@ int train_dry_run(const ConfigSources& src, RunOptions opt, const std::string& b
 struct TrainArgs {
   ConfigSources src;
   RunOptions opt;
-  std::string backend = "auto";
+  std::string backend;  // --backend; empty: compute.backend
   bool help_config = false, dry_run = false, json = false;
   int ranks = 0;  // --ranks (with --dry-run); 0: the MPI world's size
 };
@@ -163,9 +167,10 @@ void agree_run_dir(RunOptions& opt, ProcessGroup& world) {
 
 // The run itself: the config resolved for the world, the groups, the watchdog, the backend and the
 // MFU peak, then the trainer. Collective over the world.
-int run_training(const ConfigSources& src, RunOptions opt, const std::string& backend, int world) {
+int run_training(const ConfigSources& src, RunOptions opt, const std::string& backend_flag, int world) {
   // Every rank reads the same files and arguments, so every rank reaches the same verdict here.
   Config cfg = load_config(src, world);
+  const std::string backend = backend_flag.empty() ? cfg.compute.backend : backend_flag;
   for (const std::string& n : cfg.notices) log_info("zero3d: notice: %s", n.c_str());
   cpu::use_level(cfg.compute.isa, "compute.isa");
   configure_comm(cfg);
@@ -178,7 +183,7 @@ int run_training(const ConfigSources& src, RunOptions opt, const std::string& ba
   agree_run_dir(opt, *groups.world);
   HostOptions host;
   host.gemm = cfg.compute.gemm;
-  opt.compute_choice = choose_bf16_gemm(cfg, backend_is_cuda(backend), host.bf16_gemm);
+  opt.compute_choice = choose_bf16_gemm(cfg, backend, host.bf16_gemm);
   std::unique_ptr<Backend> be = make_backend(backend, opt.job.local_rank, host);
   groups.use_device_memory(be->device_memory());
   struct DetachDevice {  // the groups' staging buffers and NCCL go before the backend that made them

@@ -172,6 +172,7 @@ struct ComputeConfig {
   std::string bf16_gemm = "auto";  // with bf16: "auto", "on", "off"
   std::string activations = "auto";  // with bf16: "auto", "fp32", "bf16" (model/gpt.h gpt_options)
   std::string isa = "auto";        // the host loops' level: "auto" (ZERO3D_ISA, else the best), "avx512", ...
+  std::string backend = "auto";    // "auto", "host", "cuda", "kokkos" (kernels/make_backend.cpp); --backend wins
 };
 
 // comm.*: how data collectives move (ours; parallel/comm.h CollectiveImpl, shm_collectives.h).

@@ -451,6 +451,10 @@ std::vector<Key> build() {
              "ours: with bf16.enabled, the element type the activations and their gradients are stored in: bf16 "
              "(half the memory and bytes moved, the logits too; fp32 math and norm statistics, as DeepSpeed's bf16 "
              "and llm.c), fp32, or auto (bf16 on a GPU, fp32 on the host, whose loops are fp32)"),
+      choice("compute.backend", at(&Config::compute, &XC::backend), {"auto", "host", "cuda", "kokkos"},
+             "ours: the backend that runs the ops and GEMMs: host, cuda, kokkos (Kokkos's default execution space, "
+             "GEMMs through Kokkos Kernels; in builds with Kokkos), or auto (cuda where it is built and a GPU is "
+             "visible, else host). A command's --backend overrides it"),
       choice("compute.isa", at(&Config::compute, &XC::isa), {"auto", "avx512", "avx2", "sse2", "generic"},
              "ours: the ISA level the host loops run at, and the most oneDNN's GEMMs use: auto (the ZERO3D_ISA "
              "environment variable when set, else the best level this CPU runs), or a level at or below it, to "

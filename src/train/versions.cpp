@@ -113,17 +113,19 @@ Versions ask() {
   v.compiler = build::compiler;
   v.build_type = build::build_type;
   v.libraries = {mpi(), hdf5(), onednn(), cblas(), pcre2()};
+  v.backends = "host";
 #if defined(ZERO3D_HAVE_KOKKOS)
+  v.backends += ", kokkos";
   v.libraries.push_back({"Kokkos", "", kokkos_version_string(), "", ""});
 #endif
 #if defined(ZERO3D_HAVE_CUDA)
   const CudaModuleReport m = cuda_module_report();
-  v.backends = m.file.empty() ? strprintf("host, cuda (module built with CUDA %s; not loaded: %s)", build::cuda_toolkit,
-                                          m.why_not.c_str())
-                              : "host, cuda (module loaded from " + m.file + ")";
+  v.backends += m.file.empty() ? strprintf(", cuda (module built with CUDA %s; not loaded: %s)", build::cuda_toolkit,
+                                           m.why_not.c_str())
+                               : ", cuda (module loaded from " + m.file + ")";
   v.libraries.insert(v.libraries.end(), m.libraries.begin(), m.libraries.end());
 #else
-  v.backends = "host (the CUDA backend is not built in)";
+  v.backends += " (the CUDA backend is not built in)";
 #endif
   return v;
 }

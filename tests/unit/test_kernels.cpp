@@ -2,8 +2,8 @@
 // double-precision reference written here with naive loops, and every backward op by central
 // finite differences (ggml test-backend-ops style). Tests touch backend memory only through
 // copy_from_host / copy_to_host and run on every backend of the build: the host at every ISA level
-// of its loops this CPU runs (avx512, avx2, sse2), the host with its GEMMs through the CBLAS, and
-// CUDA in CUDA builds on a machine with a GPU.
+// of its loops this CPU runs (avx512, avx2, sse2), the host with its GEMMs through the CBLAS,
+// CUDA in CUDA builds on a machine with a GPU, and Kokkos in builds with Kokkos.
 //
 // Two finite-difference checks per backward op:
 //   * through the float op itself (h = 1e-3): proves the backward is the derivative of the forward
@@ -216,8 +216,8 @@ void ref_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const float* 
 }
 
 // Every test runs on each host variant (every ISA level of the host loops this CPU runs, and the
-// best level with GEMM through the CBLAS), and on the CUDA backend too in CUDA builds on a machine
-// with a GPU: the same references hold for all.
+// best level with GEMM through the CBLAS), on the CUDA backend too in CUDA builds on a machine
+// with a GPU, and on the Kokkos backend in builds with Kokkos: the same references hold for all.
 struct Variant {
   zero3d::BackendKind kind;
   std::string isa, gemm;  // host only
@@ -232,12 +232,18 @@ std::vector<Variant> backends_to_test() {
 #if defined(ZERO3D_HAVE_CUDA)
   if (zero3d::cuda_device_count() > 0) v.push_back({zero3d::BackendKind::cuda, "", "", "cuda"});
 #endif
+#if defined(ZERO3D_HAVE_KOKKOS)
+  v.push_back({zero3d::BackendKind::kokkos, "", "", "kokkos"});
+#endif
   return v;
 }
 
 std::unique_ptr<Backend> make_backend(const Variant& v) {
 #if defined(ZERO3D_HAVE_CUDA)
   if (v.kind == zero3d::BackendKind::cuda) return zero3d::make_cuda_backend(0);
+#endif
+#if defined(ZERO3D_HAVE_KOKKOS)
+  if (v.kind == zero3d::BackendKind::kokkos) return zero3d::make_kokkos_backend();
 #endif
   zero3d::HostOptions o;
   o.isa = v.isa;
@@ -1864,8 +1870,9 @@ TEST(HostKernels, Bf16GemmTakesTheWeightsBf16Copy) {
 // ---------------------------------------------------------------------------------------------
 // bf16 activations: every op on bf16 views is the same op on fp32 views of the widened values,
 // its outputs rounded once (kernels/tensor.h). Inputs are bf16-representable, so both runs read
-// the same numbers. The host stages bf16 through its fp32 loops: the bits must be equal. A GPU
-// runs its own bf16 kernels (and cuBLASLt's bf16 epilogues): one bf16 ulp apart at most.
+// the same numbers. The host stages bf16 through its fp32 loops, and Kokkos runs the same fp32 math
+// on widened values (templated loads, or staged rows): the bits must be equal. A GPU runs its own
+// bf16 kernels (and cuBLASLt's bf16 epilogues): one bf16 ulp apart at most.
 // ---------------------------------------------------------------------------------------------
 
 namespace {
@@ -1899,7 +1906,7 @@ void expect_rounded_once(Backend& be, const Twin& t, bool exact, const std::stri
 }  // namespace
 
 TEST_P(Kernels, Bf16ViewsAreFp32MathRoundedOnce) {
-  const bool exact = be->kind() == zero3d::BackendKind::host;
+  const bool exact = be->kind() == zero3d::BackendKind::host || be->kind() == zero3d::BackendKind::kokkos;
   const int B = 2, T = 5, C = 16, H = 2, Hkv = 1, hd = C / H, QKV = C + 2 * Hkv * hd, F = 12, V = 11;
   const int N = B * T;
   auto u = [&](size_t n, float r = 1.0f) { return uniform(rng, n, -r, r); };
