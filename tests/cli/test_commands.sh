@@ -320,13 +320,13 @@ echo "ok version-record"
 # of its libraries (it maps none); with a driver, or with the toolkit's stub libcuda on the library
 # path (no driver behind it), the module loads and names each library it runs on.
 cuda_libs="CUDA runtime|CUDA driver|cuBLAS|cuBLASLt|cuDNN|NCCL"
-if grep -q "^backends: host, cuda (module built with CUDA [0-9.]*; not loaded: no NVIDIA driver" "$tmp/version.log"; then
+if grep -qE "^backends: host, (kokkos, )?cuda \(module built with CUDA [0-9.]*; not loaded: no NVIDIA driver" "$tmp/version.log"; then
   ! grep -qE "^($cuda_libs):" "$tmp/version.log" || fail "--version names a CUDA library without a driver"
   cudart=$(ldd "$(dirname "$z3d")/../lib/libzero3d_cuda.so" 2>/dev/null | awk '/libcudart/ {print $3}')
   if [[ -n $cudart && -f $(dirname "$cudart")/stubs/libcuda.so ]]; then
     mkdir "$tmp/stub" && ln -s "$(dirname "$cudart")/stubs/libcuda.so" "$tmp/stub/libcuda.so.1"
     LD_LIBRARY_PATH=$tmp/stub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} expect_exit 0 version-stub \
-      "^backends: host, cuda \(module loaded from /" "$z3d" --version
+      "^backends: host, (kokkos, )?cuda \(module loaded from /" "$z3d" --version
     for lib in "CUDA runtime" cuBLAS cuBLASLt; do
       grep -qE "^$lib: built [0-9.]+, loaded [0-9.]+ from /" "$tmp/version-stub.log" || fail "--version (stub driver): no '$lib' line"
     done
@@ -337,7 +337,7 @@ if grep -q "^backends: host, cuda (module built with CUDA [0-9.]*; not loaded: n
   else
     echo "skip version-stub: no CUDA toolkit stub libcuda beside the module's libcudart"
   fi
-elif grep -q "^backends: host, cuda (module loaded from" "$tmp/version.log"; then
+elif grep -qE "^backends: host, (kokkos, )?cuda \(module loaded from" "$tmp/version.log"; then
   for lib in "CUDA runtime" "CUDA driver" cuBLAS cuBLASLt cuDNN NCCL; do
     grep -q "^$lib: " "$tmp/version.log" || fail "--version (a driver here): no '$lib' line"
   done
