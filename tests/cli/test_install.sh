@@ -5,7 +5,7 @@
 #   data, and saves a checkpoint that `ckpt verify` passes; `plan` prices on a machine preset by
 #   name; an unknown name is refused with the presets listed; a user's own copy of the preset keeps
 #   its relative paths the working directory's (and so does --set); the build tree's binary reads
-#   the same names from the source tree;
+#   the same names from the source tree; the installed train.sbatch runs it (srun a stand-in);
 # - its modulefiles name the prefix, and load through Lmod (the Tcl one too) where Lmod is here;
 # - the .deb that cpack makes declares the Debian package of every library the binary links, and
 #   its binary, unpacked with dpkg -x, prints what the build tree's prints for --version and finds
@@ -53,6 +53,20 @@ expect_exit 2 preset_set "cannot open token file 'input/data/val.bin'" \
   "${clean[@]}" zero3d train gpt-tiny --set data.val=input/data/val.bin --dry-run
 # The build tree's binary: the same names, from the source tree.
 expect_exit 0 build_tree_preset "dry run +$src/input/gpt-tiny.json" "$z3d" train gpt-tiny --dry-run
+
+# ---- the installed train.sbatch, as a job with the module's ZERO3D_ROOT and no ZERO3D_BIN: the
+# binary from PATH, cluster_env.sh from the installed tree; srun is a stand-in that runs its command ----
+mkdir "$tmp/fakebin"
+printf '#!/bin/bash\nwhile [[ $1 == -* ]]; do shift; done  # srun stand-in: its options dropped\nexec "$@"\n' > "$tmp/fakebin/srun"
+chmod +x "$tmp/fakebin/srun"
+timeout 60 env -i HOME="$tmp" PATH="$tmp/fakebin:$p/bin:/usr/bin:/bin" ZERO3D_ROOT="$share" SLURM_JOB_ID=7 \
+  SLURM_SUBMIT_DIR="$PWD" SLURM_NTASKS=1 SLURM_JOB_END_TIME=$(($(date +%s) + 3600)) OMPI_ALLOW_RUN_AS_ROOT=1 \
+  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 bash "$share/jobscripts/train.sbatch" gpt-tiny --run-dir job --set train_steps=2 \
+  --set data.val= --peak-flops 1e11 > "$tmp/sbatch.log" 2>&1 || { cat "$tmp/sbatch.log"; fail "the installed train.sbatch"; }
+for want in "environment: .*OMP_NUM_THREADS=1" "running: srun .* $p/bin/zero3d train gpt-tiny" "zero3d exited with code 0"; do
+  grep -qE -- "$want" "$tmp/sbatch.log" || { cat "$tmp/sbatch.log"; fail "the installed train.sbatch's log lacks /$want/"; }
+done
+echo "ok train.sbatch installed"
 
 # ---- the modulefiles: Lmod's (.lua) and Environment Modules' (Tcl) ----
 lua=$(find "$share/modulefiles/zero3d" -name "*.lua")
