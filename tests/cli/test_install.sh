@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# An installed zero3d (issue #54). `cmake --install` of the build tree into a scratch prefix:
+# An installed zero3d (issue #54). `cmake --install` of the build tree into a scratch prefix, whose
+# binary loads the installed CUDA module where the build made one;
 # - from another directory, with only the prefix (and /usr/bin, /bin) on PATH and a bare
 #   environment, it trains the gpt-tiny preset by name on 2 ranks, reading the installed tree's
 #   data, and saves a checkpoint that `ckpt verify` passes; `plan` prices on a machine preset by
@@ -22,9 +23,19 @@ for f in bin/zero3d share/zero3d/input/gpt-tiny.json share/zero3d/input/machines
          share/zero3d/postprocess/loss.py; do
   [[ -f $p/$f ]] || fail "cmake --install did not install $f"
 done
-# The CUDA module, where the build made one: in <libdir>/zero3d (lib, or lib/x86_64-linux-gnu).
+# The CUDA module, where the build made one: in <libdir>/zero3d (lib, or lib/x86_64-linux-gnu), and
+# the installed binary loads that one. A stand-in libcuda.so.1 (no symbols: no device) lets it try
+# without a driver, on any machine; the loader's LD_DEBUG=files names the file it opened.
 if [[ -f $build/lib/libzero3d_cuda.so ]]; then
-  [[ -n $(find "$p" -path "*/zero3d/libzero3d_cuda.so") ]] || fail "the CUDA module is not installed"
+  module=$(find "$p" -path "*/zero3d/libzero3d_cuda.so")
+  [[ -n $module ]] || fail "the CUDA module is not installed"
+  mkdir "$tmp/nodriver"
+  echo 'int zero3d_no_driver;' > "$tmp/nodriver/cuda.c"
+  cc -shared -fPIC -o "$tmp/nodriver/libcuda.so.1" "$tmp/nodriver/cuda.c"
+  LD_DEBUG=files LD_LIBRARY_PATH="$tmp/nodriver" timeout 60 "$p/bin/zero3d" train "$PWD/input/gpt-tiny.json" --dry-run \
+    --backend cuda > "$tmp/module.log" 2>&1 || true
+  grep -qE "file=$module \[0\]; +dynamically loaded by $p/bin/zero3d" "$tmp/module.log" ||
+    { grep -E "zero3d|cuda" "$tmp/module.log" | tail -5; fail "the installed zero3d did not load $module"; }
 fi
 echo "ok install"
 
@@ -109,7 +120,8 @@ for i in $(seq 0 3 $((${#paths[@]} - 1))); do
   [[ $depends == *" $pkg "* ]] || fail "the .deb's Depends does not name $pkg (${paths[i]}): $depends"
 done
 if [[ -f $build/lib/libzero3d_cuda.so ]]; then
-  dpkg-deb -c "$deb" | grep -q "/zero3d/libzero3d_cuda.so" || fail "the CUDA module is not in the .deb"
+  dpkg-deb -c "$deb" > "$tmp/deb.list"
+  grep -q "/zero3d/libzero3d_cuda.so" "$tmp/deb.list" || fail "the CUDA module is not in the .deb"
 fi
 dpkg -x "$deb" "$tmp/root"
 "$tmp/root/usr/bin/zero3d" --version > "$tmp/version.deb"
