@@ -20,9 +20,10 @@ zero3d_packages=(
 # tests/cli/test_tokenizers.sh trains and runs SentencePiece models (sentencepiece: spm_train,
 # spm_encode), and compares with npm packages where node and npm are on PATH (not installed here:
 # any recent node, the site's or NodeSource's; tests/run.sh installs the packages, the test skips
-# without them).
+# without them); tests/cli/test_install.sh loads the installed modulefiles through Lmod (lmod, which
+# reads Environment Modules' Tcl files too; Debian's environment-modules conflicts with it).
 zero3d_test_packages=(slurm-wlm slurm-wlm-basic-plugins munge fiu-utils python3-torch clang-14 libclang-rt-14-dev
-                      sentencepiece)
+                      sentencepiece lmod)
 
 # zero3d_install_deps [EXTRA_PACKAGE...]
 zero3d_install_deps() {

@@ -1,11 +1,10 @@
 // kernels/cuda_module.cpp: make_cuda_backend, cuda_device_count and cuda_module_report (--version),
-// from the CUDA backend module (libzero3d_cuda.so, next to the binary in ../lib), loaded with dlopen
-// on first use and only where an NVIDIA driver is (libcuda.so.1 loads). A CPU node never maps the
-// CUDA libraries: they cost each process 0.65 s of CPU at start-up (measured: `zero3d --version`
-// 0.29 s of CPU without them, 0.93 s with). The module takes zero3d's own symbols (strprintf, fatal) from the
-// executable that loads it, which exports them (CMake: -rdynamic).
+// from the CUDA backend module (libzero3d_cuda.so: build/lib in the build tree, <libdir>/zero3d
+// installed), loaded with dlopen on first use and only where an NVIDIA driver is (libcuda.so.1
+// loads). A CPU node never maps the CUDA libraries: they cost each process 0.65 s of CPU at start-up
+// (measured: `zero3d --version` 0.29 s of CPU without them, 0.93 s with). The module takes zero3d's
+// own symbols (strprintf, fatal) from the executable that loads it, which exports them (CMake: -rdynamic).
 #include <dlfcn.h>
-#include <limits.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/install_dirs.h"
 #include "kernels/backend.h"
 
 namespace zero3d {
@@ -28,15 +28,12 @@ struct CudaModule {
   std::string why;   // why there is none: no driver, or the module did not load
 };
 
-// ZERO3D_CUDA_MODULE, else ../lib/libzero3d_cuda.so next to this executable, else the loader's path.
+// ZERO3D_CUDA_MODULE, else the module of this executable's tree (core/install_dirs.h: found from
+// its own location, build or installed), else the loader's path.
 std::string module_path() {
   if (const char* e = std::getenv("ZERO3D_CUDA_MODULE"); e && *e) return e;
-  char exe[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n > 0) {
-    std::string dir(exe, static_cast<size_t>(n));
-    dir = dir.substr(0, dir.rfind('/'));
-    const std::string path = dir + "/../lib/libzero3d_cuda.so";
+  if (const std::string dir = cuda_module_dir(); !dir.empty()) {
+    const std::string path = dir + "/libzero3d_cuda.so";
     if (access(path.c_str(), R_OK) == 0) return path;
   }
   return "libzero3d_cuda.so";

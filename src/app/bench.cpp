@@ -11,6 +11,7 @@
 #include "bench/machine.h"
 #include "bench/rates.h"
 #include "config/config.h"
+#include "config/presets.h"
 #include "core/atomic_file.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -40,7 +41,7 @@ const char* kBenchUsage =
     "        linked in) and bf16 (oneDNN; inputs rounded to bf16, fp32 accumulation). Under mpirun\n"
     "        every rank measures at once (a node's load) and rank 0 prints its own rates.\n"
     "  kernels: every host kernel of a training step at one micro-batch of FILE's model (default\n"
-    "        input/bench-cpu.json when it exists, else input/gpt-tiny.json), at each ISA level of\n"
+    "        input/bench-cpu.json when it exists, else the bench-cpu preset), at each ISA level of\n"
     "        LIST (default: every level this CPU runs, e.g. avx512,avx2,sse2): its rate and that\n"
     "        rate against its bound, FLOPs / the level's FMA peak (attention) or bytes / the copy\n"
     "        bandwidth (the rest; over 100%: the data stayed in cache); GELU and the cross-entropy's\n"
@@ -103,9 +104,18 @@ int bench_comm_command(const Args& a) {
   return bench_comm(o) == 0 ? 0 : 1;
 }
 
+// --config's model (a file or a preset's name, config/presets.h), read as a one-rank, stage-0 run.
+Config bench_config(const std::string& arg) {
+  ConfigSources src;
+  set_config_file(src, arg);
+  src.overrides = {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"};
+  return load_config(src, 1);
+}
+
 // zero3d bench kernels [--config FILE] [--seconds S] [--levels LIST | --backend NAME]
 int bench_kernels_command(const Args& a) {
-  std::string config = std::filesystem::exists("input/bench-cpu.json") ? "input/bench-cpu.json" : "input/gpt-tiny.json";
+  // The source tree's when run from it, else the preset of this binary's tree (config/presets.h).
+  std::string config = std::filesystem::exists("input/bench-cpu.json") ? "input/bench-cpu.json" : "bench-cpu";
   std::string backend;
   double seconds = 0.3;
   std::vector<std::string> levels;
@@ -118,7 +128,7 @@ int bench_kernels_command(const Args& a) {
   }
   if (!backend.empty() && !levels.empty())
     throw UserError("bench kernels: --levels picks the host's ISA levels, --backend one backend: give one of them");
-  const Config cfg = load_config({config, "", {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"}}, 1);
+  const Config cfg = bench_config(config);
   // A config whose compute.backend names a backend other than the host's benches that one.
   if (backend.empty() && levels.empty() && cfg.compute.backend != "auto" && cfg.compute.backend != "host")
     backend = cfg.compute.backend;
@@ -159,7 +169,7 @@ int bench_gemm_command(const Args& a) {
   auto world = ProcessGroup::world();
   const JobInfo job = job_info(*world);
   std::optional<Config> cfg;
-  if (!config.empty()) cfg = load_config({config, "", {"zero_optimization.stage=0", "pipeline_parallel.pp_size=1"}}, 1);
+  if (!config.empty()) cfg = bench_config(config);
   if (backend.empty()) backend = cfg ? cfg->compute.backend : "auto";
   std::unique_ptr<Backend> be = make_backend(backend, job.local_rank);
   if (be->kind() != BackendKind::host) {

@@ -11,6 +11,7 @@
 #include "app/commands.h"
 #include "bench/machine.h"
 #include "config/config.h"
+#include "config/presets.h"
 #include "config/json_tree.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -35,7 +36,7 @@ const char* kPlanUsage =
     "  not counted), with optimizer offload to host memory as one more choice (its host bytes apart).\n"
     "  A config naming zero_optimization.offload_optimizer.nvme_path: offload to nvme as one more choice,\n"
     "  its swap files sized (the nvme column, not in the total) without making them.\n"
-    "  --machine FILE (zero3d bench machine's, or a GPU node's preset in input/machines/): each layout's\n"
+    "  --machine FILE (zero3d bench machine's, or a GPU node preset's name: h100-sxm, h200-sxm): each layout's\n"
     "  step time too, its work counted by running its model's and engine's code on the sizing backend\n"
     "  (--explain prints it) and priced at FILE's rates: compute, communication (over the network for a\n"
     "  group that spans nodes), 1F1B's bubble, the step's end; ranked by tokens/s (else by memory).\n"
@@ -76,11 +77,12 @@ int cmd_plan(const Args& a) {
     else if (a[i] == "--json") json = true;
     else if (a[i] == "--explain") explain = true;
     else if (a[i] == "--device") kind = MemKind::device;
-    else if (a[i] == "--machine") machine = load_machine(option_value(a, i, kPlanUsage));
+    else if (a[i] == "--machine")
+      machine = load_machine(find_config_file(option_value(a, i, kPlanUsage), PresetKind::machine).file);
     else if (a[i] == "--set") src.overrides.push_back(option_value(a, i, kPlanUsage));
     else if (a[i] == "--deepspeed") src.deepspeed_file = option_value(a, i, kPlanUsage);
     else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s'\n%s", a[i].c_str(), kPlanUsage));
-    else if (src.config_file.empty()) src.config_file = a[i];
+    else if (src.config_file.empty()) set_config_file(src, a[i]);  // a file, or a preset's name
     else throw UserError(strprintf("zero3d plan takes one config, got a second: '%s'", a[i].c_str()));
   }
   if (src.config_file.empty() || ranks == 0)

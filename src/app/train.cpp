@@ -10,6 +10,7 @@
 #include "app/commands.h"
 #include "bench/rates.h"
 #include "config/config.h"
+#include "config/presets.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "kernels/backend.h"
@@ -30,6 +31,8 @@ namespace {
 const char* kTrainUsage =
     "usage: zero3d train CONFIG.json [options]\n"
     "  Train a GPT model as described by CONFIG.json (see README.md, \"Configuration\").\n"
+    "  CONFIG.json: a file, or a preset's name (gpt-tiny: input/gpt-tiny.json of this zero3d's own tree,\n"
+    "  installed or the source tree; its data paths are that tree's: input/README.md#presets).\n"
     "options:\n"
     "  --set KEY=VALUE      override one config key (dotted path, JSON value); repeatable\n"
     "  --deepspeed FILE     overlay a DeepSpeed ds_config.json on the run config\n"
@@ -151,7 +154,7 @@ TrainArgs parse_train_args(const Args& a) {
       t.opt.peak_flops = parse_positive(option_value(a, i, kTrainUsage), "--peak-flops");
       t.opt.peak_source = "--peak-flops";
     } else if (a[i].starts_with("-")) throw UserError(strprintf("unknown option '%s' for zero3d train\n%s", a[i].c_str(), kTrainUsage));
-    else if (t.src.config_file.empty()) t.src.config_file = a[i];
+    else if (t.src.config_file.empty()) set_config_file(t.src, a[i]);  // a file, or a preset's name
     else throw UserError(strprintf("zero3d train takes one CONFIG file, got a second: '%s'", a[i].c_str()));
   }
   if (t.src.config_file.empty()) throw UserError(strprintf("zero3d train needs a CONFIG file\n%s", kTrainUsage));

@@ -249,6 +249,9 @@ struct ConfigSources {
   std::string config_file;               // the run config (required)
   std::string deepspeed_file;            // optional DeepSpeed config overlaid on it
   std::vector<std::string> overrides;    // "a.b=value", applied last, in order
+  std::string preset_root = "";          // a preset's tree (config/presets.h): the run config's relative
+                                         // file paths are taken from it; "" = the working directory
+                                         // (initialized: `{file, ds, overrides}` leaves it out)
 };
 
 // Read, overlay, override, validate and resolve. `world_size` is the number of ranks, for the

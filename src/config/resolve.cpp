@@ -103,6 +103,7 @@ class Resolver {
 
   void read_sources() {
     user_ = read_file(src_.config_file, "config file");
+    if (!src_.preset_root.empty()) rebase_preset_files(user_);
     base_ = user_;
     sources_.push_back(src_.config_file);
     if (!src_.deepspeed_file.empty()) {
@@ -131,6 +132,30 @@ class Resolver {
       record_origin(ds, "", sources_.size() - 1, origin_);
     }
     for (const std::string& o : src_.overrides) apply_override(o);
+  }
+
+  // A preset's relative file paths (data.train: "input/data/train.bin") are its tree's, not the
+  // working directory's: only those the preset file itself sets (not --set, not --deepspeed).
+  void rebase_preset_files(json& tree) const {
+    for (const Key& k : schema()) {
+      json* v = k.files == Key::Files::none ? nullptr : find(tree, k.path);
+      if (!v || !v->is_string()) continue;  // a wrong type is reported by the checks below
+      std::string out;
+      const std::string text = v->get<std::string>();
+      for (size_t at = 0;;) {
+        const size_t comma = k.files == Key::Files::list ? text.find(',', at) : std::string::npos;
+        std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        const size_t b = item.find_first_not_of(" \t");
+        if (b != std::string::npos && item[b] != '/' &&
+            std::find(k.words.begin(), k.words.end(), item) == k.words.end())
+          item = src_.preset_root + "/" + item.substr(b);
+        out += item;
+        if (comma == std::string::npos) break;
+        out += ',';
+        at = comma + 1;
+      }
+      *v = out;
+    }
   }
 
   void apply_override(const std::string& o) {

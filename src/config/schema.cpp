@@ -387,8 +387,9 @@ std::vector<Key> build() {
       field("data.train", at(&Config::data, &DC::train),
             "llm.c token files for training (uint16 or uint32 tokens): a file, a glob (\"data/train_*.bin\": its matches "
             "sorted) or a comma-separated list of files and globs, read as one set of sequences in that order")
-          .non_empty().no_default().need(),
-      field("data.val", at(&Config::data, &DC::val), "llm.c token files for validation, given as data.train; \"\" = none"),
+          .non_empty().no_default().need().reads_files(Key::Files::list),
+      field("data.val", at(&Config::data, &DC::val), "llm.c token files for validation, given as data.train; \"\" = none")
+          .reads_files(Key::Files::list),
       field("data.val_interval", at(&Config::data, &DC::val_interval),
             "steps between validation passes; 0 = only at step 0 and at the last step").range(0, kIntMax),
       field("data.val_batches", at(&Config::data, &DC::val_batches), "micro-batches per validation pass")
@@ -396,7 +397,8 @@ std::vector<Key> build() {
       field("data.tokenizer", at(&Config::data, &DC::tokenizer),
             "the tokenizer that made the token files: \"byte\", a Hugging Face tokenizer.json or a SentencePiece "
             "tokenizer.model (or a directory holding one); recorded in every checkpoint (the file copied beside it) for generate, eval and "
-            "export; \"\" = unknown (generate then takes only --prompt-ids)"),
+            "export; \"\" = unknown (generate then takes only --prompt-ids)")
+          .reads_files(Key::Files::one, {"byte"}),
       field("run.max_minutes", at(&Config::max_minutes),
             "wall-time budget from start: checkpoint and exit 6 at the last step boundary where another step and "
             "a checkpoint still fit; 0 = none (under Slurm the job's end time is a budget too)").range(0, kInf),
@@ -405,7 +407,8 @@ std::vector<Key> build() {
             "start from these weights instead of the seeded draw: a Hugging Face directory of a GPT2LMHeadModel or "
             "LlamaForCausalLM (config.json and model.safetensors or its shards, as the hub ships them or `zero3d ckpt "
             "export --format hf` writes them; config.json must describe this run's model), on any layout; a "
-            "checkpoint that checkpoint.load resumes replaces them; \"\" = none"),
+            "checkpoint that checkpoint.load resumes replaces them; \"\" = none")
+          .reads_files(Key::Files::one),
       field("checkpoint.save_interval", at(&Config::checkpoint, &CC::save_interval),
             "steps between checkpoints (and one at the last step); 0 = none").range(0, kIntMax),
       field("checkpoint.keep_last", at(&Config::checkpoint, &CC::keep_last), "newest checkpoints kept; 0 = all")
@@ -608,6 +611,12 @@ Key Key::ignore_case() const {
 Key Key::non_empty() const {
   Key k = *this;
   k.nonempty = true;
+  return k;
+}
+Key Key::reads_files(Files f, std::vector<std::string> not_files) const {
+  Key k = *this;
+  k.files = f;
+  k.words = std::move(not_files);
   return k;
 }
 Key Key::derived_default(std::function<json(const Lookup&)> f) const {

@@ -48,6 +48,10 @@ struct Key {
   bool nonempty = false;             // String: "" is invalid
   bool required = false;             // required whenever it applies
   bool auto_is_value = false;        // "auto" is one of its values (checkpoint.load), not the placeholder
+  // String: names files the run reads (Files::list: comma-separated, as data.train). In a preset
+  // (config/presets.h) a relative one is the preset tree's; the values in `words` name no file.
+  enum class Files { none, one, list } files = Files::none;
+  std::vector<std::string> words;
   std::string when_key;              // applies only when when_key's value is one of when_values
   std::vector<std::string> when_values;
   Status status = Status::honoured;
@@ -64,6 +68,7 @@ struct Key {
   Key only_when(std::string key, std::vector<std::string> values) const;
   Key ignore_case() const;
   Key non_empty() const;
+  Key reads_files(Files f, std::vector<std::string> not_files = {}) const;
   Key derived_default(std::function<json(const Lookup&)> f) const;
   Key auto_from(std::string how, std::function<json(const Lookup&)> f) const;
   Key also_accept(std::vector<json> values) const;

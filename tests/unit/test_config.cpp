@@ -64,6 +64,28 @@ std::string load_error(const std::string& file, std::vector<std::string> overrid
   return error_of([&] { load_config({file, ds, std::move(overrides)}, world); });
 }
 
+// A preset found by name (config/presets.h): the file paths it sets itself are its tree's; what
+// --set gives, absolute paths and the tokenizer's "byte" stay as written; a user's file is as written.
+TEST(Config, PresetPathsAreItsTrees) {
+  TempDir dir;
+  ConfigSources src;
+  src.config_file = dir.write("preset.json", R"({
+  "train_micro_batch_size_per_gpu": 4, "train_steps": 10,
+  "model": {"vocab_size": 256, "seq_len": 32, "n_layer": 2, "n_head": 4, "d_model": 64},
+  "data": {"train": "input/a.bin, /abs/b.bin,input/c_*.bin", "tokenizer": "byte"},
+  "checkpoint": {"init_from": "hf/gpt2"}
+})");
+  src.preset_root = "/tree";
+  src.overrides = {"data.val=input/val.bin"};
+  const Config c = load_config(src, 1);
+  EXPECT_EQ(c.data.train, "/tree/input/a.bin, /abs/b.bin,/tree/input/c_*.bin");
+  EXPECT_EQ(c.data.val, "input/val.bin");
+  EXPECT_EQ(c.data.tokenizer, "byte");
+  EXPECT_EQ(c.checkpoint.init_from, "/tree/hf/gpt2");
+  src.preset_root = "";
+  EXPECT_EQ(load_config(src, 1).data.train, "input/a.bin, /abs/b.bin,input/c_*.bin");
+}
+
 TEST(Config, DefaultsFollowDeepSpeed) {
   TempDir dir;
   Config c = load_config({dir.write("run.json", minimal()), "", {}}, 1);
