@@ -228,18 +228,21 @@ struct HostGemm::Impl {
     }
   }
 
-  // Round the stored rows of op(X) into a contiguous bf16 copy; returns its leading dimension.
+  // Round the stored rows of op(X) into a bf16 copy with the same leading dimension: a B rounded
+  // here and a B that comes with its bf16 copy (same ld) then run the same primitive, so they give
+  // the same bits. A contiguous copy of a padded B was another primitive, and with AMX (a Xeon of
+  // family 6 model 207) another order of the sums: 1-ulp differences (test_kernels' Bf16Gemm cases).
   static int to_bf16(std::vector<uint16_t>& dst, const float* X, int rows, int cols, bool t, int ld) {
     const int srows = t ? cols : rows, scols = t ? rows : cols;
-    if (dst.size() < static_cast<size_t>(srows) * scols) dst.resize(static_cast<size_t>(srows) * scols);
+    const size_t extent = strided_extent(srows, scols, ld);
+    if (dst.size() < extent) dst.resize(extent);
     if (ld == scols) {
-      cpu::select().cast_to_bf16(dst.data(), X, static_cast<size_t>(srows) * scols);
+      cpu::select().cast_to_bf16(dst.data(), X, extent);
     } else {
       for (int r = 0; r < srows; ++r)
-        cpu::select().cast_to_bf16(dst.data() + static_cast<size_t>(r) * scols, X + static_cast<size_t>(r) * ld,
-                                   scols);
+        cpu::select().cast_to_bf16(dst.data() + static_cast<size_t>(r) * ld, X + static_cast<size_t>(r) * ld, scols);
     }
-    return scols;
+    return ld;
   }
 
   // In bf16, A and B are rounded into a16 and b16, except a B that comes with its bf16 copy.
