@@ -29,9 +29,6 @@ struct GradReduce {
                    : dp.all_reduce(send + at * e, n, type, RedOp::sum);
   }
 };
-GradReduce grad_reduce(bool scatter, const std::optional<Storage16>& s16) {
-  return {scatter, s16 ? comm_type(s16->type()) : CommType::f32};
-}
 
 // A full-size gradient buffer for one unit at a time, with the receive buffers of its
 // reductions and the requests still in flight. In mixed precision g16 holds the unit's gradient
@@ -116,48 +113,22 @@ class SlabSync : public GradSync {
 // Stages 0-1: the full gradient accumulates over the micro-batches. Its buckets are reduced
 // unit by unit as the last micro-batch's backward completes each unit (overlap_comm), or all at
 // the boundary. Stage 1 reduce-scatters each bucket into the rank's shard of the gradient.
-class BoundarySync final : public SlabSync {
+// The schedule is here; where backward accumulates and what the optimizer reads is the
+// precision's (BoundarySync32, BoundarySync16).
+class BoundarySync : public SlabSync {
  public:
-  BoundarySync(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& cfg,
-               const std::optional<Storage16>& s16)
-      : SlabSync(be, L), dp_(dp), view_(view), stage_(cfg.stage), scatter_(cfg.stage == 1 && cfg.reduce_scatter),
-        overlap_(cfg.overlap_comm), limit_(static_cast<size_t>(cfg.reduce_bucket_size)), s16_(s16),
-        micro_done_(L.units.size(), 0), started_(L.units.size(), false) {
-    if (s16_) grads16_ = DeviceBuffer<uint16_t>(be, L.total, BufferUse::comm);
-    else grads_ = DeviceBuffer<float>(be, L.total, BufferUse::comm);
-    if (scatter_) {  // the reduce-scatters land here, laid out like the shard (b.shard_offset)
-      if (s16_) shard16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
-      else shard_ = DeviceBuffer<float>(be, L.shard_size);
-    }
-    if (s16_) {
-      make_slabs(dp.size(), false, false, false);  // fp32 unit gradients, rounded into grads16_ at done()
-      grads32_ = DeviceBuffer<float>(be, stage_ == 0 ? L.total : L.shard_size);
-    }
-    grad_bytes_ = grads_.bytes() + grads16_.bytes();
-    buffer_bytes_ += shard_.bytes() + shard16_.bytes() + grads32_.bytes();
-    send_ = s16_ ? bytes_of(grads16_.mem()) : bytes_of(grads_.mem());
-    recv_ = s16_ ? bytes_of(shard16_.mem()) : bytes_of(shard_.mem());
-  }
-
   void begin_step(int micro_batches) override {
     micro_batches_ = micro_batches;
     std::fill(micro_done_.begin(), micro_done_.end(), 0);
     std::fill(started_.begin(), started_.end(), false);
-    be_.zero(grads_.data(), grads_.bytes());
-    be_.zero(grads16_.data(), grads16_.bytes());
+    be_.zero(send_.ptr, grad_bytes_);  // the accumulator is what the reductions send
   }
   float* acquire(int unit) override {
     for (auto& op : ops_) op.test();  // progress the reductions in flight (MPI has no progress thread)
-    return s16_ ? take(unit) : grads_.data() + L_.units[unit].offset;  // fp32: in place
+    return accumulator(unit);
   }
   void done(int unit) override {
-    if (s16_) {
-      Slab& s = close(unit);
-      const Unit& u = L_.units[unit];
-      s16_->accumulate(grads16_.data() + u.offset, s.grads.data(), u.size);
-      s.unit = -1;
-      s.reducing = false;
-    }
+    land(unit);
     if (overlap_ && ++micro_done_[unit] == micro_batches_) start(unit);  // the unit's gradient is final
   }
   void finish() override {
@@ -167,33 +138,25 @@ class BoundarySync final : public SlabSync {
       reduce(0, static_cast<int>(L_.buckets.size()));  // everything now: a message may span units
     for (auto& op : ops_) op.wait();
     ops_.clear();
-    if (!s16_) return;
-    // Widen the optimizer-owned 16-bit gradients into grads32_ (laid out like the master).
-    if (stage_ == 0) s16_->widen(grads32_.data(), grads16_.data(), L_.total);
-    else
-      for (const Bucket& b : L_.buckets)
-        s16_->widen(owned(b), scatter_ ? shard16_.data() + b.shard_offset : grads16_.data() + view_.owned_offset(b),
-                    view_.owned_size(b));
+    widen();
   }
-  float* owned(const Bucket& b) override {
-    if (s16_) return grads32_.data() + (stage_ == 0 ? b.offset : b.shard_offset);
-    return scatter_ ? shard_.data() + b.shard_offset : grads_.data() + view_.owned_offset(b);
-  }
-  // Stage 0 holds the whole reduced bucket but counts its dp slice, so the slices of all ranks
-  // cover every parameter once.
-  const float* reduced_slice(const Bucket& b) const override {
-    const size_t slice = L_.slice(b, dp_.rank()).offset;
-    if (s16_) return grads32_.data() + (stage_ == 0 ? b.offset + slice : b.shard_offset);
-    return scatter_ ? shard_.data() + b.shard_offset : grads_.data() + b.offset + slice;
-  }
-  void inject_inf() override {
-    if (s16_) {  // at the next unit backward hands over
-      inject_inf_ = true;
-      return;
-    }
-    const float inf = std::numeric_limits<float>::infinity();  // straight into the gradient
-    be_.copy_from_host(grads_.data(), &inf, sizeof inf);
-  }
+
+ protected:
+  // type: what the reductions sum (the accumulator's element type).
+  BoundarySync(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& cfg,
+               CommType type)
+      : SlabSync(be, L), dp_(dp), view_(view), stage_(cfg.stage), scatter_(cfg.stage == 1 && cfg.reduce_scatter),
+        overlap_(cfg.overlap_comm), limit_(static_cast<size_t>(cfg.reduce_bucket_size)), reduce_{scatter_, type},
+        micro_done_(L.units.size(), 0), started_(L.units.size(), false) {}
+  virtual float* accumulator(int unit) = 0;  // where backward accumulates the unit's gradient
+  virtual void land(int unit) { (void)unit; }  // backward finished the unit: into the accumulator
+  virtual void widen() {}  // after the reductions: the fp32 gradients the optimizer reads
+
+  ProcessGroup& dp_;
+  const ShardView& view_;
+  int stage_;
+  bool scatter_;  // stage 1 with reduce_scatter: reduce-scatter, else all-reduce
+  MemRef<char> send_, recv_;  // the reductions' buffers (set by the precision): the accumulator, the shard
 
  private:
   // Issues the reductions of a unit's buckets, once per step.
@@ -213,48 +176,100 @@ class BoundarySync final : public SlabSync {
     }
   }
 
-  ProcessGroup& dp_;
-  const ShardView& view_;
-  int stage_;
-  bool scatter_;  // stage 1 with reduce_scatter: reduce-scatter, else all-reduce
   bool overlap_;
   size_t limit_;  // reduce_bucket_size
-  const std::optional<Storage16>& s16_;
-  GradReduce reduce_ = grad_reduce(scatter_, s16_);  // after scatter_ and s16_, which it reads
-  MemRef<char> send_, recv_;  // the reductions' buffers: grads_ or grads16_, shard_ or shard16_
-  DeviceBuffer<float> grads_, shard_, grads32_;
-  DeviceBuffer<uint16_t> grads16_, shard16_;
+  GradReduce reduce_;
   int micro_batches_ = 1;
   std::vector<int> micro_done_;  // per unit: micro-batches whose backward completed it this step
   std::vector<bool> started_;    // per unit: its reductions were issued this step
   std::vector<PendingOp> ops_;
 };
 
-// Stages 2-3: each unit's gradient is reduced as soon as backward hands it over, into the
-// rank's shard.
-class UnitSync final : public SlabSync {
+// fp32: backward accumulates into the full gradient in place, which is reduced as it is.
+class BoundarySync32 final : public BoundarySync {
  public:
-  UnitSync(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ZeroConfig& cfg,
-           const std::optional<Storage16>& s16)
-      : SlabSync(be, L), dp_(dp), scatter_(cfg.reduce_scatter), overlap_(cfg.overlap_comm),
-        limit_(static_cast<size_t>(cfg.reduce_bucket_size)), s16_(s16) {
-    if (s16_) shard_grads16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
-    else shard_grads_ = DeviceBuffer<float>(be, L.shard_size);
-    make_slabs(dp.size(), s16_ || scatter_, s16_.has_value(), s16_ && scatter_);
-    if (s16_) grads32_ = DeviceBuffer<float>(be, L.shard_size);
-    grad_bytes_ = shard_grads_.bytes() + shard_grads16_.bytes();
-    buffer_bytes_ += grads32_.bytes();
+  BoundarySync32(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& cfg)
+      : BoundarySync(be, dp, L, view, cfg, CommType::f32) {
+    grads_ = DeviceBuffer<float>(be, L.total, BufferUse::comm);
+    if (scatter_) shard_ = DeviceBuffer<float>(be, L.shard_size);  // laid out like the shard (b.shard_offset)
+    grad_bytes_ = grads_.bytes();
+    buffer_bytes_ += shard_.bytes();
+    send_ = bytes_of(grads_.mem());
+    recv_ = bytes_of(shard_.mem());
+  }
+  float* owned(const Bucket& b) override {
+    return scatter_ ? shard_.data() + b.shard_offset : grads_.data() + view_.owned_offset(b);
+  }
+  // Stage 0 holds the whole reduced bucket but counts its dp slice, so the slices of all ranks
+  // cover every parameter once.
+  const float* reduced_slice(const Bucket& b) const override {
+    return scatter_ ? shard_.data() + b.shard_offset : grads_.data() + b.offset + L_.slice(b, dp_.rank()).offset;
+  }
+  void inject_inf() override {  // straight into the gradient
+    const float inf = std::numeric_limits<float>::infinity();
+    be_.copy_from_host(grads_.data(), &inf, sizeof inf);
   }
 
-  void begin_step(int) override {
-    be_.zero(shard_grads_.data(), shard_grads_.bytes());
-    be_.zero(shard_grads16_.data(), shard_grads16_.bytes());
+ private:
+  float* accumulator(int unit) override { return grads_.data() + L_.units[unit].offset; }
+
+  DeviceBuffer<float> grads_, shard_;
+};
+
+// Mixed: backward's fp32 unit gradient (in a unit buffer) is rounded into the full 16-bit
+// gradient, which is reduced; the optimizer's part of the result is widened into grads32_
+// (laid out like the master).
+class BoundarySync16 final : public BoundarySync {
+ public:
+  BoundarySync16(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& cfg,
+                 const Storage16& s16)
+      : BoundarySync(be, dp, L, view, cfg, comm_type(s16.type())), s16_(s16) {
+    grads16_ = DeviceBuffer<uint16_t>(be, L.total, BufferUse::comm);
+    if (scatter_) shard16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
+    make_slabs(dp.size(), false, false, false);
+    grads32_ = DeviceBuffer<float>(be, stage_ == 0 ? L.total : L.shard_size);
+    grad_bytes_ = grads16_.bytes();
+    buffer_bytes_ += shard16_.bytes() + grads32_.bytes();
+    send_ = bytes_of(grads16_.mem());
+    recv_ = bytes_of(shard16_.mem());
   }
+  float* owned(const Bucket& b) override { return grads32_.data() + (stage_ == 0 ? b.offset : b.shard_offset); }
+  const float* reduced_slice(const Bucket& b) const override {  // stage 0: its dp slice, as in fp32
+    return grads32_.data() + (stage_ == 0 ? b.offset + L_.slice(b, dp_.rank()).offset : b.shard_offset);
+  }
+  void inject_inf() override { inject_inf_ = true; }  // at the next unit backward hands over
+
+ private:
+  float* accumulator(int unit) override { return take(unit); }
+  void land(int unit) override {
+    Slab& s = close(unit);
+    const Unit& u = L_.units[unit];
+    s16_.accumulate(grads16_.data() + u.offset, s.grads.data(), u.size);
+    s.unit = -1;
+    s.reducing = false;
+  }
+  void widen() override {
+    if (stage_ == 0) return s16_.widen(grads32_.data(), grads16_.data(), L_.total);
+    for (const Bucket& b : L_.buckets)
+      s16_.widen(owned(b), scatter_ ? shard16_.data() + b.shard_offset : grads16_.data() + view_.owned_offset(b),
+                 view_.owned_size(b));
+  }
+
+  const Storage16& s16_;
+  DeviceBuffer<float> grads32_;
+  DeviceBuffer<uint16_t> grads16_, shard16_;
+};
+
+// Stages 2-3: each unit's gradient is reduced as soon as backward hands it over, into the
+// rank's shard. The schedule is here; what is reduced and how it lands in the shard is the
+// precision's (UnitSync32, UnitSync16).
+class UnitSync : public SlabSync {
+ public:
   float* acquire(int unit) override { return take(unit); }
   void done(int unit) override {
     Slab& s = close(unit);
     const Unit& u = L_.units[unit];
-    if (s16_) s16_->narrow(s.g16.data(), s.grads.data(), u.size);
+    narrow(s, u);
     const size_t shard_base = L_.buckets[u.first_bucket].shard_offset;
     // In messages of up to reduce_bucket_size elements.
     for (const BucketMessage& run : bucket_messages(L_, u.first_bucket, u.first_bucket + u.num_buckets, limit_)) {
@@ -268,15 +283,22 @@ class UnitSync final : public SlabSync {
   }
   void finish() override {
     for (auto& s : slabs_) complete(*s);
-    if (s16_) s16_->widen(grads32_.data(), shard_grads16_.data(), L_.shard_size);
-  }
-  float* owned(const Bucket& b) override {
-    return s16_ ? grads32_.data() + b.shard_offset : shard_grads_.data() + b.shard_offset;
-  }
-  const float* reduced_slice(const Bucket& b) const override {
-    return s16_ ? grads32_.data() + b.shard_offset : shard_grads_.data() + b.shard_offset;
+    widen();
   }
   void inject_inf() override { inject_inf_ = true; }
+
+ protected:
+  UnitSync(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ZeroConfig& cfg, CommType type)
+      : SlabSync(be, L), dp_(dp), scatter_(cfg.reduce_scatter), overlap_(cfg.overlap_comm),
+        limit_(static_cast<size_t>(cfg.reduce_bucket_size)), reduce_{scatter_, type} {}
+  virtual void narrow(Slab& s, const Unit& u) { (void)s, (void)u; }  // the unit's gradient as reduced
+  // Adds bucket b's n reduced elements into the shard gradients: they are at `at` of the unit's
+  // gradient (all-reduce), or at `recv_at` of the slab's receive buffers (reduce-scatter).
+  virtual void land(Slab& s, const Bucket& b, size_t at, size_t recv_at, size_t n) = 0;
+  virtual void widen() {}  // after the reductions: the fp32 gradients the optimizer reads
+
+  ProcessGroup& dp_;
+  bool scatter_;
 
  private:
   // Waits for a slab's reductions and adds the rank's reduced slices into the shard gradients.
@@ -289,34 +311,80 @@ class UnitSync final : public SlabSync {
     for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
       const Bucket& b = L_.buckets[i];
       const size_t n = b.size / dp_.size(), at = b.offset - u.offset + L_.slice(b, dp_.rank()).offset;
-      float* recv = s.recv.data() + (b.shard_offset - shard_base);
-      if (!s16_) {
-        be_.accumulate(shard_grads_.data() + b.shard_offset, scatter_ ? recv : s.grads.data() + at, n);
-      } else {
-        s16_->widen(recv, scatter_ ? s.recv16.data() + (b.shard_offset - shard_base) : s.g16.data() + at, n);
-        s16_->accumulate(shard_grads16_.data() + b.shard_offset, recv, n);
-      }
+      land(s, b, at, b.shard_offset - shard_base, n);
     }
     s.unit = -1;
     s.reducing = false;
   }
 
-  ProcessGroup& dp_;
-  bool scatter_, overlap_;
+  bool overlap_;
   size_t limit_;  // reduce_bucket_size
-  const std::optional<Storage16>& s16_;
-  GradReduce reduce_ = grad_reduce(scatter_, s16_);  // after scatter_ and s16_, which it reads
-  DeviceBuffer<float> shard_grads_, grads32_;
+  GradReduce reduce_;
+};
+
+// fp32: the unit's gradient is reduced as it is and accumulated into the shard.
+class UnitSync32 final : public UnitSync {
+ public:
+  UnitSync32(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ZeroConfig& cfg)
+      : UnitSync(be, dp, L, cfg, CommType::f32) {
+    shard_grads_ = DeviceBuffer<float>(be, L.shard_size);
+    make_slabs(dp.size(), scatter_, false, false);
+    grad_bytes_ = shard_grads_.bytes();
+  }
+  void begin_step(int) override { be_.zero(shard_grads_.data(), shard_grads_.bytes()); }
+  float* owned(const Bucket& b) override { return shard_grads_.data() + b.shard_offset; }
+  const float* reduced_slice(const Bucket& b) const override { return shard_grads_.data() + b.shard_offset; }
+
+ private:
+  void land(Slab& s, const Bucket& b, size_t at, size_t recv_at, size_t n) override {
+    be_.accumulate(shard_grads_.data() + b.shard_offset, scatter_ ? s.recv.data() + recv_at : s.grads.data() + at, n);
+  }
+
+  DeviceBuffer<float> shard_grads_;
+};
+
+// Mixed: the unit's gradient is rounded to 16 bits (g16) and reduced; the reduced slices are
+// widened (into the slab's recv) and accumulated into the 16-bit shard, widened at the boundary.
+class UnitSync16 final : public UnitSync {
+ public:
+  UnitSync16(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ZeroConfig& cfg, const Storage16& s16)
+      : UnitSync(be, dp, L, cfg, comm_type(s16.type())), s16_(s16) {
+    shard_grads16_ = DeviceBuffer<uint16_t>(be, L.shard_size);
+    make_slabs(dp.size(), true, true, scatter_);
+    grads32_ = DeviceBuffer<float>(be, L.shard_size);
+    grad_bytes_ = shard_grads16_.bytes();
+    buffer_bytes_ += grads32_.bytes();
+  }
+  void begin_step(int) override { be_.zero(shard_grads16_.data(), shard_grads16_.bytes()); }
+  float* owned(const Bucket& b) override { return grads32_.data() + b.shard_offset; }
+  const float* reduced_slice(const Bucket& b) const override { return grads32_.data() + b.shard_offset; }
+
+ private:
+  void narrow(Slab& s, const Unit& u) override { s16_.narrow(s.g16.data(), s.grads.data(), u.size); }
+  void land(Slab& s, const Bucket& b, size_t at, size_t recv_at, size_t n) override {
+    float* recv = s.recv.data() + recv_at;
+    s16_.widen(recv, scatter_ ? s.recv16.data() + recv_at : s.g16.data() + at, n);
+    s16_.accumulate(shard_grads16_.data() + b.shard_offset, recv, n);
+  }
+  void widen() override { s16_.widen(grads32_.data(), shard_grads16_.data(), L_.shard_size); }
+
+  const Storage16& s16_;
+  DeviceBuffer<float> grads32_;
   DeviceBuffer<uint16_t> shard_grads16_;
 };
 
 }  // namespace
 
+// The precision is chosen here, once: the fp32 and the mixed variant of each stage family.
 std::unique_ptr<GradSync> make_grad_sync(Backend& be, ProcessGroup& dp, const FlatLayout& layout,
                                          const ShardView& view, const ZeroConfig& cfg,
                                          const std::optional<Storage16>& s16) {
-  if (cfg.stage < 2) return std::make_unique<BoundarySync>(be, dp, layout, view, cfg, s16);
-  return std::make_unique<UnitSync>(be, dp, layout, cfg, s16);
+  if (cfg.stage < 2) {
+    if (s16) return std::make_unique<BoundarySync16>(be, dp, layout, view, cfg, *s16);
+    return std::make_unique<BoundarySync32>(be, dp, layout, view, cfg);
+  }
+  if (s16) return std::make_unique<UnitSync16>(be, dp, layout, cfg, *s16);
+  return std::make_unique<UnitSync32>(be, dp, layout, cfg);
 }
 
 }  // namespace zero3d

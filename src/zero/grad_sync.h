@@ -15,6 +15,9 @@
 //     on (each is waited for when its buffer is needed again, or at the boundary); without, each
 //     is waited for at once.
 //
+// The precision is chosen once too: each family has an fp32 variant (backward's gradient is
+// reduced as it is) and a mixed one (rounded to 16 bits, reduced, widened for the optimizer).
+//
 // Messages: runs of consecutive buckets of at most reduce_bucket_size elements (bucket_messages; a
 // bucket larger than that alone), one collective each (several reduce-scatters in one: MessageSlices).
 // A message spans units only at stages 0-1 without overlap_comm (elsewhere a unit is what

@@ -25,14 +25,53 @@ void ParamStorage::split_updated(size_t begin, size_t n, const float* master) {
     take_updated(begin + at, std::min(link_->span_max(), n - at), master + at);
 }
 
-const char* ParamStorage::stage_weights(const float* master, size_t n) {
-  char* buf = link_->upload_buffer();
-  if (s16_) narrow_on_host(reinterpret_cast<uint16_t*>(buf), master, n);
-  else std::memcpy(buf, master, n * sizeof(float));
-  return buf;
-}
-
 namespace {
+
+// The kept weights' precision, a part chosen once (make_param_storage) as the storages' template
+// argument K; K::W is a kept element. Kept32: fp32 weights, the master's own bits, so each step is
+// the identity (a copy, or the pointer itself). Kept16: the master rounded to 16 bits (mixed).
+//   host(x):                 fp32 values on the host as kept
+//   round(be, dst, src, n):  the master as kept weights, on be (fp32: only from a master in
+//                            host memory, into host memory: a memcpy)
+//   kept_of(be, src, w, n):  the master as kept weights, in w where they differ
+//   fp32(p), bits16(p):      kept weights as the model's fp32 or the update's 16 bits, else nullptr
+//   slot(s), widen_from:     the pool slot's buffer the gathers fill; what the pool then widens
+struct Kept32 {
+  using W = float;
+  explicit Kept32(const std::optional<Storage16>&) {}
+  const std::vector<float>& host(const std::vector<float>& x) const { return x; }
+  void round(Backend&, float* dst, const float* src, size_t n) const { std::memcpy(dst, src, n * sizeof(float)); }
+  const float* kept_of(Backend&, const float* src, std::vector<float>&, size_t) const { return src; }
+  static float* fp32(float* p) { return p; }
+  static uint16_t* bits16(const float*) { return nullptr; }
+  static DeviceBuffer<float>& slot(ParamSlot& s) { return s.buf; }
+  static void widen_from(ParamSlot& s, const float*) {
+    s.weights16 = nullptr;
+    s.widen_pending = false;
+  }
+};
+struct Kept16 {
+  using W = uint16_t;
+  explicit Kept16(const std::optional<Storage16>& s) : s16(*s) {}
+  std::vector<uint16_t> host(const std::vector<float>& x) const { return s16.narrow_host(x); }
+  void round(Backend& be, uint16_t* dst, const float* src, size_t n) const {
+    Storage16(be, s16.type()).narrow(dst, src, n);
+  }
+  const uint16_t* kept_of(Backend& be, const float* src, std::vector<uint16_t>& w, size_t n) const {
+    w.resize(n);
+    round(be, w.data(), src, n);
+    return w.data();
+  }
+  static float* fp32(uint16_t*) { return nullptr; }
+  static uint16_t* bits16(uint16_t* p) { return p; }
+  static const uint16_t* bits16(const uint16_t* p) { return p; }
+  static DeviceBuffer<uint16_t>& slot(ParamSlot& s) { return s.buf16; }
+  static void widen_from(ParamSlot& s, const uint16_t* w) {  // the pool widens the slot from w
+    s.weights16 = w;
+    s.widen_pending = true;
+  }
+  const Storage16& s16;
+};
 
 // The parameter swap file's checksum of a bucket slice: a sum over its elements of a mix of the
 // element's bits and its index in the shard. A sum, so the optimizer's spans (in shard order, not
@@ -48,16 +87,27 @@ uint64_t sum_of(const T* v, size_t n, size_t first) {
   return h;
 }
 
+// With the master in host memory (link): master elements [0, n) as the kept weights, rounded on
+// the CPU into an upload buffer of the link.
+template <class K>
+const char* stage_weights(HostLink& link, const K& k, const float* master, size_t n) {
+  char* buf = link.upload_buffer();
+  k.round(link.cpu(), reinterpret_cast<typename K::W*>(buf), master, n);
+  return buf;
+}
+
 // Stages 0-2: the whole flat layout on every rank.
+template <class K>
 class FullParams final : public ParamStorage {
+  using W = typename K::W;
+
  public:
   FullParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& zero,
-             const std::optional<Storage16>& s16, OptimizerState& state, HostLink* link)
-      : ParamStorage(be, dp, L, view, s16, state, link), stage0_(zero.stage == 0),
+             const K& k, OptimizerState& state, HostLink* link)
+      : ParamStorage(be, dp, L, view, state, link), k_(k), stage0_(zero.stage == 0),
         gather_limit_(static_cast<size_t>(zero.allgather_bucket_size)) {
-    if (s16_) params16_ = DeviceBuffer<uint16_t>(be, L.total, BufferUse::comm);
-    else params_ = DeviceBuffer<float>(be, L.total, BufferUse::comm);
-    param_bytes_ = params_.bytes() + params16_.bytes();
+    params_ = DeviceBuffer<W>(be, L.total, BufferUse::comm);
+    param_bytes_ = params_.bytes();
   }
 
   // Bucket by bucket (they tile the flat buffer), so the host holds one bucket's fp32 values at a
@@ -70,71 +120,58 @@ class FullParams final : public ParamStorage {
       if (state_.has_master())
         state_.write(OptimizerState::master, view_.state_base(b), view_.owned_size(b),
                      kept.data() + (view_.owned_offset(b) - b.offset));
-      if (!s16_) {
-        be_.copy_from_host(params_.data() + b.offset, kept.data(), kept.size() * sizeof(float));
-      } else {
-        const std::vector<uint16_t> kept16 = s16_->narrow_host(kept);
-        be_.copy_from_host(params16_.data() + b.offset, kept16.data(), kept16.size() * sizeof(uint16_t));
-      }
+      const auto& h = k_.host(kept);
+      be_.copy_from_host(params_.data() + b.offset, h.data(), h.size() * sizeof(W));
     }
   }
   float* owned(const Bucket& b) override {
-    return s16_ || state_.has_master() ? nullptr : params_.data() + view_.owned_offset(b);
+    return state_.has_master() ? nullptr : K::fp32(params_.data() + view_.owned_offset(b));
   }
   // Mixed: round into the weights; master in host memory: stage and upload, per bucket's owned range.
   void take_updated(size_t begin, size_t n, const float* master) override {
     if (!state_.has_master()) return;  // fp32: Adam updated the kept parameters in place
     if (link_ && n > link_->span_max()) return split_updated(begin, n, master);
-    const size_t elem = s16_ ? sizeof(uint16_t) : sizeof(float);
-    const char* staged = link_ ? stage_weights(master, n) : nullptr;
-    char* weights = s16_ ? reinterpret_cast<char*>(params16_.data()) : reinterpret_cast<char*>(params_.data());
+    const char* staged = link_ ? stage_weights(*link_, k_, master, n) : nullptr;
     for (const Bucket& b : L_.buckets) {
       const size_t base = view_.state_base(b);
       const size_t lo = std::max(begin, base), hi = std::min(begin + n, base + view_.owned_size(b));
       if (lo >= hi) continue;
-      char* dst = weights + (view_.owned_offset(b) + (lo - base)) * elem;
-      if (link_) link_->upload(dst, staged + (lo - begin) * elem, (hi - lo) * elem);
-      else s16_->narrow(reinterpret_cast<uint16_t*>(dst), master + (lo - begin), hi - lo);
+      W* dst = params_.data() + view_.owned_offset(b) + (lo - base);
+      if (link_) link_->upload(dst, staged + (lo - begin) * sizeof(W), (hi - lo) * sizeof(W));
+      else k_.round(be_, dst, master + (lo - begin), hi - lo);
     }
   }
   uint16_t* owned16(const Bucket& b) override {
-    return s16_ && !link_ ? params16_.data() + view_.owned_offset(b) : nullptr;
+    return link_ ? nullptr : K::bits16(params_.data() + view_.owned_offset(b));
   }
-  const float* resident_unit(int unit) override {
-    return s16_ ? nullptr : params_.data() + L_.units[unit].offset;
-  }
-  void fill(ParamSlot& s, int unit) override {  // mixed: the pool widens the kept 16-bit weights
-    s.weights16 = params16_.data() + L_.units[unit].offset;
-    s.widen_pending = true;
-  }
+  const float* resident_unit(int unit) override { return K::fp32(params_.data() + L_.units[unit].offset); }
+  void fill(ParamSlot& s, int unit) override { K::widen_from(s, params_.data() + L_.units[unit].offset); }
   void gather_updated() override {  // in messages of up to allgather_bucket_size elements, spanning units
     if (stage0_) return;  // every rank updated everything
     std::vector<PendingOp> ops;
     for (const BucketMessage& run : bucket_messages(L_, 0, static_cast<int>(L_.buckets.size()), gather_limit_)) {
       const MessageSlices pieces{slice_counts(L_, run)};
-      const size_t at = L_.buckets[run.first].offset;
-      ops.push_back(s16_ ? dp_.iall_gather_in_place(params16_.mem(at), pieces)
-                         : dp_.iall_gather_in_place(params_.mem(at), pieces));
+      ops.push_back(dp_.iall_gather_in_place(params_.mem(L_.buckets[run.first].offset), pieces));
     }
     for (auto& op : ops) op.wait();
   }
   void read_weights16(const Piece& p, uint16_t* out) const override {
     const size_t at = view_.owned_offset(view_.bucket_of(p.tensor)) + view_.offset_in_owned(p);
-    be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
+    be_.copy_to_host(out, K::bits16(params_.data() + at), p.size * sizeof(uint16_t));
   }
   Replicated replicated() const override {  // everything, at its flat offset
     std::vector<std::pair<size_t, size_t>> tensors;
     for (const Bucket& b : L_.buckets)
       for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t)
         tensors.push_back({static_cast<size_t>(t), L_.tensors[t].offset});
-    return describe(s16_ ? static_cast<const void*>(params16_.data()) : params_.data(), L_.total, std::move(tensors));
+    return {params_.data(), L_.total, sizeof(W), std::move(tensors)};
   }
 
  private:
+  K k_;
   bool stage0_;
   size_t gather_limit_;  // allgather_bucket_size
-  DeviceBuffer<float> params_;
-  DeviceBuffer<uint16_t> params16_;
+  DeviceBuffer<W> params_;
 };
 
 // Stage 3: this rank's slice of every bucket (in memory, or in a swap file with offload_param on
@@ -142,12 +179,16 @@ class FullParams final : public ParamStorage {
 // with the optimizer offloaded (link_), offload_param keeps the slices in host memory (cpu) or
 // the swap file (nvme, read into a pinned staging buffer per slot); a fill copies them up into
 // their place in the slot through the link, and the all-gather runs in place there.
+template <class K>
 class ShardedParams final : public ParamStorage {
+  using W = typename K::W;
+  static constexpr size_t elem_ = sizeof(W);
+
  public:
   ShardedParams(Backend& be, ProcessGroup& dp, const FlatLayout& L, const ShardView& view, const ZeroConfig& zero,
-                const std::optional<Storage16>& s16, OptimizerState& state, const std::string& swap,
-                const SwapFile::Options& swap_options, HostLink* link)
-      : ParamStorage(be, dp, L, view, s16, state, link), elem_(s16 ? sizeof(uint16_t) : sizeof(float)) {
+                const K& k, OptimizerState& state, const std::string& swap, const SwapFile::Options& swap_options,
+                HostLink* link)
+      : ParamStorage(be, dp, L, view, state, link), k_(k) {
     // Where the kept slices live: the backend's memory, or host memory (offload_param cpu from a device).
     Backend& keep = link_ && zero.offload_param.device == OffloadDevice::cpu ? link_->cpu() : be;
     host_slices_ = &keep != &be;
@@ -155,15 +196,12 @@ class ShardedParams final : public ParamStorage {
       swap_ = std::make_unique<SwapFile>(swap, uint64_t(L.shard_size) * elem_, swap_options);
       swapped_bytes_ = L.shard_size * elem_;
       sums_.assign(L.buckets.size(), 0);
-    } else if (s16_) {
-      params16_ = DeviceBuffer<uint16_t>(keep, L.shard_size, BufferUse::comm);
     } else {
-      shard_params_ = DeviceBuffer<float>(keep, L.shard_size, BufferUse::comm);
+      kept_ = DeviceBuffer<W>(keep, L.shard_size, BufferUse::comm);
     }
-    if (s16_) resident16_ = DeviceBuffer<uint16_t>(be, L.resident_size, BufferUse::comm);
-    else resident_ = DeviceBuffer<float>(be, L.resident_size, BufferUse::comm);
-    (host_slices_ ? host_bytes_ : param_bytes_) += shard_params_.bytes() + params16_.bytes();
-    param_bytes_ += resident_.bytes() + resident16_.bytes();
+    resident_ = DeviceBuffer<W>(be, L.resident_size, BufferUse::comm);
+    (host_slices_ ? host_bytes_ : param_bytes_) += kept_.bytes();
+    param_bytes_ += resident_.bytes();
   }
 
   // Bucket by bucket, in shard order, so a model whose shard does not fit in memory beside the
@@ -177,56 +215,40 @@ class ShardedParams final : public ParamStorage {
       if (state_.has_master()) {
         state_.write(OptimizerState::master, b.shard_offset, kept.size(), kept.data());
         take_updated(b.shard_offset, kept.size(), kept.data());  // a pass in shard order
-      } else {
-        be_.copy_from_host(shard_params_.data() + b.shard_offset, kept.data(), kept.size() * sizeof(float));
+      } else {  // fp32 in the backend's memory: the kept slices are the master
+        be_.copy_from_host(K::fp32(kept_.data() + b.shard_offset), kept.data(), kept.size() * sizeof(float));
       }
       if (b.persistent)
         gpt_initial_params(L_, n_layer, seed, b.offset, b.offset + b.size, resident.data() + b.resident_offset);
     }
-    if (s16_) {
-      const std::vector<uint16_t> resident16 = s16_->narrow_host(resident);
-      be_.copy_from_host(resident16_.data(), resident16.data(), resident16.size() * sizeof(uint16_t));
-    } else {
-      be_.copy_from_host(resident_.data(), resident.data(), resident.size() * sizeof(float));
-    }
+    const auto& h = k_.host(resident);
+    be_.copy_from_host(resident_.data(), h.data(), h.size() * sizeof(W));
   }
   float* owned(const Bucket& b) override {
-    return state_.has_master() ? nullptr : shard_params_.data() + b.shard_offset;  // else: master in the state
+    return state_.has_master() ? nullptr : K::fp32(kept_.data() + b.shard_offset);  // else: master in the state
   }
   uint16_t* owned16(const Bucket& b) override {  // state order = shard order
-    return s16_ && !link_ && !swap_ && !host_slices_ ? params16_.data() + b.shard_offset : nullptr;
+    return link_ || swap_ || host_slices_ ? nullptr : K::bits16(kept_.data() + b.shard_offset);
   }
   void take_updated(size_t begin, size_t n, const float* master) override {  // state order = shard order
     if (link_ && n > link_->span_max()) return split_updated(begin, n, master);
     if (!swap_) {
-      if (host_slices_) {  // the master and the slices are both in host memory
-        if (s16_) narrow_on_host(params16_.data() + begin, master, n);
-        else std::memcpy(shard_params_.data() + begin, master, n * sizeof(float));
-      } else if (link_) {
-        link_->upload(s16_ ? static_cast<void*>(params16_.data() + begin) : static_cast<void*>(shard_params_.data() + begin),
-                      stage_weights(master, n), n * elem_);
-      } else if (s16_) {
-        s16_->narrow(params16_.data() + begin, master, n);
-      }
+      if (host_slices_) k_.round(link_->cpu(), kept_.data() + begin, master, n);  // both in host memory
+      else if (link_) link_->upload(kept_.data() + begin, stage_weights(*link_, k_, master, n), n * elem_);
+      else k_.round(be_, kept_.data() + begin, master, n);
       return;
     }
     if (begin == 0) std::fill(sums_.begin(), sums_.end(), 0);  // a new pass over the whole shard
-    std::vector<uint16_t> w;  // swapping runs on the host backend only: host pointers
-    const void* data = master;
     if (swap_->sizing()) {  // zero3d plan: the write counted, nothing narrowed or summed
-      swap_->write(begin * elem_, data, n * elem_);
+      swap_->write(begin * elem_, master, n * elem_);
       return;
     }
-    if (s16_) {
-      w.resize(n);
-      if (link_) narrow_on_host(w.data(), master, n);  // the master is in host memory
-      else s16_->narrow(w.data(), master, n);
-      data = w.data();
-    }
+    std::vector<W> w;  // swapping runs on the host backend only: host pointers
+    const W* data = k_.kept_of(link_ ? link_->cpu() : be_, master, w, n);  // the master is in host memory
     for (size_t i = 0; i < L_.buckets.size(); ++i) {  // each bucket slice's part of the span
       const Bucket& b = L_.buckets[i];
       const size_t lo = std::max(begin, b.shard_offset), hi = std::min(begin + n, b.shard_offset + b.size / dp_.size());
-      if (lo < hi) sums_[i] += s16_ ? sum_of(w.data() + (lo - begin), hi - lo, lo) : sum_of(master + (lo - begin), hi - lo, lo);
+      if (lo < hi) sums_[i] += sum_of(data + (lo - begin), hi - lo, lo);
     }
     swap_wait(*swap_, swap_->write(begin * elem_, data, n * elem_));
   }
@@ -247,7 +269,8 @@ class ShardedParams final : public ParamStorage {
       HostLink::Ticket copy = 0;       // from a device: its copy up
     };
     std::vector<Slice> later;  // the slices whose gathers wait for then_start
-    char* slot = s16_ ? reinterpret_cast<char*>(s.buf16.data()) : reinterpret_cast<char*>(s.buf.data());
+    DeviceBuffer<W>& buf = K::slot(s);
+    char* slot = reinterpret_cast<char*>(buf.data());
     char* staging = link_ && swap_ ? staging_for(s) : nullptr;
     for (int i = u.first_bucket; i < u.first_bucket + u.num_buckets; ++i) {
       const Bucket& b = L_.buckets[i];
@@ -261,26 +284,21 @@ class ShardedParams final : public ParamStorage {
       } else if (host_slices_) {
         later.push_back({&b, at, mine, n, kept_at(b)});
         later.back().copy = link_->copy_to_device(slot + mine * elem_, kept_at(b), n * elem_);
-      } else if (s16_) {
-        s.ops.push_back(dp_.iall_gather(params16_.mem(b.shard_offset), s.buf16.mem(at), n));
       } else {
-        s.ops.push_back(dp_.iall_gather(shard_params_.mem(b.shard_offset), s.buf.mem(at), n));
+        s.ops.push_back(dp_.iall_gather(kept_.mem(b.shard_offset), buf.mem(at), n));
       }
     }
-    s.weights16 = s16_ ? s.buf16.data() : nullptr;
-    s.widen_pending = s16_.has_value();
+    K::widen_from(s, buf.data());
     if (later.empty()) return;
-    s.then_start = [this, &s, later, slot]() mutable {
+    s.then_start = [this, &s, &buf, later, slot]() mutable {
       for (Slice& sl : later)
         if (swap_) {
-          if (s16_) finish_read(*sl.b, sl.read, reinterpret_cast<const uint16_t*>(sl.src));
-          else finish_read(*sl.b, sl.read, reinterpret_cast<const float*>(sl.src));
+          finish_read(*sl.b, sl.read, reinterpret_cast<const W*>(sl.src));
           if (link_) sl.copy = link_->copy_to_device(slot + sl.mine * elem_, sl.src, sl.n * elem_);
         }
       for (const Slice& sl : later) {
         if (link_) link_->wait(sl.copy);
-        s.ops.push_back(s16_ ? dp_.iall_gather(s.buf16.mem(sl.mine), s.buf16.mem(sl.at), sl.n)
-                             : dp_.iall_gather(s.buf.mem(sl.mine), s.buf.mem(sl.at), sl.n));
+        s.ops.push_back(dp_.iall_gather(buf.mem(sl.mine), buf.mem(sl.at), sl.n));
       }
     };
   }
@@ -296,28 +314,29 @@ class ShardedParams final : public ParamStorage {
     return it->second.data();
   }
   const char* resident_at(const Bucket& b) const {  // a persistent bucket, whole
-    return s16_ ? reinterpret_cast<const char*>(resident16_.data() + b.resident_offset)
-                : reinterpret_cast<const char*>(resident_.data() + b.resident_offset);
+    return reinterpret_cast<const char*>(resident_.data() + b.resident_offset);
   }
   const char* kept_at(const Bucket& b) const {  // this rank's kept slice of bucket b
-    return s16_ ? reinterpret_cast<const char*>(params16_.data() + b.shard_offset)
-                : reinterpret_cast<const char*>(shard_params_.data() + b.shard_offset);
+    return reinterpret_cast<const char*>(kept_.data() + b.shard_offset);
   }
   void gather_updated() override {  // the persistent buckets only
     std::vector<PendingOp> ops;
     for (const Bucket& b : L_.buckets) {
       if (!b.persistent) continue;
       const size_t n = b.size / dp_.size(), mine = b.resident_offset + dp_.rank() * n;
-      if (s16_) ops.push_back(dp_.iall_gather(slice(b, resident16_.data() + mine, params16_), resident16_.mem(b.resident_offset), n));
-      else ops.push_back(dp_.iall_gather(slice(b, resident_.data() + mine, shard_params_), resident_.mem(b.resident_offset), n));
+      ops.push_back(dp_.iall_gather(slice(b, resident_.data() + mine, kept_), resident_.mem(b.resident_offset), n));
     }
     for (auto& op : ops) op.wait();
   }
   void read_weights16(const Piece& p, uint16_t* out) const override {  // the slices in shard order
     const Bucket& b = view_.bucket_of(p.tensor);
     const size_t at = b.shard_offset + view_.offset_in_owned(p);
-    if (host_slices_) return static_cast<void>(std::copy_n(params16_.data() + at, p.size, out));
-    if (!swap_) return be_.copy_to_host(out, params16_.data() + at, p.size * sizeof(uint16_t));
+    if (host_slices_) {
+      const uint16_t* kept16 = K::bits16(kept_.data() + at);
+      Z3D_ASSERT(kept16 != nullptr, "read_weights16 of fp32 weights");  // mixed only
+      return static_cast<void>(std::copy_n(kept16, p.size, out));
+    }
+    if (!swap_) return be_.copy_to_host(out, K::bits16(kept_.data() + at), p.size * sizeof(uint16_t));
     std::vector<uint16_t> slice(b.size / dp_.size());  // read and checked whole
     read_slice(b, slice.data());
     std::copy_n(slice.begin() + (at - b.shard_offset), p.size, out);
@@ -328,8 +347,7 @@ class ShardedParams final : public ParamStorage {
       if (b.persistent)
         for (int t = b.first_tensor; t < b.first_tensor + b.num_tensors; ++t)
           tensors.push_back({static_cast<size_t>(t), b.resident_offset + (L_.tensors[t].offset - b.offset)});
-    return describe(s16_ ? static_cast<const void*>(resident16_.data()) : resident_.data(), L_.resident_size,
-                    std::move(tensors));
+    return {resident_.data(), L_.resident_size, elem_, std::move(tensors)};
   }
 
  private:
@@ -369,12 +387,11 @@ class ShardedParams final : public ParamStorage {
                             b.shard_offset * elem_));
   }
 
-  size_t elem_;
+  K k_;
   bool host_slices_ = false;  // the kept slices are in host memory (offload_param cpu from a device)
   std::unordered_map<const ParamSlot*, PinnedBuffer> staging_;  // swapped, from a device: per slot
   std::vector<uint64_t> sums_;  // swapped: per bucket, the checksum of its slice as written
-  DeviceBuffer<float> shard_params_, resident_;
-  DeviceBuffer<uint16_t> params16_, resident16_;
+  DeviceBuffer<W> kept_, resident_;  // this rank's slices (in memory), the persistent buckets whole
 };
 
 }  // namespace
@@ -384,8 +401,12 @@ std::unique_ptr<ParamStorage> make_param_storage(Backend& be, ProcessGroup& dp, 
                                                  const std::optional<Storage16>& s16, OptimizerState& state,
                                                  const std::string& param_swap, const SwapFile::Options& swap_options,
                                                  HostLink* link) {
-  if (zero.stage < 3) return std::make_unique<FullParams>(be, dp, layout, view, zero, s16, state, link);
-  return std::make_unique<ShardedParams>(be, dp, layout, view, zero, s16, state, param_swap, swap_options, link);
+  auto make = [&](auto kept) -> std::unique_ptr<ParamStorage> {  // the stage's storage, in the precision's weights
+    using K = decltype(kept);
+    if (zero.stage < 3) return std::make_unique<FullParams<K>>(be, dp, layout, view, zero, kept, state, link);
+    return std::make_unique<ShardedParams<K>>(be, dp, layout, view, zero, kept, state, param_swap, swap_options, link);
+  };
+  return s16 ? make(Kept16(s16)) : make(Kept32(s16));  // the precision, chosen once
 }
 
 }  // namespace zero3d

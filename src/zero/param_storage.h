@@ -7,7 +7,8 @@
 //   sharded (stage 3): a rank keeps only its slice of every bucket (updated in place, nothing
 //     gathered after the step), plus the persistent buckets whole (all-gathered after each step).
 //
-// In mixed precision the kept weights are 16-bit and the optimizer's owned range has an fp32
+// The kept weights' precision is chosen once as well (the policies' template argument: fp32, whose
+// rounding steps are the identity, or 16-bit). In mixed precision the kept weights are 16-bit and the optimizer's owned range has an fp32
 // master beside them, in the optimizer state (zero/optimizer_state.h), rounded into the 16-bit
 // weights as each part of the state is updated (take_updated); the model reads fp32 from the slot
 // pool (widened, or gathered then widened). In fp32 stages 0-2 the model reads the kept buffer
@@ -75,27 +76,15 @@ class ParamStorage {
   SwapFile::Stats take_swap_io() { return swap_ ? swap_->take_stats() : SwapFile::Stats{}; }  // since the last call
 
  protected:
-  ParamStorage(Backend& be, ProcessGroup& dp, const FlatLayout& layout, const ShardView& view,
-               const std::optional<Storage16>& s16, OptimizerState& state, HostLink* link)
-      : be_(be), dp_(dp), L_(layout), view_(view), s16_(s16), state_(state), link_(link) {}
-  // With the master in host memory (link_): master elements [0, n) as the stored weights (16-bit
-  // in mixed precision), rounded on the CPU into an upload buffer of the link.
-  const char* stage_weights(const float* master, size_t n);
-  // With the master in host memory: n master elements rounded to 16 bits by the CPU.
-  void narrow_on_host(uint16_t* dst, const float* master, size_t n) const {
-    Storage16(link_->cpu(), s16_->type()).narrow(dst, master, n);
-  }
+  ParamStorage(Backend& be, ProcessGroup& dp, const FlatLayout& layout, const ShardView& view, OptimizerState& state,
+               HostLink* link)
+      : be_(be), dp_(dp), L_(layout), view_(view), state_(state), link_(link) {}
   void split_updated(size_t begin, size_t n, const float* master);  // take_updated in pieces the link's buffers hold
-  // The stored bytes and element offsets of `tensors` of the buffer that holds them (16-bit in mixed precision).
-  Replicated describe(const void* data, size_t count, std::vector<std::pair<size_t, size_t>> tensors) const {
-    return {data, count, s16_ ? sizeof(uint16_t) : sizeof(float), std::move(tensors)};
-  }
 
   Backend& be_;
   ProcessGroup& dp_;
   const FlatLayout& L_;
   const ShardView& view_;
-  const std::optional<Storage16>& s16_;
   OptimizerState& state_;
   HostLink* link_;  // offload on a device backend: the master is in host memory, the weights go up through it
   std::unique_ptr<SwapFile> swap_;  // offload_param on nvme: the rank's slices
