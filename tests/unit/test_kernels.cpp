@@ -24,6 +24,7 @@
 #include <limits>
 #include <memory>
 #include <numbers>
+#include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
@@ -223,6 +224,8 @@ struct Variant {
   std::string isa, gemm;  // host only
   std::string name;
 };
+// How gtest (and ctest's list of discovered tests) prints a variant: its name, not its bytes.
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 std::vector<Variant> backends_to_test() {
   std::vector<Variant> v;
