@@ -96,7 +96,7 @@ ZeroEngine::ZeroEngine(Backend& be, ProcessGroup& dp, const ModelConfig& model, 
     const Bucket& b = view_.bucket_of(piece.tensor);
     const size_t flat = layout_.tensors[piece.tensor].offset + piece.begin;
     norm_segments_.push_back(
-        {sync_->reduced_slice(b) + (flat - b.offset - layout_.slice(b, dp_.rank()).offset), piece.size});
+        {sync_->owned(b) + (flat - view_.owned_offset(b)), piece.size});
   }
 }
 

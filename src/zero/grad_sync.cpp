@@ -200,11 +200,6 @@ class BoundarySync32 final : public BoundarySync {
   float* owned(const Bucket& b) override {
     return scatter_ ? shard_.data() + b.shard_offset : grads_.data() + view_.owned_offset(b);
   }
-  // Stage 0 holds the whole reduced bucket but counts its dp slice, so the slices of all ranks
-  // cover every parameter once.
-  const float* reduced_slice(const Bucket& b) const override {
-    return scatter_ ? shard_.data() + b.shard_offset : grads_.data() + b.offset + L_.slice(b, dp_.rank()).offset;
-  }
   void inject_inf() override {  // straight into the gradient
     const float inf = std::numeric_limits<float>::infinity();
     be_.copy_from_host(grads_.data(), &inf, sizeof inf);
@@ -233,10 +228,7 @@ class BoundarySync16 final : public BoundarySync {
     send_ = bytes_of(grads16_.mem());
     recv_ = bytes_of(shard16_.mem());
   }
-  float* owned(const Bucket& b) override { return grads32_.data() + (stage_ == 0 ? b.offset : b.shard_offset); }
-  const float* reduced_slice(const Bucket& b) const override {  // stage 0: its dp slice, as in fp32
-    return grads32_.data() + (stage_ == 0 ? b.offset + L_.slice(b, dp_.rank()).offset : b.shard_offset);
-  }
+  float* owned(const Bucket& b) override { return grads32_.data() + view_.state_base(b); }  // laid out like the master
   void inject_inf() override { inject_inf_ = true; }  // at the next unit backward hands over
 
  private:
@@ -285,6 +277,8 @@ class UnitSync : public SlabSync {
     for (auto& s : slabs_) complete(*s);
     widen();
   }
+  void begin_step(int) override { be_.zero(shard_acc_, grad_bytes_); }
+  float* owned(const Bucket& b) override { return shard32_ + b.shard_offset; }
   void inject_inf() override { inject_inf_ = true; }
 
  protected:
@@ -299,6 +293,10 @@ class UnitSync : public SlabSync {
 
   ProcessGroup& dp_;
   bool scatter_;
+  // Set by the precision: the shard's accumulator (grad_bytes_ of it, zeroed each step) and its fp32
+  // gradients (what the optimizer reads: the accumulator itself in fp32).
+  void* shard_acc_ = nullptr;
+  float* shard32_ = nullptr;
 
  private:
   // Waits for a slab's reductions and adds the rank's reduced slices into the shard gradients.
@@ -330,10 +328,8 @@ class UnitSync32 final : public UnitSync {
     shard_grads_ = DeviceBuffer<float>(be, L.shard_size);
     make_slabs(dp.size(), scatter_, false, false);
     grad_bytes_ = shard_grads_.bytes();
+    shard_acc_ = shard32_ = shard_grads_.data();
   }
-  void begin_step(int) override { be_.zero(shard_grads_.data(), shard_grads_.bytes()); }
-  float* owned(const Bucket& b) override { return shard_grads_.data() + b.shard_offset; }
-  const float* reduced_slice(const Bucket& b) const override { return shard_grads_.data() + b.shard_offset; }
 
  private:
   void land(Slab& s, const Bucket& b, size_t at, size_t recv_at, size_t n) override {
@@ -354,10 +350,9 @@ class UnitSync16 final : public UnitSync {
     grads32_ = DeviceBuffer<float>(be, L.shard_size);
     grad_bytes_ = shard_grads16_.bytes();
     buffer_bytes_ += grads32_.bytes();
+    shard_acc_ = shard_grads16_.data();
+    shard32_ = grads32_.data();
   }
-  void begin_step(int) override { be_.zero(shard_grads16_.data(), shard_grads16_.bytes()); }
-  float* owned(const Bucket& b) override { return grads32_.data() + b.shard_offset; }
-  const float* reduced_slice(const Bucket& b) const override { return grads32_.data() + b.shard_offset; }
 
  private:
   void narrow(Slab& s, const Unit& u) override { s16_.narrow(s.g16.data(), s.grads.data(), u.size); }

@@ -25,8 +25,8 @@
 // (nor its bits where the transport sums in a fixed order: shared memory, or MPI on 2 ranks).
 //
 // After finish(), owned(b) is the fp32 gradient of bucket b's owned range (what Adam reads; in
-// mixed precision the widening of the 16-bit result) and reduced_slice(b) this rank's dp slice of
-// it (what the norm counts). Invariant: every strategy issues its collectives in the same order
+// mixed precision the widening of the 16-bit result), element view.owned_offset(b) of the flat
+// layout first: at stage 0 the whole bucket, of which the norm counts this rank's dp slice. Invariant: every strategy issues its collectives in the same order
 // on every rank of the group (the order of done() calls and buckets). The buffers collectives read
 // are comm buffers (BufferUse::comm), which the shared-memory collectives read in place.
 #pragma once
@@ -50,7 +50,6 @@ class GradSync {
   virtual void done(int unit) = 0;       // backward finished the unit for this micro-batch
   virtual void finish() = 0;             // the accumulation boundary: reduce what is left
   virtual float* owned(const Bucket& b) = 0;
-  virtual const float* reduced_slice(const Bucket& b) const = 0;
   // Fault injection: an inf in the next unit handed over (or straight into the gradient).
   virtual void inject_inf() = 0;
   size_t grad_bytes() const { return grad_bytes_; }      // the gradient accumulators (ZeRO's 2 or 4 Psi)
