@@ -258,6 +258,9 @@ std::unique_ptr<Backend> make_kokkos_backend();
 // "Kokkos 3.4.1 (Serial), Kokkos Kernels ... (BLAS TPL)": from the headers built against, without
 // initializing Kokkos (zero3d --version).
 std::string kokkos_version_string();
+// The Kokkos core library this process loaded (its path; "" where linked statically). Kokkos 3.4
+// has no call that says its version at run time: the file (its soname) is what names it.
+std::string kokkos_library_file();
 #endif
 // The backend a command line names (--backend): "host", "cuda", "kokkos", or "auto" (CUDA where it
 // is built and a GPU is visible, else the host; never Kokkos, which is asked for by name); local_rank,

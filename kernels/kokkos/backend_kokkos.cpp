@@ -713,4 +713,10 @@ std::string kokkos_version_string() {
   return s;
 }
 
+std::string kokkos_library_file() {
+  Dl_info info{};
+  const void* f = reinterpret_cast<const void*>(&Kokkos::is_initialized);
+  return dladdr(f, &info) && info.dli_fname ? info.dli_fname : "";
+}
+
 }  // namespace zero3d

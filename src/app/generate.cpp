@@ -101,7 +101,7 @@ int cmd_generate(const Args& a) {
   for (int n = 0; n < max_tokens; ++n) {
     throw_if_interrupted("generate");
     tokens.push_back(sample_token(*logits, temperature, top_k, u(rng)));
-    if (tokens.back() >= 0 && (tokens.back() == eos || tokens.back() == sep)) {
+    if (tokens.back() == eos || tokens.back() == sep) {  // sampled ids are >= 0: an absent eos (-1) never matches
       ended = true;
       break;
     }

@@ -108,9 +108,13 @@ CheckpointTokenizer checkpoint_tokenizer(const std::string& ckpt_file, const std
                                          const std::string& given) {
   CheckpointTokenizer c;
   if (!given.empty()) {
-    c.tokenizer = load_checked(given, model_vocab, "--tokenizer");
+    if (given != "byte") try {
+        c.file = tokenizer_file(given);
+      } catch (const UserError& e) {
+        throw UserError(std::string("--tokenizer: ") + e.what());
+      }
+    c.tokenizer = load_checked(c.file.empty() ? given : c.file, model_vocab, "--tokenizer", &c.bytes);
     c.kind = c.tokenizer->kind();
-    c.file = given == "byte" ? "" : tokenizer_file(given);
     c.origin = "--tokenizer";
     return c;
   }
@@ -143,6 +147,7 @@ CheckpointTokenizer checkpoint_tokenizer(const std::string& ckpt_file, const std
     c.tokenizer = load_checked(candidate, model_vocab, "checkpoint '" + ckpt_file + "'", &bytes);
     c.kind = c.tokenizer->kind();
     c.file = candidate;
+    c.bytes = std::move(bytes);
     return c;
   }
   throw UserError(strprintf("checkpoint '%s' was trained with tokenizer '%s' (hash %s), but neither '%s' nor that "
@@ -205,9 +210,9 @@ std::string byte_tokenizer_json() {
 std::vector<HfFile> hf_tokenizer_files(const CheckpointTokenizer& t, int seq_len, nlohmann::ordered_json& config) {
   std::vector<HfFile> out;
   const Tokenizer& tok = *t.tokenizer;
-  if (t.kind == "sentencepiece") out.push_back({"tokenizer.model", read_text_file(t.file, "the tokenizer")});
-  else if (t.kind == "byte") out.push_back({"tokenizer.json", byte_tokenizer_json()});
-  else out.push_back({"tokenizer.json", read_text_file(t.file, "the tokenizer")});
+  // The bytes checkpoint_tokenizer loaded (and checked against the record), not a second read.
+  if (t.kind == "byte") out.push_back({"tokenizer.json", byte_tokenizer_json()});
+  else out.push_back({t.kind == "sentencepiece" ? "tokenizer.model" : "tokenizer.json", t.bytes});
   auto spelled = [&](int id) { return id >= 0 ? nlohmann::ordered_json(tok.decode(std::span<const int32_t>(&id, 1))) : nullptr; };
   // GPT-2's files name its one special token bos and eos alike; a tokenizer without bos does so here.
   const int bos = tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id(), eos = tok.eos_id();

@@ -36,6 +36,7 @@ struct CheckpointTokenizer {
   std::unique_ptr<Tokenizer> tokenizer;
   std::string kind;  // "byte", "bpe", "sentencepiece"
   std::string file;  // the file it was read from ("" for byte)
+  std::string bytes;  // that file's bytes, as loaded (and, when recorded, hash-checked): what an export writes
   std::string origin;  // for messages: "recorded in the checkpoint" or "--tokenizer"
 };
 // The tokenizer for text in or out of the checkpoint at `ckpt_file` (whose "tokenizer" attribute is

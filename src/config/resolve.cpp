@@ -147,7 +147,7 @@ class Resolver {
         std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
         const size_t b = item.find_first_not_of(" \t");
         if (b != std::string::npos && item[b] != '/' &&
-            std::find(k.words.begin(), k.words.end(), item) == k.words.end())
+            std::find(k.words.begin(), k.words.end(), item.substr(b)) == k.words.end())  // " byte" is a word too
           item = src_.preset_root + "/" + item.substr(b);
         out += item;
         if (comma == std::string::npos) break;

@@ -116,7 +116,11 @@ Versions ask() {
   v.backends = "host";
 #if defined(ZERO3D_HAVE_KOKKOS)
   v.backends += ", kokkos";
-  v.libraries.push_back({"Kokkos", "", kokkos_version_string(), "", ""});
+  {  // built: the headers' versions; loaded: the core library's file, whose soname carries its version
+    const std::string file = kokkos_library_file();
+    v.libraries.push_back({"Kokkos", kokkos_version_string(), file.substr(file.rfind('/') + 1), file,
+                           "linked statically: no library file"});
+  }
 #endif
 #if defined(ZERO3D_HAVE_CUDA)
   const CudaModuleReport m = cuda_module_report();
