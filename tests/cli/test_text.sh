@@ -120,12 +120,13 @@ if [[ -z $skip ]]; then
       --set model.seq_len=64 --set model.d_model=32 --set model.n_layer=2 "$@" > "$tmp/$name.log" 2>&1 ||
       { echo "run $name failed:"; tail -20 "$tmp/$name.log"; exit 1; }
   }
-  for spec in gpt2:input/gpt-tiny.json:50257 llama3:input/llama-tiny.json:128256; do
-    IFS=: read -r name config vocab <<< "$spec"
+  for spec in gpt2:input/gpt-tiny.json:50257:20240520 llama3:input/llama-tiny.json:128256:20240801; do
+    IFS=: read -r name config vocab magic <<< "$spec"  # magic: uint16 ids (llm.c's GPT-2), uint32 beyond 65,536
     mkdir "$tmp/$name"
     "$z3d" data prepare "${texts[@]}" --tokenizer "$tmp/ref/$name.json" --shard-tokens 4000 --out "$tmp/$name/train" \
       > "$tmp/$name-prepare.log" 2>&1 || { cat "$tmp/$name-prepare.log"; fail "data prepare $name"; }
     width=$(od -An -t d4 -j 0 -N 4 "$tmp/$name/train_000000.bin" | tr -d ' ')
+    [[ $width == "$magic" ]] || fail "$name: data prepare wrote magic $width, want $magic"
     echo "$name: $(ls "$tmp/$name" | wc -l) shards, magic $width"
     args=(--set model.vocab_size="$vocab" --set data.tokenizer="$tmp/ref/$name.json"
           --set data.train=\""$tmp/$name/train_*.bin"\")
