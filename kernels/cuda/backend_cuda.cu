@@ -114,10 +114,8 @@ void launch_rows(cudaStream_t stream, size_t rows, void (*kernel)(KernelArgs...)
 // bits (uint16_t); they read S through load() and write it through store(), so the math stays
 // fp32 and a bf16 value is rounded once, where it is written. ----
 
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ float load(const uint16_t* p) { return math::float_from_bf16(*p); }
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(uint16_t* p, float v) { *p = math::bf16_from_float(v); }
+using math::load;
+using math::store;
 
 // ---- elementwise kernels ----
 
@@ -662,20 +660,14 @@ __global__ void rmsnorm_backward_input_kernel(S* dx, const S* dy, const S* x, co
   }
 }
 
-// In place: each pair is read and written by one thread, turned in registers by math::rope_pair
-// (as a head of one pair).
+// In place: each pair is read and written by one thread (math::rope_pair_stored).
 template <typename S>
 __global__ void rope_kernel(S* x, const float* cs, size_t N, int T, int heads, int hd, long ld, bool backward) {
   const int half = hd / 2;
   Z3D_GRID_LOOP(e, N * heads * half) {
     const size_t n = e / (static_cast<size_t>(heads) * half), h = e / half % heads;
     const int i = static_cast<int>(e % half);
-    const float* c = cs + 2 * ((n % T) * half + i);
-    S* xh = x + n * ld + h * hd;
-    float pair[2] = {load(xh + i), load(xh + i + half)};
-    math::rope_pair(pair, 1, 0, c[0], c[1], backward);
-    store(xh + i, pair[0]);
-    store(xh + i + half, pair[1]);
+    math::rope_pair_stored(x + n * ld + h * hd, half, i, cs + 2 * ((n % T) * half + i), backward);
   }
 }
 

@@ -111,10 +111,8 @@ void for_each(const char* label, int64_t n0, int64_t n1, int64_t n2, const F& f)
 
 // ---- activation storage: float, or bf16 carried as its bits ----
 
-KOKKOS_INLINE_FUNCTION float load(const float* p) { return *p; }
-KOKKOS_INLINE_FUNCTION float load(const uint16_t* p) { return math::float_from_bf16(*p); }
-KOKKOS_INLINE_FUNCTION void store(float* p, float v) { *p = v; }
-KOKKOS_INLINE_FUNCTION void store(uint16_t* p, float v) { *p = math::bf16_from_float(v); }
+using math::load;  // kernels/math/dtype.h
+using math::store;
 
 void widen(float* out, const uint16_t* x, size_t n) {
   for_each("zero3d::cast_from_bf16", n, KOKKOS_LAMBDA(const int64_t i) { out[i] = math::float_from_bf16(x[i]); });
@@ -382,12 +380,8 @@ class KokkosBackend final : public Backend, public DeviceMemory {
       S* xs = ptr<S>(x);
       for_each(backward ? "zero3d::rope_backward" : "zero3d::rope_forward", N, heads, half,
                KOKKOS_LAMBDA(const int64_t n, const int64_t h, const int64_t i) {
-                 const float* c = cs + 2 * ((n % T) * half + i);
-                 S* xh = xs + n * ld + h * hd;
-                 float pair[2] = {load(xh + i), load(xh + i + half)};
-                 math::rope_pair(pair, 1, 0, c[0], c[1], backward);
-                 store(xh + i, pair[0]);
-                 store(xh + i + half, pair[1]);
+                 math::rope_pair_stored(xs + n * ld + h * hd, half, static_cast<int>(i), cs + 2 * ((n % T) * half + i),
+                                        backward);
                });
     });
   }

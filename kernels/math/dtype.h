@@ -57,4 +57,11 @@ Z3D_HD float float_from_fp16(uint16_t h) {
   return bits_float(sign | ((e + 127u - 15u) << 23) | (m << 13));
 }
 
+// An activation element as the templated kernels (CUDA, Kokkos) keep it: fp32, or bf16 carried as
+// its bits; read widened, written rounded once, so the math between stays fp32.
+Z3D_HD float load(const float* p) { return *p; }
+Z3D_HD float load(const uint16_t* p) { return float_from_bf16(*p); }
+Z3D_HD void store(float* p, float v) { *p = v; }
+Z3D_HD void store(uint16_t* p, float v) { *p = bf16_from_float(v); }
+
 }  // namespace zero3d::math

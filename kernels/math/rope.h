@@ -14,6 +14,7 @@
 #include <cmath>
 #include <vector>
 #include "kernels/math/common.h"
+#include "kernels/math/dtype.h"
 
 namespace zero3d::math {
 
@@ -54,6 +55,16 @@ Z3D_HD void rope_pair(float* x, int half, int i, float c, float s, bool backward
   if (backward) s = -s;
   x[i] = a * c - b * s;
   x[i + half] = b * c + a * s;
+}
+
+// Pair i of the head at xh in its storage (fp32, or bf16 as its bits: math::load/store), by the
+// table's (cos, sin) at cs: read, turned in fp32, each value rounded once.
+template <typename S>
+Z3D_HD void rope_pair_stored(S* xh, int half, int i, const float* cs, bool backward) {
+  float pair[2] = {load(xh + i), load(xh + i + half)};
+  rope_pair(pair, 1, 0, cs[0], cs[1], backward);
+  store(xh + i, pair[0]);
+  store(xh + i + half, pair[1]);
 }
 
 }  // namespace zero3d::math
