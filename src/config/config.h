@@ -173,6 +173,7 @@ struct ComputeConfig {
   std::string activations = "auto";  // with bf16: "auto", "fp32", "bf16" (model/gpt.h gpt_options)
   std::string isa = "auto";        // the host loops' level: "auto" (ZERO3D_ISA, else the best), "avx512", ...
   std::string backend = "auto";    // "auto", "host", "cuda", "kokkos" (kernels/make_backend.cpp); --backend wins
+  int lm_head_block_mib = 0;       // the LM head's logits per row block, MiB; 0: auto (model/gpt.h gpt_options)
 };
 
 // comm.*: how data collectives move (ours; parallel/comm.h CollectiveImpl, shm_collectives.h).

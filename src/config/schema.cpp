@@ -458,6 +458,11 @@ std::vector<Key> build() {
              "ours: the backend that runs the ops and GEMMs: host, cuda, kokkos (Kokkos's default execution space, "
              "GEMMs through Kokkos Kernels; in builds with Kokkos), or auto (cuda where it is built and a GPU is "
              "visible, else host). A command's --backend overrides it"),
+      field("compute.lm_head_block_mib", at(&Config::compute, &XC::lm_head_block_mib),
+            "ours: the LM head makes its logits (and the loss and dlogits from them) in row blocks of at most this "
+            "many MiB, or 0: auto (a micro-batch's rows in one GEMM on a GPU, as llm.c and Megatron-LM; blocks of "
+            "128 MiB on the host, whose memory is the run's). At least 256 rows a block")
+          .range(0, kIntMax),
       choice("compute.isa", at(&Config::compute, &XC::isa), {"auto", "avx512", "avx2", "sse2", "generic"},
              "ours: the ISA level the host loops run at, and the most oneDNN's GEMMs use: auto (the ZERO3D_ISA "
              "environment variable when set, else the best level this CPU runs), or a level at or below it, to "

@@ -50,8 +50,10 @@ GPTOptions gpt_options(const Config& c, bool gpu, int slots) {
     throw UserError("compute.activations=\"bf16\" needs bf16.enabled=true (bf16 mixed precision); use \"fp32\" or "
                     "\"auto\"");
   const bool bf16 = c.precision == Precision::bf16 && (a == "bf16" || (a == "auto" && gpu));
+  const int head_mib = c.compute.lm_head_block_mib;
   return GPTOptions{c.activation_checkpointing, bf16 ? DType::bf16 : DType::f32,
-                    std::max(1, (c.gradient_accumulation_steps + slots - 1) / slots)};
+                    std::max(1, (c.gradient_accumulation_steps + slots - 1) / slots),
+                    head_mib > 0 ? static_cast<size_t>(head_mib) << 20 : gpu ? 0 : GPTOptions{}.head_block_bytes};
 }
 
 GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options,
@@ -104,11 +106,12 @@ void GPT::locate_units_and_modules() {
 // log-sum-exps (this rank's heads; the T x T probabilities are recomputed in backward, never
 // stored); one set per layer, or a single shared set with activation checkpointing. Plus the
 // residual stream x_0..x_L, the final LayerNorm, one row block of this rank's logits (in the
-// activations' type: the LM head runs in blocks of at most 128 MiB of them) and the losses.
+// activations' type: the LM head runs in blocks of GPTOptions::head_block_bytes) and the losses.
 void GPT::plan_activations() {
   const size_t N = static_cast<size_t>(B_) * T_, C = C_, lse = static_cast<size_t>(B_) * H_ * T_;
   const size_t sets = opt_.checkpoint_activations ? 1 : static_cast<size_t>(L_);
-  head_rows_ = static_cast<int>(std::min<size_t>(N, std::max<size_t>(256, (size_t{128} << 20) / dtype_bytes(act_) / V_)));
+  const size_t cap = opt_.head_block_bytes;
+  head_rows_ = static_cast<int>(cap == 0 ? N : std::min<size_t>(N, std::max<size_t>(256, cap / dtype_bytes(act_) / V_)));
   auto carve = [&](Carver& c) {
     enc_ = c.act(N * C);
     layers_.clear();

@@ -42,10 +42,13 @@ struct GPTOptions {
   // How many forwards' losses may wait on the device for take_losses() (a step's micro-batches
   // per model: the step reads them once, at its end, not once per micro-batch).
   int losses_kept = 1;
+  // The LM head's row blocks: at most this many bytes of logits exist at a time (at least 256 rows
+  // a block); 0: a micro-batch's rows in one GEMM.
+  size_t head_block_bytes = size_t{128} << 20;
 };
 
 // The model options a run's config asks for (activation_checkpointing.enabled,
-// compute.activations), for a model on a GPU (`gpu`) or on the host, one of `slots` models that
+// compute.activations, compute.lm_head_block_mib), for a model on a GPU (`gpu`) or on the host, one of `slots` models that
 // run a step's micro-batches in turn (1F1B's in flight; each keeps its share of the losses).
 // UserError for bf16 activations without bf16.enabled.
 GPTOptions gpt_options(const Config& c, bool gpu, int slots = 1);

@@ -2,6 +2,7 @@
 // differences, per tensor and along random directions through all parameters at once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -30,6 +31,11 @@ ModelConfig tiny() {
 struct Fixture {
   explicit Fixture(int dp = 1, size_t bucket = size_t(1) << 30, bool recompute = false)
       : store(*be, make_flat_layout(gpt_param_table(cfg), dp, bucket)), model(*be, cfg, B, store, GPTOptions{recompute}) {
+    init();
+  }
+  Fixture(GPTOptions options, int batch)
+      : B(batch), store(*be, make_flat_layout(gpt_param_table(cfg), 1, size_t(1) << 30)),
+        model(*be, cfg, B, store, options) {
     init();
   }
   std::unique_ptr<Backend> be = make_host_backend();
@@ -207,6 +213,35 @@ TEST(Model, LossesWaitOnTheDeviceUntilTheStepTakesThem) {
   EXPECT_EQ(kept.take_losses(), 0.0);  // taken: nothing waits
   kept.run_forward(one.in.data(), one.tg.data(), 0.0f);
   EXPECT_EQ(kept.take_losses(), static_cast<double>(one.model.forward(one.in.data(), one.tg.data(), 0.0f)));
+}
+
+// The LM head in row blocks (compute.lm_head_block_mib; the host's default) or in one GEMM over
+// all of a micro-batch's rows (a GPU's): the same losses and gradients to fp32 rounding (the
+// embedding's gradient sums the blocks in turn), and fewer activation bytes in blocks.
+TEST(Model, LmHeadRowBlocksGiveTheLossAndGradientOfOneGemm) {
+  GPTOptions one, blocks;
+  one.head_block_bytes = 0;
+  blocks.head_block_bytes = 1;  // the least block: 256 rows, so 40 x 8 rows in two blocks
+  Fixture whole(one, 40), blocked(blocks, 40);
+  EXPECT_LT(blocked.model.activation_bytes(), whole.model.activation_bytes());
+  const double want = whole.loss();
+  EXPECT_NEAR(blocked.loss(), want, 1e-6 * want);
+  const std::vector<float> a = whole.grad(), b = blocked.grad();
+  float scale = 0.0f;
+  for (float g : a) scale = std::max(scale, std::fabs(g));
+  ASSERT_GT(scale, 0.0f);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5f * scale) << i;
+}
+
+// compute.lm_head_block_mib: 0 (auto) is one GEMM on a GPU and 128 MiB blocks on the host; a
+// number is that many MiB on either.
+TEST(Model, LmHeadBlockSizeFollowsTheConfig) {
+  Config c;
+  EXPECT_EQ(gpt_options(c, true).head_block_bytes, 0u);
+  EXPECT_EQ(gpt_options(c, false).head_block_bytes, size_t{128} << 20);
+  c.compute.lm_head_block_mib = 3;
+  EXPECT_EQ(gpt_options(c, true).head_block_bytes, size_t{3} << 20);
+  EXPECT_EQ(gpt_options(c, false).head_block_bytes, size_t{3} << 20);
 }
 
 TEST(Model, ActivationCheckpointingIsBitwiseIdenticalAndSmaller) {
