@@ -360,8 +360,11 @@ void backward_graph(Graph& g, const AttnShape& s) {
   const D ds_t = g.virt(L.scores_t, bf16);
   g.reshape(ds, ds_t);
   per_kv_head(g, L, s, ds_t, q, dk);
-  // dQ = dS K, written by its matmul: the deterministic form (no fp32 dQ accumulator).
-  const D k = g.virt(L.dk, bf16);
+  // dQ = dS K, written by its matmul: the deterministic form (no fp32 dQ accumulator). K is K^T's
+  // memory viewed untransposed, as an fp32 virtual tensor: the type cudnn-frontend's SDPA backward
+  // gives it (its reshape output takes the graph's intermediate type), so the matmul's inputs are
+  // both fp32, dS and K, as in the graph cuDNN's engines are tested with.
+  const D k = g.virt(L.dk, f32);
   g.reshape(kt, k);
   g.matmul(ds, k, dq);
 }
