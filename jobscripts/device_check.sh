@@ -65,6 +65,28 @@ finish() {
   exit $((failures > 0 ? 1 : 0))
 }
 trap finish EXIT
+# The row of test_kernels' CudnnAttention.cuda (its log $1, cuDNN's log $2), with the reason in
+# one run: a shape cuDNN refuses runs on the warp kernels and passes, so a refusal in the test's
+# lines fails the row with zero3d's reason (cuDNN's last error) and the first error in cuDNN's
+# log; a failed check shows its first message; a run cut short (cudnnBackendExecute failing is
+# fatal) shows the fatal line, else the log's last line.
+cudnn_row() {
+  local name="cuDNN attention vs reference" lines result refused fatal why
+  lines=$(sed -n '/^\[ RUN  *\] CudnnAttention\.cuda$/,/^\[ *[A-Z]* *\] CudnnAttention\.cuda (/p' "$1")
+  result=$(grep -o '^\[ *\(OK\|FAILED\|SKIPPED\) *\] CudnnAttention\.cuda (' <<<"$lines")
+  refused=$(grep -m1 -o 'cuDNN attention: .*' <<<"$lines")
+  refused=${refused%; the backend*}
+  fatal=$(grep -m1 -A2 'fatal cuDNN error' <<<"$lines" | sed -n 's/^ *-> //p')
+  why=$( (grep -m1 -i 'reason' "$2" || grep -m1 -i 'error' "$2") 2>/dev/null | sed 's/^[EeWwIi]! *//')
+  [[ -n $why ]] && why="; the cuDNN log: ${why:0:200} (in $2)"
+  case $result in
+    *OK*) if [[ -n $refused ]]; then row "$name" "FAIL" "refused, the warp kernels ran: ${refused:0:240}$why"
+          else row "$name" "ok" "out, lse, dqkv within bf16; backward twice: same bits"; fi ;;
+    *FAILED*) row "$name" "FAIL" "$(grep -m1 -A2 ': Failure$' <<<"$lines" | grep -v ': Failure$\|^Failed$' | head -1 | cut -c1-200)${refused:+; ${refused:0:200}}$why" ;;
+    *SKIPPED*) row "$name" "skipped" "$(grep -m1 -A1 ': Skipped$' <<<"$lines" | tail -1 | cut -c1-160)" ;;
+    *) row "$name" "FAIL" "no result: ${fatal:-$(tail -1 "$1")}$why" ;;
+  esac
+}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # the device machine runs us as root
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}  # the host runs' threads (16 cores there)
 
@@ -156,7 +178,10 @@ mpirun=(mpirun --oversubscribe -np 1)
 
 # ---- 2. kernels on the CUDA backend against the host references ----
 if [[ -n $gpu ]]; then
-  timeout "$(limit 150)" "$build/bin/test_kernels" --gtest_filter="$kernels" >"$out/test_kernels.log" 2>&1
+  # cuDNN's own log of its errors and warnings (a graph its engines refuse says why only there):
+  # written only when something goes wrong, so it costs no time.
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn.log" \
+    timeout "$(limit 150)" "$build/bin/test_kernels" --gtest_filter="$kernels" >"$out/test_kernels.log" 2>&1
   rc=$?
   passed=$(grep -c '^\[       OK \]' "$out/test_kernels.log")
   failed=$(grep -c '^\[  FAILED  \].*(' "$out/test_kernels.log")
@@ -164,13 +189,7 @@ if [[ -n $gpu ]]; then
   row "test_kernels, CUDA backend" "$([[ $rc == 0 && $passed -gt 0 ]] && echo ok || echo FAIL)" \
     "$passed passed, $failed failed (exit $rc)${first:+: $first}"
   # cuDNN's attention (in test_kernels above): against the double reference, and its backward twice.
-  [[ $dev == host ]] || case $(grep -o '^\[ *\(OK\|FAILED\|SKIPPED\) *\] CudnnAttention.cuda' "$out/test_kernels.log" | head -1) in
-    *OK*) row "cuDNN attention vs reference" "ok" "out, lse, dqkv within bf16; backward twice: same bits" ;;
-    *FAILED*) row "cuDNN attention vs reference" "FAIL" \
-      "$(grep -m2 -A2 'CudnnAttention.cuda\|cuDNN' "$out/test_kernels.log" | grep -m1 -i 'fail\|expected\|cudnn' | cut -c1-160)" ;;
-    *SKIPPED*) row "cuDNN attention vs reference" "skipped" "$(grep -A1 'RUN.*CudnnAttention.cuda' "$out/test_kernels.log" | tail -1 | cut -c1-160)" ;;
-    *) row "cuDNN attention vs reference" "FAIL" "no result in $out/test_kernels.log" ;;
-  esac
+  [[ $dev == host ]] || cudnn_row "$out/test_kernels.log" "$out/cudnn.log"
 else
   row "test_kernels, CUDA backend" "skipped" "no GPU"
 fi
@@ -325,7 +344,7 @@ PY
 )
     read -r z_tps z_peak z_fpt z_mem <<<"$res"
     res=${res#*$'\n'}
-    refused=$(grep -m1 'cuDNN attention:' "$out/gpt350m_cuda_bf16.log" | cut -c1-200)
+    refused=$(grep -m1 -o 'cuDNN attention: .*' "$out/gpt350m_cuda_bf16.log" | cut -c1-240)
     res+=${refused:+; $refused}
     if [[ -n $res ]]; then row "GPT-2 350M shape, bf16, $steps steps" "ok" "$res"
     else row "GPT-2 350M shape, bf16, $steps steps" "FAIL" "no steps or a non-finite value in its metrics"

@@ -360,8 +360,11 @@ void backward_graph(Graph& g, const AttnShape& s) {
   const D ds_t = g.virt(L.scores_t, bf16);
   g.reshape(ds, ds_t);
   per_kv_head(g, L, s, ds_t, q, dk);
-  // dQ = dS K, written by its matmul: the deterministic form (no fp32 dQ accumulator).
-  const D k = g.virt(L.dk, bf16);
+  // dQ = dS K, written by its matmul: the deterministic form (no fp32 dQ accumulator). K is K^T's
+  // memory viewed untransposed, as an fp32 virtual tensor: the type cudnn-frontend's SDPA backward
+  // gives it (its reshape output takes the graph's intermediate type), so the matmul's inputs are
+  // both fp32, dS and K, as in the graph cuDNN's engines are tested with.
+  const D k = g.virt(L.dk, f32);
   g.reshape(kt, k);
   g.matmul(ds, k, dq);
 }
@@ -372,11 +375,18 @@ size_t softmax_sum_bytes(const AttnShape& s) {
   return (n + 255) / 256 * 256;
 }
 
-// What cuDNN's attention engines take, checked before a graph is built (their documented limits).
-std::string shape_refusal(const AttnShape& s, bool backward) {
+// What cuDNN's attention engines take on a GPU of compute capability sm (90: 9.0), checked before a
+// graph is built: the limits cudnn-frontend checks before it builds one (node/sdpa_support_surface.h,
+// and CompositeSDPABackwardNode's pre_validate_node for the backward's head width by architecture).
+std::string shape_refusal(const AttnShape& s, bool backward, int sm) {
   if (s.hd % 8 != 0 || s.hd > 256) return strprintf("head width %d: cuDNN takes multiples of 8 up to 256", s.hd);
+  if (backward && sm / 10 != 9 && s.hd > 128)
+    return strprintf("head width %d: cuDNN's backward takes up to 128 on sm_%d (256 on Hopper only)", s.hd, sm);
   if (s.H % s.Hkv != 0) return strprintf("%d query heads on %d key/value heads", s.H, s.Hkv);
   if (backward && s.T < 2) return "a sequence of 1 (cuDNN's backward needs 2 or more)";
+  // cuDNN 9.18.1's release notes list as a known issue causal attention with one query row (its
+  // decode kernels) where query heads outnumber key/value heads; one row is our kernels' easy case.
+  if (s.T < 2 && s.H != s.Hkv) return "a sequence of 1 with grouped-query heads (a known cuDNN issue)";
   return "";
 }
 
@@ -417,6 +427,11 @@ std::unique_ptr<CudnnAttention> CudnnAttention::load(std::string& why) {
   }
   c->handle_ = h;
   c->version_ = a->GetVersion();
+  int device = 0, major = 0, minor = 0;  // the handle's device: the calling thread's current one
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  c->sm_ = 10 * major + minor;
   return c;
 }
 
@@ -440,7 +455,7 @@ CudnnAttention::Plan* CudnnAttention::plan(const AttnShape& s, bool backward) {
   std::string why;
   const Api& a = *cudnn_api(why);
   auto p = std::make_unique<Plan>(a);
-  p->why = shape_refusal(s, backward);
+  p->why = shape_refusal(s, backward, sm_);
   if (!p->why.empty()) return (it->second = std::move(p)).get();
   std::string tried;
   try {
@@ -574,20 +589,21 @@ void CudnnAttention::backward(cudaStream_t stream, uint16_t* dqkv16, const uint1
           ws + sums);
 }
 
-std::string CudnnAttention::check_graphs(const AttnShape& s, bool& loaded) {
+std::string CudnnAttention::check_graphs(const AttnShape& s, bool& loaded, int sm) {
   std::string why;
   const Api* a = cudnn_api(why);
   loaded = a != nullptr;
   if (!a) return why;
   for (const bool backward : {false, true}) {
-    if (std::string r = shape_refusal(s, backward); !r.empty()) return r;
+    const char* direction = backward ? "backward: " : "forward: ";
+    if (std::string r = shape_refusal(s, backward, sm); !r.empty()) return direction + r;
     try {
       Graph g(*a);
       if (backward) backward_graph(g, s);
       else forward_graph(g, s);
       g.finalize(nullptr);
     } catch (const Refused& e) {
-      return std::string(backward ? "backward: " : "forward: ") + e.what();
+      return direction + std::string(e.what());
     }
   }
   return "";

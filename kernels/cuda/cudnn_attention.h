@@ -61,8 +61,8 @@ class CudnnAttention {
 
   // For tests without a GPU: builds the forward and the backward operation graph of s and finalizes
   // them (no handle, no engine): "" when cuDNN accepts both, else what it refused, or why cuDNN is
-  // not there (`loaded` false then).
-  static std::string check_graphs(const AttnShape& s, bool& loaded);
+  // not there (`loaded` false then). sm: the compute capability whose limits apply (90: Hopper).
+  static std::string check_graphs(const AttnShape& s, bool& loaded, int sm = 90);
 
  private:
   struct Plan;
@@ -72,6 +72,7 @@ class CudnnAttention {
 
   void* handle_ = nullptr;  // cudnnHandle_t
   size_t version_ = 0;
+  int sm_ = 0;  // the device's compute capability, 10 * major + minor
   std::map<std::pair<AttnShape, bool>, std::unique_ptr<Plan>> plans_;  // null: refused
   std::string why_not_;
   void* workspace_ = nullptr;
