@@ -15,6 +15,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,9 +42,9 @@ class LtLinear {
 
  private:
   struct Plan;
-  // N, in, out, bf16 operands, bf16 output, bias, residual, gelu, and whether every pointer is
-  // 16-byte aligned (the heuristic picks kernels by alignment).
-  using Key = std::tuple<int, int, int, bool, bool, bool, bool, bool, bool>;
+  // N, in, out, bf16 operands, bf16 output, bias, residual, gelu, and the alignments of W, x, C, y,
+  // bias and the auxiliary output (0: none), in bytes up to 256: the heuristic picks kernels by them.
+  using Key = std::tuple<int, int, int, bool, bool, bool, bool, bool, std::array<uint32_t, 6>>;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // device memory the algorithms may use
   std::map<Key, std::unique_ptr<Plan>> plans_;
