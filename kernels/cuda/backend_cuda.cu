@@ -802,8 +802,9 @@ cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_O
 
 class CudaBackend final : public Backend, public DeviceMemory {
  public:
-  CudaBackend(int device, bool bf16_gemm) : device_(device), bf16_gemm_(bf16_gemm) {
-    CUDA_CHECK(cudaSetDevice(device));
+  // The device is made current first (device_'s initializer), before any member is built: lt_'s
+  // cuBLASLt handle is tied to the device current at its creation.
+  CudaBackend(int device, bool bf16_gemm) : device_(current_device(device)), bf16_gemm_(bf16_gemm) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop_, device));
     // Non-blocking: no implicit joins with the legacy default stream, so NCCL or copy streams
     // overlap with compute and are joined only by explicit events.
@@ -1244,6 +1245,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   double sum_squares(const float* x, size_t n) override { return reduce<double>(x, n, SquareOf{}); }
 
  private:
+  static int current_device(int device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    return device;
+  }
   cudaStream_t stream() const { return stream_.get(); }
   cublasHandle_t cublas() const { return cublas_.get(); }
   // Interface dimensions are int; index arithmetic is size_t so N*ld (logits) cannot overflow.
@@ -1362,7 +1367,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     return result;
   }
 
-  int device_;
+  int device_;  // first: its initializer makes the device current for every member after it
   bool bf16_gemm_;
   std::string attention_;  // what computes attention, for the run record
 #if defined(ZERO3D_HAVE_CUDNN)
