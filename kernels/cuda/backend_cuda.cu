@@ -176,6 +176,18 @@ __global__ void linear_epilogue_kernel(S* y, const float* acc, const float* bias
   }
 }
 
+// linear_gelu_forward's where cuBLASLt has none: pre = acc + bias and out = gelu of that fp32 sum,
+// each rounded once (acc is pre itself when pre is fp32: each element read, then written, by one
+// thread), as the host's GELU reads its fp32 GEMM output.
+template <typename S>
+__global__ void linear_gelu_epilogue_kernel(S* out, S* pre, const float* acc, const float* bias, size_t N, int F) {
+  Z3D_GRID_LOOP(i, N * F) {
+    const float v = bias ? acc[i] + bias[i % F] : acc[i];
+    store(pre + i, v);
+    store(out + i, math::gelu_forward(v));
+  }
+}
+
 template <typename S>
 __global__ void gelu_forward_kernel(S* out, const S* x, size_t n) {
   Z3D_GRID_LOOP(i, n) store(out + i, math::gelu_forward(load(x + i)));
@@ -1026,18 +1038,23 @@ class CudaBackend final : public Backend, public DeviceMemory {
                  [&]<typename S>() { column_sums(dbias, Element<S>{ptr<S>(dout)}, N, C); });
   }
   // One cuBLASLt matmul with bias and GELU in its epilogue, the pre-activation as its auxiliary
-  // output (out and pre of one type); where cuBLASLt offers no algorithm, the linear layer and a
-  // GELU pass.
+  // output (out and pre of one type); where cuBLASLt offers no algorithm, the GEMM into fp32 (pre
+  // itself, or the accumulator scratch for bf16) and one pass writing pre and the GELU of the fp32
+  // sum (not of the rounded pre: the contract's, and the host's, order).
   void linear_gelu_forward(View out, View pre, ConstView x, GemmWeight w, const float* bias, int N, int in,
                            int F) override {
     const size_t nx = rows(N) * rows(in), n = rows(N) * rows(F);
     storage("linear_gelu_forward", {{x, nx}});  // x of either type
-    storage("linear_gelu_forward", {{out, n}, {pre, n}});
+    const DType t = storage("linear_gelu_forward", {{out, n}, {pre, n}});
     const auto [xa, wa] = gemm_operands(x, nx, w, rows(F) * rows(in));
     if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre))
       return static_cast<void>(++g_launches);
-    linear_forward(pre, x, w, bias, nullptr, N, in, F);
-    gelu_forward(out, pre, n);
+    float* acc = pre.bf16() ? acc_scratch(n) : pre.f32_data();
+    gemm(false, true, N, F, in, 1.0f, x, in, w, in, 0.0f, acc, F);
+    with_storage(t, [&]<typename S>() {
+      launch(stream(), n, linear_gelu_epilogue_kernel<S>, ptr<S>(out), ptr<S>(pre), static_cast<const float*>(acc),
+             bias, rows(N), F);
+    });
   }
   void gelu_forward(View out, ConstView x, size_t n) override {
     with_storage(storage("gelu_forward", {{out, n}, {x, n}}), [&]<typename S>() {

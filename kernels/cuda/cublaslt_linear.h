@@ -11,7 +11,7 @@
 // accumulation; the output fp32 or bf16 (rounded once, in the epilogue), the bias fp32 either way
 // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: a cuBLASLt without that combination has no algorithm for
 // it, and the caller's fallback runs). With the GELU and a bf16 output, y is the GELU of the fp32
-// pre-activation, as on the host; the unfused fallback's is that of the rounded one.
+// pre-activation, as on the host (and in the caller's unfused fallback).
 #pragma once
 #include <cuda_runtime.h>
 
