@@ -1077,9 +1077,9 @@ class CudaBackend final : public Backend, public DeviceMemory {
     const DType t = storage("attention_forward", {{out, nout}, {qkv, nqkv}});
 #if defined(ZERO3D_HAVE_CUDNN)
     // cuDNN reads and writes bf16: bf16 views as they are (16-byte aligned, as it needs), fp32 ones
-    // rounded into the scratch and the output widened back.
+    // rounded into the scratch and the output widened back; lse it takes as it is in either case.
     if (const AttnShape s{B, T, H, Hkv, A / H};
-        (t == DType::f32 || aligned({out.data, qkv.data, lse})) && use_cudnn(s, false)) {
+        aligned({lse}) && (t == DType::f32 || aligned({out.data, qkv.data})) && use_cudnn(s, false)) {
       ++g_launches;
       if (t == DType::bf16) return cudnn_->forward(stream(), out.bf16_data(), lse, qkv.bf16_data(), s);
       uint16_t* qkv16 = scratch_of<uint16_t>({nqkv, nout})[0];
@@ -1114,7 +1114,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
     const DType t = storage("attention_backward", {{dqkv, nqkv}, {dout, nout}, {out, nout}, {qkv, nqkv}});
 #if defined(ZERO3D_HAVE_CUDNN)
     if (const AttnShape s{B, T, H, Hkv, A / H};
-        (t == DType::f32 || aligned({dqkv.data, dout.data, out.data, lse, qkv.data})) && use_cudnn(s, true)) {
+        aligned({lse}) && (t == DType::f32 || aligned({dqkv.data, dout.data, out.data, qkv.data})) &&
+        use_cudnn(s, true)) {
       ++g_launches;
       if (t == DType::bf16)
         return cudnn_->backward(stream(), dqkv.bf16_data(), dout.bf16_data(), out.bf16_data(), lse, qkv.bf16_data(), s);
