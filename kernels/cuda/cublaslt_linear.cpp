@@ -8,6 +8,7 @@
 
 #include <cublasLt.h>
 
+#include "core/log.h"
 #include "kernels/cuda/check.cuh"
 
 namespace zero3d {
@@ -36,7 +37,8 @@ void set_pointers(cublasLtMatmulDesc_t desc, const float* bias, void* gelu_pre) 
 }  // namespace
 
 struct LtLinear::Plan {
-  bool ok = false;  // false: cuBLASLt has no algorithm here
+  bool ok = false;   // false: cuBLASLt has no algorithm here
+  bool ran = false;  // cublasLtMatmul has accepted it once
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, cd = nullptr;
   cublasLtMatmulAlgo_t algo{};
@@ -118,9 +120,22 @@ bool LtLinear::forward(cudaStream_t stream, View y, const void* x, const void* w
   if (!plan->ok) return false;
   set_pointers(plan->desc, bias, gelu_pre.data);
   const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->desc, &alpha, w, plan->a, x, plan->b, &beta,
-                              c, plan->cd, y.data, plan->cd, &plan->algo, workspace_,
-                              kWorkspaceBytes, stream));
+  const cublasStatus_t run =
+      cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->desc, &alpha, w, plan->a, x, plan->b, &beta, c,
+                     plan->cd, y.data, plan->cd, &plan->algo, workspace_, kWorkspaceBytes, stream);
+  // A combination the heuristic answered but the matmul refuses (an epilogue's types, say) is
+  // refused at the plan's first run, before anything is enqueued: the plan is marked as having no
+  // algorithm and the caller falls back, as for a shape the heuristic refused. Later refusals fail.
+  if (!plan->ran && (run == CUBLAS_STATUS_NOT_SUPPORTED || run == CUBLAS_STATUS_INVALID_VALUE)) {
+    plan->ok = false;
+    log_warn("zero3d: cuBLASLt refused its heuristic's algorithm for a linear layer (%d x %d -> %d%s%s%s): %s; the "
+             "GEMM and an epilogue kernel run it",
+             N, in, out, bias ? ", bias" : "", residual ? ", residual" : "", gelu_pre ? ", GELU" : "",
+             cublasGetStatusString(run));
+    return false;
+  }
+  CUBLAS_CHECK(run);
+  plan->ran = true;
   return true;
 }
 
