@@ -607,7 +607,7 @@ __global__ void attention_backward_warp_kernel(S* dqkv, const S* dout, const flo
 __global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H, int Hkv,
                                          int A) {
   const int hd = A / H;
-  const float alpha = rsqrtf(static_cast<float>(hd));
+  const float alpha = 1.0f / sqrtf(static_cast<float>(hd));  // as the host (rsqrtf is approximate)
   const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_GRID_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
@@ -619,7 +619,7 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
 __global__ void attention_backward_kernel(float* dqkv, const float* dout, const float* out, const float* lse,
                                           const float* qkv, size_t B, int T, int H, int Hkv, int A) {
   const int hd = A / H, G = H / Hkv;
-  const float alpha = rsqrtf(static_cast<float>(hd));
+  const float alpha = 1.0f / sqrtf(static_cast<float>(hd));  // as the host (rsqrtf is approximate)
   const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_GRID_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
