@@ -176,6 +176,18 @@ __global__ void linear_epilogue_kernel(S* y, const float* acc, const float* bias
   }
 }
 
+// linear_gelu_forward's where cuBLASLt has none: pre = acc + bias and out = gelu of that fp32 sum,
+// each rounded once (acc is pre itself when pre is fp32: each element read, then written, by one
+// thread), as the host's GELU reads its fp32 GEMM output.
+template <typename S>
+__global__ void linear_gelu_epilogue_kernel(S* out, S* pre, const float* acc, const float* bias, size_t N, int F) {
+  Z3D_GRID_LOOP(i, N * F) {
+    const float v = bias ? acc[i] + bias[i % F] : acc[i];
+    store(pre + i, v);
+    store(out + i, math::gelu_forward(v));
+  }
+}
+
 template <typename S>
 __global__ void gelu_forward_kernel(S* out, const S* x, size_t n) {
   Z3D_GRID_LOOP(i, n) store(out + i, math::gelu_forward(load(x + i)));
@@ -595,7 +607,7 @@ __global__ void attention_backward_warp_kernel(S* dqkv, const S* dout, const flo
 __global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, size_t B, int T, int H, int Hkv,
                                          int A) {
   const int hd = A / H;
-  const float alpha = rsqrtf(static_cast<float>(hd));
+  const float alpha = 1.0f / sqrtf(static_cast<float>(hd));  // as the host (rsqrtf is approximate)
   const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_GRID_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
@@ -607,7 +619,7 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
 __global__ void attention_backward_kernel(float* dqkv, const float* dout, const float* out, const float* lse,
                                           const float* qkv, size_t B, int T, int H, int Hkv, int A) {
   const int hd = A / H, G = H / Hkv;
-  const float alpha = rsqrtf(static_cast<float>(hd));
+  const float alpha = 1.0f / sqrtf(static_cast<float>(hd));  // as the host (rsqrtf is approximate)
   const size_t ld = A + 2 * static_cast<size_t>(Hkv) * hd;
   Z3D_GRID_LOOP(r, B * H * T) {
     const size_t b = r / (static_cast<size_t>(H) * T), h = r / T % H;
@@ -802,8 +814,9 @@ cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_O
 
 class CudaBackend final : public Backend, public DeviceMemory {
  public:
-  CudaBackend(int device, bool bf16_gemm) : device_(device), bf16_gemm_(bf16_gemm) {
-    CUDA_CHECK(cudaSetDevice(device));
+  // The device is made current first (device_'s initializer), before any member is built: lt_'s
+  // cuBLASLt handle is tied to the device current at its creation.
+  CudaBackend(int device, bool bf16_gemm) : device_(current_device(device)), bf16_gemm_(bf16_gemm) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop_, device));
     // Non-blocking: no implicit joins with the legacy default stream, so NCCL or copy streams
     // overlap with compute and are joined only by explicit events.
@@ -1025,18 +1038,23 @@ class CudaBackend final : public Backend, public DeviceMemory {
                  [&]<typename S>() { column_sums(dbias, Element<S>{ptr<S>(dout)}, N, C); });
   }
   // One cuBLASLt matmul with bias and GELU in its epilogue, the pre-activation as its auxiliary
-  // output (out and pre of one type); where cuBLASLt offers no algorithm, the linear layer and a
-  // GELU pass.
+  // output (out and pre of one type); where cuBLASLt offers no algorithm, the GEMM into fp32 (pre
+  // itself, or the accumulator scratch for bf16) and one pass writing pre and the GELU of the fp32
+  // sum (not of the rounded pre: the contract's, and the host's, order).
   void linear_gelu_forward(View out, View pre, ConstView x, GemmWeight w, const float* bias, int N, int in,
                            int F) override {
     const size_t nx = rows(N) * rows(in), n = rows(N) * rows(F);
     storage("linear_gelu_forward", {{x, nx}});  // x of either type
-    storage("linear_gelu_forward", {{out, n}, {pre, n}});
+    const DType t = storage("linear_gelu_forward", {{out, n}, {pre, n}});
     const auto [xa, wa] = gemm_operands(x, nx, w, rows(F) * rows(in));
     if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre))
       return static_cast<void>(++g_launches);
-    linear_forward(pre, x, w, bias, nullptr, N, in, F);
-    gelu_forward(out, pre, n);
+    float* acc = pre.bf16() ? acc_scratch(n) : pre.f32_data();
+    gemm(false, true, N, F, in, 1.0f, x, in, w, in, 0.0f, acc, F);
+    with_storage(t, [&]<typename S>() {
+      launch(stream(), n, linear_gelu_epilogue_kernel<S>, ptr<S>(out), ptr<S>(pre), static_cast<const float*>(acc),
+             bias, rows(N), F);
+    });
   }
   void gelu_forward(View out, ConstView x, size_t n) override {
     with_storage(storage("gelu_forward", {{out, n}, {x, n}}), [&]<typename S>() {
@@ -1059,9 +1077,9 @@ class CudaBackend final : public Backend, public DeviceMemory {
     const DType t = storage("attention_forward", {{out, nout}, {qkv, nqkv}});
 #if defined(ZERO3D_HAVE_CUDNN)
     // cuDNN reads and writes bf16: bf16 views as they are (16-byte aligned, as it needs), fp32 ones
-    // rounded into the scratch and the output widened back.
+    // rounded into the scratch and the output widened back; lse it takes as it is in either case.
     if (const AttnShape s{B, T, H, Hkv, A / H};
-        (t == DType::f32 || aligned({out.data, qkv.data, lse})) && use_cudnn(s, false)) {
+        aligned({lse}) && (t == DType::f32 || aligned({out.data, qkv.data})) && use_cudnn(s, false)) {
       ++g_launches;
       if (t == DType::bf16) return cudnn_->forward(stream(), out.bf16_data(), lse, qkv.bf16_data(), s);
       uint16_t* qkv16 = scratch_of<uint16_t>({nqkv, nout})[0];
@@ -1096,7 +1114,8 @@ class CudaBackend final : public Backend, public DeviceMemory {
     const DType t = storage("attention_backward", {{dqkv, nqkv}, {dout, nout}, {out, nout}, {qkv, nqkv}});
 #if defined(ZERO3D_HAVE_CUDNN)
     if (const AttnShape s{B, T, H, Hkv, A / H};
-        (t == DType::f32 || aligned({dqkv.data, dout.data, out.data, lse, qkv.data})) && use_cudnn(s, true)) {
+        aligned({lse}) && (t == DType::f32 || aligned({dqkv.data, dout.data, out.data, qkv.data})) &&
+        use_cudnn(s, true)) {
       ++g_launches;
       if (t == DType::bf16)
         return cudnn_->backward(stream(), dqkv.bf16_data(), dout.bf16_data(), out.bf16_data(), lse, qkv.bf16_data(), s);
@@ -1244,6 +1263,10 @@ class CudaBackend final : public Backend, public DeviceMemory {
   double sum_squares(const float* x, size_t n) override { return reduce<double>(x, n, SquareOf{}); }
 
  private:
+  static int current_device(int device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    return device;
+  }
   cudaStream_t stream() const { return stream_.get(); }
   cublasHandle_t cublas() const { return cublas_.get(); }
   // Interface dimensions are int; index arithmetic is size_t so N*ld (logits) cannot overflow.
@@ -1362,7 +1385,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     return result;
   }
 
-  int device_;
+  int device_;  // first: its initializer makes the device current for every member after it
   bool bf16_gemm_;
   std::string attention_;  // what computes attention, for the run record
 #if defined(ZERO3D_HAVE_CUDNN)

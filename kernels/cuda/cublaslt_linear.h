@@ -11,10 +11,11 @@
 // accumulation; the output fp32 or bf16 (rounded once, in the epilogue), the bias fp32 either way
 // (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: a cuBLASLt without that combination has no algorithm for
 // it, and the caller's fallback runs). With the GELU and a bf16 output, y is the GELU of the fp32
-// pre-activation, as on the host; the unfused fallback's is that of the rounded one.
+// pre-activation, as on the host (and in the caller's unfused fallback).
 #pragma once
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -41,9 +42,9 @@ class LtLinear {
 
  private:
   struct Plan;
-  // N, in, out, bf16 operands, bf16 output, bias, residual, gelu, and whether every pointer is
-  // 16-byte aligned (the heuristic picks kernels by alignment).
-  using Key = std::tuple<int, int, int, bool, bool, bool, bool, bool, bool>;
+  // N, in, out, bf16 operands, bf16 output, bias, residual, gelu, and the alignments of W, x, C, y,
+  // bias and the auxiliary output (0: none), in bytes up to 256: the heuristic picks kernels by them.
+  using Key = std::tuple<int, int, int, bool, bool, bool, bool, bool, std::array<uint32_t, 6>>;
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // device memory the algorithms may use
   std::map<Key, std::unique_ptr<Plan>> plans_;
