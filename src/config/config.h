@@ -173,6 +173,9 @@ struct ComputeConfig {
   std::string activations = "auto";  // with bf16: "auto", "fp32", "bf16" (model/gpt.h gpt_options)
   std::string isa = "auto";        // the host loops' level: "auto" (ZERO3D_ISA, else the best), "avx512", ...
   std::string backend = "auto";    // "auto", "host", "cuda", "kokkos" (kernels/make_backend.cpp); --backend wins
+
+  // The backend a command builds: its --backend (`flag`) when given, else compute.backend.
+  std::string backend_for(const std::string& flag) const { return flag.empty() ? backend : flag; }
 };
 
 // comm.*: how data collectives move (ours; parallel/comm.h CollectiveImpl, shm_collectives.h).
