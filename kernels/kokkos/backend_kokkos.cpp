@@ -43,6 +43,7 @@
 
 #include "core/check.h"
 #include "core/device_collectives.h"
+#include "core/library_file.h"
 #include "core/shared_memory.h"
 #include "kernels/backend.h"
 #include "kernels/math/adamw.h"
@@ -141,10 +142,9 @@ auto matrix(const float* p, int rows, int cols, int ld) {
 // The library whose sgemm_ a BLAS TPL calls (the first in the process's lookup order), for the record.
 std::string blas_library() {
   void* f = dlsym(RTLD_DEFAULT, "sgemm_");
-  Dl_info info{};
-  if (!f || !dladdr(f, &info) || !info.dli_fname) return "no sgemm_ found";
-  const char* slash = std::strrchr(info.dli_fname, '/');
-  return std::string("sgemm_ from ") + (slash ? slash + 1 : info.dli_fname);
+  const std::string file = f ? library_file(f) : "";
+  if (file.empty()) return "no sgemm_ found";
+  return "sgemm_ from " + file.substr(file.rfind('/') + 1);
 }
 
 class KokkosBackend;
@@ -691,11 +691,9 @@ std::unique_ptr<Backend> make_kokkos_backend() { return std::make_unique<KokkosB
 
 // From the headers alone: callable before (and without) Kokkos::initialize.
 std::string kokkos_version_string() {
-  const int v = KOKKOS_VERSION;
-  std::string s = strprintf("Kokkos %d.%d.%d (%s)", v / 10000, v / 100 % 100, v % 100, Exec::name());
+  std::string s = "Kokkos " + dotted_version(KOKKOS_VERSION) + " (" + Exec::name() + ")";
 #if defined(KOKKOSKERNELS_VERSION)
-  s += strprintf(", Kokkos Kernels %d.%d.%d", KOKKOSKERNELS_VERSION / 10000, KOKKOSKERNELS_VERSION / 100 % 100,
-                 KOKKOSKERNELS_VERSION % 100);
+  s += ", Kokkos Kernels " + dotted_version(KOKKOSKERNELS_VERSION);
 #elif defined(TRILINOS_VERSION_STRING)
   s += ", Kokkos Kernels of Trilinos " TRILINOS_VERSION_STRING;
 #else
@@ -707,10 +705,6 @@ std::string kokkos_version_string() {
   return s;
 }
 
-std::string kokkos_library_file() {
-  Dl_info info{};
-  const void* f = reinterpret_cast<const void*>(&Kokkos::is_initialized);
-  return dladdr(f, &info) && info.dli_fname ? info.dli_fname : "";
-}
+std::string kokkos_library_file() { return library_file(&Kokkos::is_initialized); }
 
 }  // namespace zero3d
