@@ -44,6 +44,7 @@
 #include "core/check.h"
 #include "kernels/cuda/check.cuh"
 #include "core/device_collectives.h"
+#include "core/library_file.h"
 
 #if defined(ZERO3D_HAVE_NCCL)
 #include <nccl.h>
@@ -118,7 +119,7 @@ class NcclCollectives final : public DeviceCollectives {
     CUDA_CHECK(cudaGetDevice(&device_));
     int version = 0;
     NCCL_CHECK(ncclGetVersion(&version));
-    describe_ = strprintf("NCCL %d.%d.%d", version / 10000, version / 100 % 100, version % 100);
+    describe_ = "NCCL " + dotted_version(version);
     // Rank 0's unique ids reach every rank through the group's MPI; one communicator per lane.
     const int lanes = p2p_ ? 3 : 1;
     std::vector<ncclUniqueId> mine(lanes), all(static_cast<size_t>(lanes) * size);

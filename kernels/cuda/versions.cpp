@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/library_file.h"
 #if defined(ZERO3D_HAVE_CUDNN)
 #include <cudnn_version.h>
 
@@ -26,17 +27,8 @@ namespace zero3d {
 
 namespace {
 
-// The shared library a function came from; "" where the loader does not say.
-std::string file_of(const void* fn) {
-  Dl_info info{};
-  return dladdr(fn, &info) && info.dli_fname ? info.dli_fname : "";
-}
-
 // CUDA's version numbers are major * 1000 + minor * 10: 12080 is 12.8.
 std::string cuda_version(int v) { return strprintf("%d.%d", v / 1000, v % 1000 / 10); }
-
-// cuDNN's, NCCL's (2.9 on) and cuBLAS's are major * 10000 + minor * 100 + patch.
-std::string dotted(long v) { return strprintf("%ld.%ld.%ld", v / 10000, v / 100 % 100, v % 100); }
 
 // The NVIDIA kernel driver's version ("580.65.06"), from the line its module writes under /proc:
 // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  ..." (the first word that is a number).
@@ -67,11 +59,11 @@ std::string report() {
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);  // the newest CUDA the driver runs; 0: none
   out += line("CUDA runtime", cuda_version(CUDART_VERSION), cuda_version(runtime),
-              file_of(reinterpret_cast<const void*>(&cudaRuntimeGetVersion)));
+              library_file(&cudaRuntimeGetVersion));
   // libcuda.so.1 is loaded already (kernels/cuda_module.cpp loads it first): ask where from.
   std::string libcuda;
   if (void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
-    if (const void* fn = dlsym(h, "cuDriverGetVersion")) libcuda = file_of(fn);
+    if (const void* fn = dlsym(h, "cuDriverGetVersion")) libcuda = library_file(fn);
     dlclose(h);
   }
   const std::string kernel = kernel_driver_version();
@@ -80,22 +72,21 @@ std::string report() {
                     : line("CUDA driver", "", "", "", "cudaDriverGetVersion finds no working driver in " +
                                                          (libcuda.empty() ? "libcuda.so.1" : libcuda) +
                                                          " (a stub from the toolkit on the library path?)");
-  const std::string cublas_built = dotted(CUBLAS_VERSION);
-  out += line("cuBLAS", cublas_built, cublas_property(&cublasGetProperty),
-              file_of(reinterpret_cast<const void*>(&cublasGetProperty)));
+  const std::string cublas_built = dotted_version(CUBLAS_VERSION);
+  out += line("cuBLAS", cublas_built, cublas_property(&cublasGetProperty), library_file(&cublasGetProperty));
   out += line("cuBLASLt", cublas_built, cublas_property(&cublasLtGetProperty),
-              file_of(reinterpret_cast<const void*>(&cublasLtGetProperty)));
+              library_file(&cublasLtGetProperty));
 #if defined(ZERO3D_HAVE_CUDNN)
   std::string from, why;
   const std::string cudnn = cudnn_loaded_version(from, why);
-  out += line("cuDNN", dotted(CUDNN_VERSION), cudnn, from, why);
+  out += line("cuDNN", dotted_version(CUDNN_VERSION), cudnn, from, why);
 #else
   out += line("cuDNN", "", "", "", "not built in (no cuDNN headers at build time: set CUDNN_HOME)");
 #endif
 #if defined(ZERO3D_HAVE_NCCL)
   int nccl = 0;
   ncclGetVersion(&nccl);
-  out += line("NCCL", dotted(NCCL_VERSION_CODE), dotted(nccl), file_of(reinterpret_cast<const void*>(&ncclGetVersion)));
+  out += line("NCCL", dotted_version(NCCL_VERSION_CODE), dotted_version(nccl), library_file(&ncclGetVersion));
 #else
   out += line("NCCL", "", "", "", "not built in (no NCCL at build time: device buffers go through host memory for MPI)");
 #endif

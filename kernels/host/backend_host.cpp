@@ -3,7 +3,7 @@
 // RAM, zeroed (so touched) on allocation, and counted: 64-byte aligned, a page or more on page
 // boundaries (swap files move the optimizer's records with O_DIRECT: storage/swap_file.h).
 // The loops are fp32: an op on bf16 views (kernels/tensor.h) widens its bf16 operands into fp32
-// staging buffers, runs the fp32 loop and rounds its outputs back once (Staging below), which is
+// staging buffers, runs the fp32 loop and rounds its outputs back once (kernels/staging.h), which is
 // exactly the storage semantics the CUDA backend's bf16 kernels implement in registers.
 #include <cstdlib>
 #include <cstring>
@@ -14,35 +14,16 @@
 #include "kernels/backend.h"
 #include "kernels/host/cpu_kernels.h"
 #include "kernels/host/gemm.h"
+#include "kernels/staging.h"
 
 namespace zero3d {
 namespace {
 
-class HostBackend;
-
-// One op's fp32 operands for the fp32 loops: an fp32 view as it is; a bf16 view widened into a
-// staging buffer (an input, or an output the op reads first) or written there and rounded back by
-// store() (an output). Extents are checked against what the op touches. Staging buffers grow to
-// the largest op (the first step's) and are reused: steps after the first allocate nothing.
-class Staging {
- public:
-  Staging(HostBackend& be);
-  const float* in(ConstView v, size_t n);
-  // `reads`: the op reads the output before writing it (accumulates, or works in place).
-  float* out(View v, size_t n, bool reads);
-  void store();  // rounds every bf16 output back into its view
-
- private:
-  float* slot(size_t n);
-  HostBackend& be_;
-  size_t next_ = 0;
-  std::vector<std::pair<View, float*>> outputs_;
-};
-
 class HostBackend final : public Backend {
  public:
   HostBackend(const HostOptions& o, const cpu::Kernels& k)
-      : k_(k), gemm_(make_gemm_plan(o.gemm, o.bf16_gemm)), count_(o.count_only) {
+      : k_(k), gemm_(make_gemm_plan(o.gemm, o.bf16_gemm)), count_(o.count_only),
+        stage_(*this, "host", k.cast_from_bf16, k.cast_to_bf16, !o.count_only) {
     prof_.on = count_;  // counting is all it does
   }
 
@@ -99,7 +80,7 @@ class HostBackend final : public Backend {
             float beta, View C, int ldc) override {
     OpProfile::Scope op(&prof_, ta ? "gemm_weight_grad" : tb ? "gemm_forward" : "gemm_input_grad", 4.0 * (double(m) * k + double(k) * n + double(m) * n * (beta != 0 ? 2 : 1)), 2.0 * m * n * k);
     if (count_) return;
-    Staging s(*this);
+    Staging s(stage_);
     if (!B.f32 && !bf16_gemm()) {
       const size_t nb = strided_extent(tb ? n : k, tb ? k : n, ldb);
       B.f32 = s.in(ConstView(B.bf16, nb), nb);
@@ -112,7 +93,7 @@ class HostBackend final : public Backend {
                       int out) override {
     OpProfile::Scope op(&prof_, "linear_forward", 4.0 * (double(N) * in + double(in) * out + double(N) * out * (residual ? 2 : 1)), 2.0 * N * in * out);
     if (count_) return;
-    Staging s(*this);
+    Staging s(stage_);
     const size_t ny = rows(N) * rows(out);
     gemm_.linear(s.out(y, ny, false), s.in(x, rows(N) * rows(in)), w, bias, residual ? s.in(residual, ny) : nullptr,
                  N, in, out);
@@ -122,7 +103,7 @@ class HostBackend final : public Backend {
   // The GELU reads the fp32 pre-activation (as a GPU's epilogue does); both outputs are rounded once.
   void linear_gelu_forward(View out, View pre, ConstView x, GemmWeight w, const float* bias, int N, int in,
                            int F) override {
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(F);
     float* p = s.out(pre, n, false);
     {
@@ -136,20 +117,20 @@ class HostBackend final : public Backend {
   void embedding_forward(View out, const int32_t* tokens, const float* wte, const float* wpe, int N, int T, int C,
                          int vocab_start, int vocab_rows) override {
     OpProfile::Scope op(&prof_, "embedding_forward", 12.0 * N * C, 0);
-    Staging s(*this);
+    Staging s(stage_);
     k_.embedding_forward(s.out(out, rows(N) * rows(C), false), tokens, wte, wpe, N, T, C, vocab_start, vocab_rows);
     s.store();
   }
   void embedding_backward(float* dwte, float* dwpe, ConstView dout, const int32_t* tokens, int N, int T, int C,
                           int vocab_start, int vocab_rows) override {
     OpProfile::Scope op(&prof_, "embedding_backward", 20.0 * N * C, 0);
-    Staging s(*this);
+    Staging s(stage_);
     k_.embedding_backward(dwte, dwpe, s.in(dout, rows(N) * rows(C)), tokens, N, T, C, vocab_start, vocab_rows);
   }
   void layernorm_forward(View out, float* mean, float* rstd, ConstView x, const float* w, const float* b, int N,
                          int C) override {
     OpProfile::Scope op(&prof_, "layernorm_forward", 8.0 * N * C, 0);
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(C);
     k_.layernorm_forward(s.out(out, n, false), mean, rstd, s.in(x, n), w, b, N, C);
     s.store();
@@ -157,25 +138,25 @@ class HostBackend final : public Backend {
   void layernorm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x, const float* w,
                           const float* mean, const float* rstd, int N, int C) override {
     OpProfile::Scope op(&prof_, "layernorm_backward", 24.0 * N * C, 0);
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(C);
     k_.layernorm_backward(s.out(dx, n, true), dw, db, s.in(dy, n), s.in(x, n), w, mean, rstd, N, C);
     s.store();
   }
   void bias_backward(float* dbias, ConstView dout, int N, int C) override {
     OpProfile::Scope op(&prof_, "bias_backward", 4.0 * N * C, 0);
-    Staging s(*this);
+    Staging s(stage_);
     k_.bias_backward(dbias, s.in(dout, rows(N) * rows(C)), N, C);
   }
   void gelu_forward(View out, ConstView x, size_t n) override {
     OpProfile::Scope op(&prof_, "gelu_forward", 8.0 * n, 0);
-    Staging s(*this);
+    Staging s(stage_);
     k_.gelu_forward(s.out(out, n, false), s.in(x, n), n);
     s.store();
   }
   void gelu_backward(View dx, float* dbias, ConstView x, ConstView y, ConstView dout, int N, int C) override {
     OpProfile::Scope op(&prof_, "gelu_backward", 16.0 * N * C, 0);
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(C);
     const float *xs = s.in(x, n), *ys = s.in(y, n), *ds = s.in(dout, n);  // staged before dx, which may alias dout
     k_.gelu_backward(s.out(dx, n, false), dbias, xs, ys, ds, N, C);
@@ -188,7 +169,7 @@ class HostBackend final : public Backend {
 
   void attention_forward(View out, float* lse, ConstView qkv, int B, int T, int H, int Hkv, int A) override {
     OpProfile::Scope op(&prof_, "attention_forward", 16.0 * B * T * A, 4.0 * B * A * (T * (T + 1.0) / 2));
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(B) * rows(T);
     k_.attention_forward(s.out(out, n * rows(A), false), lse, s.in(qkv, n * qkv_width(H, Hkv, A)), B, T, H, Hkv, A,
                          attention_work(T, A / H));
@@ -197,7 +178,7 @@ class HostBackend final : public Backend {
   void attention_backward(View dqkv, ConstView dout, ConstView out, const float* lse, ConstView qkv, int B, int T,
                           int H, int Hkv, int A) override {
     OpProfile::Scope op(&prof_, "attention_backward", 36.0 * B * T * A, 8.0 * B * A * (T * (T + 1.0) / 2));
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(B) * rows(T), nqkv = n * qkv_width(H, Hkv, A);
     const float *ds = s.in(dout, n * rows(A)), *os = s.in(out, n * rows(A)), *qs = s.in(qkv, nqkv);
     k_.attention_backward(s.out(dqkv, nqkv, false), ds, os, lse, qs, B, T, H, Hkv, A, attention_work(T, A / H));
@@ -205,7 +186,7 @@ class HostBackend final : public Backend {
   }
   void rmsnorm_forward(View out, float* rstd, ConstView x, const float* w, int N, int C, float eps) override {
     OpProfile::Scope op(&prof_, "rmsnorm_forward", 12.0 * N * C, 0);
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(C);
     k_.rmsnorm_forward(s.out(out, n, false), rstd, s.in(x, n), w, N, C, eps);
     s.store();
@@ -213,27 +194,27 @@ class HostBackend final : public Backend {
   void rmsnorm_backward(View dx, float* dw, ConstView dy, ConstView x, const float* w, const float* rstd, int N,
                         int C) override {
     OpProfile::Scope op(&prof_, "rmsnorm_backward", 20.0 * N * C, 0);
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(C);
     k_.rmsnorm_backward(s.out(dx, n, true), dw, s.in(dy, n), s.in(x, n), w, rstd, N, C);
     s.store();
   }
   void rope(View x, const float* cs, int N, int T, int heads, int hd, long ld, bool backward) override {
     OpProfile::Scope op(&prof_, backward ? "rope_backward" : "rope_forward", 8.0 * N * heads * hd, 0);
-    Staging s(*this);
+    Staging s(stage_);
     k_.rope(s.out(x, strided_extent(N, heads * hd, ld), true), cs, N, T, heads, hd, ld, backward);
     s.store();
   }
   void swiglu_forward(View out, ConstView h, int N, int F) override {
     OpProfile::Scope op(&prof_, "swiglu_forward", 12.0 * N * F, 0);
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(F);
     k_.swiglu_forward(s.out(out, n, false), s.in(h, 2 * n), N, F);
     s.store();
   }
   void swiglu_backward(View dh, ConstView h, ConstView dout, int N, int F) override {
     OpProfile::Scope op(&prof_, "swiglu_backward", 20.0 * N * F, 0);
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(F);
     const float *hs = s.in(h, 2 * n), *ds = s.in(dout, n);
     k_.swiglu_backward(s.out(dh, 2 * n, false), hs, ds, N, F);
@@ -243,27 +224,27 @@ class HostBackend final : public Backend {
   void crossentropy(float* losses, View dlogits, ConstView logits, const int32_t* targets, int N, int V, int ld,
                     float dloss) override {
     OpProfile::Scope op(&prof_, "crossentropy", (dlogits ? 8.0 : 4.0) * N * V, 0);
-    Staging s(*this);
+    Staging s(stage_);
     const float* z = s.in(logits, strided_extent(N, V, ld));  // staged before dlogits, which may alias it
     k_.crossentropy(losses, dlogits ? s.out(dlogits, rows(N) * rows(ld), false) : nullptr, z, targets, N, V, ld, dloss);
     s.store();
   }
   void vocab_row_max(float* row_max, ConstView logits, int N, int V, int ld) override {
     OpProfile::Scope op(&prof_, "vocab_row_max", 4.0 * N * V, 0);
-    Staging s(*this);
+    Staging s(stage_);
     k_.vocab_row_max(row_max, s.in(logits, strided_extent(N, V, ld)), N, V, ld);
   }
   void vocab_sumexp(float* sumexp, float* target_logit, ConstView logits, const float* row_max,
                     const int32_t* targets, int vocab_start, int N, int V, int ld) override {
     OpProfile::Scope op(&prof_, "vocab_sumexp", 4.0 * N * V, 0);
-    Staging s(*this);
+    Staging s(stage_);
     k_.vocab_sumexp(sumexp, target_logit, s.in(logits, strided_extent(N, V, ld)), row_max, targets, vocab_start, N, V,
                     ld);
   }
   void vocab_crossentropy_grad(View dlogits, ConstView logits, const float* row_max, const float* sumexp,
                                const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss) override {
     OpProfile::Scope op(&prof_, "vocab_crossentropy_grad", 8.0 * N * V, 0);
-    Staging s(*this);
+    Staging s(stage_);
     const float* z = s.in(logits, strided_extent(N, V, ld));
     k_.vocab_crossentropy_grad(s.out(dlogits, rows(N) * rows(ld), false), z, row_max, sumexp, targets, vocab_start, N,
                                V, ld, dloss);
@@ -315,15 +296,6 @@ class HostBackend final : public Backend {
     return k_.sum_squares(x, n);
   }
 
-  bool counting() const { return count_; }
-  const cpu::Kernels& loops() const { return k_; }
-  // Staging buffer i of at least n floats: grown to the largest asked for, then reused.
-  float* staging(size_t i, size_t n) {
-    if (stage_.size() <= i) stage_.resize(i + 1);
-    if (stage_[i].size() < n) stage_[i] = DeviceBuffer<float>(*this, n);
-    return stage_[i].data();
-  }
-
  private:
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }
   static size_t qkv_width(int H, int Hkv, int A) { return rows(A) + 2 * rows(Hkv) * rows(A / H); }
@@ -341,37 +313,9 @@ class HostBackend final : public Backend {
   size_t allocs_ = 0;
   OpProfile prof_;
   DeviceBuffer<float> attn_work_;
-  std::vector<DeviceBuffer<float>> stage_;  // Staging's buffers
   const bool count_;  // HostOptions::count_only: k_ is cpu::counting(), and no GEMM or copy runs
+  StagingBuffers stage_;  // bf16 operands through the loops' own casts; counting stages nothing
 };
-
-Staging::Staging(HostBackend& be) : be_(be) {}
-
-float* Staging::slot(size_t n) { return be_.staging(next_++, n); }
-
-const float* Staging::in(ConstView v, size_t n) {
-  Z3D_ASSERT(!v || v.size >= n,  // an unbounded view's size is the largest there is
-             strprintf("host op reads %zu elements of a %zu-element view", n, v.size));
-  if (!v.bf16() || be_.counting()) return static_cast<const float*>(v.data);
-  float* f = slot(n);
-  be_.loops().cast_from_bf16(f, v.bf16_data(), n);
-  return f;
-}
-
-float* Staging::out(View v, size_t n, bool reads) {
-  Z3D_ASSERT(v.size >= n,
-             strprintf("host op writes %zu elements of a %zu-element view", n, v.size));
-  if (!v.bf16() || be_.counting()) return static_cast<float*>(v.data);
-  float* f = slot(n);
-  if (reads) be_.loops().cast_from_bf16(f, v.bf16_data(), n);
-  outputs_.push_back({v.at(0, n), f});
-  return f;
-}
-
-void Staging::store() {
-  for (auto& [v, f] : outputs_) be_.loops().cast_to_bf16(v.bf16_data(), f, v.size);
-  outputs_.clear();
-}
 
 }  // namespace
 

@@ -16,7 +16,7 @@
 //    sum of squares is a parallel_reduce.
 //  - bf16 views: elementwise kernels are templates on the storage type (widened on load, rounded
 //    once on store); row ops (norms, attention, cross-entropy) widen bf16 views into fp32 scratch,
-//    run the fp32 row functions of kernels/math and round their outputs once (Staging below).
+//    run the fp32 row functions of kernels/math and round their outputs once (kernels/staging.h).
 //    Either way the bits of a bf16 result are the rounded bits of the fp32 one.
 //  - GEMMs are fp32 (bf16 operands widened, a bf16 C rounded once); bf16_gemm() is false.
 //
@@ -43,6 +43,7 @@
 
 #include "core/check.h"
 #include "core/device_collectives.h"
+#include "core/library_file.h"
 #include "core/shared_memory.h"
 #include "kernels/backend.h"
 #include "kernels/math/adamw.h"
@@ -54,6 +55,7 @@
 #include "kernels/math/rmsnorm.h"
 #include "kernels/math/rope.h"
 #include "kernels/math/swiglu.h"
+#include "kernels/staging.h"
 #include "kernels/typed_views.h"
 
 namespace zero3d {
@@ -141,32 +143,10 @@ auto matrix(const float* p, int rows, int cols, int ld) {
 // The library whose sgemm_ a BLAS TPL calls (the first in the process's lookup order), for the record.
 std::string blas_library() {
   void* f = dlsym(RTLD_DEFAULT, "sgemm_");
-  Dl_info info{};
-  if (!f || !dladdr(f, &info) || !info.dli_fname) return "no sgemm_ found";
-  const char* slash = std::strrchr(info.dli_fname, '/');
-  return std::string("sgemm_ from ") + (slash ? slash + 1 : info.dli_fname);
+  const std::string file = f ? library_file(f) : "";
+  if (file.empty()) return "no sgemm_ found";
+  return "sgemm_ from " + file.substr(file.rfind('/') + 1);
 }
-
-class KokkosBackend;
-
-// One op's fp32 operands for the row functions: an fp32 view as it is; a bf16 view widened into
-// the backend's scratch (an input, or an output the op reads first) or written there and rounded
-// back by store() (an output). Scratch grows to the largest op (the first step's), then is reused.
-class Staging {
- public:
-  explicit Staging(KokkosBackend& be) : be_(be) {}
-  const float* in(ConstView v, size_t n);
-  float* out(View v, size_t n, bool reads);
-  void store() {
-    for (auto& [v, f] : outputs_) round_bf16(v.bf16_data(), f, v.size);
-    outputs_.clear();
-  }
-
- private:
-  KokkosBackend& be_;
-  size_t next_ = 0;
-  std::vector<std::pair<View, float*>> outputs_;
-};
 
 class KokkosBackend final : public Backend, public DeviceMemory {
  public:
@@ -176,7 +156,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   }
   ~KokkosBackend() override {
     Exec().fence();
-    for (auto& s : scratch_) free_bytes(s.first);
+    stage_.clear();
     --g_live;
   }
   KokkosBackend(const KokkosBackend&) = delete;
@@ -276,7 +256,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   void gemm(bool ta, bool tb, int m, int n, int k, float alpha, ConstView A, int lda, GemmWeight B, int ldb,
             float beta, View C, int ldc) override {
     if (m <= 0 || n <= 0) return;
-    Staging s(*this);
+    Staging s(stage_);
     const size_t na = strided_extent(ta ? k : m, ta ? m : k, lda), nb = strided_extent(tb ? n : k, tb ? k : n, ldb);
     const float* b = B.f32 ? B.f32 : s.in(ConstView(B.bf16, nb), nb);
     // A bf16 C is read even where beta = 0: the elements between its rows go back as they were.
@@ -286,7 +266,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   }
   void linear_forward(View y, ConstView x, GemmWeight w, const float* bias, ConstView residual, int N, int in,
                       int out) override {
-    Staging s(*this);
+    Staging s(stage_);
     const size_t ny = rows(N) * rows(out);
     const float* wf = w.f32 ? w.f32 : s.in(ConstView(w.bf16, rows(out) * rows(in)), rows(out) * rows(in));
     const float* r = residual ? s.in(residual, ny) : nullptr;
@@ -296,7 +276,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   // The GELU reads the fp32 pre-activation; both outputs are rounded once.
   void linear_gelu_forward(View out, View pre, ConstView x, GemmWeight w, const float* bias, int N, int in,
                            int F) override {
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(F);
     const float* wf = w.f32 ? w.f32 : s.in(ConstView(w.bf16, rows(F) * rows(in)), rows(F) * rows(in));
     float* p = s.out(pre, n, false);
@@ -413,7 +393,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
 
   void layernorm_forward(View out, float* mean, float* rstd, ConstView x, const float* w, const float* b, int N,
                          int C) override {
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(C);
     float* o = s.out(out, n, false);
     const float* xs = s.in(x, n);
@@ -424,7 +404,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   }
   void layernorm_backward(View dx, float* dw, float* db, ConstView dy, ConstView x, const float* w, const float* mean,
                           const float* rstd, int N, int C) override {
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(C);
     float* g = s.out(dx, n, true);
     const float *d = s.in(dy, n), *xs = s.in(x, n);
@@ -439,7 +419,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
     s.store();
   }
   void rmsnorm_forward(View out, float* rstd, ConstView x, const float* w, int N, int C, float eps) override {
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(C);
     float* o = s.out(out, n, false);
     const float* xs = s.in(x, n);
@@ -451,7 +431,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   // dx += rstd (g - xhat mean(g xhat)), g = dy w, xhat = x rstd (kernels/math/rmsnorm.h).
   void rmsnorm_backward(View dx, float* dw, ConstView dy, ConstView x, const float* w, const float* rstd, int N,
                         int C) override {
-    Staging s(*this);
+    Staging s(stage_);
     const size_t n = rows(N) * rows(C);
     float* g = s.out(dx, n, true);
     const float *d = s.in(dy, n), *xs = s.in(x, n);
@@ -471,7 +451,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   }
   // One (batch, head, query row) per iteration: kernels/math/attention.h's online softmax.
   void attention_forward(View out, float* lse, ConstView qkv, int B, int T, int H, int Hkv, int A) override {
-    Staging s(*this);
+    Staging s(stage_);
     const int hd = A / H;
     const int64_t ld = A + 2 * static_cast<int64_t>(Hkv) * hd;
     const size_t nrows = rows(B) * rows(T);
@@ -491,7 +471,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   // summed over the group's query heads in head order.
   void attention_backward(View dqkv, ConstView dout, ConstView out, const float* lse, ConstView qkv, int B, int T,
                           int H, int Hkv, int A) override {
-    Staging s(*this);
+    Staging s(stage_);
     const int hd = A / H, G = H / Hkv;
     const int64_t ld = A + 2 * static_cast<int64_t>(Hkv) * hd;
     const size_t nrows = rows(B) * rows(T), nqkv = nrows * static_cast<size_t>(ld);
@@ -521,7 +501,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   // logits are staged first, and the row functions allow it.
   void crossentropy(float* losses, View dlogits, ConstView logits, const int32_t* targets, int N, int V, int ld,
                     float dloss) override {
-    Staging s(*this);
+    Staging s(stage_);
     const float* z = s.in(logits, logits_extent("crossentropy", N, V, ld));
     float* dz = dlogits ? s.out(dlogits, rows(N) * rows(ld), false) : nullptr;
     for_each("zero3d::crossentropy", rows(N), KOKKOS_LAMBDA(const int64_t r) {
@@ -536,13 +516,13 @@ class KokkosBackend final : public Backend, public DeviceMemory {
     s.store();
   }
   void vocab_row_max(float* row_max, ConstView logits, int N, int V, int ld) override {
-    Staging s(*this);
+    Staging s(stage_);
     const float* z = s.in(logits, logits_extent("vocab_row_max", N, V, ld));
     for_each("zero3d::vocab_row_max", rows(N), KOKKOS_LAMBDA(const int64_t r) { row_max[r] = math::row_max(z + r * ld, V); });
   }
   void vocab_sumexp(float* sumexp, float* target_logit, ConstView logits, const float* row_max,
                     const int32_t* targets, int vocab_start, int N, int V, int ld) override {
-    Staging s(*this);
+    Staging s(stage_);
     const float* z = s.in(logits, logits_extent("vocab_sumexp", N, V, ld));
     for_each("zero3d::vocab_sumexp", rows(N), KOKKOS_LAMBDA(const int64_t r) {
       const float* zr = z + r * ld;
@@ -553,7 +533,7 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   }
   void vocab_crossentropy_grad(View dlogits, ConstView logits, const float* row_max, const float* sumexp,
                                const int32_t* targets, int vocab_start, int N, int V, int ld, float dloss) override {
-    Staging s(*this);
+    Staging s(stage_);
     const float* z = s.in(logits, logits_extent("vocab_crossentropy_grad", N, V, ld));
     float* dz = s.out(dlogits, rows(N) * rows(ld), false);
     for_each("zero3d::vocab_crossentropy_grad", rows(N), KOKKOS_LAMBDA(const int64_t r) {
@@ -611,18 +591,6 @@ class KokkosBackend final : public Backend, public DeviceMemory {
     return sum;
   }
 
-  // Scratch slot i of at least n floats: grown to the largest asked for, then reused (Staging's).
-  float* scratch(size_t i, size_t n) {
-    if (scratch_.size() <= i) scratch_.resize(i + 1, {nullptr, 0});
-    auto& [p, have] = scratch_[i];
-    if (have < n) {
-      free_bytes(p);
-      p = alloc_bytes(n * sizeof(float));
-      have = n;
-    }
-    return static_cast<float*>(p);
-  }
-
  private:
   using Bytes = Kokkos::View<char*, Mem, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using HostBytes = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
@@ -665,25 +633,8 @@ class KokkosBackend final : public Backend, public DeviceMemory {
   }
 
   size_t allocs_ = 0;
-  std::vector<std::pair<void*, size_t>> scratch_;  // Staging's slots: pointer and floats held
+  StagingBuffers stage_{*this, "kokkos", widen, round_bf16};  // bf16 operands of the row functions
 };
-
-const float* Staging::in(ConstView v, size_t n) {
-  Z3D_ASSERT(!v || v.size >= n, strprintf("kokkos op reads %zu elements of a %zu-element view", n, v.size));
-  if (!v.bf16()) return static_cast<const float*>(v.data);
-  float* f = be_.scratch(next_++, n);
-  widen(f, v.bf16_data(), n);
-  return f;
-}
-
-float* Staging::out(View v, size_t n, bool reads) {
-  Z3D_ASSERT(v.size >= n, strprintf("kokkos op writes %zu elements of a %zu-element view", n, v.size));
-  if (!v.bf16()) return static_cast<float*>(v.data);
-  float* f = be_.scratch(next_++, n);
-  if (reads) widen(f, v.bf16_data(), n);
-  outputs_.push_back({v.at(0, n), f});
-  return f;
-}
 
 }  // namespace
 
@@ -691,11 +642,9 @@ std::unique_ptr<Backend> make_kokkos_backend() { return std::make_unique<KokkosB
 
 // From the headers alone: callable before (and without) Kokkos::initialize.
 std::string kokkos_version_string() {
-  const int v = KOKKOS_VERSION;
-  std::string s = strprintf("Kokkos %d.%d.%d (%s)", v / 10000, v / 100 % 100, v % 100, Exec::name());
+  std::string s = "Kokkos " + dotted_version(KOKKOS_VERSION) + " (" + Exec::name() + ")";
 #if defined(KOKKOSKERNELS_VERSION)
-  s += strprintf(", Kokkos Kernels %d.%d.%d", KOKKOSKERNELS_VERSION / 10000, KOKKOSKERNELS_VERSION / 100 % 100,
-                 KOKKOSKERNELS_VERSION % 100);
+  s += ", Kokkos Kernels " + dotted_version(KOKKOSKERNELS_VERSION);
 #elif defined(TRILINOS_VERSION_STRING)
   s += ", Kokkos Kernels of Trilinos " TRILINOS_VERSION_STRING;
 #else
@@ -707,10 +656,6 @@ std::string kokkos_version_string() {
   return s;
 }
 
-std::string kokkos_library_file() {
-  Dl_info info{};
-  const void* f = reinterpret_cast<const void*>(&Kokkos::is_initialized);
-  return dladdr(f, &info) && info.dli_fname ? info.dli_fname : "";
-}
+std::string kokkos_library_file() { return library_file(&Kokkos::is_initialized); }
 
 }  // namespace zero3d

@@ -170,7 +170,7 @@ int bench_gemm_command(const Args& a) {
   const JobInfo job = job_info(*world);
   std::optional<Config> cfg;
   if (!config.empty()) cfg = bench_config(config);
-  if (backend.empty()) backend = cfg ? cfg->compute.backend : "auto";
+  backend = (cfg ? cfg->compute : ComputeConfig{}).backend_for(backend);  // no config: the key's default
   std::unique_ptr<Backend> be = make_backend(backend, job.local_rank);
   if (be->kind() != BackendKind::host) {
     log_info("# GEMM C = A B^T, fp32, %s", be->describe().c_str());

@@ -69,16 +69,13 @@ int cmd_eval(const Args& a) {
   } else {
     const CheckpointTokenizer tok = checkpoint_tokenizer(cm.file, cm.tokenizer, m.vocab_size, tokenizer_spec);
     for (const std::string& f : texts) tok.tokenizer->encode_document(read_text_file(f, "text file"), text);
-    sequences = text.empty() ? 0 : (text.size() - 1) / T;
+    sequences = sequences_in(text.size(), m.seq_len);
     source = texts.size() == 1 ? texts[0] : strprintf("%zu text files", texts.size());
   }
   auto load = [&](uint64_t first, int count, int32_t* in, int32_t* tgt) {
     if (data) return data->load(first, count, in, tgt);
     for (size_t k = 0; k < static_cast<size_t>(count); ++k)
-      for (size_t t = 0; t < T; ++t) {
-        in[k * T + t] = text[(first + k) * T + t];
-        tgt[k * T + t] = text[(first + k) * T + t + 1];
-      }
+      cut_sequence(text.data() + (first + k) * T, T, in + k * T, tgt + k * T);
   };
   const int B = micro;
   const uint64_t whole = sequences / static_cast<uint64_t>(B);

@@ -108,7 +108,7 @@ void choose_peak(RunOptions& opt, Backend& be, ProcessGroup* world) {
 // groups: the MPI world need not have `ranks` ranks.
 int train_dry_run(const ConfigSources& src, RunOptions opt, const std::string& backend_flag, int ranks, bool json) {
   const Config cfg = load_config(src, ranks);
-  const std::string& backend = backend_flag.empty() ? cfg.compute.backend : backend_flag;
+  const std::string backend = cfg.compute.backend_for(backend_flag);
   DryRunInputs in;
   in.job = job_info(*ProcessGroup::world());
   HostOptions host;
@@ -173,7 +173,7 @@ void agree_run_dir(RunOptions& opt, ProcessGroup& world) {
 int run_training(const ConfigSources& src, RunOptions opt, const std::string& backend_flag, int world) {
   // Every rank reads the same files and arguments, so every rank reaches the same verdict here.
   Config cfg = load_config(src, world);
-  const std::string backend = backend_flag.empty() ? cfg.compute.backend : backend_flag;
+  const std::string backend = cfg.compute.backend_for(backend_flag);
   for (const std::string& n : cfg.notices) log_info("zero3d: notice: %s", n.c_str());
   cpu::use_level(cfg.compute.isa, "compute.isa");
   configure_comm(cfg);

@@ -43,7 +43,7 @@ CheckpointHeader checkpoint_header(const CheckpointRun& run, const TrainingState
   h.config = config_json::to_text(c.resolved);
   h.loss_scaler = st.loss_scaler;  // each owner describes its own state
   h.lr_scheduler = st.lr_scheduler;
-  h.data = st.data_order;
+  h.data = st.data_order ? st.data_order->to_json() : "";
   h.rng = strprintf("counter-based splitmix64 keyed by seed %llu: the seed is the whole state",
                     static_cast<unsigned long long>(c.seed));
   h.checksum_algorithm = kChecksumAlgorithm;

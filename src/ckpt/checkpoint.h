@@ -25,6 +25,7 @@
 #include "config/config.h"
 #include "ckpt/dir.h"     // checkpoint_file, list_checkpoints
 #include "ckpt/format.h"  // the format, shared with zero3d ckpt
+#include "data/loader.h"  // DataOrder
 #include "parallel/groups.h"
 #include "zero/engine.h"
 #include "zero/loss_scaler.h"
@@ -39,7 +40,7 @@ struct TrainingState {
   uint64_t data_cursor = 0;     // global samples consumed
   std::string loss_scaler;      // LossScaler::save_state(): the scaler's own description
   std::string lr_scheduler;     // optim/lr_schedule.h schedule_state(): the schedule's position (JSON)
-  std::string data_order;       // data/loader.h DataOrder: what the cursor counts in ("" before it was saved)
+  std::optional<DataOrder> data_order;  // what the cursor counts in (none in checkpoints from before it)
 };
 
 // What one save or load moved and cost.

@@ -33,6 +33,7 @@ uint64_t checksum_run(uint64_t first, const uint16_t* x, size_t n) {
 // ---- root attributes ----
 
 using H = CheckpointHeader;
+constexpr bool kOptional = true;  // HeaderField::optional
 const std::vector<HeaderField> kHeaderFields = {
     {"format", &H::format, "\"zero3d-checkpoint\""},
     {"format_version", &H::format_version, "the format's version (this file's layout)"},
@@ -52,15 +53,17 @@ const std::vector<HeaderField> kHeaderFields = {
     {"d_model", &H::d_model, "model shape"},
     {"vocab_size", &H::vocab_size, "model shape"},
     {"seq_len", &H::seq_len, "model shape"},
-    {"architecture", &H::architecture, "the architecture keys (JSON); absent in GPT-2 checkpoints before them"},
+    {"architecture", &H::architecture, "the architecture keys (JSON); absent in GPT-2 checkpoints before them",
+     kOptional},
     {"config", &H::config, "the resolved run config (JSON)"},
     {"loss_scaler", &H::loss_scaler, "the fp16 loss scaler's state (JSON)"},
     {"lr_scheduler", &H::lr_scheduler, "the LR schedule's position (JSON)"},
     {"rng", &H::rng, "the RNG's state"},
     {"checksum_algorithm", &H::checksum_algorithm, "how each dataset's checksum attribute is computed"},
     {"data", &H::data, "the training data's shards and sequences, which the data cursor counts in (JSON); absent "
-                       "before zero3d read shards"},
-    {"tokenizer", &H::tokenizer, "the run's tokenizer (JSON: kind, the file beside the checkpoint, its hash); \"\" = unknown"},
+                       "before zero3d read shards", kOptional},
+    {"tokenizer", &H::tokenizer, "the run's tokenizer (JSON: kind, the file beside the checkpoint, its hash); \"\" = unknown",
+     kOptional},
 };
 
 std::string CheckpointHeader::layout() const {
@@ -73,36 +76,26 @@ void write_header(hid_t file, const CheckpointHeader& h) {
     std::visit([&](auto member) { write_attr(file, f.name, h.*member); }, f.member);
 }
 
-// Attributes that older checkpoints lack: read when there, "" when not.
-static bool optional_field(const HeaderField& f) {
-  const std::string n = f.name;
-  return n == "architecture" || n == "data" || n == "tokenizer";
-}
-
 CheckpointHeader read_header(hid_t file, const std::string& path) {
   CheckpointHeader h;
-  auto need = [&](const HeaderField& f) {
+  auto read = [&](const HeaderField& f) {
     std::visit(
         [&](auto member) {
-          if (!read_attr(file, f.name, h.*member))
+          if (!read_attr(file, f.name, h.*member) && !f.optional)
             throw UserError(strprintf(
                 "checkpoint '%s' has no valid attribute '%s' (not a zero3d checkpoint, or corrupt)", path.c_str(),
                 f.name));
         },
         f.member);
   };
-  need(kHeaderFields[0]);
+  read(kHeaderFields[0]);
   if (h.format != kCheckpointFormat)
     throw UserError(strprintf("'%s' is an HDF5 file but not a zero3d checkpoint", path.c_str()));
-  need(kHeaderFields[1]);
+  read(kHeaderFields[1]);
   if (h.format_version > kCheckpointFormatVersion)
     throw UserError(strprintf("checkpoint '%s' has format version %lld; this zero3d reads up to %d (upgrade zero3d)",
                               path.c_str(), (long long)h.format_version, kCheckpointFormatVersion));
-  for (size_t i = 2; i < kHeaderFields.size(); ++i)
-    if (!optional_field(kHeaderFields[i])) need(kHeaderFields[i]);
-  read_attr(file, "architecture", h.architecture);  // optional
-  read_attr(file, "data", h.data);                  // optional
-  read_attr(file, "tokenizer", h.tokenizer);
+  for (size_t i = 2; i < kHeaderFields.size(); ++i) read(kHeaderFields[i]);
   return h;
 }
 

@@ -59,13 +59,14 @@ struct HeaderField {
   const char* name;
   std::variant<std::string CheckpointHeader::*, int64_t CheckpointHeader::*, uint64_t CheckpointHeader::*> member;
   const char* meaning;
+  bool optional = false;  // older checkpoints lack it: read when there, "" when not
 };
 // Every root attribute, in the order `zero3d ckpt inspect` shows them.
 extern const std::vector<HeaderField> kHeaderFields;
 
 void write_header(hid_t file, const CheckpointHeader& h);  // collective in a parallel file
 // Every field; UserError naming `path` and the first attribute that is missing or of another type
-// (but "architecture", "data" and "tokenizer", which older checkpoints lack: "" then).
+// (but an optional one, which older checkpoints lack: "" then).
 CheckpointHeader read_header(hid_t file, const std::string& path);
 // Each field's value as text, "(missing)" where it is absent (inspect shows what is there).
 std::vector<std::pair<const HeaderField*, std::string>> header_text(hid_t file);

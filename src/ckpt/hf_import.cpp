@@ -38,6 +38,13 @@ bool exists(const std::string& path) {
 
 std::string shape_text(const std::vector<int64_t>& s) { return json(s).dump(); }
 
+// A config.json value against the one a run's key needs: numbers by value (10000 is 10000.0),
+// anything else exactly (the string "10000" is not the number).
+bool same_value(const json& got, const json& want) {
+  if (got.is_number() && want.is_number()) return got.get<double>() == want.get<double>();
+  return got == want;
+}
+
 // config.json against the run's model, key by key: the file's value, or transformers' default
 // where the file has none (or null), must be the one this run's model has.
 class HubConfig {
@@ -51,7 +58,7 @@ class HubConfig {
   // `key` must equal this run's config key `run_key` (its value `want`).
   void same(const std::string& key, const json& def, const char* run_key, const json& want) const {
     const json got = value(key, def);
-    if (!equal(got, want))
+    if (!same_value(got, want))
       throw UserError(strprintf("checkpoint.init_from: '%s' has %s = %s%s, but this run's %s is %s: set %s=%s to "
                                 "load it",
                                 path_.c_str(), key.c_str(), config_json::show(got).c_str(), from_default(key).c_str(),
@@ -61,7 +68,7 @@ class HubConfig {
   void fixed(const std::string& key, const json& def, const std::vector<json>& allowed, const char* why) const {
     const json got = value(key, def);
     for (const json& a : allowed)
-      if (equal(got, a)) return;
+      if (same_value(got, a)) return;
     throw UserError(strprintf("checkpoint.init_from: '%s' has %s = %s%s, which zero3d does not compute: %s",
                               path_.c_str(), key.c_str(), config_json::show(got).c_str(), from_default(key).c_str(),
                               why));
@@ -78,10 +85,6 @@ class HubConfig {
   }
 
  private:
-  static bool equal(const json& a, const json& b) {
-    if (a.is_number() && b.is_number()) return a.get<double>() == b.get<double>();
-    return a == b;
-  }
   std::string from_default(const std::string& key) const {
     return has(key) ? "" : " (transformers' default: the file does not set it)";
   }
@@ -97,7 +100,7 @@ void check_rope(const HubConfig& c, const ModelConfig& m) {
   const std::string key = v5 ? "rope_parameters" : "rope_scaling";
   if (v5) {
     const json theta = scaling.contains("rope_theta") ? scaling["rope_theta"] : json(10000.0);
-    if (!theta.is_number() || theta.get<double>() != m.rope_theta)
+    if (!same_value(theta, m.rope_theta))
       throw UserError(strprintf("checkpoint.init_from: '%s' has rope_parameters.rope_theta = %s, but this run's "
                                 "model.rope_theta is %s: set model.rope_theta=%s to load it",
                                 c.path().c_str(), config_json::show(theta).c_str(), config_json::fmt_num(m.rope_theta).c_str(),
@@ -134,7 +137,7 @@ void check_rope(const HubConfig& c, const ModelConfig& m) {
                                 "requires",
                                 c.path().c_str(), key.c_str(), k));
     const json& got = scaling[k];
-    if (!got.is_number() || got.get<double>() != want)
+    if (!same_value(got, want))
       throw UserError(strprintf("checkpoint.init_from: '%s' has %s.%s = %s, but this run's model.rope_scaling.%s is "
                                 "%s: set model.rope_scaling.%s=%s to load it",
                                 c.path().c_str(), key.c_str(), k, config_json::show(got).c_str(), k,

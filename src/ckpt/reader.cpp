@@ -44,14 +44,13 @@ TrainingState state_of(const CheckpointHeader& h, const std::string& path) {
   st.data_cursor = h.data_cursor;
   st.loss_scaler = h.loss_scaler;
   st.lr_scheduler = h.lr_scheduler;
-  st.data_order = h.data;
   try {
     LossScaler::check_state(h.loss_scaler);
   } catch (const UserError& e) {
     throw UserError(strprintf("checkpoint '%s': attribute 'loss_scaler' is not valid (%s)", path.c_str(), e.what()));
   }
   try {
-    if (!h.data.empty()) DataOrder::from_json(h.data);
+    if (!h.data.empty()) st.data_order = DataOrder::from_json(h.data);
   } catch (const UserError& e) {
     throw UserError(strprintf("checkpoint '%s': attribute 'data' is not valid (%s)", path.c_str(), e.what()));
   }

@@ -174,6 +174,9 @@ struct ComputeConfig {
   std::string isa = "auto";        // the host loops' level: "auto" (ZERO3D_ISA, else the best), "avx512", ...
   std::string backend = "auto";    // "auto", "host", "cuda", "kokkos" (kernels/make_backend.cpp); --backend wins
   int lm_head_block_mib = 0;       // the LM head's logits per row block, MiB; 0: auto (model/gpt.h gpt_options)
+
+  // The backend a command builds: its --backend (`flag`) when given, else compute.backend.
+  std::string backend_for(const std::string& flag) const { return flag.empty() ? backend : flag; }
 };
 
 // comm.*: how data collectives move (ours; parallel/comm.h CollectiveImpl, shm_collectives.h).

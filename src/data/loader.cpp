@@ -217,11 +217,19 @@ DataOrder DataOrder::from_json(const std::string& text) {
   }
 }
 
+uint64_t sequences_in(uint64_t tokens, int seq_len) {
+  return tokens > 0 ? (tokens - 1) / static_cast<uint64_t>(seq_len) : 0;
+}
+
+void cut_sequence(const int32_t* seq, size_t seq_len, int32_t* inputs, int32_t* targets) {
+  std::copy(seq, seq + seq_len, inputs);
+  std::copy(seq + 1, seq + seq_len + 1, targets);
+}
+
 DataLoader::DataLoader(const std::string& files, int seq_len, int vocab_size, uint64_t seed, bool shuffle,
                        const std::string& key)
     : seq_len_(seq_len), seed_(seed), shuffle_(shuffle) {
   if (seq_len <= 0) throw UserError(strprintf("sequence length must be positive, got %d", seq_len));
-  const uint64_t T = static_cast<uint64_t>(seq_len);
   first_.push_back(0);
   for (const std::string& path : token_file_paths(files, key)) {
     files_.push_back(std::make_unique<TokenFile>(path, vocab_size));
@@ -230,8 +238,7 @@ DataLoader::DataLoader(const std::string& files, int seq_len, int vocab_size, ui
       if (files_[j]->same_file(f))
         throw UserError(strprintf(f.path() == files_[j]->path() ? "%s names '%s' twice" : "%s names one file twice: "
                                   "'%s' and '%s'", key.c_str(), files_[j]->path().c_str(), f.path().c_str()));
-    const uint64_t n = f.num_tokens();
-    first_.push_back(first_.back() + (n > 0 ? (n - 1) / T : 0));
+    first_.push_back(first_.back() + sequences_in(f.num_tokens(), seq_len));
   }
   if (num_sequences() > 0) return;
   if (files_.size() == 1)
@@ -279,8 +286,7 @@ void DataLoader::load(uint64_t first_sample, int count, int32_t* inputs, int32_t
     const SequenceIndex at = locate_sequence(first_, sequence_of(first_sample + static_cast<uint64_t>(k)));
     files_[at.shard]->read(at.sequence * T, T + 1, seq_.data());
     if (std::find(touched_.begin(), touched_.end(), at.shard) == touched_.end()) touched_.push_back(at.shard);
-    std::copy(seq_.begin(), seq_.begin() + static_cast<std::ptrdiff_t>(T), inputs + static_cast<size_t>(k) * T);
-    std::copy(seq_.begin() + 1, seq_.end(), targets + static_cast<size_t>(k) * T);
+    cut_sequence(seq_.data(), T, inputs + static_cast<size_t>(k) * T, targets + static_cast<size_t>(k) * T);
   }
   // After the reads: a truncated file is named by the read that fails, with the tokens it lost.
   for (size_t j : touched_) files_[j]->check_unchanged();

@@ -69,6 +69,12 @@ class TokenFile {
 // empty entry or a glob that matches nothing; a missing path is TokenFile's to name.
 std::vector<std::string> token_file_paths(const std::string& spec, const std::string& key);
 
+// How a run of tokens (a shard, or eval's text) is cut into sequences of T = seq_len: n tokens
+// hold (n - 1) / T of them (none when n is 0); a sequence is T + 1 tokens from tokens[s*T], cut
+// into T inputs and the T targets shifted by one.
+uint64_t sequences_in(uint64_t tokens, int seq_len);
+void cut_sequence(const int32_t* seq, size_t seq_len, int32_t* inputs, int32_t* targets);
+
 // Where global sequence g lives: shard j = the last with first[j] <= g, sequence g - first[j] of
 // it. first[j] = S_0 + ... + S_{j-1} (first.size() == shards + 1; first.back() == S). Shards of no
 // sequence (first[j] == first[j + 1]) are never chosen.

@@ -77,10 +77,10 @@ SwapFiles prepare_swap(const Config& c, const RunOptions& o, ProcessGroups& g) {
 // The data cursor counts samples of one order: that of the shards the checkpoint was saved over.
 // Over shards of other sizes the same cursor is other data (samples seen again, others never), so
 // a resume over them is refused, naming the difference. Checkpoints from before the record: not checked.
-void check_resumed_data(const std::string& saved, const DataOrder& now, const std::string& file, uint64_t cursor) {
-  if (saved.empty()) return;
-  const DataOrder was = DataOrder::from_json(saved);
-  if (was == now) return;
+void check_resumed_data(const std::optional<DataOrder>& saved, const DataOrder& now, const std::string& file,
+                        uint64_t cursor) {
+  if (!saved || *saved == now) return;
+  const DataOrder& was = *saved;
   auto set = [](const DataOrder& o) {
     return strprintf("%llu shard%s of %llu sequences", (unsigned long long)o.shards, o.shards == 1 ? "" : "s",
                      (unsigned long long)o.sequences);
@@ -272,7 +272,7 @@ TrainingState Trainer::State::training_state(int step) const {
   st.data_cursor = cursor;
   st.loss_scaler = scaler.save_state();
   st.lr_scheduler = schedule_state(cfg.scheduler, cfg.optimizer.lr, st.optimizer_steps);
-  st.data_order = runner.data_order().to_json();
+  st.data_order = runner.data_order();
   return st;
 }
 

@@ -2,7 +2,6 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cblas.h>
-#include <dlfcn.h>
 #include <hdf5.h>
 #include <mpi.h>
 #include <pcre2.h>
@@ -12,6 +11,7 @@
 #include <oneapi/dnnl/dnnl_version.h>
 
 #include "core/check.h"
+#include "core/library_file.h"
 #include "kernels/host/gemm.h"
 
 // The build's facts, from the file CMakeLists.txt writes at build time (target zero3d_build_facts).
@@ -27,12 +27,6 @@ extern const char* const cuda_toolkit;  // the toolkit the CUDA module was built
 namespace zero3d {
 
 namespace {
-
-// The shared library a function came from (the executable where it is linked in statically).
-std::string file_of(const void* fn) {
-  Dl_info info{};
-  return dladdr(fn, &info) && info.dli_fname ? info.dli_fname : "";
-}
 
 // An MPI library's version text, first line only, each run of blanks made one space, cut at the
 // first comma: "Open MPI v4.1.4", "MPICH Version: 4.0.2", "Intel(R) MPI Library 2021.6 for Linux* OS".
@@ -66,7 +60,7 @@ LibraryVersion mpi() {
   MPI_Get_library_version(text, &len);
   MPI_Get_version(&major, &minor);
   return {"MPI", built, first_line(text) + strprintf(" (MPI %d.%d)", major, minor),
-          file_of(reinterpret_cast<const void*>(&MPI_Get_library_version)), ""};
+          library_file(&MPI_Get_library_version), ""};
 }
 
 LibraryVersion hdf5() {
@@ -77,14 +71,14 @@ LibraryVersion hdf5() {
   unsigned major = 0, minor = 0, release = 0;
   H5get_libversion(&major, &minor, &release);
   return {"HDF5", built, strprintf("%u.%u.%u", major, minor, release),
-          file_of(reinterpret_cast<const void*>(&H5get_libversion)), ""};
+          library_file(&H5get_libversion), ""};
 }
 
 LibraryVersion onednn() {
   const dnnl_version_t* v = dnnl_version();
   return {"oneDNN", strprintf("%d.%d.%d", DNNL_VERSION_MAJOR, DNNL_VERSION_MINOR, DNNL_VERSION_PATCH),
           strprintf("%d.%d.%d (%s kernels)", v->major, v->minor, v->patch, onednn_isa().c_str()),
-          file_of(reinterpret_cast<const void*>(&dnnl_version)), ""};
+          library_file(&dnnl_version), ""};
 }
 
 // The CBLAS: OpenBLAS names its version and the kernels it runs (kernels/host/gemm.h); another
@@ -95,14 +89,14 @@ LibraryVersion cblas() {
 #else
   const std::string built = build::cblas_library;
 #endif
-  return {"CBLAS", built, cblas_name(), file_of(reinterpret_cast<const void*>(&cblas_sgemm)), ""};
+  return {"CBLAS", built, cblas_name(), library_file(&cblas_sgemm), ""};
 }
 
 LibraryVersion pcre2() {
   char v[64] = "";
   pcre2_config(PCRE2_CONFIG_VERSION, v);  // "10.42 2022-12-11"
   return {"PCRE2", strprintf("%d.%d", PCRE2_MAJOR, PCRE2_MINOR), first_line(v),
-          file_of(reinterpret_cast<const void*>(&pcre2_config_8)), ""};
+          library_file(&pcre2_config_8), ""};
 }
 
 Versions ask() {
