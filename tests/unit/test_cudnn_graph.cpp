@@ -1,7 +1,8 @@
 // The operation graphs of cuDNN's fused flash attention (kernels/cuda/cudnn_attention.cpp) as cuDNN
 // itself checks them, without a GPU: every tensor and operation of the forward and the backward
 // graph, and the graph as a whole, finalize for the model shapes zero3d runs (multi-head and
-// grouped-query), and the shapes cuDNN's attention cannot take are refused with the reason. What
+// grouped-query), and the shapes cuDNN's attention cannot take are refused with the reason; then
+// the plans for an H100 described in JSON (tests/data/cudnn): which engines take the graphs. What
 // cuDNN's engines compute is checked on a GPU (jobscripts/device_check.sh: test_kernels on cuda).
 #include <dlfcn.h>
 #include <gtest/gtest.h>
