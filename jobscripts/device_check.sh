@@ -180,7 +180,9 @@ mpirun=(mpirun --oversubscribe -np 1)
 if [[ -n $gpu ]]; then
   # cuDNN's own log of its errors and warnings (a graph its engines refuse says why only there):
   # written only when something goes wrong, so it costs no time.
-  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn.log" \
+  # And cuDNN's description of the GPU (its device-property JSON, from the backend's handle): for
+  # tests/data/cudnn, where test_cudnn_graph builds the attention plans for it without a GPU.
+  CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn.log" ZERO3D_CUDNN_DEVICE_JSON="$out/cudnn_device.json" \
     timeout "$(limit 150)" "$build/bin/test_kernels" --gtest_filter="$kernels" >"$out/test_kernels.log" 2>&1
   rc=$?
   passed=$(grep -c '^\[       OK \]' "$out/test_kernels.log")
@@ -190,6 +192,7 @@ if [[ -n $gpu ]]; then
     "$passed passed, $failed failed (exit $rc)${first:+: $first}"
   # cuDNN's attention (in test_kernels above): against the double reference, and its backward twice.
   [[ $dev == host ]] || cudnn_row "$out/test_kernels.log" "$out/cudnn.log"
+  [[ -s $out/cudnn_device.json ]] && row "cuDNN device properties" "written" "$out/cudnn_device.json"
 else
   row "test_kernels, CUDA backend" "skipped" "no GPU"
 fi

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <stdexcept>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/log.h"
 
 namespace zero3d {
 
@@ -107,6 +109,19 @@ std::string status_text(const Api& a, cudnnStatus_t s) {
   char last[512] = "";
   a.GetLastErrorString(last, sizeof last);
   return std::string(a.GetErrorString(s)) + (last[0] ? std::string(" (") + last + ")" : "");
+}
+
+// A refusal in one line: the status and the first reason in cuDNN's last error (its first line
+// names the engine configuration, the next ones the checks that failed, innermost first).
+std::string first_reason(const Api& a, cudnnStatus_t s) {
+  char last[4096] = "";
+  a.GetLastErrorString(last, sizeof last);
+  std::string text = last, reason;
+  if (const size_t at = text.find("Reason: "); at != std::string::npos) {
+    reason = text.substr(at + 8, text.find('\n', at) - at - 8);
+    if (const size_t tail = reason.rfind(" at: "); tail != std::string::npos) reason.resize(tail);
+  }
+  return std::string(a.GetErrorString(s)) + (reason.empty() ? "" : " (" + reason + ")");
 }
 
 void check(const Api& a, cudnnStatus_t s, const char* what) {
@@ -390,13 +405,35 @@ std::string shape_refusal(const AttnShape& s, bool backward, int sm) {
   return "";
 }
 
+// cuDNN's description of the handle's device (its device-property JSON, as the deviceless plan
+// check takes it: tests/data/cudnn) written to `file`; a warning where it cannot be.
+void write_device_json(const Api& a, cudnnHandle_t handle, const char* file) {
+  try {
+    Desc device(a, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+    device.set(CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, &handle).finalize("the device properties");
+    int64_t n = 0;
+    check(a, a.GetAttribute(device.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, 0, &n, nullptr),
+          "sizing the device's JSON");
+    std::string json(static_cast<size_t>(n), '\0');
+    check(a, a.GetAttribute(device.get(), CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, n, &n, json.data()),
+          "reading the device's JSON");
+    json.resize(std::min(json.size(), json.find('\0')));
+    std::FILE* f = std::fopen(file, "w");
+    if (!f || std::fprintf(f, "%s\n", json.c_str()) < 0 || std::fclose(f) != 0)
+      log_warn("zero3d: cannot write cuDNN's device properties to %s", file);
+  } catch (const Refused& e) {
+    log_warn("zero3d: cuDNN's device properties: %s", e.what());
+  }
+}
+
 }  // namespace
 
 struct CudnnAttention::Plan {
   Graph graph;
-  std::deque<Desc> configs;  // the heuristic's engine configurations (the plan refers to one)
+  std::deque<Desc> configs;  // the engine configurations tried, and engines (the plan refers to one)
   std::deque<Desc> plans;    // the execution plan taken, last
   int64_t workspace = 0;      // the plan's, bytes
+  int64_t engine = -1;        // the engine's global index
   std::string why;            // refused: why (then `plans` is empty)
   explicit Plan(const Api& a) : graph(a) {}
   D plan() const { return plans.back().get(); }
@@ -427,6 +464,7 @@ std::unique_ptr<CudnnAttention> CudnnAttention::load(std::string& why) {
   }
   c->handle_ = h;
   c->version_ = a->GetVersion();
+  if (const char* file = std::getenv("ZERO3D_CUDNN_DEVICE_JSON"); file && *file) write_device_json(*a, h, file);
   int device = 0, major = 0, minor = 0;  // the handle's device: the calling thread's current one
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
@@ -453,26 +491,71 @@ CudnnAttention::Plan* CudnnAttention::plan(const AttnShape& s, bool backward) {
   auto [it, fresh] = plans_.try_emplace({s, backward});
   if (!fresh) return it->second.get();
   std::string why;
-  const Api& a = *cudnn_api(why);
-  auto p = std::make_unique<Plan>(a);
-  p->why = shape_refusal(s, backward, sm_);
-  if (!p->why.empty()) return (it->second = std::move(p)).get();
+  auto p = std::make_unique<Plan>(*cudnn_api(why));
+  build(*p, s, backward, sm_, handle_, nullptr);
+  return (it->second = std::move(p)).get();
+}
+
+void CudnnAttention::build(Plan& p, const AttnShape& s, bool backward, int sm, void* handle, void* device) {
+  std::string unused;
+  const Api& a = *cudnn_api(unused);
+  p.why = shape_refusal(s, backward, sm);
+  if (!p.why.empty()) return;
+  // With a device-property descriptor, the heuristics, the engines and the plan take it where they
+  // would ask the handle's device.
+  const auto with_device = [&](Desc& d, cudnnBackendAttributeName_t name) {
+    if (device) d.set_desc(name, static_cast<D>(device));
+  };
   std::string tried;
+  // Takes configuration cfg (of engine `index`) when it is deterministic and its plan builds;
+  // else says why in `tried`.
+  const auto take = [&](D cfg, int64_t index) {
+    Desc engine(a, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    D e = engine.get();
+    int64_t k = 0;
+    check(a, a.GetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k, &e),
+          "reading a configuration's engine");
+    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    int64_t count = 0;
+    check(a, a.GetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
+                            &count, notes),
+          "reading an engine's numerical notes");
+    bool deterministic = true;
+    for (int64_t j = 0; j < count; ++j) deterministic = deterministic && notes[j] != CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+    if (!deterministic) {
+      tried += strprintf("; engine %lld: nondeterministic", static_cast<long long>(index));
+      return false;
+    }
+    Desc& plan = p.plans.emplace_back(a, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+    if (handle) plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle);
+    with_device(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP);
+    plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
+    if (const cudnnStatus_t st = a.Finalize(plan.get()); st != CUDNN_STATUS_SUCCESS) {
+      tried += strprintf("; engine %lld: %s", static_cast<long long>(index), first_reason(a, st).c_str());
+      p.plans.pop_back();
+      return false;
+    }
+    check(a, a.GetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &k, &p.workspace),
+          "reading the plan's workspace");
+    p.engine = index;
+    return true;
+  };
   try {
-    if (backward) backward_graph(p->graph, s);
-    else forward_graph(p->graph, s);
-    const D graph = p->graph.finalize(static_cast<cudnnHandle_t>(handle_));
+    if (backward) backward_graph(p.graph, s);
+    else forward_graph(p.graph, s);
+    const D graph = p.graph.finalize(static_cast<cudnnHandle_t>(handle));
     // The heuristic's configurations, best first (its fallback list when the first mode has none);
     // the first that is deterministic and whose plan builds is taken.
     for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
       Desc heur(a, CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
       heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph).set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode);
+      with_device(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP);
       heur.finalize("the engine heuristic");
       int64_t n = 0;
       check(a, a.GetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, nullptr),
             "counting engine configurations");
       std::vector<D> cfg;
-      for (int64_t i = 0; i < n; ++i) cfg.push_back(p->configs.emplace_back(a, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).get());
+      for (int64_t i = 0; i < n; ++i) cfg.push_back(p.configs.emplace_back(a, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR).get());
       int64_t got = 0;
       check(a, a.GetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, cfg.data()),
             "reading engine configurations");
@@ -483,37 +566,38 @@ CudnnAttention::Plan* CudnnAttention::plan(const AttnShape& s, bool backward) {
         check(a, a.GetAttribute(cfg[i], CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k, &e),
               "reading a configuration's engine");
         a.GetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &k, &index);
-        cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-        int64_t count = 0;
-        check(a, a.GetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &count, notes),
-              "reading an engine's numerical notes");
-        bool deterministic = true;
-        for (int64_t j = 0; j < count; ++j) deterministic = deterministic && notes[j] != CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
-        if (!deterministic) {
-          tried += strprintf("; engine %lld: nondeterministic", static_cast<long long>(index));
-          continue;
-        }
-        Desc& plan = p->plans.emplace_back(a, CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-        plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle_)
-            .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg[i]);
-        if (const cudnnStatus_t st = a.Finalize(plan.get()); st != CUDNN_STATUS_SUCCESS) {
-          tried += strprintf("; engine %lld: %s", static_cast<long long>(index), status_text(a, st).c_str());
-          p->plans.pop_back();
-          continue;
-        }
-        check(a, a.GetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &k,
-                                &p->workspace),
-              "reading the plan's workspace");
-        return (it->second = std::move(p)).get();
+        if (take(cfg[i], index)) return;
       }
     }
-    p->why = "no deterministic engine configuration builds" + (tried.empty() ? std::string(" (none offered)") : tried);
+    if (tried.empty()) {
+      // None offered: the heuristics drop the engines that refuse the graph without saying why, so
+      // each engine's default configuration is tried as above, for cuDNN's reasons.
+      int64_t engines = 0, k = 0;
+      check(a, a.GetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT, CUDNN_TYPE_INT64, 1, &k, &engines),
+            "counting engines");
+      tried = "; none offered";
+      for (int64_t i = 0; i < engines; ++i) {
+        Desc& engine = p.configs.emplace_back(a, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+        engine.set_desc(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, graph).set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, &i);
+        with_device(engine, CUDNN_ATTR_ENGINE_DEVICEPROP);
+        if (const cudnnStatus_t st = a.Finalize(engine.get()); st != CUDNN_STATUS_SUCCESS) {
+          tried += strprintf("; engine %lld: %s", static_cast<long long>(i), first_reason(a, st).c_str());
+          continue;
+        }
+        Desc& cfg = p.configs.emplace_back(a, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+        cfg.set_desc(CUDNN_ATTR_ENGINECFG_ENGINE, engine.get());
+        if (const cudnnStatus_t st = a.Finalize(cfg.get()); st != CUDNN_STATUS_SUCCESS) {
+          tried += strprintf("; engine %lld: %s", static_cast<long long>(i), first_reason(a, st).c_str());
+          continue;
+        }
+        if (take(cfg.get(), i)) return;
+      }
+    }
+    p.why = "no deterministic engine configuration builds" + tried;
   } catch (const Refused& e) {
-    p->why = e.what() + tried;
+    p.why = e.what() + tried;
   }
-  p->plans.clear();
-  return (it->second = std::move(p)).get();
+  p.plans.clear();
 }
 
 bool CudnnAttention::supports(const AttnShape& s, bool backward) {
@@ -607,6 +691,38 @@ std::string CudnnAttention::check_graphs(const AttnShape& s, bool& loaded, int s
     }
   }
   return "";
+}
+
+std::string CudnnAttention::check_plans(const AttnShape& s, const std::string& device_json, bool& loaded,
+                                        std::string& taken) {
+  std::string why;
+  const Api* a = cudnn_api(why);
+  loaded = a != nullptr;
+  if (!a) return why;
+  // The compute capability whose limits shape_refusal applies: the JSON's deviceVer (900: sm_90).
+  const size_t at = device_json.find("\"deviceVer\":");
+  const int sm = at == std::string::npos ? 0 : std::atoi(device_json.c_str() + at + 12) / 10;
+  taken.clear();
+  try {
+    Desc device(*a, CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR);
+    device.set(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, device_json.data(),
+               static_cast<int64_t>(device_json.size()));
+    device.finalize("the device properties");
+    std::string refused;  // both directions', so one run says all
+    for (const bool backward : {false, true}) {
+      const char* direction = backward ? "backward" : "forward";
+      Plan p(*a);
+      build(p, s, backward, sm, nullptr, device.get());
+      std::string& to = p.plans.empty() ? refused : taken;
+      to += strprintf("%s%s: ", to.empty() ? "" : " | ", direction);
+      to += p.plans.empty() ? p.why
+                            : strprintf("engine %lld, workspace %lld B", static_cast<long long>(p.engine),
+                                        static_cast<long long>(p.workspace));
+    }
+    return refused;
+  } catch (const Refused& e) {
+    return e.what();
+  }
 }
 
 }  // namespace zero3d

@@ -38,7 +38,8 @@ struct AttnShape {
 class CudnnAttention {
  public:
   // cuDNN loaded, at least 9.19, with a handle on the calling thread's current device; nullptr
-  // and why where not.
+  // and why where not. ZERO3D_CUDNN_DEVICE_JSON=FILE: cuDNN's description of that device written
+  // there (what check_plans takes; the GPU check records it).
   static std::unique_ptr<CudnnAttention> load(std::string& why);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
@@ -64,10 +65,25 @@ class CudnnAttention {
   // not there (`loaded` false then). sm: the compute capability whose limits apply (90: Hopper).
   static std::string check_graphs(const AttnShape& s, bool& loaded, int sm = 90);
 
+  // For tests without a GPU, one step further (cuDNN's deviceless compilation, 9.8 or later): the
+  // plans of s, forward then backward, built as a run builds them (the heuristics, the same walk
+  // over engine configurations, an execution plan finalized, its kernels compiled) for the GPU that
+  // device_json describes (cuDNN's device-property JSON: tests/data/cudnn/) instead of a handle's.
+  // "" when both build, and `taken` names each one's engine and workspace; else what cuDNN refused
+  // ("forward: ... | backward: ...", each engine tried and why). A plan's last step loads its
+  // compiled kernels through the driver: with no driver (or its stub) every engine that took the
+  // graph ends in CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER, and nothing earlier failed.
+  static std::string check_plans(const AttnShape& s, const std::string& device_json, bool& loaded,
+                                 std::string& taken);
+
  private:
   struct Plan;
   CudnnAttention();
   Plan* plan(const AttnShape& s, bool backward);
+  // Builds p: the graph of s, then the first deterministic engine configuration whose plan
+  // finalizes, for `handle`'s device or (handle null) the one `device` (a device-property
+  // descriptor) describes. p.why says why not.
+  static void build(Plan& p, const AttnShape& s, bool backward, int sm, void* handle, void* device);
   void* workspace(size_t bytes);  // device memory, grown to the largest asked for
 
   void* handle_ = nullptr;  // cudnnHandle_t
