@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/library_file.h"
 #include "core/log.h"
 
 namespace zero3d {
@@ -90,8 +91,8 @@ const Api* cudnn_api(std::string& why) {
     if (!failed.empty()) return nullptr;
     const size_t v = a.GetVersion();
     if (v < kMinVersion) {
-      failed = strprintf("%s is cuDNN %zu.%zu.%zu; zero3d takes 9.19 or later (9.18 fixed a Hopper determinism bug)",
-                         path.c_str(), v / 10000, v / 100 % 100, v % 100);
+      failed = strprintf("%s is cuDNN %s; zero3d takes 9.19 or later (9.18 fixed a Hopper determinism bug)",
+                         path.c_str(), dotted_version(static_cast<long>(v)).c_str());
       return nullptr;
     }
     return &a;
@@ -476,15 +477,12 @@ std::unique_ptr<CudnnAttention> CudnnAttention::load(std::string& why) {
 std::string cudnn_loaded_version(std::string& from, std::string& why) {
   const Api* a = cudnn_api(why);
   if (!a) return "";
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(a->GetVersion), &info) && info.dli_fname) from = info.dli_fname;
-  const size_t v = a->GetVersion();
-  return strprintf("%zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
+  from = library_file(a->GetVersion);
+  return dotted_version(static_cast<long>(a->GetVersion()));
 }
 
 std::string CudnnAttention::describe() const {
-  return strprintf("cuDNN %zu.%zu.%zu fused flash attention (bf16, deterministic backward)", version_ / 10000,
-                   version_ / 100 % 100, version_ % 100);
+  return "cuDNN " + dotted_version(static_cast<long>(version_)) + " fused flash attention (bf16, deterministic backward)";
 }
 
 CudnnAttention::Plan* CudnnAttention::plan(const AttnShape& s, bool backward) {
