@@ -50,10 +50,16 @@ GPTOptions gpt_options(const Config& c, bool gpu, int slots) {
     throw UserError("compute.activations=\"bf16\" needs bf16.enabled=true (bf16 mixed precision); use \"fp32\" or "
                     "\"auto\"");
   const bool bf16 = c.precision == Precision::bf16 && (a == "bf16" || (a == "auto" && gpu));
+  // The LM head in one GEMM on a GPU whose GEMMs read and write the logits in their own type (the
+  // CUDA backend's bf16 GEMMs: bf16.enabled and compute.bf16_gemm not off; app/train.cpp's rule);
+  // else a type conversion would hold a scratch of all the logits for the run: blocks bound it.
+  const bool gemm16 = c.precision == Precision::bf16 && c.compute.bf16_gemm != "off";
   const int head_mib = c.compute.lm_head_block_mib;
+  const size_t head_bytes = head_mib > 0           ? static_cast<size_t>(head_mib) << 20
+                            : gpu && bf16 == gemm16 ? 0
+                                                    : GPTOptions{}.head_block_bytes;
   return GPTOptions{c.activation_checkpointing, bf16 ? DType::bf16 : DType::f32,
-                    std::max(1, (c.gradient_accumulation_steps + slots - 1) / slots),
-                    head_mib > 0 ? static_cast<size_t>(head_mib) << 20 : gpu ? 0 : GPTOptions{}.head_block_bytes};
+                    std::max(1, (c.gradient_accumulation_steps + slots - 1) / slots), head_bytes};
 }
 
 GPT::GPT(Backend& backend, const ModelConfig& config, int micro_batch, ParamStore& store, GPTOptions options,
@@ -141,7 +147,7 @@ void GPT::plan_activations() {
     lnf_ = c.act(N * C);
     lnf_mean_ = c.f32(N);
     lnf_rstd_ = c.f32(N);
-    logits_ = c.act(static_cast<size_t>(head_rows_) * V_);
+    logits_ = c.act(stage_.last() ? static_cast<size_t>(head_rows_) * V_ : 0);  // the head's stage only
     losses_ = c.f32(N * static_cast<size_t>(opt_.losses_kept));
   };
   acts_ = carved(be_, act_, carve);

@@ -233,12 +233,18 @@ TEST(Model, LmHeadRowBlocksGiveTheLossAndGradientOfOneGemm) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5f * scale) << i;
 }
 
-// compute.lm_head_block_mib: 0 (auto) is one GEMM on a GPU and 128 MiB blocks on the host; a
-// number is that many MiB on either.
+// compute.lm_head_block_mib: 0 (auto) is one GEMM on a GPU whose GEMMs take the logits' type, else
+// 128 MiB blocks (the host; a GPU converting the logits for its GEMMs); a number is that many MiB.
 TEST(Model, LmHeadBlockSizeFollowsTheConfig) {
   Config c;
   EXPECT_EQ(gpt_options(c, true).head_block_bytes, 0u);
   EXPECT_EQ(gpt_options(c, false).head_block_bytes, size_t{128} << 20);
+  c.precision = Precision::bf16;  // bf16 activations and bf16 GEMMs on a GPU: one GEMM
+  EXPECT_EQ(gpt_options(c, true).head_block_bytes, 0u);
+  c.compute.bf16_gemm = "off";  // bf16 logits into fp32 GEMMs: blocks
+  EXPECT_EQ(gpt_options(c, true).head_block_bytes, size_t{128} << 20);
+  c.compute.bf16_gemm = "auto", c.compute.activations = "fp32";  // fp32 logits from bf16 GEMMs: blocks
+  EXPECT_EQ(gpt_options(c, true).head_block_bytes, size_t{128} << 20);
   c.compute.lm_head_block_mib = 3;
   EXPECT_EQ(gpt_options(c, true).head_block_bytes, size_t{3} << 20);
   EXPECT_EQ(gpt_options(c, false).head_block_bytes, size_t{3} << 20);
