@@ -29,7 +29,10 @@ class StagingBuffers {
   // Buffer i of at least n floats: grown to the largest asked for, then reused.
   float* buffer(size_t i, size_t n) {
     if (bufs_.size() <= i) bufs_.resize(i + 1);
-    if (bufs_[i].size() < n) bufs_[i] = DeviceBuffer<float>(be_, n);
+    if (bufs_[i].size() < n) {
+      bufs_[i].reset();  // the old one freed first: the peak is the larger buffer, not both
+      bufs_[i] = DeviceBuffer<float>(be_, n);
+    }
     return bufs_[i].data();
   }
   void clear() { bufs_.clear(); }

@@ -27,7 +27,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <new>
 #include <string>
