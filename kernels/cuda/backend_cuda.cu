@@ -164,27 +164,18 @@ __global__ void embedding_backward_wpe_kernel(float* dwpe, const S* dout, size_t
 }
 
 // A linear layer's epilogue where cuBLASLt has none: y = acc + bias + residual (either null: none),
-// acc the GEMM's fp32 result (y itself when y is fp32), so a bf16 y is rounded once.
+// acc the GEMM's fp32 result (y itself when y is fp32: each element read, then written, by one
+// thread), so a bf16 y is rounded once; with gelu_out also gelu_out = the GELU of that fp32 sum
+// (not of the rounded y), as the host's GELU reads its fp32 GEMM output.
 template <typename S>
-__global__ void linear_epilogue_kernel(S* y, const float* acc, const float* bias, const S* residual, size_t N,
-                                       int C) {
+__global__ void linear_epilogue_kernel(S* y, S* gelu_out, const float* acc, const float* bias, const S* residual,
+                                       size_t N, int C) {
   Z3D_GRID_LOOP(i, N * C) {
     float v = acc[i];
     if (bias) v += bias[i % C];
     if (residual) v += load(residual + i);
     store(y + i, v);
-  }
-}
-
-// linear_gelu_forward's where cuBLASLt has none: pre = acc + bias and out = gelu of that fp32 sum,
-// each rounded once (acc is pre itself when pre is fp32: each element read, then written, by one
-// thread), as the host's GELU reads its fp32 GEMM output.
-template <typename S>
-__global__ void linear_gelu_epilogue_kernel(S* out, S* pre, const float* acc, const float* bias, size_t N, int F) {
-  Z3D_GRID_LOOP(i, N * F) {
-    const float v = bias ? acc[i] + bias[i % F] : acc[i];
-    store(pre + i, v);
-    store(out + i, math::gelu_forward(v));
+    if (gelu_out) store(gelu_out + i, math::gelu_forward(v));
   }
 }
 
@@ -834,7 +825,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
 #if defined(ZERO3D_HAVE_CUDNN)
     if (bf16_gemm_) {
       std::string why;
-      cudnn_ = CudnnAttention::load(why);
+      cudnn_ = CudnnAttention::load(10 * prop_.major + prop_.minor, why);
       attention_ = cudnn_ ? cudnn_->describe() + "; the warp kernels for shapes it refuses"
                           : "the backend's warp kernels (no cuDNN: " + why + ")";
     }
@@ -983,13 +974,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     const DType t = storage("linear_forward", {{y, ny}, {residual, ny}});
     const auto [xa, wa] = gemm_operands(x, nx, w, rows(out) * rows(in));
     if (lt_.forward(stream(), y, xa, wa, bf16_gemm_, bias, residual, N, in, out)) return static_cast<void>(++g_launches);
-    float* acc = y.bf16() ? acc_scratch(ny) : y.f32_data();
-    gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, acc, out);
-    if (!y.bf16() && !bias && !residual) return;
-    with_storage(t, [&]<typename S>() {
-      launch(stream(), ny, linear_epilogue_kernel<S>, ptr<S>(y), static_cast<const float*>(acc), bias, ptr<S>(residual),
-             rows(N), out);
-    });
+    unfused_linear(t, y, nullptr, x, w, bias, residual, N, in, out);
   }
 
   // ---- elementwise / per-row ops: the kernels instantiated for the views' storage type ----
@@ -1049,12 +1034,7 @@ class CudaBackend final : public Backend, public DeviceMemory {
     const auto [xa, wa] = gemm_operands(x, nx, w, rows(F) * rows(in));
     if (lt_.forward(stream(), out, xa, wa, bf16_gemm_, bias, nullptr, N, in, F, pre))
       return static_cast<void>(++g_launches);
-    float* acc = pre.bf16() ? acc_scratch(n) : pre.f32_data();
-    gemm(false, true, N, F, in, 1.0f, x, in, w, in, 0.0f, acc, F);
-    with_storage(t, [&]<typename S>() {
-      launch(stream(), n, linear_gelu_epilogue_kernel<S>, ptr<S>(out), ptr<S>(pre), static_cast<const float*>(acc),
-             bias, rows(N), F);
-    });
+    unfused_linear(t, pre, out, x, w, bias, {}, N, in, F);
   }
   void gelu_forward(View out, ConstView x, size_t n) override {
     with_storage(storage("gelu_forward", {{out, n}, {x, n}}), [&]<typename S>() {
@@ -1268,6 +1248,20 @@ class CudaBackend final : public Backend, public DeviceMemory {
     return device;
   }
   cudaStream_t stream() const { return stream_.get(); }
+  // A linear layer where cuBLASLt has no algorithm: the GEMM into fp32 (y itself, or the
+  // accumulator scratch for a bf16 y), then one epilogue pass (none for an fp32 y with nothing to
+  // add): y = acc + bias + residual, and with gelu_out its GELU.
+  void unfused_linear(DType t, View y, View gelu_out, ConstView x, GemmWeight w, const float* bias, ConstView residual,
+                      int N, int in, int out) {
+    const size_t ny = rows(N) * rows(out);
+    float* acc = y.bf16() ? acc_scratch(ny) : y.f32_data();
+    gemm(false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, acc, out);
+    if (!y.bf16() && !bias && !residual && !gelu_out) return;
+    with_storage(t, [&]<typename S>() {
+      launch(stream(), ny, linear_epilogue_kernel<S>, ptr<S>(y), ptr<S>(gelu_out), static_cast<const float*>(acc), bias,
+             ptr<S>(residual), rows(N), out);
+    });
+  }
   cublasHandle_t cublas() const { return cublas_.get(); }
   // Interface dimensions are int; index arithmetic is size_t so N*ld (logits) cannot overflow.
   static size_t rows(int n) { return n > 0 ? static_cast<size_t>(n) : 0; }

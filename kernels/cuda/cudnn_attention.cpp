@@ -450,7 +450,7 @@ CudnnAttention::~CudnnAttention() {
   if (a && handle_) a->Destroy(static_cast<cudnnHandle_t>(handle_));
 }
 
-std::unique_ptr<CudnnAttention> CudnnAttention::load(std::string& why) {
+std::unique_ptr<CudnnAttention> CudnnAttention::load(int sm, std::string& why) {
   if (const char* e = std::getenv("ZERO3D_CUDNN_ATTENTION"); e && std::string(e) == "0") {
     why = "ZERO3D_CUDNN_ATTENTION=0";
     return nullptr;
@@ -466,11 +466,7 @@ std::unique_ptr<CudnnAttention> CudnnAttention::load(std::string& why) {
   c->handle_ = h;
   c->version_ = a->GetVersion();
   if (const char* file = std::getenv("ZERO3D_CUDNN_DEVICE_JSON"); file && *file) write_device_json(*a, h, file);
-  int device = 0, major = 0, minor = 0;  // the handle's device: the calling thread's current one
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  c->sm_ = 10 * major + minor;
+  c->sm_ = sm;
   return c;
 }
 
@@ -505,14 +501,15 @@ void CudnnAttention::build(Plan& p, const AttnShape& s, bool backward, int sm, v
     if (device) d.set_desc(name, static_cast<D>(device));
   };
   std::string tried;
-  // Takes configuration cfg (of engine `index`) when it is deterministic and its plan builds;
-  // else says why in `tried`.
-  const auto take = [&](D cfg, int64_t index) {
+  // Takes configuration cfg when its engine is deterministic and its plan builds; else says why
+  // in `tried`.
+  const auto take = [&](D cfg) {
     Desc engine(a, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
     D e = engine.get();
-    int64_t k = 0;
+    int64_t k = 0, index = -1;
     check(a, a.GetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k, &e),
           "reading a configuration's engine");
+    a.GetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &k, &index);
     cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
     int64_t count = 0;
     check(a, a.GetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
@@ -557,15 +554,8 @@ void CudnnAttention::build(Plan& p, const AttnShape& s, bool backward, int sm, v
       int64_t got = 0;
       check(a, a.GetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n, &got, cfg.data()),
             "reading engine configurations");
-      for (int64_t i = 0; i < got; ++i) {
-        Desc engine(a, CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-        D e = engine.get();
-        int64_t k = 0, index = -1;
-        check(a, a.GetAttribute(cfg[i], CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k, &e),
-              "reading a configuration's engine");
-        a.GetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &k, &index);
-        if (take(cfg[i], index)) return;
-      }
+      for (int64_t i = 0; i < got; ++i)
+        if (take(cfg[i])) return;
     }
     if (tried.empty()) {
       // None offered: the heuristics drop the engines that refuse the graph without saying why, so
@@ -588,7 +578,7 @@ void CudnnAttention::build(Plan& p, const AttnShape& s, bool backward, int sm, v
           tried += strprintf("; engine %lld: %s", static_cast<long long>(i), first_reason(a, st).c_str());
           continue;
         }
-        if (take(cfg.get(), i)) return;
+        if (take(cfg.get())) return;
       }
     }
     p.why = "no deterministic engine configuration builds" + tried;

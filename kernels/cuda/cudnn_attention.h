@@ -37,10 +37,10 @@ struct AttnShape {
 
 class CudnnAttention {
  public:
-  // cuDNN loaded, at least 9.19, with a handle on the calling thread's current device; nullptr
-  // and why where not. ZERO3D_CUDNN_DEVICE_JSON=FILE: cuDNN's description of that device written
+  // cuDNN loaded, at least 9.19, with a handle on the calling thread's current device, whose
+  // compute capability is `sm` (90: Hopper); nullptr and why where not. ZERO3D_CUDNN_DEVICE_JSON=FILE: cuDNN's description of that device written
   // there (what check_plans takes; the GPU check records it).
-  static std::unique_ptr<CudnnAttention> load(std::string& why);
+  static std::unique_ptr<CudnnAttention> load(int sm, std::string& why);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

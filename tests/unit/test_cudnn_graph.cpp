@@ -8,12 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <fstream>
 #include <initializer_list>
-#include <sstream>
 #include <string>
 
 #if defined(ZERO3D_HAVE_CUDNN)
+#include "core/posix_io.h"
 #include "kernels/cuda/cudnn_attention.h"
 #endif
 
@@ -49,15 +48,6 @@ TEST(CudnnAttentionGraphs, FinalizeForTheModelShapes) {
 #endif
 }
 
-#if defined(ZERO3D_HAVE_CUDNN)
-std::string read_device(const char* name) {
-  std::ifstream f(std::string(ZERO3D_SOURCE_DIR) + "/tests/data/cudnn/" + name);
-  std::stringstream text;
-  text << f.rdbuf();
-  return text.str();
-}
-#endif
-
 // One step further than the graphs: cuDNN's engine heuristics for an H100 (its properties from
 // tests/data/cudnn, no device), the configurations walked as a run walks them, and the execution
 // plan finalized, forward and backward. A plan's last step loads its NVRTC-compiled kernels through
@@ -66,8 +56,8 @@ std::string read_device(const char* name) {
 // kernels, and only the load fails: the refusal must be that and nothing earlier.
 #if defined(ZERO3D_HAVE_CUDNN)
 void expect_h100_plans(std::initializer_list<AttnShape> shapes) {
-  const std::string h100 = read_device("h100_sxm.json");
-  ASSERT_FALSE(h100.empty());
+  const std::string h100 =
+      zero3d::read_text_file(std::string(ZERO3D_SOURCE_DIR) + "/tests/data/cudnn/h100_sxm.json", "an H100's cuDNN properties");
   // Loaded first, the stub is the libcuda.so.1 cuDNN's later dlopen finds (its SONAME).
   if (!dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL) && !dlopen(ZERO3D_CUDA_STUB, RTLD_NOW | RTLD_GLOBAL))
     GTEST_SKIP() << "no libcuda.so.1 and no stub at " << ZERO3D_CUDA_STUB;

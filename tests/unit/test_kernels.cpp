@@ -455,36 +455,37 @@ TEST_P(Kernels, LinearForwardFoldsBiasAndResidual) {
 }
 
 // The linear layers on operands at offsets into packed buffers, as the flat parameters and carved
-// activations are: 0, 16 and 4 bytes in, one shape (on CUDA each offset its own cuBLASLt plan, told
-// its alignment; a bias under 16 bytes takes the fallback), each against the double reference.
+// activations are: x, W, the residual and the outputs 0, 16 and 4 bytes in with the bias aligned
+// (on CUDA each offset its own cuBLASLt plan, told its alignment), then the bias 4 bytes in too (a
+// bias under 16 bytes takes the fallback), each against the double reference.
 TEST_P(Kernels, LinearLayersAtOffsetsIntoPackedBuffers) {
   const int N = 24, in = 32, out = 16;
   const size_t nx = N * in, nw = out * in, ny = N * out;
   const std::vector<float> x = uniform(rng, nx + 4, -1, 1), w = uniform(rng, nw + 4, -1, 1),
                            bias = uniform(rng, out + 4, -1, 1), res = uniform(rng, ny + 4, -1, 1);
   auto dx = to_device(*be, x), dw = to_device(*be, w), db = to_device(*be, bias), dr = to_device(*be, res);
-  for (const size_t at : {0, 4, 1}) {
+  for (const auto& [at, bias_at] : {std::pair<size_t, size_t>{0, 0}, {4, 0}, {1, 0}, {1, 1}}) {
     auto dy = to_device(*be, std::vector<float>(ny + 4, kNaN)), dpre = to_device(*be, std::vector<float>(ny + 4, kNaN));
     auto dg = to_device(*be, std::vector<float>(ny + 4, kNaN));
     be->linear_forward(zero3d::View(dy.data() + at, ny), zero3d::ConstView(dx.data() + at, nx), dw.data() + at,
-                       db.data() + at, zero3d::ConstView(dr.data() + at, ny), N, in, out);
+                       db.data() + bias_at, zero3d::ConstView(dr.data() + at, ny), N, in, out);
     be->linear_gelu_forward(zero3d::View(dg.data() + at, ny), zero3d::View(dpre.data() + at, ny),
-                            zero3d::ConstView(dx.data() + at, nx), dw.data() + at, db.data() + at, N, in, out);
+                            zero3d::ConstView(dx.data() + at, nx), dw.data() + at, db.data() + bias_at, N, in, out);
     std::vector<double> want(ny), mag(ny);
     ref_gemm(false, true, N, out, in, 1.0, x.data() + at, in, w.data() + at, in, 0.0, nullptr, out, want.data(),
              mag.data());
     const std::vector<float> got[3] = {to_host(*be, dy), to_host(*be, dpre), to_host(*be, dg)};
     int misses = 0;
     for (size_t i = 0; i < ny; ++i) {
-      const double p = want[i] + bias[at + i % out], tol = 1e-5 * (mag[i] + 1), y = p + res[at + i];
+      const double p = want[i] + bias[bias_at + i % out], tol = 1e-5 * (mag[i] + 1), y = p + res[at + i];
       const double g = 0.5 * p * (1 + std::tanh(std::sqrt(2 / M_PI) * (p + 0.044715 * p * p * p)));
       if (!(std::fabs(got[0][at + i] - y) <= tol && std::fabs(got[1][at + i] - p) <= tol &&
             std::fabs(got[2][at + i] - g) <= 2 * tol) &&
           ++misses <= 8)
-        ADD_FAILURE() << "offset " << at << " [" << i << "]: y " << got[0][at + i] << " (want " << y << "), pre "
+        ADD_FAILURE() << "offset " << at << ", bias " << bias_at << " [" << i << "]: y " << got[0][at + i] << " (want " << y << "), pre "
                       << got[1][at + i] << " (want " << p << "), gelu " << got[2][at + i] << " (want " << g << ")";
     }
-    EXPECT_EQ(misses, 0) << "offset " << at;
+    EXPECT_EQ(misses, 0) << "offset " << at << ", bias " << bias_at;
   }
 }
 
