@@ -110,7 +110,10 @@ int cmd_generate(const Args& a) {
   }
   std::string out;
   if (print_ids) {
-    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + std::to_string(tokens[i]);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (i) out += ' ';
+      out += std::to_string(tokens[i]);
+    }
   } else {  // the text of the prompt and what followed: the separator that began it and the end token are not text
     size_t first = 0, last = tokens.size();
     if (ids_text.empty() && sep >= 0) first = 1;

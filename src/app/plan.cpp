@@ -129,7 +129,7 @@ int cmd_plan(const Args& a) {
       if (n++ == sweep) break;
       std::string name = strprintf("t%dp%dd%d-s%d-m%dg%d", l->tp, l->pp, l->dp, l->stage, l->micro, l->gas), extra;
       if (l->checkpointing) name += "-ckpt", extra += " --set activation_checkpointing.enabled=true";
-      if (l->offload != OffloadDevice::none) name += "-" + offload_device_name(l->offload);
+      if (l->offload != OffloadDevice::none) name += '-', name += offload_device_name(l->offload);
       if (l->offload != OffloadDevice::none || l->stage > 0)  // the config's own choice may differ
         extra += " --set zero_optimization.offload_optimizer.device=" + offload_device_name(l->offload);
       if (!l->nvme_path.empty()) extra += " --set zero_optimization.offload_optimizer.nvme_path=" + l->nvme_path;

@@ -175,6 +175,7 @@ void CheckpointPolicy::save(const TrainingState& st) {
   if (is_root()) {  // it may be a stop before any interval checkpoint (checkpoint.save_interval = 0)
     std::error_code ec;
     fs::create_directories(dir_, ec);  // a failure here fails the save, cleanly (the writer reports it)
+    faults_.before_tokenizer_copy(static_cast<int>(st.step));
     if (const std::string e = copy_recorded_tokenizer(tokenizer_, dir_); !e.empty() && !tokenizer_copy_warned_) {
       log_warn("%s (generate and export read it from its source path while that holds the same file)", e.c_str());
       tokenizer_copy_warned_ = true;

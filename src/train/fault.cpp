@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/check.h"
 #include "core/log.h"
 #include "storage/checks.h"
 #include "zero/engine_faults.h"
@@ -36,6 +37,11 @@ bool FaultInjector::at(const char* kind, int step) const {
 
 void FaultInjector::before_load() const {
   if (at("pause_load", 0)) pause_for_fault_injection("before it loads a checkpoint");
+}
+
+void FaultInjector::before_tokenizer_copy(int step) const {
+  if (at("pause_tokenizer_copy", step))
+    pause_for_fault_injection(strprintf("before it copies the tokenizer beside the checkpoint of step %d", step));
 }
 
 SaveFaults FaultInjector::before_save(int step, const std::string& ckpt_dir) const {

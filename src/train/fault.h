@@ -13,7 +13,9 @@
 //   pause_save_start:R:S, pause_save_middle:R:S  rank R's writer pauses 1 s before its first write
 //                 of step S's checkpoint / halfway through its writes, saying so with its pid on
 //                 stderr (a test arms a libfiu failure point in it meanwhile: tests/cli/test_faults.sh);
-//                 pause_load:R:0 the same before the checkpoint load at start
+//                 pause_load:R:0 the same before the checkpoint load at start;
+//                 pause_tokenizer_copy:R:S the same before rank R (0: it copies) copies the run's
+//                 tokenizer file beside step S's checkpoint
 //   truncate_swap:R:S  before step S, rank R truncates its swap files (offload to nvme) to nothing (a
 //                 swap file that fails under the run: the job must stop with exit 8 naming the file)
 // Unset in normal runs. The trainer reads it once and calls the hooks below at their points: the
@@ -33,6 +35,7 @@ class FaultInjector {
   bool at(const char* kind, int step) const;  // this rank has the fault at this step
 
   void before_load() const;                                        // pause_load
+  void before_tokenizer_copy(int step) const;                      // pause_tokenizer_copy
   SaveFaults before_save(int step, const std::string& ckpt_dir) const;  // fill_disk, free_disk; the writer's
   void before_step(int step, ZeroEngine& engine, const SwapFiles& swap) const;  // inf, truncate_swap
   void before_reduction(int step) const;                           // hang

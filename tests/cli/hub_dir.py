@@ -28,17 +28,7 @@ import struct
 
 import numpy as np
 
-from z3dcheck import read_safetensors
-
-
-def f32(path):
-    st = read_safetensors(path)
-    out = {}
-    for name, t in st.tensors.items():
-        assert t["dtype"] == "F32", f"{path}: {name} is {t['dtype']}"
-        a, b = t["data_offsets"]
-        out[name] = np.frombuffer(st.data[a:b], dtype="<f4").reshape(t["shape"]).copy()
-    return out
+from z3dcheck import f32_tensors
 
 
 def to_16(a, dtype):
@@ -77,7 +67,7 @@ def write_safetensors(path, tensors, dtype="F32"):
 
 def rounded(export, out, dtype, tie=False):
     os.makedirs(out, exist_ok=True)
-    t = {k: rounded_value(v, dtype) for k, v in f32(os.path.join(export, "model.safetensors")).items()}
+    t = {k: rounded_value(v, dtype) for k, v in f32_tensors(os.path.join(export, "model.safetensors")).items()}
     cfg = json.load(open(os.path.join(export, "config.json")))
     if tie:
         cfg["tie_word_embeddings"] = True
@@ -123,7 +113,7 @@ def hub_dir(export, out, prefix=True, shards=1, dtype="F32", positions=None, buf
     z = json.load(open(os.path.join(export, "config.json")))
     gpt2 = z["model_type"] == "gpt2"
     tie = z["tie_word_embeddings"] if tie is None else tie
-    t = f32(os.path.join(export, "model.safetensors"))
+    t = f32_tensors(os.path.join(export, "model.safetensors"))
     emb = "transformer.wte.weight" if gpt2 else "model.embed_tokens.weight"
     if gpt2 and positions:  # the context beyond seq_len: rows no run of seq_len reads
         wpe = t["transformer.wpe.weight"]

@@ -26,22 +26,10 @@ import h5py
 import numpy as np
 import torch
 
-from z3dcheck import read_safetensors, train
+from z3dcheck import f32_tensors, train
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "jobscripts"))
 import bench_peer  # noqa: E402
-
-
-def f32_tensors(path):
-    """A safetensors file's tensors as numpy arrays, by name; each must be F32."""
-    st = read_safetensors(path)
-    out = {}
-    for name, t in st.tensors.items():
-        if t["dtype"] != "F32":
-            sys.exit(f"peer_check: {name} is {t['dtype']}; the check reads F32 exports")
-        a, b = t["data_offsets"]
-        out[name] = np.frombuffer(st.data[a:b], dtype="<f4").reshape(t["shape"])
-    return out
 
 
 def transformers_names(cfg):
@@ -110,7 +98,10 @@ def model_config(cfg):
 def main():
     hf_dir, tokens_path, metrics, ckpts = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
-    hf = f32_tensors(os.path.join(hf_dir, "model.safetensors"))
+    try:
+        hf = f32_tensors(os.path.join(hf_dir, "model.safetensors"))
+    except ValueError as e:
+        sys.exit(f"peer_check: {e}; the check reads F32 exports")
     if set(hf) != transformers_names(cfg):
         sys.exit(f"peer_check: FAIL the export's names are not transformers': {sorted(set(hf) ^ transformers_names(cfg))}")
     z = to_zero3d(cfg, hf)

@@ -34,13 +34,8 @@ run resharded 2 2 1 2 "${b16[@]}" --set checkpoint.load=\""$tmp/ref/checkpoints/
 ZERO3D_DEVICE_WALLS=1 run walled_pp2 1 2 1 2 "${b16[@]}" --set zero_optimization.stage=1
 grep -q "behind device-memory walls" "$tmp/walled_pp2.log" || fail "the walled run did not use the walled backend"
 
-set +e
-timeout 60 "$z3d" train input/gpt-tiny.json --run-dir "$tmp/refused" --set compute.activations='"bf16"' \
-  > "$tmp/refused.log" 2>&1
-rc=$?
-set -e
-[[ $rc == 2 ]] && grep -q 'compute.activations="bf16" needs bf16.enabled=true' "$tmp/refused.log" ||
-  fail "bf16 activations without bf16.enabled: exit $rc, want 2 and the key named: $(cat "$tmp/refused.log")"
+expect_exit 2 refused 'compute.activations="bf16" needs bf16.enabled=true' \
+  "$z3d" train input/gpt-tiny.json --run-dir "$tmp/refused" --set compute.activations='"bf16"'
 
 /usr/bin/python3 - "$tmp" <<'PY'
 import sys

@@ -13,6 +13,8 @@
 #   - no .h5.tmp and no lock left; the last committed checkpoint verifies (zero3d ckpt verify);
 #   - the run resumed from it (or the run itself) logs losses and gradient norms bitwise equal to
 #     the uninterrupted run.
+# Then the copy of the run's tokenizer beside the checkpoints (a pause before it: pause_tokenizer_copy)
+# fails at two saves: a warning, once, and the saves go on.
 # usage: test_faults.sh ZERO3D_BINARY SOURCE_DIR
 #   FAULTS_FULL=1: the whole grid (every point x errno x failing ranks x position x async x offload;
 #   about 40 minutes here); default: a sample that covers every point, errno, position and mode.
@@ -188,6 +190,45 @@ else
   load_case posix/io/rw/pread 5 0 always nvme
   load_case posix/io/rw/pread/reduce 0 all always none
   load_case posix/io/oc/open 5 0 always none
+fi
+
+# The tokenizer copy: a run with a tokenizer file copies it beside its checkpoints before each save
+# until the copy is there (ckpt/tokenizer_record.h). Rank 0 pauses before each copy (saves at 4 and
+# 8) and its fsync is armed to fail once (ENOSPC): each copy fails, the run warns once, and the
+# saves go on: exit 0, the checkpoints verify, the losses are the uninterrupted run's, no part of a
+# copy is left; a resume from step 4 trains steps 5-8 to the same losses (and makes its own copy).
+n=$((n + 1)) cases=$((cases + 1))
+what="the tokenizer copy: fsync ENOSPC at both saves"
+dir=$tmp/c$n log=$tmp/c$n.log err=28 offload=none
+if timeout 60 "$z3d" ckpt export "$tmp/ref/checkpoints" --format hf --out "$tmp/hf" > "$log" 2>&1; then
+  tok=(--set data.tokenizer="$tmp/hf/tokenizer.json")  # the byte tokenizer as a tokenizer.json: a file to copy
+  ZERO3D_FAULT=pause_tokenizer_copy:0:4,pause_tokenizer_copy:0:8 timeout 90 $MPIRUN -np 2 "${fiu[@]}" "$z3d" train \
+    "${base[@]}" "${tok[@]}" --set train_steps=8 --run-dir "$dir" > "$log" 2>&1 &
+  launcher=$! rc=0 armed=1
+  arm posix/io/sync/fsync 28 once 1 && arm posix/io/sync/fsync 28 once 2 || armed=0
+  wait $launcher || rc=$?
+  if ((!armed)); then
+    bad "no paused rank to arm before a tokenizer copy"
+  elif check $rc 0; then
+    warned=$(grep -c "cannot write tokenizer copy '$dir/checkpoints/tokenizer-[0-9a-f]*\.json\.tmp': No space left" "$log")
+    if [[ $warned != 1 || $(grep -c "tokenizer copy" "$log") != 1 ]]; then
+      bad "$warned warnings of the failed copy, want 1"
+    elif compgen -G "$dir/checkpoints/tokenizer-*" > /dev/null; then
+      bad "a failed copy left $(ls "$dir/checkpoints" | grep tokenizer-)"
+    elif ! timeout 120 $MPIRUN -np 2 "$z3d" train "${base[@]}" "${tok[@]}" --set train_steps=8 --run-dir "$dir.resumed" \
+           --set checkpoint.load=\""$dir/checkpoints/step_00000004.h5"\" > "$log.resume" 2>&1; then
+      log=$log.resume bad "the resume from step 4 failed"
+    elif ! records "$dir.resumed/metrics.jsonl" | cmp -s - <(tail -4 "$tmp/ref.records"); then
+      log=$log.resume bad "the resume from step 4 trained other losses than the uninterrupted run"
+    elif ! compgen -G "$dir.resumed/checkpoints/tokenizer-*.json" > /dev/null; then
+      log=$log.resume bad "the resumed run made no tokenizer copy"
+    else
+      echo "ok   case $n ($what): exit 0, one warning, the checkpoints verify, resumed"
+      table "| posix/io/sync/fsync (the tokenizer copy) | ENOSPC | 0 | before the save | true | none | 0 |"
+    fi
+  fi
+else
+  bad "ckpt export (the tokenizer file) failed"
 fi
 echo "faults: $((cases - failed)) passed, $failed failed"
 ((failed == 0))

@@ -75,8 +75,7 @@ PY
     { cat "$tmp/$model-export2.log"; fail "second export of $model"; }
   /usr/bin/python3 - "$tmp/$model-hf" "$tmp/$model-hf2" "$tmp/$model-1/metrics.jsonl" "$tmp/$model-from/metrics.jsonl" <<'PY' ||
 import sys
-from peer_check import f32_tensors
-from z3dcheck import rel, train
+from z3dcheck import f32_tensors, rel, train
 a, b = (f32_tensors(d + "/model.safetensors") for d in sys.argv[1:3])
 same = a.keys() == b.keys() and all(a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes() for k in a)
 loss = [train(p)[0]["loss"] for p in sys.argv[3:5]]

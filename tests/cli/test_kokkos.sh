@@ -11,17 +11,13 @@ set -eu
 source "$(dirname "$0")/common.sh" "$@"
 "$z3d" --version | grep -q "kokkos" || { echo "skip: this zero3d has no Kokkos backend (ZERO3D_KOKKOS)"; exit 77; }
 
-# both CONFIG NAME TP PP DP [ARGS...]: the layout on the host backend into $tmp/NAME.host, and on
-# Kokkos into $tmp/NAME.kokkos; a run that fails ends the test with its log's tail.
+# both CONFIG NAME TP PP DP [ARGS...]: 6 steps of the layout (PP micro-batches) on the host backend
+# into $tmp/NAME.host, and on Kokkos into $tmp/NAME.kokkos; a run that fails ends the test with its log's tail.
 both() {
   local config=$1 name=$2 tp=$3 pp=$4 dp=$5 b
   shift 5
   for b in host kokkos; do
-    timeout 120 $MPIRUN -np $((tp * pp * dp)) "$z3d" train "$config" --backend $b --run-dir "$tmp/$name.$b" \
-      --peak-flops 1e11 --set train_steps=6 --set data.val="" --set train_batch_size=8 \
-      --set gradient_accumulation_steps=$pp --set train_micro_batch_size_per_gpu=$((8 / dp / pp)) \
-      --set tensor_parallel.tp_size=$tp --set pipeline_parallel.pp_size=$pp --set comm_timeout_s=60 "$@" \
-      > "$tmp/$name.$b.log" 2>&1 || { echo "run $name on $b failed:"; tail -20 "$tmp/$name.$b.log"; exit 1; }
+    train_layout "$config" "$name.$b" "$tp" "$pp" "$dp" "$pp" --backend $b --set train_steps=6 "$@"
   done
 }
 both input/gpt-tiny.json gpt_t1p1d1_s0 1 1 1 --set checkpoint.save_interval=3

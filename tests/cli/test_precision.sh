@@ -9,11 +9,9 @@
 # usage: test_precision.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
-run() {  # run NAME NP [--set ...]: 20 steps, global batch 8, no validation
+run() {  # run NAME NP [--set ...]: 20 steps on NP data-parallel ranks, global batch 8, no validation
   local name=$1 np=$2; shift 2
-  timeout 300 $MPIRUN -np "$np" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" --peak-flops 1e11 \
-    --set train_steps=20 --set data.val="" --set train_batch_size=8 --set train_micro_batch_size_per_gpu=$((8 / np)) \
-    "$@" > "$tmp/$name.log" 2>&1 || { echo "run $name failed:"; cat "$tmp/$name.log"; exit 1; }
+  train_layout input/gpt-tiny.json "$name" 1 1 "$np" 1 "$@"
 }
 strict3=(--set zero_optimization.stage3_param_persistence_threshold=0 --set zero_optimization.stage3_max_reuse_distance=0)
 run fp32_1 1

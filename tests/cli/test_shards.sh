@@ -50,12 +50,9 @@ u16=(--set model.seq_len=32 --set model.d_model=64 --set model.n_layer=2 --set m
      --set data.train=\""$tmp/u16_a.bin, $tmp/u16_[bc].bin"\")
 u32=(--set model.vocab_size=70000 --set model.seq_len=16 --set model.d_model=32 --set model.n_layer=1
      --set model.n_head=2 --set data.train=\""$tmp/u32_*.bin"\")
-go() {  # go NAME NP ARGS...: gpt-tiny, global batch 8, no validation, into $tmp/NAME
+go() {  # go NAME NP ARGS...: gpt-tiny on NP data-parallel ranks, global batch 8, no validation, into $tmp/NAME
   local name=$1 np=$2; shift 2
-  timeout 120 $MPIRUN -np "$np" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" --peak-flops 1e11 \
-    --set data.val= --set train_batch_size=8 --set gradient_accumulation_steps=1 \
-    --set train_micro_batch_size_per_gpu=$((8 / np)) "$@" > "$tmp/$name.log" 2>&1 ||
-    { echo "run $name failed:"; tail -20 "$tmp/$name.log"; exit 1; }
+  train_layout input/gpt-tiny.json "$name" 1 1 "$np" 1 "$@"
 }
 for set in u16 u32; do
   eval "args=(\"\${$set[@]}\")"

@@ -8,10 +8,7 @@ set -eu
 source "$(dirname "$0")/common.sh" "$@"
 run() {  # run NAME TP DP [--set ...]
   local name=$1 tp=$2 dp=$3; shift 3
-  timeout 300 $MPIRUN -np $((tp * dp)) "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \
-    --peak-flops 1e11 --set train_steps=20 --set data.val="" --set train_batch_size=8 \
-    --set train_micro_batch_size_per_gpu=$((8 / dp)) --set tensor_parallel.tp_size=$tp "$@" > "$tmp/$name.log" 2>&1 ||
-    { echo "run $name failed:"; cat "$tmp/$name.log"; exit 1; }
+  train_layout input/gpt-tiny.json "$name" "$tp" 1 "$dp" 1 "$@"
 }
 run ref 1 1
 run tp2 2 1

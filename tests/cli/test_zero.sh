@@ -6,13 +6,9 @@
 # usage: test_zero.sh ZERO3D_BINARY SOURCE_DIR
 set -eu
 source "$(dirname "$0")/common.sh" "$@"
-steps=20
-run() {  # run NAME NP [--set ...]
+run() {  # run NAME NP [--set ...]: NP data-parallel ranks
   local name=$1 np=$2; shift 2
-  timeout 300 $MPIRUN -np "$np" "$z3d" train input/gpt-tiny.json --run-dir "$tmp/$name" \
-    --peak-flops 1e11 --set train_steps=$steps --set data.val="" --set train_batch_size=8 \
-    --set gradient_accumulation_steps=1 --set train_micro_batch_size_per_gpu=$((8 / np)) "$@" > "$tmp/$name.log" 2>&1 ||
-    { echo "run $name failed:"; cat "$tmp/$name.log"; exit 1; }
+  train_layout input/gpt-tiny.json "$name" 1 1 "$np" 1 "$@"
 }
 run ref 1
 # Stage 3 strict: nothing persistent, nothing kept for reuse, the smallest slot pool, so every
@@ -38,8 +34,7 @@ run dp4_s1_allreduce 4 --set zero_optimization.stage=1 --set zero_optimization.r
 run dp4_s2_allreduce 4 --set zero_optimization.stage=2 --set zero_optimization.reduce_scatter=false \
   --set zero_optimization.overlap_comm=true
 run dp4_s3_ckpt 4 --set zero_optimization.stage=3 --set activation_checkpointing.enabled=true "${strict3[@]}"
-run dp2_s2_accum 2 --set zero_optimization.stage=2 --set train_micro_batch_size_per_gpu=2 \
-  --set gradient_accumulation_steps=2
+train_layout input/gpt-tiny.json dp2_s2_accum 1 1 2 2 --set zero_optimization.stage=2
 
 /usr/bin/python3 - "$tmp" <<'PY'
 import sys, glob, os

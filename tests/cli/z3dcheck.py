@@ -24,6 +24,8 @@ Files:
   xor_bytes(path, at, n, mask)    flips n bytes at `at` in place (a damaged file)
   dataset_names(h5)               every dataset's path in an open h5py file, in visit order
   read_safetensors(path)          a .safetensors file's parts, parsed (see Safetensors)
+  f32_tensors(path)               its tensors as float32 numpy arrays (writable copies), by name; every
+                                  one must be F32 (a ValueError names the first that is not)
 """
 import json
 import struct
@@ -126,6 +128,18 @@ def read_safetensors(path):
     tensors = json.loads(raw[8:8 + n])
     metadata = tensors.pop("__metadata__", {})
     return Safetensors(n, tensors, metadata, raw[8 + n:])
+
+
+def f32_tensors(path):
+    import numpy as np
+    st = read_safetensors(path)
+    out = {}
+    for name, t in st.tensors.items():
+        if t["dtype"] != "F32":
+            raise ValueError(f"{path}: {name} is {t['dtype']}, not F32")
+        a, b = t["data_offsets"]
+        out[name] = np.frombuffer(st.data[a:b], dtype="<f4").reshape(t["shape"]).copy()
+    return out
 
 
 def check_resumes(check, name, uninterrupted, resumed, other_layout, steps, tol=1e-4):

@@ -17,15 +17,20 @@ using namespace zero3d;
 
 namespace {
 
-ModelConfig tiny() {
+// A GPT-2 of this shape, the other keys at their defaults. Set member by member: GCC 12 takes the
+// aggregate initialization ModelConfig{vocab, seq, ...} for one that leaves rope_scaling's string
+// uninitialized (a false -Wmaybe-uninitialized in a Release build).
+ModelConfig gpt2_shape(int vocab, int seq_len, int n_layer, int n_head, int d_model) {
   ModelConfig m;
-  m.vocab_size = 32;
-  m.seq_len = 8;
-  m.n_layer = 2;
-  m.n_head = 2;
-  m.d_model = 16;
+  m.vocab_size = vocab;
+  m.seq_len = seq_len;
+  m.n_layer = n_layer;
+  m.n_head = n_head;
+  m.d_model = d_model;
   return m;
 }
+
+ModelConfig tiny() { return gpt2_shape(32, 8, 2, 2, 16); }
 
 // A model over a flat store; dp and bucket size only change the padded layout, never the math.
 struct Fixture {
@@ -297,7 +302,7 @@ TEST(Model, ModulesAddUpToTheModelFlops) {
 }
 
 TEST(Model, LogicalBlocksAndRunsFollowLogicalIndex) {
-  ModelConfig m{64, 16, 2, 4, 32};
+  ModelConfig m = gpt2_shape(64, 16, 2, 4, 32);
   std::mt19937_64 rng(7);
   for (int tp : {1, 2, 4})
     for (int r = 0; r < tp; ++r)
@@ -351,7 +356,7 @@ TEST(Model, SizingBackendCountsWithoutMemory) {
   EXPECT_EQ(tally->live, 0u);
   EXPECT_EQ(tally->peak, size_t{64} << 30);
 
-  const ModelConfig m{64, 16, 2, 4, 32};
+  const ModelConfig m = gpt2_shape(64, 16, 2, 4, 32);
   auto host = make_host_backend();
   FlatParamStore on_host(*host, make_flat_layout(gpt_param_table(m), 1, 1 << 20));
   FlatParamStore sized(*sizing, make_flat_layout(gpt_param_table(m), 1, 1 << 20));
@@ -366,11 +371,11 @@ TEST(Model, SizingBackendCountsWithoutMemory) {
 // activation checkpointing too, on fp32 and on bf16 activations. This is what zero3d plan's step
 // time is priced from.
 TEST(Model, SizingBackendCountsTheOpsOfAStep) {
-  ModelConfig llama{100, 16, 2, 4, 32};
+  ModelConfig llama = gpt2_shape(100, 16, 2, 4, 32);
   llama.arch = "llama", llama.norm = "rmsnorm", llama.position = "rope", llama.mlp = "swiglu";
   llama.num_key_value_heads = 2, llama.bias = false, llama.tie_word_embeddings = false;
   llama.make_vocab_size_divisible_by = 64;
-  for (const ModelConfig& m : {ModelConfig{64, 16, 2, 4, 32}, llama})
+  for (const ModelConfig& m : {gpt2_shape(64, 16, 2, 4, 32), llama})
     for (bool ckpt : {false, true})
       for (zero3d::DType act : {zero3d::DType::f32, zero3d::DType::bf16}) {
         auto host = make_host_backend();
