@@ -1,5 +1,7 @@
 #include "core/posix_io.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -56,6 +58,26 @@ std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int res
     if (n > 0 && rest_fd >= 0) fd = rest_fd, rest_fd = -1;  // a short direct write: the rest is unaligned
   }
   return "";
+}
+
+AppendFile::~AppendFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string AppendFile::open(const std::string& path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  struct stat st {};
+  if (fd_ < 0 || ::fstat(fd_, &st) != 0) return strerror(errno);
+  end_ = static_cast<uint64_t>(st.st_size);
+  return "";
+}
+
+std::string AppendFile::append(const std::string& text) {
+  std::string failed = pwrite_fully(fd_, text.data(), text.size(), end_);
+  if (failed.empty()) end_ += text.size();
+  else if (::ftruncate(fd_, static_cast<off_t>(end_)) != 0)
+    failed += strprintf("; cutting back its partial line failed too: %s", strerror(errno));
+  return failed;
 }
 
 std::string read_text_file(const std::string& path, const std::string& what) {

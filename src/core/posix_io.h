@@ -19,6 +19,27 @@ std::string pread_fully(int fd, void* dst, size_t n, uint64_t at, bool zeros_pas
 // write fd refuses with EINVAL (a direct write of a size or offset the file system will not take).
 std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int rest_fd = -1);
 
+// A text file that lines are appended to (metrics.jsonl, csv_monitor's files), by one writer: each
+// append lands whole or not at all, so a failed one (disk full, an I/O error) leaves no partial
+// line that a resumed run would refuse to read back.
+class AppendFile {
+ public:
+  AppendFile() = default;
+  ~AppendFile();
+  AppendFile(AppendFile&& o) noexcept : fd_(o.fd_), end_(o.end_) { o.fd_ = -1; }
+  AppendFile& operator=(AppendFile&&) = delete;
+  AppendFile(const AppendFile&) = delete;
+  // "" or what failed (strerror): `path` opened for appending, created where it is not.
+  std::string open(const std::string& path);
+  uint64_t size() const { return end_; }
+  // "" or what failed; on failure the file is cut back to where it ended before.
+  std::string append(const std::string& text);
+
+ private:
+  int fd_ = -1;
+  uint64_t end_ = 0;
+};
+
 // The whole of a (small) file, read as a stream (a FIFO too); a UserError "cannot read WHAT 'PATH':
 // <strerror>" when it cannot be opened or read (a directory: "Is a directory").
 std::string read_text_file(const std::string& path, const std::string& what);

@@ -8,6 +8,7 @@
 
 #include "config/json_tree.h"
 #include "core/check.h"
+#include "core/log.h"
 
 namespace zero3d {
 
@@ -50,17 +51,17 @@ MetricsRecord& MetricsRecord::add(const char* k, const std::string& v) { key(k);
 MetricsRecord& MetricsRecord::add_object(const char* k, const nlohmann::ordered_json& v) { key(k); body_ += v.dump(); return *this; }
 
 MetricsLog::MetricsLog(const std::string& path) : path_(path) {
-  f_ = fopen(path.c_str(), "a");
-  if (!f_) throw UserError(strprintf("cannot open metrics file '%s': %s", path.c_str(), strerror(errno)));
+  if (const std::string e = file_.open(path); !e.empty())
+    throw UserError(strprintf("cannot open metrics file '%s': %s", path.c_str(), e.c_str()));
 }
-MetricsLog::~MetricsLog() {
-  if (f_) fclose(f_);
-}
+MetricsLog::~MetricsLog() = default;
 void MetricsLog::write(const MetricsRecord& r) {
-  if (!f_) return;
-  std::string l = r.line() + "\n";
-  fwrite(l.data(), 1, l.size(), f_);
-  fflush(f_);
+  if (path_.empty()) return;
+  const std::string failed = file_.append(r.line() + "\n");
+  if (failed.empty() || warned_) return;
+  warned_ = true;
+  log_warn("metrics file '%s': a record was not written (%s); the run goes on, and this warning is not repeated",
+           path_.c_str(), failed.c_str());
 }
 
 std::vector<MetricsLine> read_metrics(const std::string& path) {

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/posix_io.h"
+
 namespace zero3d {
 
 class MetricsRecord {
@@ -40,12 +42,15 @@ class MetricsLog {
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
-  void write(const MetricsRecord& r);  // one line, flushed
+  // One line, written whole or not at all: a line that fails (disk full) is dropped with one
+  // warning for the run, and the run goes on (its checkpoints say whether it can).
+  void write(const MetricsRecord& r);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  FILE* f_ = nullptr;
+  AppendFile file_;
+  bool warned_ = false;
 };
 
 // A run's metrics.jsonl read back, one record a line with the line's text (blank lines skipped):

@@ -9,6 +9,8 @@
 
 #include "core/atomic_file.h"
 #include "core/check.h"
+#include "core/log.h"
+#include "core/posix_io.h"
 
 namespace zero3d {
 
@@ -39,20 +41,25 @@ CsvMonitor::CsvMonitor(const MonitorConfig& cfg, const std::string& run_dir, int
 }
 
 void CsvMonitor::write(const std::string& name, double value, int64_t samples) {
+  std::string path = name;  // the metric's file: '/' and ' ' as '_'
+  for (char& ch : path)
+    if (ch == '/' || ch == ' ') ch = '_';
+  path = dir_ + "/" + path + ".csv";
   auto it = files_.find(name);
   if (it == files_.end()) {
-    std::string file = name;
-    for (char& ch : file)
-      if (ch == '/' || ch == ' ') ch = '_';
-    const std::string path = dir_ + "/" + file + ".csv";
-    const bool fresh = !fs::exists(path) || fs::file_size(path) == 0;
-    std::FILE* f = std::fopen(path.c_str(), "a");
-    if (!f) throw UserError(strprintf("csv_monitor: cannot open '%s': %s", path.c_str(), std::strerror(errno)));
-    if (fresh) std::fprintf(f, "step,%s\n", name.substr(name.rfind('/') + 1).c_str());
-    it = files_.emplace(name, std::unique_ptr<std::FILE, int (*)(std::FILE*)>(f, &std::fclose)).first;
+    AppendFile f;
+    if (const std::string e = f.open(path); !e.empty())
+      throw UserError(strprintf("csv_monitor: cannot open '%s': %s", path.c_str(), e.c_str()));
+    it = files_.emplace(name, std::move(f)).first;
   }
-  std::fprintf(it->second.get(), "%lld,%s\n", static_cast<long long>(samples), format_double(value).c_str());
-  std::fflush(it->second.get());
+  AppendFile& f = it->second;
+  std::string row = strprintf("%lld,%s\n", static_cast<long long>(samples), format_double(value).c_str());
+  if (f.size() == 0) row = "step," + name.substr(name.rfind('/') + 1) + "\n" + row;  // a fresh file: its header
+  const std::string failed = f.append(row);
+  if (failed.empty() || warned_) return;
+  warned_ = true;
+  log_warn("csv_monitor: a row of '%s' was not written (%s); the run goes on, and this warning is not repeated",
+           path.c_str(), failed.c_str());
 }
 
 std::string report_comms(const CommLog& log, MetricsLog* metrics, int steps) {

@@ -23,12 +23,15 @@ class CsvMonitor {
   // Opens the directory; on a resumed run drops the rows past `resume_samples` (a run that died
   // after its checkpoint wrote them), so each step is in each file once.
   CsvMonitor(const MonitorConfig& cfg, const std::string& run_dir, int64_t resume_samples);
+  // A row written whole or not at all: a row that fails (disk full) is dropped with one warning
+  // for the run, as metrics.jsonl's.
   void write(const std::string& name, double value, int64_t samples);
   const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
-  std::map<std::string, std::unique_ptr<std::FILE, int (*)(std::FILE*)>> files_;
+  std::map<std::string, AppendFile> files_;
+  bool warned_ = false;
 };
 
 // comms_logger's table, from this rank's comms log: per group and collective, calls, message size,

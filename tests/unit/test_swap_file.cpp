@@ -1,4 +1,4 @@
-// storage/swap_file.h: transfers split over blocks and threads come back bit for bit, aligned (O_DIRECT)
+// storage/swap_file.h (and core/posix_io.h's AppendFile, at the end): transfers split over blocks and threads come back bit for bit, aligned (O_DIRECT)
 // or not; a file that cannot be made, or that shrinks under the run, is an IoError naming it; a
 // killed run's files are removed and a live one's are not; the checksum sees a changed byte; a sizing
 // file (zero3d plan's) makes nothing and touches no buffer, and counts its transfers.
@@ -7,8 +7,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "core/host_buffer.h"
+#include "core/posix_io.h"
 
 using namespace zero3d;
 using ::testing::HasSubstr;
@@ -153,4 +156,32 @@ TEST(SwapFile, ChecksumSeesEveryByte) {
   }
   std::vector<uint64_t> zeros(512, 0);
   EXPECT_NE(swap_checksum(zeros.data(), 4096), swap_checksum(zeros.data(), 2048));  // the length counts
+}
+
+// core/posix_io.h's AppendFile (metrics.jsonl, csv_monitor's files): a line that fails halfway
+// (here the file-size limit, as a full disk would) is cut back out, so the file holds whole lines
+// a resumed run reads back; the next line lands after the last whole one; a reopened file appends.
+TEST(AppendFile, AFailedAppendLeavesNoPartialLine) {
+  TempDir dir;
+  const std::string path = dir.path + "/lines.txt";
+  AppendFile f;
+  ASSERT_EQ(f.open(path), "");
+  EXPECT_EQ(f.append("first line\n"), "");
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 16;  // 5 bytes of the next line fit, then EFBIG
+  const auto handler = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string failed = f.append("a second line, past the limit\n");
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, handler);
+  EXPECT_THAT(failed, HasSubstr("too large"));
+  EXPECT_EQ(f.size(), 11u);
+  EXPECT_EQ(read_text_file(path, "lines"), "first line\n");
+  EXPECT_EQ(f.append("third\n"), "");
+  EXPECT_EQ(read_text_file(path, "lines"), "first line\nthird\n");
+  AppendFile again;
+  ASSERT_EQ(again.open(path), "");
+  EXPECT_EQ(again.size(), 17u);
 }
