@@ -180,7 +180,7 @@ if [[ -n $gpu ]] && seconds=$(limit 150) && ((seconds > 0)); then
   # cuDNN's own log of its errors and warnings (a graph its engines refuse says why only there):
   # written only when something goes wrong, so it costs no time.
   # And cuDNN's description of the GPU (its device-property JSON, from the backend's handle): for
-  # tests/data/cudnn, where test_cudnn_graph builds the attention plans for it without a GPU.
+  # tests/data/cudnn (kernels/README.md says how), where test_cudnn_graph builds the attention plans for it without a GPU.
   CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn.log" ZERO3D_CUDNN_DEVICE_JSON="$out/cudnn_device.json" \
     timeout "$seconds" "$build/bin/test_kernels" --gtest_filter="$kernels" >"$out/test_kernels.log" 2>&1
   rc=$?

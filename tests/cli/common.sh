@@ -1,5 +1,5 @@
 # tests/cli/common.sh: sourced by every tests/cli/test_*.sh as `source common.sh "$@"`; also defines
-# fail and expect_exit.
+# fail, expect_exit, expect_rc, has and train_layout.
 # Arguments: ZERO3D_BINARY SOURCE_DIR. Sets z3d, MPIRUN (the launcher CMake found, more ranks
 # than cores allowed) and tmp (a scratch directory removed on exit); works in the source dir.
 z3d=$1
@@ -23,6 +23,16 @@ expect_exit() {
   [[ $rc -eq $code ]] || { cat "$tmp/$name.log"; fail "$name: exit code $rc, expected $code"; }
   grep -qE -- "$pattern" "$tmp/$name.log" || { cat "$tmp/$name.log"; fail "$name: output lacks /$pattern/"; }
   echo "ok $name"
+}
+
+# For a test's own `run NAME ...` that leaves its exit code in $rc and its output in $tmp/NAME.log:
+# expect_rc NAME CODE: that code was CODE; has NAME PATTERN: the output matches PATTERN (grep -E).
+# Either fails the test with the log.
+expect_rc() {
+  [[ $rc -eq $2 ]] || { cat "$tmp/$1.log"; fail "$1: exit code $rc, expected $2"; }
+}
+has() {
+  grep -qE -- "$2" "$tmp/$1.log" || { cat "$tmp/$1.log"; fail "$1: no /$2/ in its output"; }
 }
 
 # train_layout CONFIG NAME TP PP DP GAS [ARGS...]: CONFIG for 20 steps on tp x pp x dp ranks, the

@@ -21,12 +21,6 @@ run() {  # run NAME NP ARGS...: the exit code in $rc, the output in $tmp/NAME.lo
   rc=0
   timeout 120 $MPIRUN -np "$np" "$z3d" train "$@" > "$tmp/$name.log" 2>&1 || rc=$?
 }
-expect_rc() {  # expect_rc NAME CODE
-  [[ $rc -eq $2 ]] || { cat "$tmp/$1.log"; fail "$1: exit code $rc, expected $2"; }
-}
-has() {  # has NAME PATTERN (grep -E)
-  grep -qE -- "$2" "$tmp/$1.log" || { cat "$tmp/$1.log"; fail "$1: no /$2/ in its output"; }
-}
 wait_for_step() {  # wait_for_step LOG: until a progress line appears (at most 30 s)
   for _ in $(seq 300); do grep -q "^step " "$1" && return; sleep 0.1; done
   cat "$1"; fail "no step line in $1"

@@ -30,12 +30,6 @@ run() {  # run NAME NP ARGS...: the exit code in $rc, the output in $tmp/NAME.lo
   rc=0
   timeout 120 $MPIRUN -np "$np" "$z3d" train "${tiny[@]}" "$@" > "$tmp/$name.log" 2>&1 || rc=$?
 }
-expect_rc() {  # expect_rc NAME CODE
-  [[ $rc -eq $2 ]] || { cat "$tmp/$1.log"; fail "$1: exit code $rc, expected $2"; }
-}
-has() {  # has NAME PATTERN (grep -E)
-  grep -qE -- "$2" "$tmp/$1.log" || { cat "$tmp/$1.log"; fail "$1: no /$2/ in its output"; }
-}
 no_leftovers() {  # no_leftovers NAME DIR...: no .tmp checkpoint, no lock, no probe file
   local name=$1 left
   shift
