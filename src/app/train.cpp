@@ -60,7 +60,7 @@ std::string choose_bf16_gemm(const Config& cfg, const std::string& backend, bool
   if (backend == "kokkos") return "fp32 GEMMs on the widened 16-bit weights (the kokkos backend's GEMMs are fp32)";
   const bool cuda = backend_is_cuda(backend);
   if (cuda) {
-    if (cfg.compute.bf16_gemm == "off") return "fp32 GEMMs on the widened 16-bit weights (compute.bf16_gemm=off)";
+    if (!cfg.cuda_bf16_gemm()) return "fp32 GEMMs on the widened 16-bit weights (compute.bf16_gemm=off)";
     return (bf16 = true), "bf16 GEMMs on the tensor cores, fp32 accumulation (compute.bf16_gemm=" + cfg.compute.bf16_gemm + ")";
   }
   if (cfg.compute.bf16_gemm == "on") {

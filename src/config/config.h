@@ -247,6 +247,10 @@ struct Config {
   nlohmann::json resolved;    // every key with its value after defaults: written to the run dir
   nlohmann::json provenance;  // key -> where its value came from (a file, --set, default, derived, auto)
   std::vector<std::string> notices;  // one line each, printed at start (keys accepted without effect)
+
+  // Whether the CUDA backend's GEMMs run in bf16 (tensor cores, fp32 accumulation): bf16 mixed
+  // precision unless compute.bf16_gemm is "off". The host's rule differs (app/train.cpp).
+  bool cuda_bf16_gemm() const { return precision == Precision::bf16 && compute.bf16_gemm != "off"; }
 };
 
 struct ConfigSources {

@@ -65,7 +65,7 @@ AppendFile::~AppendFile() {
 }
 
 std::string AppendFile::open(const std::string& path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   struct stat st {};
   if (fd_ < 0 || ::fstat(fd_, &st) != 0) return strerror(errno);
   end_ = static_cast<uint64_t>(st.st_size);
@@ -73,6 +73,10 @@ std::string AppendFile::open(const std::string& path) {
 }
 
 std::string AppendFile::append(const std::string& text) {
+  // Where the file ends now (another hand may have cut or grown it since): O_APPEND writes there,
+  // and a failed line is cut back to it.
+  if (const off_t at = ::lseek(fd_, 0, SEEK_END); at >= 0) end_ = static_cast<uint64_t>(at);
+  else return strerror(errno);
   std::string failed = pwrite_fully(fd_, text.data(), text.size(), end_);
   if (failed.empty()) end_ += text.size();
   else if (::ftruncate(fd_, static_cast<off_t>(end_)) != 0)

@@ -19,9 +19,9 @@ std::string pread_fully(int fd, void* dst, size_t n, uint64_t at, bool zeros_pas
 // write fd refuses with EINVAL (a direct write of a size or offset the file system will not take).
 std::string pwrite_fully(int fd, const void* src, size_t n, uint64_t at, int rest_fd = -1);
 
-// A text file that lines are appended to (metrics.jsonl, csv_monitor's files), by one writer: each
-// append lands whole or not at all, so a failed one (disk full, an I/O error) leaves no partial
-// line that a resumed run would refuse to read back.
+// A text file that lines are appended to (metrics.jsonl, csv_monitor's files; O_APPEND, at its end
+// as it is at each append): each append lands whole or not at all, so a failed one (disk full, an
+// I/O error) leaves no partial line that a resumed run would refuse to read back.
 class AppendFile {
  public:
   AppendFile() = default;
@@ -31,7 +31,7 @@ class AppendFile {
   AppendFile(const AppendFile&) = delete;
   // "" or what failed (strerror): `path` opened for appending, created where it is not.
   std::string open(const std::string& path);
-  uint64_t size() const { return end_; }
+  uint64_t size() const { return end_; }  // after the last append (or at open)
   // "" or what failed; on failure the file is cut back to where it ended before.
   std::string append(const std::string& text);
 

@@ -50,10 +50,9 @@ GPTOptions gpt_options(const Config& c, bool gpu, int slots) {
     throw UserError("compute.activations=\"bf16\" needs bf16.enabled=true (bf16 mixed precision); use \"fp32\" or "
                     "\"auto\"");
   const bool bf16 = c.precision == Precision::bf16 && (a == "bf16" || (a == "auto" && gpu));
-  // The LM head in one GEMM on a GPU whose GEMMs read and write the logits in their own type (the
-  // CUDA backend's bf16 GEMMs: bf16.enabled and compute.bf16_gemm not off; app/train.cpp's rule);
+  // The LM head in one GEMM on a GPU whose GEMMs read and write the logits in their own type;
   // else a type conversion would hold a scratch of all the logits for the run: blocks bound it.
-  const bool gemm16 = c.precision == Precision::bf16 && c.compute.bf16_gemm != "off";
+  const bool gemm16 = c.cuda_bf16_gemm();
   const int head_mib = c.compute.lm_head_block_mib;
   const size_t head_bytes = head_mib > 0           ? static_cast<size_t>(head_mib) << 20
                             : gpu && bf16 == gemm16 ? 0
@@ -144,11 +143,13 @@ void GPT::plan_activations() {
       xfinal_ = c.act(N * C);
     }
     if (L_ == 0) xfinal_ = enc_;
-    lnf_ = c.act(N * C);
-    lnf_mean_ = c.f32(N);
-    lnf_rstd_ = c.f32(N);
-    logits_ = c.act(stage_.last() ? static_cast<size_t>(head_rows_) * V_ : 0);  // the head's stage only
-    losses_ = c.f32(N * static_cast<size_t>(opt_.losses_kept));
+    // The final LayerNorm, the logits and the losses: the head's stage only.
+    const size_t head = stage_.last() ? 1 : 0;
+    lnf_ = c.act(head * N * C);
+    lnf_mean_ = c.f32(head * N);
+    lnf_rstd_ = c.f32(head * N);
+    logits_ = c.act(head * head_rows_ * V_);
+    losses_ = c.f32(head * N * opt_.losses_kept);
   };
   acts_ = carved(be_, act_, carve);
   activation_bytes_ = acts_.bytes();
@@ -171,7 +172,8 @@ void GPT::plan_backward_scratch() {
   inputs_ = DeviceBuffer<int32_t>(be_, N);
   targets_ = DeviceBuffer<int32_t>(be_, N);
   const size_t kept = static_cast<size_t>(opt_.losses_kept);
-  ce_ = DeviceBuffer<float>(be_, 3 * N * kept);  // the host's copies grow at the first take_losses()
+  // The head's stage only; the host's copies grow at the first take_losses().
+  ce_ = DeviceBuffer<float>(be_, stage_.last() ? 3 * N * kept : 0);
 }
 
 template <typename F>

@@ -37,11 +37,7 @@ std::string format_hms(double seconds);  // H:MM:SS, rounded; negative counts as
 
 class MetricsLog {
  public:
-  MetricsLog() = default;
   explicit MetricsLog(const std::string& path);  // opens for append; throws UserError on failure
-  ~MetricsLog();
-  MetricsLog(const MetricsLog&) = delete;
-  MetricsLog& operator=(const MetricsLog&) = delete;
   // One line, written whole or not at all: a line that fails (disk full) is dropped with one
   // warning for the run, and the run goes on (its checkpoints say whether it can).
   void write(const MetricsRecord& r);

@@ -41,15 +41,17 @@ CsvMonitor::CsvMonitor(const MonitorConfig& cfg, const std::string& run_dir, int
 }
 
 void CsvMonitor::write(const std::string& name, double value, int64_t samples) {
-  std::string path = name;  // the metric's file: '/' and ' ' as '_'
-  for (char& ch : path)
-    if (ch == '/' || ch == ' ') ch = '_';
-  path = dir_ + "/" + path + ".csv";
+  const auto path = [&] {  // the metric's file: '/' and ' ' as '_'
+    std::string file = name;
+    for (char& ch : file)
+      if (ch == '/' || ch == ' ') ch = '_';
+    return dir_ + "/" + file + ".csv";
+  };
   auto it = files_.find(name);
   if (it == files_.end()) {
     AppendFile f;
-    if (const std::string e = f.open(path); !e.empty())
-      throw UserError(strprintf("csv_monitor: cannot open '%s': %s", path.c_str(), e.c_str()));
+    if (const std::string e = f.open(path()); !e.empty())
+      throw UserError(strprintf("csv_monitor: cannot open '%s': %s", path().c_str(), e.c_str()));
     it = files_.emplace(name, std::move(f)).first;
   }
   AppendFile& f = it->second;
@@ -59,7 +61,7 @@ void CsvMonitor::write(const std::string& name, double value, int64_t samples) {
   if (failed.empty() || warned_) return;
   warned_ = true;
   log_warn("csv_monitor: a row of '%s' was not written (%s); the run goes on, and this warning is not repeated",
-           path.c_str(), failed.c_str());
+           path().c_str(), failed.c_str());
 }
 
 std::string report_comms(const CommLog& log, MetricsLog* metrics, int steps) {

@@ -20,8 +20,8 @@ expect_exit() {
   local code=$1 name=$2 pattern=$3 rc=0
   shift 3
   timeout 60 "$@" > "$tmp/$name.log" 2>&1 || rc=$?
-  [[ $rc -eq $code ]] || { cat "$tmp/$name.log"; fail "$name: exit code $rc, expected $code"; }
-  grep -qE -- "$pattern" "$tmp/$name.log" || { cat "$tmp/$name.log"; fail "$name: output lacks /$pattern/"; }
+  expect_rc "$name" "$code"
+  has "$name" "$pattern"
   echo "ok $name"
 }
 
