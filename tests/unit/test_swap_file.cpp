@@ -4,13 +4,16 @@
 // file (zero3d plan's) makes nothing and touches no buffer, and counts its transfers.
 #include "storage/swap_file.h"
 
+#include <dlfcn.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -184,4 +187,29 @@ TEST(AppendFile, AFailedAppendLeavesNoPartialLine) {
   AppendFile again;
   ASSERT_EQ(again.open(path), "");
   EXPECT_EQ(again.size(), 17u);
+}
+
+// The same through libfiu (the suite's fault library; ctest's AppendFile.under_libfiu runs this test
+// under its POSIX preload, where it arms the failure itself): the next pwrite fails with ENOSPC.
+// The line is dropped whole, the error is the system's own text, and the next line lands. Outside
+// the preload it skips, unless ZERO3D_EXPECT_FIU says it should have been there.
+TEST(AppendFile, AWriteLibfiuFailsNamesTheSystemsError) {
+  using Enable = int (*)(const char* name, int failnum, void* failinfo, unsigned flags);
+  const auto enable = reinterpret_cast<Enable>(dlsym(RTLD_DEFAULT, "fiu_enable"));
+  if (!enable) {
+    if (std::getenv("ZERO3D_EXPECT_FIU")) FAIL() << "libfiu's POSIX preload is not loaded (LD_PRELOAD)";
+    GTEST_SKIP() << "not under libfiu's POSIX preload (ctest's AppendFile.under_libfiu runs it there)";
+  }
+  TempDir dir;
+  const std::string path = dir.path + "/lines.txt";
+  AppendFile f;
+  ASSERT_EQ(f.open(path), "");
+  EXPECT_EQ(f.append("first\n"), "");
+  ASSERT_EQ(enable("posix/io/rw/pwrite", 1, reinterpret_cast<void*>(intptr_t{ENOSPC}), 1 /* FIU_ONETIME */), 0);
+  EXPECT_EQ(f.append("second\n"), std::strerror(ENOSPC));
+  EXPECT_EQ(read_text_file(path, "lines"), "first\n");
+  EXPECT_EQ(f.append("third\n"), "");
+  EXPECT_EQ(read_text_file(path, "lines"), "first\nthird\n");
+  AppendFile none;
+  EXPECT_EQ(none.open(dir.path + "/no/such/dir/lines.txt"), std::strerror(ENOENT));
 }
