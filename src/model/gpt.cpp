@@ -52,11 +52,10 @@ GPTOptions gpt_options(const Config& c, bool gpu, int slots) {
   const bool bf16 = c.precision == Precision::bf16 && (a == "bf16" || (a == "auto" && gpu));
   // The LM head in one GEMM on a GPU whose GEMMs read and write the logits in their own type;
   // else a type conversion would hold a scratch of all the logits for the run: blocks bound it.
-  const bool gemm16 = c.cuda_bf16_gemm();
   const int head_mib = c.compute.lm_head_block_mib;
-  const size_t head_bytes = head_mib > 0           ? static_cast<size_t>(head_mib) << 20
-                            : gpu && bf16 == gemm16 ? 0
-                                                    : GPTOptions{}.head_block_bytes;
+  const size_t head_bytes = head_mib > 0                      ? static_cast<size_t>(head_mib) << 20
+                            : gpu && bf16 == c.cuda_bf16_gemm() ? 0
+                                                               : GPTOptions{}.head_block_bytes;
   return GPTOptions{c.activation_checkpointing, bf16 ? DType::bf16 : DType::f32,
                     std::max(1, (c.gradient_accumulation_steps + slots - 1) / slots), head_bytes};
 }

@@ -48,8 +48,9 @@ struct GPTOptions {
 };
 
 // The model options a run's config asks for (activation_checkpointing.enabled,
-// compute.activations, compute.lm_head_block_mib), for a model on a GPU (`gpu`) or on the host, one of `slots` models that
-// run a step's micro-batches in turn (1F1B's in flight; each keeps its share of the losses).
+// compute.activations, compute.lm_head_block_mib), for a model on a GPU (`gpu`) or on the host,
+// one of `slots` models that run a step's micro-batches in turn (1F1B's in flight; each keeps its
+// share of the losses).
 // UserError for bf16 activations without bf16.enabled.
 GPTOptions gpt_options(const Config& c, bool gpu, int slots = 1);
 
