@@ -89,7 +89,11 @@ start_ranks() {  # start_ranks NAME ARGS...: a 2-rank run in the background; set
   ranks=$(pgrep -P "$launcher" | tr '\n' ' ')
   [[ $(wc -w <<< "$ranks") -eq 2 ]] || fail "$name: ranks '$ranks' under mpirun $launcher"
 }
-ranks_alive() { for p in $ranks; do kill -0 "$p" 2>/dev/null && echo -n "$p "; done; }
+# running PID: the process exists and is not a zombie. An orphaned rank that died is reparented to
+# PID 1 and stays a zombie until PID 1 reaps it: CI's init polls about every 2 s, and `kill -0`
+# succeeds on a zombie, which runs nothing.
+running() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; [[ -n $s && ${s%% *} != Z ]]; }
+ranks_alive() { for p in $ranks; do running "$p" && echo -n "$p "; done; }
 
 # (few output lines: a rank would also die of SIGPIPE writing to the dead mpirun)
 start_ranks orphan --set steps_per_print=20 --set checkpoint.save_interval=4 --set checkpoint.keep_last=2

@@ -19,7 +19,9 @@ fi
 [[ -f $dir/pids ]] || exit 0
 
 pid_of() { awk -v d="$1" '$1==d{print $2}' "$dir/pids"; }
-alive() { [[ -n $1 ]] && kill -0 "$1" 2>/dev/null; }
+# alive PID: the process exists and is not a zombie (a daemon's parent is PID 1, which may reap it
+# seconds after it died; `kill -0` succeeds on a zombie).
+alive() { local s; [[ -n $1 ]] && s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; [[ ${s%% *} != Z ]]; }
 
 # Jobs first, while slurmctld and slurmd can still end them cleanly.
 if [[ -f $dir/slurm.conf ]] && alive "$(pid_of slurmctld)"; then
