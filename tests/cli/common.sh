@@ -13,6 +13,8 @@ tmp=$(mktemp -d)
 stop_jobs() { local j; for j in $(jobs -p); do pkill -9 -P "$j" 2>/dev/null; kill -9 "$j" 2>/dev/null; done; return 0; }
 trap 'stop_jobs; rm -rf "$tmp"' EXIT
 
+# opened PID NAME: process PID has a file whose path contains NAME open or mapped.
+opened() { ls -l "/proc/$1/fd" 2>/dev/null | grep -qF -- "$2" || grep -qF -- "$2" "/proc/$1/maps" 2>/dev/null; }
 # fail MESSAGE: the test fails, saying why.
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # expect_exit CODE NAME PATTERN CMD...: CMD exits with CODE and its output matches PATTERN (grep -E).

@@ -167,12 +167,15 @@ mkfifo "$tmp/text_fifo"
 expect_exit 0 fifo-in "wrote 14 tokens" "$z3d" data prepare "$tmp/text_fifo" --out "$tmp/fifo.bin"
 
 # 6. SIGINT and SIGTERM stop a long command at once: exit 130, nothing half-written.
-interrupt() {  # interrupt NAME SIGNAL CMD...: CMD gets SIGNAL after 2 s and must end within 10 s
-  local name=$1 sig=$2 rc=0
-  shift 2
+# interrupt NAME SIGNAL FILE CMD...: CMD gets SIGNAL once it has FILE open (it is past its start, where
+# it begins to catch the signal) and must end within 10 s
+interrupt() {
+  local name=$1 sig=$2 file=$3 rc=0
+  shift 3
   "$@" > "$tmp/$name.log" 2>&1 &
   local pid=$!
-  sleep 2
+  for _ in $(seq 300); do opened $pid "$file" && break; sleep 0.1; done
+  opened $pid "$file" || fail "$name: never opened $file: $(cat "$tmp/$name.log")"
   kill -"$sig" $pid
   SECONDS=0
   wait $pid || rc=$?
@@ -181,12 +184,12 @@ interrupt() {  # interrupt NAME SIGNAL CMD...: CMD gets SIGNAL after 2 s and mus
   echo "ok $name"
 }
 # A paced FIFO, not /dev/zero: a fast core tokenizes /dev/zero to the format's 2^31-token limit in
-# under the 2 s the signal waits. The writer ends when the reader closes (head's SIGPIPE).
+# a few seconds. The writer ends when the reader closes (head's SIGPIPE).
 mkfifo "$tmp/zero_fifo"
 (while head -c 65536 /dev/zero 2>/dev/null; do sleep 0.05; done > "$tmp/zero_fifo") &
-interrupt prepare-term TERM "$z3d" data prepare "$tmp/zero_fifo" --out "$tmp/zero.bin"
+interrupt prepare-term TERM "$tmp/zero.bin.tmp" "$z3d" data prepare "$tmp/zero_fifo" --out "$tmp/zero.bin"
 [[ ! -e $tmp/zero.bin && ! -e $tmp/zero.bin.tmp ]] || fail "an interrupted data prepare left $(ls "$tmp"/zero.bin*)"
-interrupt eval-int INT "$z3d" eval "$G" --tokens input/data/train.bin
+interrupt eval-int INT input/data/train.bin "$z3d" eval "$G" --tokens input/data/train.bin
 
 # 4. absurd sizes: one line and exit 2 (a micro-batch past 2^31 tokens, or the memory it needs).
 for set in train_micro_batch_size_per_gpu=1000000000 model.seq_len=1000000000; do

@@ -97,8 +97,11 @@ ranks_alive() { for p in $ranks; do running "$p" && echo -n "$p "; done; }
 
 # (few output lines: a rank would also die of SIGPIPE writing to the dead mpirun)
 start_ranks orphan --set steps_per_print=20 --set checkpoint.save_interval=4 --set checkpoint.keep_last=2
-kill -KILL "$launcher"
+# (the ranks held still while 'latest' is read and mpirun dies: a commit between the two is no fault)
+kill -STOP $ranks
 latest=$(cat "$tmp/orphan/checkpoints/latest" 2>/dev/null)
+kill -KILL "$launcher"
+kill -CONT $ranks 2>/dev/null
 for _ in $(seq 20); do
   alive=$(ranks_alive)
   [[ -z $alive ]] && break

@@ -106,7 +106,8 @@ else
   for _ in $(seq 2000); do big+=("$tmp/big.txt"); done
   "$z3d" data prepare "${big[@]}" --tokenizer "$tmp/ref/gpt2.json" --shard-tokens 100000 --out "$tmp/big" > "$tmp/big.log" 2>&1 &
   pid=$!
-  sleep 2
+  # once it writes its first shard (past its start and the tokenizer's load: it catches SIGTERM)
+  for _ in $(seq 300); do opened $pid "$tmp/big_" && break; sleep 0.1; done
   kill -TERM $pid
   SECONDS=0
   rc=0
