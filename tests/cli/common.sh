@@ -1,5 +1,5 @@
 # tests/cli/common.sh: sourced by every tests/cli/test_*.sh as `source common.sh "$@"`; also defines
-# fail, expect_exit, expect_rc, has and train_layout.
+# fail, expect_exit, expect_rc, has, train_layout, opened and wait_opened.
 # Arguments: ZERO3D_BINARY SOURCE_DIR. Sets z3d, MPIRUN (the launcher CMake found, more ranks
 # than cores allowed) and tmp (a scratch directory removed on exit); works in the source dir.
 z3d=$1
@@ -15,6 +15,11 @@ trap 'stop_jobs; rm -rf "$tmp"' EXIT
 
 # opened PID NAME: process PID has a file whose path contains NAME open or mapped.
 opened() { ls -l "/proc/$1/fd" 2>/dev/null | grep -qF -- "$2" || grep -qF -- "$2" "/proc/$1/maps" 2>/dev/null; }
+# wait_opened PID NAME LOG: until PID has NAME open (at most 30 s), else the test fails showing LOG.
+wait_opened() {
+  for _ in $(seq 300); do opened "$1" "$2" && return; sleep 0.1; done
+  fail "pid $1 never opened $2: $(tail -5 "$3")"
+}
 # fail MESSAGE: the test fails, saying why.
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # expect_exit CODE NAME PATTERN CMD...: CMD exits with CODE and its output matches PATTERN (grep -E).

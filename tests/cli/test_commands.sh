@@ -174,8 +174,7 @@ interrupt() {
   shift 3
   "$@" > "$tmp/$name.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 300); do opened $pid "$file" && break; sleep 0.1; done
-  opened $pid "$file" || fail "$name: never opened $file: $(cat "$tmp/$name.log")"
+  wait_opened $pid "$file" "$tmp/$name.log"
   kill -"$sig" $pid
   SECONDS=0
   wait $pid || rc=$?

@@ -107,7 +107,7 @@ else
   "$z3d" data prepare "${big[@]}" --tokenizer "$tmp/ref/gpt2.json" --shard-tokens 100000 --out "$tmp/big" > "$tmp/big.log" 2>&1 &
   pid=$!
   # once it writes its first shard (past its start and the tokenizer's load: it catches SIGTERM)
-  for _ in $(seq 300); do opened $pid "$tmp/big_" && break; sleep 0.1; done
+  wait_opened $pid "$tmp/big_" "$tmp/big.log"
   kill -TERM $pid
   SECONDS=0
   rc=0
